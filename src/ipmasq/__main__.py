@@ -1,0 +1,3 @@
+from ipmasq.cli import main
+
+raise SystemExit(main())

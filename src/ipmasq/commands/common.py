@@ -1,0 +1,82 @@
+"""Flags shared by several subcommands, accepted the way the reference agent (Go's flag package) accepts them."""
+
+from __future__ import annotations
+
+import argparse
+
+from ipmasq.config.model import MasqConfig
+from ipmasq.config.source import load_config
+from ipmasq.errors import UsageError
+from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse_to_ports
+
+__all__ = ["add_policy_flags", "load_policy_config", "normalise_go_flags", "options_from_args"]
+
+# Go boolean flags: `--flag`, `--flag=false`, `-flag`; never `--flag false` (that would eat a positional).
+BOOL_FLAGS = ("nomasq-all-reserved-ranges", "enable-ipv6", "random-fully", "logtostderr", "alsologtostderr")
+VALUE_FLAGS = ("masq-chain", "to-ports", "config", "backend", "v", "log_dir", "stderrthreshold", "vmodule")
+_TRUE = {"1", "t", "T", "true", "TRUE", "True"}
+_FALSE = {"0", "f", "F", "false", "FALSE", "False"}
+
+
+def normalise_go_flags(argv: list[str]) -> list[str]:
+    """Rewrite Go-style flags into argparse's: `-flag=v` -> `--flag=v`; a bare bool flag -> `--flag=true`."""
+    out = []
+    for arg in argv:
+        if arg == "--":
+            out.extend(argv[len(out):])
+            break
+        if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
+            name = arg[1:].split("=", 1)[0]
+            if name in BOOL_FLAGS or name in VALUE_FLAGS:
+                arg = "-" + arg
+        if arg.startswith("--"):
+            name, eq, value = arg[2:].partition("=")
+            if name in BOOL_FLAGS:
+                if not eq:
+                    arg = f"--{name}=true"
+                elif value not in _TRUE | _FALSE:
+                    raise SystemExit(f"ipmasq: invalid boolean value {value!r} for --{name} (use true or false)")
+        out.append(arg)
+    return out
+
+
+def _go_bool(text: str) -> bool:
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean {text!r}")
+
+
+def add_policy_flags(parser: argparse.ArgumentParser, *, config_help: str) -> None:
+    group = parser.add_argument_group("policy (the reference agent's flags)")
+    group.add_argument("--config", metavar="PATH", help=config_help)
+    group.add_argument("--masq-chain", default=DEFAULT_CHAIN, metavar="NAME",
+                       help="name of our nat chain (default %(default)s; GKE runs IP-MASQ)")
+    group.add_argument("--nomasq-all-reserved-ranges", type=_go_bool, default=False, metavar="BOOL",
+                       help="also preserve pod IPs for all reserved IPv4 ranges by default (what GKE runs)")
+    group.add_argument("--enable-ipv6", type=_go_bool, default=False, metavar="BOOL", help="also manage IPv6")
+    group.add_argument("--random-fully", type=_go_bool, default=True, metavar="BOOL",
+                       help="add --random-fully to MASQUERADE (default true)")
+    group.add_argument("--to-ports", default="", metavar="RANGES",
+                       help="masquerade to these source ports, e.g. 32768-60999,61000-65535")
+
+
+def options_from_args(args: argparse.Namespace) -> PolicyOptions:
+    return PolicyOptions(
+        masq_chain=check_chain_name(args.masq_chain),
+        nomasq_all_reserved_ranges=args.nomasq_all_reserved_ranges,
+        enable_ipv6=args.enable_ipv6,
+        random_fully=args.random_fully,
+        to_ports=parse_to_ports(args.to_ports),
+    )
+
+
+def load_policy_config(args: argparse.Namespace, options: PolicyOptions) -> MasqConfig:
+    """For the offline tools: no --config means the defaults; a --config that does not exist is an error."""
+    return load_config(args.config, options, missing_ok=False)
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise UsageError(message)

@@ -1,0 +1,104 @@
+"""`ipmasq explain`: for each destination, masqueraded or not, which rule decided, and the source IP it sees."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ipmasq.commands.common import add_policy_flags, load_policy_config, options_from_args
+from ipmasq.errors import UsageError
+from ipmasq.policy import Policy, Reason, Verdict
+from ipmasq.prefix import parse_address
+
+_REASON_TEXT = {
+    Reason.DEFAULT: "in the agent's default non-masquerade list",
+    Reason.CONFIG: "in nonMasqueradeCIDRs",
+    Reason.LINK_LOCAL: "link-local, never masqueraded unless masqLinkLocal is set",
+    Reason.EXCEPTION: "in masqueradeCIDRs (an exception that wins over a shorter non-masquerade prefix)",
+    Reason.CATCH_ALL: "matches no non-masquerade CIDR, so the final MASQUERADE rule applies",
+    Reason.IPV6_DISABLED: "IPv6 without --enable-ipv6: the agent writes no IPv6 rules",
+    Reason.LOCAL: "a node-local address: the POSTROUTING jump skips it (! --dst-type LOCAL)",
+}
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "explain", help="what source IP a destination sees, and why",
+        description="For each destination: masqueraded or not, the prefix and rule that decided, "
+        "and the source IP the destination sees.",
+    )
+    parser.add_argument("destinations", nargs="+", metavar="DEST", help="destination IP address")
+    add_policy_flags(parser, config_help="config file or directory (default: none, the built-in defaults)")
+    parser.add_argument("--source", metavar="POD_IP", help="the pod's IP (shown as the source when not masqueraded)")
+    parser.add_argument("--node-ip", metavar="NODE_IP", help="the node's IP (shown as the source when masqueraded)")
+    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    parser.set_defaults(func=run)
+
+
+def _check_address(flag: str, text: str | None) -> None:
+    if text is None:
+        return
+    try:
+        parse_address(text)
+    except ValueError:
+        raise UsageError(f"{flag}: {text!r} is not an IP address") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_address("--source", args.source)
+    _check_address("--node-ip", args.node_ip)
+    options = options_from_args(args)
+    config = load_policy_config(args, options)
+    for warning in config.warnings:
+        print(f"ipmasq explain: warning: {warning}", file=sys.stderr)
+    policy = Policy(config, options)
+    results = []
+    for destination in args.destinations:
+        try:
+            verdict = policy.verdict(destination)
+        except ValueError:
+            raise UsageError(f"{destination!r} is not an IP address") from None
+        if args.node_ip is not None and parse_address(args.node_ip) == parse_address(destination):
+            verdict = Verdict(verdict.destination, verdict.family, False, Reason.LOCAL, None)
+        results.append(_as_dict(verdict, policy, args))
+    if args.output == "json":
+        json.dump(results, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for r in results:
+            print(_as_text(r))
+    return 0
+
+
+def _source_seen(verdict: Verdict, args: argparse.Namespace) -> str:
+    if verdict.masquerade:
+        return str(args.node_ip) if args.node_ip else "node"
+    return str(args.source) if args.source else "pod"
+
+
+def _as_dict(verdict: Verdict, policy: Policy, args: argparse.Namespace) -> dict[str, Any]:
+    entry = verdict.entry
+    chain = policy.options.masq_chain
+    if entry is None:
+        rule = "final MASQUERADE" if verdict.reason is Reason.CATCH_ALL else None
+    else:
+        target = "MASQUERADE" if entry.masquerade else "RETURN"
+        rule = f"-A {chain} -d {entry.prefix} -j {target}"
+    return {
+        "destination": verdict.destination,
+        "masquerade": verdict.masquerade,
+        "matched": None if verdict.matched is None else str(verdict.matched),
+        "reason": verdict.reason.value,
+        "source_seen": _source_seen(verdict, args),
+        "rule": rule,
+        "defined_at": None if entry is None else entry.where(),
+        "explanation": _REASON_TEXT[verdict.reason],
+    }
+
+
+def _as_text(r: dict[str, Any]) -> str:
+    action = "MASQUERADED to the node IP" if r["masquerade"] else "NOT masqueraded (keeps the pod IP)"
+    matched = f" matched {r['matched']} ({r['defined_at']})" if r["matched"] else ""
+    return f"{r['destination']}: {action}; the destination sees {r['source_seen']}.{matched} Why: {r['explanation']}."

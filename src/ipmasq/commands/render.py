@@ -1,0 +1,38 @@
+"""`ipmasq render`: print exactly the payload the agent would apply on a node that has none of our rules yet."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ipmasq.commands.common import add_policy_flags, load_policy_config, options_from_args
+from ipmasq.errors import UsageError
+from ipmasq.policy import Policy
+from ipmasq.prefix import Family
+from ipmasq.rules.iptables import render_restore
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "render", help="print the exact rules the agent would apply",
+        description="Print exactly the payload the agent would apply on a node that has none of our rules yet "
+        "(iptables-restore text, including the POSTROUTING jump). Needs no root.",
+    )
+    add_policy_flags(parser, config_help="config file or directory, or - for standard input (default: none, "
+                                         "the built-in defaults)")
+    parser.add_argument("--backend", choices=["iptables"], default="iptables")
+    parser.add_argument("--family", choices=["4", "6"], default="4", help="IP family (6 needs --enable-ipv6)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = options_from_args(args)
+    family = Family(int(args.family))
+    if family is Family.V6 and not options.enable_ipv6:
+        raise UsageError("--family 6 needs --enable-ipv6 (without it the agent writes no IPv6 rules)")
+    config = load_policy_config(args, options)
+    for warning in config.warnings:
+        print(f"ipmasq render: warning: {warning}", file=sys.stderr)
+    sys.stdout.write(render_restore(Policy(config, options), family))
+    return 0

@@ -1,0 +1,276 @@
+"""Document -> MasqConfig, with the reference agent's rules (DESIGN.md §3) and our extensions (§4).
+
+Every error names the file, the line where known, and the offending value, in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipmasq.config.document import Document, Field, Node
+from ipmasq.config.model import (
+    DEFAULT_CIDR_LIMIT,
+    DEFAULT_RESYNC_SECONDS,
+    Entry,
+    MasqConfig,
+    Origin,
+    default_entries,
+)
+from ipmasq.errors import ConfigError
+from ipmasq.prefix import Family, Prefix, PrefixError, parse_cidr
+
+__all__ = ["KNOWN_KEYS", "FileSettings", "merge_settings", "parse_go_duration", "settings_from_document"]
+
+# Documented spelling by lower-cased key: Go's encoding/json matches struct fields case-insensitively.
+KNOWN_KEYS = {
+    k.lower(): k
+    for k in (
+        "nonMasqueradeCIDRs",
+        "masqueradeCIDRs",
+        "cidrLimit",
+        "masqLinkLocal",
+        "masqLinkLocalIPv6",
+        "resyncInterval",
+    )
+}
+
+
+@dataclass
+class FileSettings:
+    """What one file set; None: not set there (the reference keeps its default for absent keys)."""
+
+    source: str
+    non_masquerade: list[Entry] | None = None
+    masquerade: list[Entry] | None = None
+    cidr_limit: int | None = None
+    masq_link_local: bool | None = None
+    masq_link_local_ipv6: bool | None = None
+    resync_interval: float | None = None
+    lines: dict[str, int | None] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def settings_from_document(doc: Document, *, enable_ipv6: bool) -> FileSettings:
+    settings = FileSettings(doc.source)
+    seen: dict[str, Field] = {}
+    for f in doc.fields:
+        canonical = KNOWN_KEYS.get(f.key.lower())
+        if canonical is None:
+            settings.warnings.append(f"{doc.source}:{f.line}: unknown key {f.key!r} ignored")
+            continue
+        if canonical in seen:
+            settings.warnings.append(
+                f"{doc.source}:{f.line}: {f.key!r} repeats {seen[canonical].key!r} (line {seen[canonical].line}); "
+                "the last one wins"
+            )
+        seen[canonical] = f
+    for canonical, f in seen.items():
+        settings.lines[canonical] = f.line
+        _apply_field(settings, canonical, f, doc, enable_ipv6=enable_ipv6)
+    return settings
+
+
+def _error(doc: Document, node: Node, needle: str, message: str) -> ConfigError:
+    return ConfigError(message, source=doc.source, line=doc.locate(node, needle))
+
+
+def _describe(node: Node) -> str:
+    if node.kind == "list":
+        return "a list"
+    if node.kind == "map":
+        return "a mapping"
+    v = node.value
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"the boolean {str(v).lower()}"
+    if isinstance(v, int | float):
+        return f"the number {v}"
+    return f"the string {json.dumps(v)}"
+
+
+def _apply_field(settings: FileSettings, key: str, f: Field, doc: Document, *, enable_ipv6: bool) -> None:
+    node = f.value
+    if key in ("nonMasqueradeCIDRs", "masqueradeCIDRs"):
+        masquerade = key == "masqueradeCIDRs"
+        entries = _cidr_list(doc, f, masquerade=masquerade, enable_ipv6=enable_ipv6)
+        if masquerade:
+            settings.masquerade = entries
+        else:
+            settings.non_masquerade = entries
+    elif key == "cidrLimit":
+        if node.value is None:
+            return  # Go: null leaves the default in place
+        if node.kind != "scalar" or isinstance(node.value, bool) or not isinstance(node.value, int) or node.quoted:
+            raise _error(doc, node, f.key, f"cidrLimit must be a whole number, got {_describe(node)}")
+        settings.cidr_limit = node.value
+    elif key in ("masqLinkLocal", "masqLinkLocalIPv6"):
+        if node.value is None:
+            return
+        if node.kind != "scalar" or not isinstance(node.value, bool) or node.quoted:
+            raise _error(doc, node, f.key, f"{key} must be true or false (unquoted), got {_describe(node)}")
+        if key == "masqLinkLocal":
+            settings.masq_link_local = node.value
+        else:
+            settings.masq_link_local_ipv6 = node.value
+    elif key == "resyncInterval":
+        if node.kind != "scalar" or not isinstance(node.value, str):
+            # The reference's own words (its Duration decoder accepts only JSON strings).
+            shown = "null" if node.value is None else (json.dumps(node.value) if node.kind == "scalar" else node.kind)
+            if isinstance(node.value, bool):
+                shown = str(node.value).lower()
+            raise _error(doc, node, f.key,
+                         f'resyncInterval: expected string value for unmarshal to field of type Duration, got "{shown}"')
+        try:
+            seconds = parse_go_duration(node.value)
+        except ValueError as exc:
+            raise _error(doc, node, node.value, f"resyncInterval: {exc}") from None
+        if seconds <= 0:
+            raise _error(doc, node, node.value,
+                         f'resyncInterval must be above zero, got "{node.value}" (the reference would busy-loop)')
+        settings.resync_interval = seconds
+
+
+def _cidr_list(doc: Document, f: Field, *, masquerade: bool, enable_ipv6: bool) -> list[Entry]:
+    node = f.value
+    key = "masqueradeCIDRs" if masquerade else "nonMasqueradeCIDRs"
+    if node.value is None and node.kind == "scalar":
+        return []  # `null` is an empty list, as in Go
+    if node.kind != "list":
+        raise _error(doc, node, f.key, f"{key} must be a list of CIDRs, got {_describe(node)}")
+    origin = Origin.EXCEPTION if masquerade else Origin.CONFIG
+    entries: list[Entry] = []
+    source = doc.source
+    items: Sequence[Node] = node.value
+    for item in items:
+        text = item.value
+        if item.kind != "scalar" or not isinstance(text, str):
+            raise _error(doc, item, str(text), f"{key}: each entry must be a CIDR string, got {_describe(item)}")
+        try:
+            prefix = parse_cidr(text)
+        except PrefixError as exc:
+            raise _error(doc, item, text, str(exc)) from None
+        if prefix.family is Family.V6 and not enable_ipv6:
+            raise _error(doc, item, text,
+                         f"ipv6 is not enabled, but ipv6 cidr {text} provided. "
+                         "Enable ipv6 using --enable-ipv6 agent flag")
+        entries.append(Entry(prefix, masquerade, origin, source, item.line))
+    return entries
+
+
+# --- Go durations -------------------------------------------------------------------------------------------
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d*\.?\d*)([^\d.]*)")
+
+
+def parse_go_duration(text: str) -> float:
+    """Go's time.ParseDuration, in seconds; ValueError with Go's message otherwise."""
+    quoted = json.dumps(text)
+    s = text
+    sign = 1.0
+    if s[:1] in "+-" and s:
+        sign = -1.0 if s[0] == "-" else 1.0
+        s = s[1:]
+    if s == "0":
+        return 0.0
+    if not s:
+        raise ValueError(f"time: invalid duration {quoted}")
+    total = 0.0
+    pos = 0
+    while pos < len(s):
+        m = _DURATION_PART.match(s, pos)
+        if m is None or not m.group(1) or m.group(1) == ".":
+            raise ValueError(f"time: invalid duration {quoted}")
+        number, unit = m.group(1), m.group(2)
+        if not unit:
+            raise ValueError(f"time: missing unit in duration {quoted}")
+        if unit not in _UNITS:
+            raise ValueError(f'time: unknown unit "{unit}" in duration {quoted}')
+        total += float(number) * _UNITS[unit]
+        pos = m.end()
+    return sign * total
+
+
+# --- merging files -----------------------------------------------------------------------------------------
+
+
+def _scalar_from(files: list[FileSettings], attr: str, key: str, default: Any) -> Any:
+    chosen: FileSettings | None = None
+    for s in files:
+        value = getattr(s, attr)
+        if value is None:
+            continue
+        if chosen is not None and getattr(chosen, attr) != value:
+            raise ConfigError(
+                f"{key} conflicts: {chosen.source}:{chosen.lines.get(key)} sets {getattr(chosen, attr)!r}, "
+                f"{s.source}:{s.lines.get(key)} sets {value!r}",
+                source=s.source, line=s.lines.get(key),
+            )
+        chosen = s
+    return default if chosen is None else getattr(chosen, attr)
+
+
+def merge_settings(files: list[FileSettings], *, all_reserved: bool, enable_ipv6: bool) -> MasqConfig:
+    """Merge the files of a config directory (one file: the reference's semantics exactly)."""
+    non_masquerade: list[Entry] | None = None
+    masquerade: list[Entry] = []
+    for s in files:
+        if s.non_masquerade is not None:
+            non_masquerade = (non_masquerade or []) + s.non_masquerade
+        if s.masquerade is not None:
+            masquerade += s.masquerade
+    non_masq = tuple(non_masquerade) if non_masquerade is not None else default_entries(all_reserved=all_reserved)
+    cidr_limit = _scalar_from(files, "cidr_limit", "cidrLimit", DEFAULT_CIDR_LIMIT)
+    total = len(non_masq) + len(masquerade)
+    if total > cidr_limit:
+        holder = next((s for s in reversed(files) if s.non_masquerade is not None or s.masquerade), None)
+        where = holder.source if holder else None
+        line = holder.lines.get("nonMasqueradeCIDRs") if holder else None
+        counted = "CIDRs" if not masquerade else "CIDRs (nonMasqueradeCIDRs and masqueradeCIDRs together)"
+        raise ConfigError(
+            f"the daemon can only accept up to {cidr_limit} CIDRs (excluding link-local), "
+            f"but got {total} {counted} (excluding link local); raise cidrLimit if this is intended",
+            source=where, line=line,
+        )
+    _check_conflicts(non_masq, masquerade)
+    warnings = [w for s in files for w in s.warnings]
+    warnings += _duplicate_warnings(non_masq) + _duplicate_warnings(tuple(masquerade))
+    return MasqConfig(
+        non_masquerade=non_masq,
+        masquerade=tuple(masquerade),
+        cidr_limit=cidr_limit,
+        masq_link_local=_scalar_from(files, "masq_link_local", "masqLinkLocal", False),
+        masq_link_local_ipv6=_scalar_from(files, "masq_link_local_ipv6", "masqLinkLocalIPv6", False),
+        resync_interval=_scalar_from(files, "resync_interval", "resyncInterval", DEFAULT_RESYNC_SECONDS),
+        sources=tuple(s.source for s in files),
+        warnings=tuple(warnings),
+    )
+
+
+def _check_conflicts(non_masq: tuple[Entry, ...], masquerade: list[Entry]) -> None:
+    if not masquerade:
+        return
+    by_prefix: dict[Prefix, Entry] = {e.prefix: e for e in non_masq}
+    for e in masquerade:
+        other = by_prefix.get(e.prefix)
+        if other is not None:
+            raise ConfigError(
+                f"{e.prefix} is listed both in masqueradeCIDRs ({e.where()}) and in nonMasqueradeCIDRs "
+                f"({other.where()}); keep it in one list",
+                source=e.source, line=e.line,
+            )
+
+
+def _duplicate_warnings(entries: tuple[Entry, ...]) -> list[str]:
+    seen: dict[Prefix, Entry] = {}
+    warnings = []
+    for e in entries:
+        first = seen.setdefault(e.prefix, e)
+        if first is not e:
+            warnings.append(f"{e.where()}: duplicate CIDR {e.prefix} (first at {first.where()})")
+    return warnings

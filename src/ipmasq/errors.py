@@ -1,0 +1,54 @@
+"""Errors raised by ipmasq, translated at the seam where they happen.
+
+    IpmasqError                 anything ipmasq reports to an operator (one line, no traceback)
+    ├── ConfigError             a config file or flag value is wrong; names file, line and offending value
+    ├── UsageError              the command line is wrong (exit 2)
+    └── BackendError            a kernel tool failed; carries the tool's argv and stderr
+        └── LockBusyError       the xtables lock is held by someone else (retry later)
+
+The CLI maps ConfigError to exit 1, UsageError to exit 2; everything is printed as ``ipmasq: <message>``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BackendError", "ConfigError", "IpmasqError", "LockBusyError", "UsageError"]
+
+
+class IpmasqError(Exception):
+    """Base of every error ipmasq reports to a person."""
+
+
+class ConfigError(IpmasqError):
+    """A configuration problem, located as precisely as we can: ``file:line: message``."""
+
+    def __init__(self, message: str, *, source: str | None = None, line: int | None = None) -> None:
+        self.message = message
+        self.source = source
+        self.line = line
+        super().__init__(self.located())
+
+    def located(self) -> str:
+        where = ""
+        if self.source is not None:
+            where = self.source if self.line is None else f"{self.source}:{self.line}"
+            where += ": "
+        return f"{where}{self.message}"
+
+
+class UsageError(IpmasqError):
+    """The command line itself is wrong."""
+
+
+class BackendError(IpmasqError):
+    """A kernel tool (iptables-restore, nft, ...) failed; its stderr is part of the message."""
+
+    def __init__(self, message: str, *, argv: tuple[str, ...] = (), stderr: str = "", returncode: int | None = None):
+        self.argv = argv
+        self.stderr = stderr
+        self.returncode = returncode
+        detail = stderr.strip().replace("\n", " | ")
+        super().__init__(f"{message}: {detail}" if detail else message)
+
+
+class LockBusyError(BackendError):
+    """Another process holds the xtables lock; the caller should back off and retry."""

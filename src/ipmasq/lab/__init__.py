@@ -1,0 +1,1 @@
+"""The lab: throwaway network namespaces where rules meet real packets."""

@@ -1,0 +1,62 @@
+"""The agent's command-line policy flags, as values (the reference agent's flags plus ours)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ipmasq.errors import ConfigError
+
+__all__ = ["DEFAULT_CHAIN", "PolicyOptions", "PortRange", "parse_to_ports"]
+
+DEFAULT_CHAIN = "IP-MASQ-AGENT"
+
+
+@dataclass(frozen=True, slots=True)
+class PortRange:
+    low: int
+    high: int
+
+    def __str__(self) -> str:
+        return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyOptions:
+    """Flags that change what the rules are (not how the agent runs)."""
+
+    masq_chain: str = DEFAULT_CHAIN
+    nomasq_all_reserved_ranges: bool = False
+    enable_ipv6: bool = False
+    random_fully: bool = True
+    to_ports: tuple[PortRange, ...] = ()
+
+
+_PORT_RANGE = re.compile(r"(\d{1,5})(?:-(\d{1,5}))?\Z")
+# iptables chain names: at most 28 characters; we also refuse characters that would need quoting.
+_CHAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,28}\Z")
+
+
+def parse_to_ports(text: str) -> tuple[PortRange, ...]:
+    """`--to-ports 32768-60999,61000-65535`: comma-separated ports or port ranges."""
+    if not text.strip():
+        return ()
+    ranges = []
+    for part in text.split(","):
+        m = _PORT_RANGE.match(part.strip())
+        if m is None:
+            raise ConfigError(f'--to-ports: "{part}" is not a port or a port range like 32768-65535', source="flag")
+        low = int(m.group(1))
+        high = int(m.group(2) or low)
+        if not 1 <= low <= high <= 65535:
+            raise ConfigError(f'--to-ports: "{part}" must be ports between 1 and 65535, low before high', source="flag")
+        ranges.append(PortRange(low, high))
+    return tuple(ranges)
+
+
+def check_chain_name(name: str) -> str:
+    if _CHAIN_NAME.match(name) is None or name in {"POSTROUTING", "PREROUTING", "INPUT", "OUTPUT", "FORWARD"}:
+        raise ConfigError(
+            f'--masq-chain: "{name}" is not a usable chain name (1-28 letters, digits, "-", "_", ".")', source="flag"
+        )
+    return name

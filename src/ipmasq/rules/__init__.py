@@ -1,0 +1,1 @@
+"""Pure renderers and parsers of the kernel's rule dialects."""

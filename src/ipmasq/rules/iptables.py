@@ -1,0 +1,212 @@
+"""iptables-restore text for our chain, rendered and parsed in one dialect.
+
+Rendering follows the reference agent byte for byte (comment first, as its restore input has it); parsing
+reads both that and iptables-save's order, and `canonical` turns either into iptables-save's form so that
+the agent, `check` and the tests compare rules as the kernel prints them.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from ipmasq.config.model import Entry
+from ipmasq.errors import IpmasqError
+from ipmasq.options import PolicyOptions
+from ipmasq.policy import Policy
+from ipmasq.prefix import Family
+
+__all__ = [
+    "EXCEPTION_COMMENT",
+    "MASQ_COMMENT",
+    "NON_MASQ_COMMENT",
+    "ChainRules",
+    "NatTable",
+    "RuleParseError",
+    "canonical",
+    "chain_rules",
+    "jump_comment",
+    "jump_rule",
+    "parse_save",
+    "render_restore",
+]
+
+NON_MASQ_COMMENT = "ip-masq-agent: local traffic is not subject to MASQUERADE"
+MASQ_COMMENT = "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)"
+EXCEPTION_COMMENT = "ip-masq-agent: masqueradeCIDRs traffic is subject to MASQUERADE"
+PROTOCOLS_WITH_PORTS = ("tcp", "udp", "sctp")
+
+
+def jump_comment(chain: str) -> str:
+    return f"ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom {chain} chain"
+
+
+def _quote(token: str) -> str:
+    return f'"{token}"'
+
+
+def jump_rule(chain: str) -> str:
+    """The POSTROUTING rule that sends non-local traffic through our chain (restore syntax)."""
+    return f"-A POSTROUTING -m comment --comment {_quote(jump_comment(chain))} -m addrtype ! --dst-type LOCAL -j {chain}"
+
+
+def _masquerade_rules(chain: str, options: PolicyOptions, *, destination: str | None, comment: str) -> list[str]:
+    """MASQUERADE, or with --to-ports one rule per protocol and port range, each range taking its share."""
+    dest = f" -d {destination}" if destination else ""
+    random_fully = " --random-fully" if options.random_fully else ""
+    head = f"-A {chain} -m comment --comment {_quote(comment)}{dest}"
+    lines = []
+    ranges = options.to_ports
+    for protocol in PROTOCOLS_WITH_PORTS if ranges else ():
+        for i, port_range in enumerate(ranges):
+            remaining = len(ranges) - i
+            # 1/remaining of what is left: each of n ranges gets 1/n of the connections
+            statistic = f" -m statistic --mode random --probability {1 / remaining:.11f}" if remaining > 1 else ""
+            lines.append(f"{head} -p {protocol}{statistic} -j MASQUERADE --to-ports {port_range}{random_fully}")
+    lines.append(f"{head} -j MASQUERADE{random_fully}")
+    return lines
+
+
+@dataclass(frozen=True, slots=True)
+class ChainRules:
+    """Our chain's rules for one family, in restore syntax, in order."""
+
+    chain: str
+    family: Family
+    rules: tuple[str, ...]
+
+
+def chain_rules(policy: Policy, family: Family) -> ChainRules:
+    chain = policy.options.masq_chain
+    rules: list[str] = []
+    for entry in policy.rule_entries(family):
+        rules.extend(_entry_rules(chain, entry, policy.options))
+    rules.extend(_masquerade_rules(chain, policy.options, destination=None, comment=MASQ_COMMENT))
+    return ChainRules(chain, family, tuple(rules))
+
+
+def _entry_rules(chain: str, entry: Entry, options: PolicyOptions) -> list[str]:
+    if entry.masquerade:
+        return _masquerade_rules(chain, options, destination=str(entry.prefix), comment=EXCEPTION_COMMENT)
+    return [f"-A {chain} -m comment --comment {_quote(NON_MASQ_COMMENT)} -d {entry.prefix} -j RETURN"]
+
+
+def render_restore(policy: Policy, family: Family, *, with_jump: bool = True) -> str:
+    """The whole iptables-restore --noflush payload: declaring the chain flushes it in the same transaction."""
+    rules = chain_rules(policy, family)
+    lines = ["*nat", f":{rules.chain} - [0:0]"]
+    if with_jump:
+        lines.append(jump_rule(rules.chain))
+    lines.extend(rules.rules)
+    lines.append("COMMIT")
+    return "\n".join(lines) + "\n"
+
+
+# --- parsing ------------------------------------------------------------------------------------------------
+
+
+class RuleParseError(IpmasqError):
+    """A line of iptables-save/restore text we cannot read."""
+
+
+# Options iptables-save prints before any -m match, in this order; each may be negated with a preceding "!".
+_LEADING = ("-s", "-d", "-i", "-o", "-p", "-f")
+_ALIASES = {
+    "--source": "-s",
+    "--destination": "-d",
+    "--in-interface": "-i",
+    "--out-interface": "-o",
+    "--protocol": "-p",
+    "--append": "-A",
+    "--jump": "-j",
+    "--goto": "-g",
+    "--match": "-m",
+}
+
+
+def _tokens(line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise RuleParseError(f"cannot read rule {line!r}: {exc}") from None
+
+
+def canonical(line: str) -> str:
+    """A rule line in iptables-save's form: leading options first, then matches and target as given."""
+    tokens = [_ALIASES.get(t, t) for t in _tokens(line)]
+    if len(tokens) < 2 or tokens[0] != "-A":
+        raise RuleParseError(f"not a rule (-A CHAIN ...): {line!r}")
+    chain = tokens[1]
+    leading: dict[str, list[str]] = {}
+    rest: list[str] = []
+    i = 2
+    while i < len(tokens):
+        t = tokens[i]
+        negated = t == "!" and i + 1 < len(tokens) and tokens[i + 1] in _LEADING
+        option = tokens[i + 1] if negated else t
+        if option in _LEADING and (negated or t in _LEADING):
+            value_at = i + 2 if negated else i + 1
+            if value_at >= len(tokens):
+                raise RuleParseError(f"{option} without a value in {line!r}")
+            leading[option] = (["!"] if negated else []) + [option, _normalise_address(option, tokens[value_at])]
+            i = value_at + 1
+            continue
+        rest.append(t)
+        i += 1
+    out = ["-A", chain]
+    for option in _LEADING:
+        out.extend(leading.get(option, []))
+    previous = ""
+    for t in rest:
+        out.append(_quote(t) if previous == "--comment" else t)
+        previous = t
+    return " ".join(out)
+
+
+def _normalise_address(option: str, value: str) -> str:
+    # iptables-save always prints a prefix length (1.2.3.4 -> 1.2.3.4/32)
+    if option in ("-s", "-d") and "/" not in value:
+        return f"{value}/128" if ":" in value else f"{value}/32"
+    return value
+
+
+@dataclass
+class NatTable:
+    """The nat table of an iptables-save dump: chains (with policy or "-") and rules, in order, canonical."""
+
+    chains: dict[str, str]
+    rules: list[str]
+
+    def rules_of(self, chain: str) -> list[str]:
+        prefix = f"-A {chain} "
+        return [r for r in self.rules if r.startswith(prefix)]
+
+
+def parse_save(text: str, table: str = "nat") -> NatTable:
+    """Read one table of iptables-save output (or restore input). Counters "[n:m]" before rules are dropped."""
+    chains: dict[str, str] = {}
+    rules: list[str] = []
+    current: str | None = None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("*"):
+            current = line[1:]
+            continue
+        if current != table:
+            continue
+        if line == "COMMIT":
+            current = None
+            continue
+        if line.startswith(":"):
+            name, _, rest = line[1:].partition(" ")
+            chains[name] = rest.split(" ")[0] if rest else "-"
+            continue
+        if line.startswith("[") and "]" in line:
+            line = line[line.index("]") + 1 :].strip()  # iptables-save -c puts counters before the rule
+        try:
+            rules.append(canonical(line))
+        except RuleParseError as exc:
+            raise RuleParseError(f"line {number}: {exc}") from None
+    return NatTable(chains, rules)
