@@ -20,7 +20,7 @@ _FALSE = {"0", "f", "F", "false", "FALSE", "False"}
 
 def normalise_go_flags(argv: list[str]) -> list[str]:
     """Rewrite Go-style flags into argparse's: `-flag=v` -> `--flag=v`; a bare bool flag -> `--flag=true`."""
-    out = []
+    out: list[str] = []
     for arg in argv:
         if arg == "--":
             out.extend(argv[len(out):])

@@ -79,10 +79,7 @@ def parse_document(data: bytes, source: str) -> Document | None:
         raise ConfigError(f"not UTF-8 text (byte {exc.start})", source=source) from None
     if text.startswith("\ufeff"):
         text = text[1:]
-    if text.lstrip().startswith("{"):
-        top = _parse_json(text, source)
-    else:
-        top = _parse_yaml(text, source)
+    top = _parse_json(text, source) if text.lstrip().startswith("{") else _parse_yaml(text, source)
     if top is None or (top.kind == "scalar" and top.value is None):
         return None
     if top.kind != "map":

@@ -123,8 +123,8 @@ def _apply_field(settings: FileSettings, key: str, f: Field, doc: Document, *, e
             shown = "null" if node.value is None else (json.dumps(node.value) if node.kind == "scalar" else node.kind)
             if isinstance(node.value, bool):
                 shown = str(node.value).lower()
-            raise _error(doc, node, f.key,
-                         f'resyncInterval: expected string value for unmarshal to field of type Duration, got "{shown}"')
+            message = f'expected string value for unmarshal to field of type Duration, got "{shown}"'
+            raise _error(doc, node, f.key, f"resyncInterval: {message}")
         try:
             seconds = parse_go_duration(node.value)
         except ValueError as exc:

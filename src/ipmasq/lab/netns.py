@@ -71,7 +71,9 @@ class Network:
     def __getitem__(self, role: str) -> Namespace:
         return self.namespaces[role]
 
-    def link(self, a: Namespace, a_addresses: Sequence[str], b: Namespace, b_addresses: Sequence[str]) -> tuple[str, str]:
+    def link(
+        self, a: Namespace, a_addresses: Sequence[str], b: Namespace, b_addresses: Sequence[str]
+    ) -> tuple[str, str]:
         """A veth pair between two of our namespaces; returns the interface names (a side, b side)."""
         self._links += 1
         a_if, b_if = f"v{self._links}a", f"v{self._links}b"

@@ -6,6 +6,7 @@ The server answers one line per connection: the peer's address as the kernel del
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 
@@ -25,10 +26,8 @@ def serve(port: int, address: str = "::") -> None:
             conn, peer = server.accept()
             with conn:
                 seen = peer[0].removeprefix("::ffff:")
-                try:
+                with contextlib.suppress(OSError):
                     conn.sendall(f"{seen}\n".encode())
-                except OSError:
-                    pass
 
 
 def connect(host: str, port: int, timeout: float = 2.0) -> str | None:

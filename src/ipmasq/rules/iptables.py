@@ -38,7 +38,10 @@ PROTOCOLS_WITH_PORTS = ("tcp", "udp", "sctp")
 
 
 def jump_comment(chain: str) -> str:
-    return f"ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom {chain} chain"
+    return (
+        "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic "
+        f"to our custom {chain} chain"
+    )
 
 
 def _quote(token: str) -> str:
@@ -47,7 +50,8 @@ def _quote(token: str) -> str:
 
 def jump_rule(chain: str) -> str:
     """The POSTROUTING rule that sends non-local traffic through our chain (restore syntax)."""
-    return f"-A POSTROUTING -m comment --comment {_quote(jump_comment(chain))} -m addrtype ! --dst-type LOCAL -j {chain}"
+    comment = _quote(jump_comment(chain))
+    return f"-A POSTROUTING -m comment --comment {comment} -m addrtype ! --dst-type LOCAL -j {chain}"
 
 
 def _masquerade_rules(chain: str, options: PolicyOptions, *, destination: str | None, comment: str) -> list[str]:
