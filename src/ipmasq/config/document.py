@@ -105,8 +105,13 @@ def _parse_yaml(text: str, source: str) -> Node | None:
         column = f" (column {mark.column + 1})" if mark is not None else ""
         problem = exc.problem or exc.context or "invalid YAML"
         raise ConfigError(f"YAML syntax error: {problem}{column}", source=source, line=line) from None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(f"YAML syntax error: unacceptable character #x{exc.character:04x} ({exc.reason})",
+                          source=source, line=line) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"YAML error: {exc}", source=source) from None
+        first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
+        raise ConfigError(f"YAML error: {first_line}", source=source) from None
     documents = [d for d in documents if d is not None]
     if not documents:
         return None

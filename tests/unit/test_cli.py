@@ -1,0 +1,87 @@
+"""The command line: render and explain contracts, Go-style flags, one-line errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ipmasq.cli import main
+from ipmasq.commands.common import normalise_go_flags
+from tests.conftest import PYTHON
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_go_style_flags() -> None:
+    assert normalise_go_flags(["-masq-chain=IP-MASQ", "-nomasq-all-reserved-ranges", "--enable-ipv6", "1.2.3.4"]) == [
+        "--masq-chain=IP-MASQ", "--nomasq-all-reserved-ranges=true", "--enable-ipv6=true", "1.2.3.4"]
+    assert normalise_go_flags(["--random-fully=false", "-v=2", "-logtostderr"]) == [
+        "--random-fully=false", "--v=2", "--logtostderr=true"]
+
+
+def test_render_gke(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "render", "-masq-chain=IP-MASQ", "--nomasq-all-reserved-ranges", "--random-fully=false")
+    assert code == 0
+    assert out.startswith("*nat\n:IP-MASQ - [0:0]\n")
+    assert out.count("-j RETURN") == 12
+    assert '(must be last in chain)" -j MASQUERADE\nCOMMIT\n' in out
+
+
+def test_render_from_stdin() -> None:
+    result = subprocess.run([PYTHON, "-m", "ipmasq", "render", "--config", "-"], input="nonMasqueradeCIDRs: []\n",
+                            capture_output=True, text=True, check=True)
+    assert result.stdout.count("-j RETURN") == 1  # link-local only
+
+
+def test_render_missing_config_is_an_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = run(capsys, "render", "--config", str(tmp_path / "typo.yaml"))
+    assert (code, out) == (1, "")
+    assert err == f"ipmasq render: config error: {tmp_path}/typo.yaml: no such file or directory\n"
+
+
+def test_bad_config_is_one_line_naming_file_line_and_value(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = tmp_path / "ip-masq-agent"
+    config.write_text("nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n  - 172.16.0.0/33\n")
+    code, out, err = run(capsys, "render", "--config", str(config))
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1
+    assert f"{config}:3:" in err and '"172.16.0.0/33"' in err
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "explain", "not-an-ip")[0] == 2
+    assert run(capsys, "render", "--family", "6")[0] == 2
+    with pytest.raises(SystemExit) as raised:
+        main(["render", "--bogus"])
+    assert raised.value.code == 2
+
+
+def test_explain_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "explain", "172.30.12.110", "8.8.8.8", "169.254.169.254", "10.0.0.5",
+                       "--nomasq-all-reserved-ranges", "--source", "10.44.14.15", "--node-ip", "10.0.0.5", "-o", "json")
+    assert code == 0
+    results = json.loads(out)
+    assert [(r["destination"], r["masquerade"], r["matched"], r["reason"], r["source_seen"]) for r in results] == [
+        ("172.30.12.110", False, "172.16.0.0/12", "default", "10.44.14.15"),
+        ("8.8.8.8", True, None, "catch-all", "10.0.0.5"),
+        ("169.254.169.254", False, "169.254.0.0/16", "link-local", "10.44.14.15"),
+        ("10.0.0.5", False, None, "local", "10.44.14.15"),
+    ]
+
+
+def test_explain_without_addresses_says_pod_or_node(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.11.0.0/24]\n")
+    _code, out, _ = run(capsys, "explain", "10.11.0.9", "10.12.0.9", "--config", str(config), "-o", "json")
+    results = json.loads(out)
+    assert [(r["source_seen"], r["reason"], r["defined_at"]) for r in results] == [
+        ("node", "exception", f"{config}:2"), ("pod", "config", f"{config}:1")]
+    _code, out, _ = run(capsys, "explain", "10.11.0.9", "--config", str(config))
+    assert "MASQUERADED" in out and "masqueradeCIDRs" in out

@@ -1,0 +1,221 @@
+"""The reference agent's config semantics (DESIGN.md §3) and our extensions (§4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ipmasq.config import ConfigInput, config_from_bytes, load_config, parse_go_duration
+from ipmasq.config.model import Origin
+from ipmasq.errors import ConfigError
+from ipmasq.options import PolicyOptions
+
+V4 = PolicyOptions()
+V6 = PolicyOptions(enable_ipv6=True)
+
+
+def load(text: str, options: PolicyOptions = V4, name: str = "/etc/config/ip-masq-agent"):
+    return config_from_bytes(ConfigInput(((name, text.encode()),)), options)
+
+
+def error_of(text: str, options: PolicyOptions = V4) -> str:
+    with pytest.raises(ConfigError) as raised:
+        load(text, options)
+    message = str(raised.value)
+    assert "\n" not in message
+    return message
+
+
+def cidrs(config) -> list[str]:
+    return [str(e.prefix) for e in config.non_masquerade]
+
+
+def test_missing_and_empty_mean_defaults() -> None:
+    assert cidrs(load_config(None, V4)) == ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+    assert cidrs(load("")) == ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+    assert cidrs(load("# only a comment\n")) == ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+    assert all(e.origin is Origin.DEFAULT for e in load("").non_masquerade)
+
+
+def test_all_reserved_defaults() -> None:
+    options = PolicyOptions(nomasq_all_reserved_ranges=True)
+    assert cidrs(load_config(None, options))[-1] == "240.0.0.0/4"
+    assert len(load_config(None, options).non_masquerade) == 11
+
+
+def test_absent_key_keeps_default_list_null_or_empty_clears_it() -> None:
+    assert cidrs(load("masqLinkLocal: true\n")) == ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+    assert cidrs(load("nonMasqueradeCIDRs: null\n")) == []
+    assert cidrs(load("nonMasqueradeCIDRs: []\n")) == []
+    assert cidrs(load("nonMasqueradeCIDRs:\n")) == []
+
+
+def test_keys_match_case_insensitively() -> None:
+    config = load("nonMasqueradeCIDRS:\n  - 10.1.1.0/24\nMASQLINKLOCAL: true\n")
+    assert cidrs(config) == ["10.1.1.0/24"]
+    assert config.masq_link_local is True
+
+
+def test_unknown_keys_are_accepted_with_a_warning() -> None:
+    config = load("nonMasqueradeCIDRs: [10.0.0.0/8]\nfoo: bar\n")
+    assert cidrs(config) == ["10.0.0.0/8"]
+    assert any("unknown key 'foo'" in w and ":2:" in w for w in config.warnings)
+
+
+@pytest.mark.parametrize("word,value", [("yes", True), ("on", True), ("no", False), ("off", False),
+                                        ("true", True), ("False", False), ("y", True), ("n", False)])
+def test_yaml_11_booleans(word: str, value: bool) -> None:
+    assert load(f"masqLinkLocal: {word}\n").masq_link_local is value
+
+
+def test_quoted_true_is_an_error() -> None:
+    message = error_of('masqLinkLocal: "true"\n')
+    assert message.startswith("/etc/config/ip-masq-agent:1:")
+    assert 'the string "true"' in message
+
+
+def test_number_interval_is_the_reference_error() -> None:
+    message = error_of("resyncInterval: 60\n")
+    assert 'expected string value for unmarshal to field of type Duration, got "60"' in message
+    assert ":1:" in message
+
+
+@pytest.mark.parametrize("text,seconds", [("60s", 60), ("1m30s", 90), ("500ms", 0.5), ("2h", 7200),
+                                          ("1.5h", 5400), ("1h2m3s4ms", 3723.004), ("+5s", 5)])
+def test_go_durations(text: str, seconds: float) -> None:
+    assert parse_go_duration(text) == pytest.approx(seconds)
+    assert load(f'resyncInterval: "{text}"\n').resync_interval == pytest.approx(seconds)
+
+
+def test_json_escapes_in_duration() -> None:
+    config = load('{"resyncInterval": "\\u0036\\u0030s"}', name="/c.json")
+    assert config.resync_interval == 60
+
+
+@pytest.mark.parametrize("text,fragment", [("60", "missing unit"), ("5x", 'unknown unit "x"'), ("abc", "invalid"),
+                                           ("", "invalid")])
+def test_bad_durations(text: str, fragment: str) -> None:
+    assert fragment in error_of(f'resyncInterval: "{text}"\n')
+
+
+@pytest.mark.parametrize("text", ["0s", "-1s", "0"])
+def test_zero_or_negative_interval_is_an_error(text: str) -> None:
+    assert "above zero" in error_of(f'resyncInterval: "{text}"\n')
+
+
+def test_scalar_where_list_expected() -> None:
+    message = error_of("nonMasqueradeCIDRs: 10.0.0.0/8\n")
+    assert "must be a list" in message and '"10.0.0.0/8"' in message
+
+
+def test_folded_list_item_is_reported_with_its_line() -> None:
+    # an item indented deeper than its sibling folds into it: "10.0.0.0/8 - 172.16.0.0/12"
+    message = error_of("nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n    - 172.16.0.0/12\n")
+    assert message.startswith("/etc/config/ip-masq-agent:2:")
+    assert '"10.0.0.0/8 - 172.16.0.0/12"' in message
+
+
+def test_invalid_and_misaligned_cidrs_name_line_and_value() -> None:
+    message = error_of("nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n  - 10.0.0.1/8\n")
+    assert message == ('/etc/config/ip-masq-agent:3: CIDR "10.0.0.1/8" is not aligned to a CIDR block, '
+                       'ip: "10.0.0.1" network: "10.0.0.0/8"')
+    assert "could not be parsed, invalid CIDR address: 010.0.0.0/8" in error_of("nonMasqueradeCIDRs: [010.0.0.0/8]\n")
+    assert "could not be parsed" in error_of("nonMasqueradeCIDRs: [10.0.0.0/33]\n")
+    assert "could not be parsed" in error_of("nonMasqueradeCIDRs: [256.0.0.0/8]\n")
+    assert "could not be parsed" in error_of("nonMasqueradeCIDRs: [10.0.0.0]\n")
+
+
+def test_cidr_limit() -> None:
+    many = "nonMasqueradeCIDRs:\n" + "".join(f"  - 10.{i}.0.0/16\n" for i in range(65))
+    assert "can only accept up to 64 CIDRs (excluding link-local), but got 65 CIDRs" in error_of(many)
+    assert len(load("cidrLimit: 65\n" + many).non_masquerade) == 65
+    assert "whole number" in error_of('cidrLimit: "65"\n')
+
+
+def test_ipv6_needs_the_flag() -> None:
+    text = "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n  - fc00::/7\n"
+    assert error_of(text).endswith(
+        "ipv6 is not enabled, but ipv6 cidr fc00::/7 provided. Enable ipv6 using --enable-ipv6 agent flag")
+    assert cidrs(load(text, V6)) == ["10.0.0.0/8", "fc00::/7"]
+    assert "not aligned" in error_of("nonMasqueradeCIDRs: ['fc00::1/7']\n", V6)
+
+
+def test_duplicates_are_kept_with_a_warning() -> None:
+    config = load("nonMasqueradeCIDRs: [10.0.0.0/8, 10.0.0.0/8]\n")
+    assert cidrs(config) == ["10.0.0.0/8", "10.0.0.0/8"]  # the reference writes both rules
+    assert any("duplicate CIDR 10.0.0.0/8" in w for w in config.warnings)
+
+
+def test_json_file() -> None:
+    config = load('{"nonMasqueradeCIDRs": ["10.0.0.0/8", "192.168.0.0/16"], "masqLinkLocal": false, '
+                  '"resyncInterval": "1m"}', name="/c.json")
+    assert cidrs(config) == ["10.0.0.0/8", "192.168.0.0/16"]
+    assert config.resync_interval == 60
+
+
+def test_json_errors_point_at_the_line() -> None:
+    text = '{\n  "nonMasqueradeCIDRs": [\n    "10.0.0.0/8",\n    "bad"\n  ]\n}\n'
+    with pytest.raises(ConfigError) as raised:
+        load(text, name="/c.json")
+    assert str(raised.value).startswith("/c.json:4:")
+    with pytest.raises(ConfigError) as raised:
+        load('{\n  "a": 1,\n}\n', name="/c.json")
+    assert str(raised.value).startswith("/c.json:3: JSON syntax error")
+
+
+def test_yaml_syntax_error_points_at_the_line() -> None:
+    message = error_of("nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n bad: [\n")
+    assert message.startswith("/etc/config/ip-masq-agent:")
+    assert "YAML syntax error" in message
+
+
+def test_top_level_must_be_a_mapping() -> None:
+    assert "must be a mapping" in error_of("- 10.0.0.0/8\n")
+    assert "must be a mapping" in error_of("hello\n")
+
+
+def test_masquerade_cidrs_extension() -> None:
+    config = load("nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.11.0.0/24]\n")
+    assert [str(e.prefix) for e in config.masquerade] == ["10.11.0.0/24"]
+    assert config.masquerade[0].origin is Origin.EXCEPTION
+    message = error_of("nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.0.0.0/8]\n")
+    assert "listed both in masqueradeCIDRs" in message and ":2" in message
+
+
+def test_directory_merges_ip_masq_files(tmp_path: Path) -> None:
+    (tmp_path / "ip-masq-agent").write_text("nonMasqueradeCIDRs: [10.0.0.0/8]\n")
+    (tmp_path / "ip-masq-user").write_text("nonMasqueradeCIDRs: [192.168.0.0/16]\nmasqueradeCIDRs: [10.11.0.0/24]\n")
+    (tmp_path / "other").write_text("this is ignored: [\n")
+    (tmp_path / "..data").mkdir()
+    config = load_config(str(tmp_path), V4)
+    assert cidrs(config) == ["10.0.0.0/8", "192.168.0.0/16"]
+    assert [str(e.prefix) for e in config.masquerade] == ["10.11.0.0/24"]
+    assert len(config.sources) == 2
+
+
+def test_directory_conflict_names_both_files(tmp_path: Path) -> None:
+    (tmp_path / "ip-masq-a").write_text("nonMasqueradeCIDRs:\n  - 10.11.0.0/24\n")
+    (tmp_path / "ip-masq-b").write_text("masqueradeCIDRs:\n  - 10.11.0.0/24\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(str(tmp_path), V4)
+    message = str(raised.value)
+    assert f"{tmp_path}/ip-masq-a:2" in message and f"{tmp_path}/ip-masq-b:2" in message
+
+
+def test_directory_scalar_conflict(tmp_path: Path) -> None:
+    (tmp_path / "ip-masq-a").write_text("resyncInterval: 10s\n")
+    (tmp_path / "ip-masq-b").write_text("resyncInterval: 20s\n")
+    with pytest.raises(ConfigError, match="resyncInterval conflicts"):
+        load_config(str(tmp_path), V4)
+
+
+def test_missing_path_is_an_error_for_offline_tools_but_defaults_for_the_agent(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(str(tmp_path / "typo"), V4)
+    assert cidrs(load_config(str(tmp_path / "typo"), V4, missing_ok=True))[0] == "10.0.0.0/8"
+
+
+def test_binary_garbage_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        config_from_bytes(ConfigInput((("/x", b"\xff\xfe\x00bad"),)), V4)
