@@ -7,9 +7,9 @@ because operators grep logs for those texts.
 from __future__ import annotations
 
 import ipaddress
-import re
-from dataclasses import dataclass
+import socket
 from enum import IntEnum
+from typing import NamedTuple
 
 __all__ = ["Family", "Prefix", "PrefixError", "format_address", "parse_address", "parse_cidr"]
 
@@ -31,8 +31,9 @@ class PrefixError(ValueError):
     """A CIDR that does not parse or is not aligned; the message is the reference agent's."""
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Prefix:
+class Prefix(NamedTuple):
+    """A CIDR; a NamedTuple because 100,000-entry configs create this many of them (a frozen dataclass is 3x slower)."""
+
     family: Family
     network: int
     length: int
@@ -59,30 +60,31 @@ class Prefix:
         return f"{ipaddress.IPv6Address(self.network)}/{self.length}"
 
 
-_V4_CIDR = re.compile(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})/(\d{1,3})\Z")
-
-
 def _cannot_parse(text: str) -> PrefixError:
     return PrefixError(f'CIDR "{text}" could not be parsed, invalid CIDR address: {text}')
 
 
+_V4_MASKS = [(0xFFFFFFFF << (32 - n)) & 0xFFFFFFFF for n in range(33)]
+_from_bytes = int.from_bytes
+
+
 def parse_cidr(text: str) -> Prefix:
     """Parse and check alignment, like the reference agent's validateCIDR."""
-    m = _V4_CIDR.match(text)
-    if m is not None:
-        # Fast path for the common case: 100,000-entry configs must load in well under a second.
-        octets = m.groups()[:4]
-        if any((len(o) > 1 and o[0] == "0") or int(o) > 255 for o in octets):
-            raise _cannot_parse(text)  # Go rejects leading zeros (ambiguous octal) and octets > 255
-        length = int(m.group(5))
-        if length > 32:
+    address_text, slash, length_text = text.partition("/")
+    if slash and ":" not in address_text:
+        # Fast path for IPv4: inet_pton is as strict as Go (no leading zeros, no short forms, no spaces).
+        try:
+            address = _from_bytes(socket.inet_pton(socket.AF_INET, address_text), "big")
+        except OSError:
+            raise _cannot_parse(text) from None
+        if not (length_text.isdigit() and length_text.isascii() and len(length_text) <= 2 and int(length_text) <= 32):
             raise _cannot_parse(text)
-        address = (int(octets[0]) << 24) | (int(octets[1]) << 16) | (int(octets[2]) << 8) | int(octets[3])
-        prefix = Prefix(Family.V4, address & ~((1 << (32 - length)) - 1) & 0xFFFFFFFF, length)
-        if prefix.network != address:
-            ip = ".".join(octets)
-            raise PrefixError(f'CIDR "{text}" is not aligned to a CIDR block, ip: "{ip}" network: "{prefix}"')
-        return prefix
+        length = int(length_text)
+        network = address & _V4_MASKS[length]
+        if network != address:
+            prefix = Prefix(Family.V4, network, length)
+            raise PrefixError(f'CIDR "{text}" is not aligned to a CIDR block, ip: "{address_text}" network: "{prefix}"')
+        return Prefix(Family.V4, network, length)
     if "/" not in text or ":" not in text:
         raise _cannot_parse(text)
     address_text, _, length_text = text.partition("/")
@@ -104,6 +106,10 @@ def parse_cidr(text: str) -> Prefix:
 
 def parse_address(text: str) -> tuple[Family, int]:
     """An IP address (no prefix length) as (family, integer); ValueError when it is not one."""
+    try:  # fast path: explain answers hundreds of thousands of destinations a second
+        return Family.V4, _from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
+    except OSError:
+        pass
     ip = ipaddress.ip_address(text.strip())
     return (Family.V4 if ip.version == 4 else Family.V6), int(ip)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 from ipmasq.prefix import Family, Prefix, parse_cidr
 
@@ -29,8 +30,9 @@ class Origin(Enum):
     EXCEPTION = "exception"  # masqueradeCIDRs of a config file (our extension)
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
+    """One CIDR of the policy and where it came from (a NamedTuple: configs hold 100,000 of them)."""
+
     prefix: Prefix
     masquerade: bool
     origin: Origin
