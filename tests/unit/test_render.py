@@ -53,7 +53,7 @@ def test_to_ports_splits_each_protocol_across_ranges() -> None:
     masq = [r for r in lines if "-j MASQUERADE" in r]
     assert len(masq) == 3 * 3 + 1
     tcp = [r for r in masq if "-p tcp" in r]
-    assert "--probability 0.33333333333 -j MASQUERADE --to-ports 1000-1999" in tcp[0]
+    assert "--probability 0.33333333349 -j MASQUERADE --to-ports 1000-1999" in tcp[0]
     assert "--probability 0.50000000000 -j MASQUERADE --to-ports 2000-2999" in tcp[1]
     assert "statistic" not in tcp[2] and tcp[2].endswith("-j MASQUERADE --to-ports 3000")
     assert masq[-1].endswith('(must be last in chain)" -j MASQUERADE')

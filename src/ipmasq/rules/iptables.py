@@ -65,10 +65,16 @@ def _masquerade_rules(chain: str, options: PolicyOptions, *, destination: str | 
         for i, port_range in enumerate(ranges):
             remaining = len(ranges) - i
             # 1/remaining of what is left: each of n ranges gets 1/n of the connections
-            statistic = f" -m statistic --mode random --probability {1 / remaining:.11f}" if remaining > 1 else ""
+            statistic = f" -m statistic --mode random --probability {_probability(remaining)}" if remaining > 1 else ""
             lines.append(f"{head} -p {protocol}{statistic} -j MASQUERADE --to-ports {port_range}{random_fully}")
     lines.append(f"{head} -j MASQUERADE{random_fully}")
     return lines
+
+
+def _probability(remaining: int) -> str:
+    # xt_statistic keeps lround(p * 2^31) and iptables-save prints that back with %.11f: render the value the
+    # kernel will print, so a read-back compares equal (1/3 -> 0.33333333349)
+    return f"{round((1 << 31) / remaining) / (1 << 31):.11f}"
 
 
 @dataclass(frozen=True, slots=True)
