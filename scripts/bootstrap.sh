@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_debian=()
-for tool in iptables:iptables ip6tables:iptables nft:nftables ip:iproute2 conntrack:conntrack; do
+for tool in iptables:iptables ip6tables:iptables nft:nftables ip:iproute2 conntrack:conntrack kubectl:kubernetes-client; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need_debian+=("${tool#*:}")
 done
 if [ ${#need_debian[@]} -gt 0 ]; then

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The container image's install steps (the Dockerfile runs exactly this; the test suite runs it too, into a
+# throwaway prefix, so the image recipe cannot rot unnoticed).
+#   install-image.sh SOURCE_DIR PREFIX
+# Installs Debian's iptables, nftables and conntrack when missing, then ipmasq (non-editable, with the
+# metrics extra) into a virtual environment at PREFIX, and checks that the command runs.
+set -euo pipefail
+src=${1:?usage: install-image.sh SOURCE_DIR PREFIX}
+prefix=${2:?usage: install-image.sh SOURCE_DIR PREFIX}
+
+missing=()
+for tool in iptables:iptables nft:nftables conntrack:conntrack; do
+  command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  rm -rf /var/lib/apt/lists/*
+fi
+
+python3 -m venv "$prefix"
+"$prefix/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check "$src[metrics]"
+# smoke test: the installed command renders the reference defaults
+"$prefix/bin/ipmasq" --version
+"$prefix/bin/ipmasq" render >/dev/null

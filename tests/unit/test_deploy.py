@@ -1,0 +1,96 @@
+"""deploy/: the kustomize output (rendered by kubectl offline) is valid Kubernetes, least-privilege, and drop-in."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from ipmasq.config import ConfigInput, config_from_bytes
+from ipmasq.options import PolicyOptions
+from tests.conftest import ROOT
+
+DEPLOY = ROOT / "deploy"
+K8S_VERSION = "1.30.0"
+
+
+def kustomize(path: Path) -> list[dict[str, Any]]:
+    if shutil.which("kubectl") is None:
+        if os.environ.get("CI"):
+            pytest.fail("kubectl is missing (scripts/bootstrap.sh installs Debian's kubernetes-client)")
+        pytest.skip("kubectl is missing")
+    result = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    return ds
+
+
+@pytest.mark.parametrize("path", [DEPLOY, DEPLOY / "overlays" / "gke"], ids=["base", "gke"])
+def test_kustomize_output_validates_against_the_kubernetes_schemas(path: Path) -> None:
+    docs = kustomize(path)
+    assert {d["kind"] for d in docs} == {"DaemonSet", "ServiceAccount"}
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_daemonset_is_least_privilege_and_drop_in() -> None:
+    ds = daemonset(kustomize(DEPLOY))
+    assert ds["metadata"]["namespace"] == "kube-system"
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert {"operator": "Exists"} in pod["tolerations"]
+    assert pod["automountServiceAccountToken"] is False
+    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["privileged"] is False and security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW"]}
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert container["livenessProbe"]["exec"]["command"][:2] == ["ipmasq", "health"]
+    assert container["readinessProbe"]["exec"]["command"][:2] == ["ipmasq", "health"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["config"]["configMap"] == {"name": "ip-masq-agent", "optional": True,
+                                              "items": [{"key": "config", "path": "ip-masq-agent"}]}
+    assert volumes["xtables-lock"]["hostPath"] == {"path": "/run/xtables.lock", "type": "FileOrCreate"}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["config"] == "/etc/config" and mounts["xtables-lock"] == "/run/xtables.lock"
+    assert container["image"] == "ipmasq/ipmasq:0.1.0"
+
+
+def test_gke_overlay_runs_what_gke_runs() -> None:
+    args = daemonset(kustomize(DEPLOY / "overlays" / "gke"))["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--masq-chain=IP-MASQ" in args and "--nomasq-all-reserved-ranges" in args
+
+
+@pytest.mark.parametrize("example", sorted((DEPLOY / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_example_configmaps_are_valid_and_load(example: Path) -> None:
+    (doc,) = [d for d in yaml.safe_load_all(example.read_text()) if d]
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    assert (doc["metadata"]["name"], doc["metadata"]["namespace"]) == ("ip-masq-agent", "kube-system")
+    config = config_from_bytes(ConfigInput(((str(example), doc["data"]["config"].encode()),)), PolicyOptions())
+    assert config.non_masquerade
+
+
+def test_image_install_script_installs_a_working_command(tmp_path: Path) -> None:
+    prefix = tmp_path / "image-prefix"
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "install-image.sh"), str(ROOT), str(prefix)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ipmasq 0.1.0" in result.stdout
+    render = subprocess.run([str(prefix / "bin" / "ipmasq"), "render", "--masq-chain=IP-MASQ"], capture_output=True,
+                            text=True, check=True)
+    assert render.stdout.startswith("*nat\n:IP-MASQ - [0:0]\n")
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "RUN /src/scripts/install-image.sh /src /opt/ipmasq" in dockerfile
