@@ -85,3 +85,33 @@ def test_explain_without_addresses_says_pod_or_node(capsys: pytest.CaptureFixtur
         ("node", "exception", f"{config}:2"), ("pod", "config", f"{config}:1")]
     _code, out, _ = run(capsys, "explain", "10.11.0.9", "--config", str(config))
     assert "MASQUERADED" in out and "masqueradeCIDRs" in out
+
+
+NAT = ["--source", "10.48.1.5", "--node-ip", "10.128.0.5", "--pod-range", "10.48.0.0/14", "--node-range",
+       "10.128.0.0/20", "--nat-ip", "35.199.0.71", "-o", "json"]
+
+
+@pytest.mark.parametrize("mode,seen", [("ALL_IP_RANGES", "35.199.0.71"), ("PRIMARY_IP_RANGE", "35.199.0.71"),
+                                       ("LIST_OF_SECONDARY_IP_RANGES", None)])
+def test_cloud_nat_with_the_agent_masquerading(capsys: pytest.CaptureFixture[str], mode: str, seen: str | None) -> None:
+    code, out, _ = run(capsys, "explain", "34.120.0.10", "10.2.0.9", "--cloud-nat", mode, *NAT)
+    internet, private = json.loads(out)
+    assert code == 0
+    assert (internet["source_after_node"], internet["source_seen"], internet["dropped"]) == (
+        "10.128.0.5", seen, seen is None)
+    assert private["source_seen"] == "10.48.1.5" and not private["dropped"]  # RFC 1918: never through Cloud NAT
+
+
+@pytest.mark.parametrize("mode,seen", [("ALL_IP_RANGES", "35.199.0.71"), ("PRIMARY_IP_RANGE", None),
+                                       ("LIST_OF_SECONDARY_IP_RANGES", "35.199.0.71")])
+def test_cloud_nat_when_pods_leave_unmasqueraded(capsys: pytest.CaptureFixture[str], tmp_path: Path, mode: str,
+                                                  seen: str | None) -> None:
+    config = tmp_path / "all.yaml"
+    config.write_text("nonMasqueradeCIDRs: [0.0.0.0/0]\n")  # what the node does when nothing masquerades
+    _, out, _ = run(capsys, "explain", "34.120.0.10", "--config", str(config), "--cloud-nat", mode, *NAT)
+    (result,) = json.loads(out)
+    assert (result["source_after_node"], result["source_seen"]) == ("10.48.1.5", seen)
+
+
+def test_cloud_nat_needs_its_ranges(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "explain", "34.120.0.10", "--cloud-nat", "ALL_IP_RANGES", "--nat-ip", "35.199.0.71")[0] == 2

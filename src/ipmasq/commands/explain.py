@@ -9,8 +9,9 @@ from typing import Any
 
 from ipmasq.commands.common import add_policy_flags, load_policy_config, options_from_args
 from ipmasq.errors import UsageError
+from ipmasq.path import CloudNat, CloudNatMode, follow_path
 from ipmasq.policy import Policy, Reason, Verdict
-from ipmasq.prefix import parse_address
+from ipmasq.prefix import Prefix, PrefixError, parse_address, parse_cidr
 
 _REASON_TEXT = {
     Reason.DEFAULT: "in the agent's default non-masquerade list",
@@ -33,8 +34,35 @@ def register(subparsers: Any) -> None:
     add_policy_flags(parser, config_help="config file or directory (default: none, the built-in defaults)")
     parser.add_argument("--source", metavar="POD_IP", help="the pod's IP (shown as the source when not masqueraded)")
     parser.add_argument("--node-ip", metavar="NODE_IP", help="the node's IP (shown as the source when masqueraded)")
+    nat = parser.add_argument_group("second NAT layer (seed 002: Cloud NAT behind the node)")
+    nat.add_argument("--pod-range", action="append", default=[], metavar="CIDR",
+                     help="the secondary range pods take their IPs from (repeatable)")
+    nat.add_argument("--node-range", action="append", default=[], metavar="CIDR",
+                     help="the subnet's primary range the node IP is in (repeatable)")
+    nat.add_argument("--cloud-nat", choices=[m.value for m in CloudNatMode], metavar="MODE",
+                     help="Cloud NAT's source ranges: ALL_IP_RANGES, PRIMARY_IP_RANGE or LIST_OF_SECONDARY_IP_RANGES")
+    nat.add_argument("--nat-ip", metavar="IP", help="the Cloud NAT gateway's public address")
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
     parser.set_defaults(func=run)
+
+
+def _ranges(flag: str, texts: list[str]) -> tuple[Prefix, ...]:
+    try:
+        return tuple(parse_cidr(t) for t in texts)
+    except PrefixError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def _cloud_nat(args: argparse.Namespace) -> CloudNat | None:
+    if args.cloud_nat is None:
+        if args.nat_ip:
+            raise UsageError("--nat-ip needs --cloud-nat MODE")
+        return None
+    if not (args.nat_ip and args.source and args.node_ip and args.pod_range and args.node_range):
+        raise UsageError("--cloud-nat needs --nat-ip, --source, --node-ip, --pod-range and --node-range")
+    _check_address("--nat-ip", args.nat_ip)
+    return CloudNat(CloudNatMode(args.cloud_nat), args.nat_ip, _ranges("--node-range", args.node_range),
+                    _ranges("--pod-range", args.pod_range))
 
 
 def _check_address(flag: str, text: str | None) -> None:
@@ -54,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     for warning in config.warnings:
         print(f"ipmasq explain: warning: {warning}", file=sys.stderr)
     policy = Policy(config, options)
+    cloud_nat = _cloud_nat(args)
     results = []
     for destination in args.destinations:
         try:
@@ -62,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{destination!r} is not an IP address") from None
         if args.node_ip is not None and parse_address(args.node_ip) == parse_address(destination):
             verdict = Verdict(verdict.destination, verdict.family, False, Reason.LOCAL, None)
-        results.append(_as_dict(verdict, policy, args))
+        results.append(_as_dict(verdict, policy, args, cloud_nat))
     if args.output == "json":
         json.dump(results, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -72,13 +101,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _source_seen(verdict: Verdict, args: argparse.Namespace) -> str:
-    if verdict.masquerade:
-        return str(args.node_ip) if args.node_ip else "node"
-    return str(args.source) if args.source else "pod"
-
-
-def _as_dict(verdict: Verdict, policy: Policy, args: argparse.Namespace) -> dict[str, Any]:
+def _as_dict(verdict: Verdict, policy: Policy, args: argparse.Namespace, cloud_nat: CloudNat | None) -> dict[str, Any]:
     entry = verdict.entry
     chain = policy.options.masq_chain
     if entry is None:
@@ -86,12 +109,17 @@ def _as_dict(verdict: Verdict, policy: Policy, args: argparse.Namespace) -> dict
     else:
         target = "MASQUERADE" if entry.masquerade else "RETURN"
         rule = f"-A {chain} -d {entry.prefix} -j {target}"
+    path = follow_path(verdict, pod_ip=args.source, node_ip=args.node_ip, cloud_nat=cloud_nat)
     return {
         "destination": verdict.destination,
         "masquerade": verdict.masquerade,
         "matched": None if verdict.matched is None else str(verdict.matched),
         "reason": verdict.reason.value,
-        "source_seen": _source_seen(verdict, args),
+        "source_seen": path.source_seen,
+        "source_after_node": path.source_after_node,
+        "dropped": path.source_seen is None,
+        "dropped_because": path.dropped_because,
+        "path": list(path.hops),
         "rule": rule,
         "defined_at": None if entry is None else entry.where(),
         "explanation": _REASON_TEXT[verdict.reason],
@@ -101,4 +129,5 @@ def _as_dict(verdict: Verdict, policy: Policy, args: argparse.Namespace) -> dict
 def _as_text(r: dict[str, Any]) -> str:
     action = "MASQUERADED to the node IP" if r["masquerade"] else "NOT masqueraded (keeps the pod IP)"
     matched = f" matched {r['matched']} ({r['defined_at']})" if r["matched"] else ""
-    return f"{r['destination']}: {action}; the destination sees {r['source_seen']}.{matched} Why: {r['explanation']}."
+    seen = f"the destination sees {r['source_seen']}" if not r["dropped"] else f"DROPPED: {r['dropped_because']}"
+    return f"{r['destination']}: {action}; {seen}.{matched} Why: {r['explanation']}."

@@ -1,0 +1,74 @@
+"""The second translation layer: what a destination sees after the node's SNAT *and* a Cloud NAT gateway.
+
+Seed 002's double SNAT: pod IP (secondary range) --[ip-masq-agent]--> node IP (primary range) --[Cloud NAT]-->
+public IP. Cloud NAT translates only the source ranges it is configured for and drops other private sources, so
+"secondary ranges only" fails silently while the agent is up (it already rewrote the pod IP to the node IP).
+Pure: the lab proves it against real namespaces.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from enum import Enum
+
+from ipmasq.policy import Verdict
+from ipmasq.prefix import Prefix, parse_address
+
+__all__ = ["CloudNat", "CloudNatMode", "PathResult", "follow_path", "is_internet"]
+
+
+class CloudNatMode(Enum):
+    ALL_IP_RANGES = "ALL_IP_RANGES"
+    PRIMARY_IP_RANGE = "PRIMARY_IP_RANGE"
+    LIST_OF_SECONDARY_IP_RANGES = "LIST_OF_SECONDARY_IP_RANGES"
+
+
+@dataclass(frozen=True, slots=True)
+class CloudNat:
+    mode: CloudNatMode
+    nat_ip: str
+    node_ranges: tuple[Prefix, ...]  # the subnet's primary range
+    pod_ranges: tuple[Prefix, ...]  # the secondary range(s) pods take their IPs from
+
+    def translates(self, source: str) -> bool:
+        family, address = parse_address(source)
+        in_node = any(p.family == family and p.contains(address) for p in self.node_ranges)
+        in_pod = any(p.family == family and p.contains(address) for p in self.pod_ranges)
+        if self.mode is CloudNatMode.ALL_IP_RANGES:
+            return in_node or in_pod
+        if self.mode is CloudNatMode.PRIMARY_IP_RANGE:
+            return in_node
+        return in_pod
+
+
+@dataclass(frozen=True, slots=True)
+class PathResult:
+    source_after_node: str  # "pod"/"node" or an address
+    source_seen: str | None  # None: dropped before the destination
+    hops: tuple[str, ...]
+    dropped_because: str | None = None
+
+
+def is_internet(destination: str) -> bool:
+    """Traffic to globally routable addresses leaves through the NAT gateway; private ones stay in the VPC."""
+    return ipaddress.ip_address(destination).is_global
+
+
+def follow_path(verdict: Verdict, *, pod_ip: str | None, node_ip: str | None,
+                cloud_nat: CloudNat | None) -> PathResult:
+    after_node = (node_ip or "node") if verdict.masquerade else (pod_ip or "pod")
+    hops = [f"node: {'masquerade to the node IP' if verdict.masquerade else 'source unchanged (pod IP)'}"]
+    if cloud_nat is None or not is_internet(verdict.destination):
+        return PathResult(after_node, after_node, tuple(hops))
+    known = node_ip if verdict.masquerade else pod_ip
+    if known is None:
+        raise ValueError("--cloud-nat needs --source and --node-ip to tell which range the packet comes from")
+    if cloud_nat.translates(known):
+        hops.append(f"Cloud NAT ({cloud_nat.mode.value}): {known} -> {cloud_nat.nat_ip}")
+        return PathResult(after_node, cloud_nat.nat_ip, tuple(hops))
+    which = "node (primary)" if verdict.masquerade else "pod (secondary)"
+    reason = (f"Cloud NAT is set to {cloud_nat.mode.value}, which does not translate the {which} range of {known}; "
+              "a private source cannot reach the internet, so the packet is dropped")
+    hops.append(f"Cloud NAT ({cloud_nat.mode.value}): {known} not translated -> dropped")
+    return PathResult(after_node, None, tuple(hops), reason)
