@@ -1,37 +1,59 @@
-"""A TCP server that tells each client the source address it saw, and the client that asks.
+"""Real TCP probes: a server that records the source address each connection arrived with, and a client.
 
-Run inside a namespace: `python -m ipmasq.lab.probe serve PORT [ADDRESS]` / `... connect HOST PORT`.
-The server answers one line per connection: the peer's address as the kernel delivered it (after any NAT).
+    python -m ipmasq.lab.probe serve PORT [ADDRESS] [--log FILE] [--allow CIDR]...
+    python -m ipmasq.lab.probe connect HOST PORT [TIMEOUT]
+    python -m ipmasq.lab.probe connect-many HOST:PORT... [--timeout S]
+
+The server accepts on every local address (with an AnyIP route, on *any* address), appends one line per
+connection to the log file, `<ACCEPT|REJECT> <destination> <source>`, and answers the client with the source it saw.
+`--allow` makes it behave like the firewalls of the seeds (seed 000's AWS VPC admitting only node IPs): a source
+outside the allowed ranges is logged, then reset, so the client sees the connection fail exactly as a REJECT.
+`connect` prints the source the server saw (or FAILED); `connect-many` prints one line per target,
+`<target> <seen source|FAILED>`, making many probes with one process.
 """
 
 from __future__ import annotations
 
-import contextlib
+import ipaddress
 import socket
+import struct
 import sys
+from collections.abc import Sequence
 
-__all__ = ["connect", "serve"]
+__all__ = ["connect", "main", "serve"]
 
 
-def serve(port: int, address: str = "::") -> None:
+def serve(port: int, address: str = "::", *, log_path: str = "/dev/null", allow: Sequence[str] = ()) -> None:
+    allowed = [ipaddress.ip_network(a) for a in allow]
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as server:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:
             server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # one socket for both families
         server.bind((address, port))
-        server.listen(128)
+        server.listen(512)
         print("ready", flush=True)
-        while True:
-            conn, peer = server.accept()
-            with conn:
-                seen = peer[0].removeprefix("::ffff:")
-                with contextlib.suppress(OSError):
-                    conn.sendall(f"{seen}\n".encode())
+        with open(log_path, "a", buffering=1) as log:
+            while True:
+                conn, peer = server.accept()
+                with conn:
+                    seen = peer[0].removeprefix("::ffff:")
+                    destination = conn.getsockname()[0].removeprefix("::ffff:")
+                    source = ipaddress.ip_address(seen)
+                    ok = not allowed or any(source in net for net in allowed if net.version == source.version)
+                    log.write(f"{'ACCEPT' if ok else 'REJECT'} {destination} {seen}\n")
+                    try:
+                        if ok:
+                            conn.sendall(f"{seen}\n".encode())
+                        else:
+                            # linger 0: close sends a RST, which the client sees as "connection refused/reset"
+                            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    except OSError:
+                        pass
 
 
 def connect(host: str, port: int, timeout: float = 2.0) -> str | None:
-    """The source address the server saw, or None when no connection could be made in time."""
+    """The source address the server saw, or None when no connection was made (timeout, reset, refused)."""
     try:
         with socket.create_connection((host, port), timeout=timeout) as conn:
             data = b""
@@ -45,16 +67,46 @@ def connect(host: str, port: int, timeout: float = 2.0) -> str | None:
         return None
 
 
+def _split_target(target: str) -> tuple[str, int]:
+    host, _, port = target.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _options(argv: list[str], names: set[str]) -> tuple[list[str], dict[str, list[str]]]:
+    positional: list[str] = []
+    options: dict[str, list[str]] = {n: [] for n in names}
+    rest = list(argv)
+    while rest:
+        word = rest.pop(0)
+        if word in names and rest:
+            options[word].append(rest.pop(0))
+        else:
+            positional.append(word)
+    return positional, options
+
+
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["serve"]:
-        serve(int(argv[1]), argv[2] if len(argv) > 2 else "::")
+    command, args = (argv[0], argv[1:]) if argv else ("", [])
+    if command == "serve" and args:
+        positional, options = _options(args, {"--log", "--allow"})
+        address = positional[1] if len(positional) > 1 else "::"
+        serve(int(positional[0]), address, log_path=(options["--log"] or ["/dev/null"])[-1], allow=options["--allow"])
         return 0
-    if argv[:1] == ["connect"]:
-        timeout = float(argv[3]) if len(argv) > 3 else 2.0
-        seen = connect(argv[1], int(argv[2]), timeout)
+    if command == "connect" and len(args) >= 2:
+        seen = connect(args[0], int(args[1]), float(args[2]) if len(args) > 2 else 2.0)
         print(seen if seen is not None else "FAILED")
         return 0 if seen is not None else 1
-    print("usage: probe serve PORT [ADDRESS] | probe connect HOST PORT [TIMEOUT]", file=sys.stderr)
+    if command == "connect-many":
+        targets, options = _options(args, {"--timeout"})
+        timeout = float((options["--timeout"] or ["2.0"])[-1])
+        failures = 0
+        for target in targets:
+            seen = connect(*_split_target(target), timeout=timeout)
+            failures += seen is None
+            print(f"{target} {seen if seen is not None else 'FAILED'}", flush=True)
+        return 0 if failures == 0 else 1
+    print("usage: probe serve PORT [ADDRESS] [--log FILE] [--allow CIDR]... | probe connect HOST PORT [TIMEOUT] | "
+          "probe connect-many HOST:PORT... [--timeout S]", file=sys.stderr)
     return 2
 
 
