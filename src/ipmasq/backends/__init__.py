@@ -1,0 +1,1 @@
+"""Backends: the only code that runs kernel tools (see backends.base for the interface)."""

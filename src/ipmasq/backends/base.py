@@ -1,0 +1,82 @@
+"""The backend interface: the agent's loop talks to the kernel only through this.
+
+    Runner      run(argv, stdin) -> Result         the ONE seam that executes programs (real: backends.runner;
+                                                   tests: a stateful fake that parses what it is given)
+    Backend     name                               "iptables", "nftables", ...
+                read(family) -> State              our objects as the kernel has them now, normalised
+                desired(policy, family) -> State   the same objects as `policy` wants them
+                apply(policy, family, current)     ONE atomic transaction turning `current` into `desired`
+                                                   (including removing stale objects `current` holds)
+                remove_all()                       uninstall: our objects gone, both families; nothing else touched
+
+The loop (ipmasq.agent) is backend-agnostic: for each family of the policy it does
+``current = read(f); want = desired(policy, f)``; if ``current != want`` it calls ``apply(policy, f, current)``,
+then ``read(f)`` again and verifies it equals ``want``. So a backend must make `read` and `desired` produce
+*equal* States when, and only when, the kernel holds exactly what the policy asks for (same objects, same
+order where order matters, and no stale objects of ours, e.g. a chain left under an old --masq-chain name).
+`apply` must never touch objects that are not ours; the loop calls it only on a difference, so an idle node
+sees no kernel write at all.
+
+Errors: a failing tool becomes ipmasq.errors.BackendError carrying the tool's stderr (and, where the tool names
+one, the payload line it rejected); a busy xtables lock becomes LockBusyError. The loop backs off and retries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ipmasq.policy import Policy
+from ipmasq.prefix import Family
+
+__all__ = ["BACKEND_NAMES", "Backend", "Result", "Runner", "State"]
+
+# What `--backend` accepts; the nftables backend adds "nftables" and "auto".
+BACKEND_NAMES: tuple[str, ...] = ("iptables",)
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What a program did: its exit status and its output, decoded as text."""
+
+    returncode: int
+    stdout: str = ""
+    stderr: str = ""
+
+
+class Runner(Protocol):
+    """Runs one program to completion. Raises BackendError only when the program cannot be started at all."""
+
+    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result: ...
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """Our objects for one family, normalised so that equal means "the kernel holds exactly this".
+
+    `objects` are text lines in the backend's own canonical dialect (iptables: `:CHAIN` declarations and
+    iptables-save form rules; nftables: its normalised script lines), in an order that is part of the meaning.
+    """
+
+    family: Family
+    objects: tuple[str, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not self.objects
+
+
+class Backend(Protocol):
+    """One way of putting the policy into the kernel (see the module docstring for the contract)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def read(self, family: Family) -> State: ...
+
+    def desired(self, policy: Policy, family: Family) -> State: ...
+
+    def apply(self, policy: Policy, family: Family, current: State) -> None: ...
+
+    def remove_all(self) -> None: ...
