@@ -21,10 +21,13 @@ class IpmasqError(Exception):
 class ConfigError(IpmasqError):
     """A configuration problem, located as precisely as we can: ``file:line: message``."""
 
-    def __init__(self, message: str, *, source: str | None = None, line: int | None = None) -> None:
+    def __init__(self, message: str, *, source: str | None = None, line: int | None = None,
+                 column: int | None = None, code: str | None = None) -> None:
         self.message = message
         self.source = source
         self.line = line
+        self.column = column  # 1-based, where known; `lint` reports it
+        self.code = code  # a lint finding id ("invalid-cidr", ...) so that lint classifies without parsing text
         super().__init__(self.located())
 
     def located(self) -> str:

@@ -41,6 +41,7 @@ class Node:
     line: int | None
     quoted: bool = False  # a quoted scalar is always a string: "true" is not a boolean
     kind: str = "scalar"  # scalar | list | map
+    column: int | None = None  # 1-based; None for JSON, which carries no positions
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,7 @@ class Field:
     key: str
     line: int | None
     value: Node
+    column: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +78,7 @@ def parse_document(data: bytes, source: str) -> Document | None:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"not UTF-8 text (byte {exc.start})", source=source) from None
+        raise ConfigError(f"not UTF-8 text (byte {exc.start})", source=source, code="yaml-syntax") from None
     if text.startswith("\ufeff"):
         text = text[1:]
     top = _parse_json(text, source) if text.lstrip().startswith("{") else _parse_yaml(text, source)
@@ -85,7 +87,7 @@ def parse_document(data: bytes, source: str) -> Document | None:
     if top.kind != "map":
         what = "a list" if top.kind == "list" else f"the value {_show(top.value)}"
         raise ConfigError(f"the config must be a mapping of keys (nonMasqueradeCIDRs: ...), got {what}",
-                          source=source, line=top.line)
+                          source=source, line=top.line, column=top.column, code="wrong-type")
     return Document(source, top.value, text)
 
 
@@ -104,14 +106,16 @@ def _parse_yaml(text: str, source: str) -> Node | None:
         line = mark.line + 1 if mark is not None else None
         column = f" (column {mark.column + 1})" if mark is not None else ""
         problem = exc.problem or exc.context or "invalid YAML"
-        raise ConfigError(f"YAML syntax error: {problem}{column}", source=source, line=line) from None
+        raise ConfigError(f"YAML syntax error: {problem}{column}", source=source, line=line,
+                          column=mark.column + 1 if mark is not None else None, code="yaml-syntax") from None
     except yaml.reader.ReaderError as exc:
         line = text.count("\n", 0, exc.position) + 1
+        column_number = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
         raise ConfigError(f"YAML syntax error: unacceptable character #x{exc.character:04x} ({exc.reason})",
-                          source=source, line=line) from None
+                          source=source, line=line, column=column_number, code="yaml-syntax") from None
     except yaml.YAMLError as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        raise ConfigError(f"YAML error: {first_line}", source=source) from None
+        raise ConfigError(f"YAML error: {first_line}", source=source, code="yaml-syntax") from None
     documents = [d for d in documents if d is not None]
     if not documents:
         return None
@@ -122,7 +126,8 @@ def _parse_yaml(text: str, source: str) -> Node | None:
 def _from_yaml(node: yaml.Node, source: str) -> Node:
     line = node.start_mark.line + 1
     if isinstance(node, yaml.SequenceNode):
-        return Node([_from_yaml(item, source) for item in node.value], line, kind="list")
+        return Node([_from_yaml(item, source) for item in node.value], line, kind="list",
+                    column=node.start_mark.column + 1)
     if isinstance(node, yaml.MappingNode):
         fields = []
         for key_node, value_node in node.value:
@@ -130,11 +135,14 @@ def _from_yaml(node: yaml.Node, source: str) -> Node:
                 key = str(key_node.value)
             else:
                 raise ConfigError("a key must be a plain word, not a list or mapping", source=source,
-                                  line=key_node.start_mark.line + 1)
-            fields.append(Field(key, key_node.start_mark.line + 1, _from_yaml(value_node, source)))
-        return Node(fields, line, kind="map")
+                                  line=key_node.start_mark.line + 1, column=key_node.start_mark.column + 1,
+                                  code="wrong-type")
+            fields.append(Field(key, key_node.start_mark.line + 1, _from_yaml(value_node, source),
+                                key_node.start_mark.column + 1))
+        return Node(fields, line, kind="map", column=node.start_mark.column + 1)
     assert isinstance(node, yaml.ScalarNode)
-    return Node(_scalar(node, source), line, quoted=node.style in ("'", '"', "|", ">"))
+    return Node(_scalar(node, source), line, quoted=node.style in ("'", '"', "|", ">"),
+                column=node.start_mark.column + 1)
 
 
 def _scalar(node: yaml.ScalarNode, source: str) -> Any:
@@ -152,7 +160,8 @@ def _scalar(node: yaml.ScalarNode, source: str) -> Any:
             return text
     if tag.startswith("tag:yaml.org,2002:"):
         return text  # timestamps, binary, ...: go-yaml would hand these on as strings
-    raise ConfigError(f"unsupported YAML tag {tag}", source=source, line=node.start_mark.line + 1)
+    raise ConfigError(f"unsupported YAML tag {tag}", source=source, line=node.start_mark.line + 1,
+                      column=node.start_mark.column + 1, code="wrong-type")
 
 
 # --- JSON -------------------------------------------------------------------------------------------------
@@ -162,8 +171,8 @@ def _parse_json(text: str, source: str) -> Node:
     try:
         raw = json.loads(text, object_pairs_hook=lambda pairs: ("__map__", pairs))
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"JSON syntax error: {exc.msg} (column {exc.colno})", source=source, line=exc.lineno) \
-            from None
+        raise ConfigError(f"JSON syntax error: {exc.msg} (column {exc.colno})", source=source, line=exc.lineno,
+                          column=exc.colno, code="yaml-syntax") from None
     return _from_json(raw, 1 if "\n" not in text.strip() else None)
 
 

@@ -23,7 +23,16 @@ from ipmasq.config.model import (
 from ipmasq.errors import ConfigError
 from ipmasq.prefix import Family, Prefix, PrefixError, parse_cidr
 
-__all__ = ["KNOWN_KEYS", "FileSettings", "merge_settings", "parse_go_duration", "settings_from_document"]
+__all__ = [
+    "KNOWN_KEYS",
+    "FileSettings",
+    "cidr_entry",
+    "cidr_limit_message",
+    "field_errors",
+    "merge_settings",
+    "parse_go_duration",
+    "settings_from_document",
+]
 
 # Documented spelling by lower-cased key: Go's encoding/json matches struct fields case-insensitively.
 KNOWN_KEYS = {
@@ -74,8 +83,26 @@ def settings_from_document(doc: Document, *, enable_ipv6: bool) -> FileSettings:
     return settings
 
 
-def _error(doc: Document, node: Node, needle: str, message: str) -> ConfigError:
-    return ConfigError(message, source=doc.source, line=doc.locate(node, needle))
+def _error(doc: Document, node: Node, needle: str, message: str, code: str) -> ConfigError:
+    return ConfigError(message, source=doc.source, line=doc.locate(node, needle), column=node.column, code=code)
+
+
+def field_errors(doc: Document, f: Field, *, enable_ipv6: bool) -> list[ConfigError]:
+    """Every error the agent would raise for one known field, not only the first: `lint` reports them all."""
+    canonical = KNOWN_KEYS[f.key.lower()]
+    if canonical in ("nonMasqueradeCIDRs", "masqueradeCIDRs") and f.value.kind == "list":
+        errors = []
+        for item in f.value.value:
+            try:
+                cidr_entry(doc, canonical, item, enable_ipv6=enable_ipv6)
+            except ConfigError as exc:
+                errors.append(exc)
+        return errors
+    try:
+        _apply_field(FileSettings(doc.source), canonical, f, doc, enable_ipv6=enable_ipv6)
+    except ConfigError as exc:
+        return [exc]
+    return []
 
 
 def _describe(node: Node) -> str:
@@ -106,13 +133,14 @@ def _apply_field(settings: FileSettings, key: str, f: Field, doc: Document, *, e
         if node.value is None:
             return  # Go: null leaves the default in place
         if node.kind != "scalar" or isinstance(node.value, bool) or not isinstance(node.value, int) or node.quoted:
-            raise _error(doc, node, f.key, f"cidrLimit must be a whole number, got {_describe(node)}")
+            raise _error(doc, node, f.key, f"cidrLimit must be a whole number, got {_describe(node)}", "wrong-type")
         settings.cidr_limit = node.value
     elif key in ("masqLinkLocal", "masqLinkLocalIPv6"):
         if node.value is None:
             return
         if node.kind != "scalar" or not isinstance(node.value, bool) or node.quoted:
-            raise _error(doc, node, f.key, f"{key} must be true or false (unquoted), got {_describe(node)}")
+            raise _error(doc, node, f.key, f"{key} must be true or false (unquoted), got {_describe(node)}",
+                         "wrong-type")
         if key == "masqLinkLocal":
             settings.masq_link_local = node.value
         else:
@@ -124,14 +152,15 @@ def _apply_field(settings: FileSettings, key: str, f: Field, doc: Document, *, e
             if isinstance(node.value, bool):
                 shown = str(node.value).lower()
             message = f'expected string value for unmarshal to field of type Duration, got "{shown}"'
-            raise _error(doc, node, f.key, f"resyncInterval: {message}")
+            raise _error(doc, node, f.key, f"resyncInterval: {message}", "wrong-type")
         try:
             seconds = parse_go_duration(node.value)
         except ValueError as exc:
-            raise _error(doc, node, node.value, f"resyncInterval: {exc}") from None
+            raise _error(doc, node, node.value, f"resyncInterval: {exc}", "bad-duration") from None
         if seconds <= 0:
             raise _error(doc, node, node.value,
-                         f'resyncInterval must be above zero, got "{node.value}" (the reference would busy-loop)')
+                         f'resyncInterval must be above zero, got "{node.value}" (the reference would busy-loop)',
+                         "bad-duration")
         settings.resync_interval = seconds
 
 
@@ -141,25 +170,28 @@ def _cidr_list(doc: Document, f: Field, *, masquerade: bool, enable_ipv6: bool) 
     if node.value is None and node.kind == "scalar":
         return []  # `null` is an empty list, as in Go
     if node.kind != "list":
-        raise _error(doc, node, f.key, f"{key} must be a list of CIDRs, got {_describe(node)}")
-    origin = Origin.EXCEPTION if masquerade else Origin.CONFIG
-    entries: list[Entry] = []
-    source = doc.source
+        raise _error(doc, node, f.key, f"{key} must be a list of CIDRs, got {_describe(node)}", "wrong-type")
     items: Sequence[Node] = node.value
-    for item in items:
-        text = item.value
-        if item.kind != "scalar" or not isinstance(text, str):
-            raise _error(doc, item, str(text), f"{key}: each entry must be a CIDR string, got {_describe(item)}")
-        try:
-            prefix = parse_cidr(text)
-        except PrefixError as exc:
-            raise _error(doc, item, text, str(exc)) from None
-        if prefix.family is Family.V6 and not enable_ipv6:
-            raise _error(doc, item, text,
-                         f"ipv6 is not enabled, but ipv6 cidr {text} provided. "
-                         "Enable ipv6 using --enable-ipv6 agent flag")
-        entries.append(Entry(prefix, masquerade, origin, source, item.line))
-    return entries
+    return [cidr_entry(doc, key, item, enable_ipv6=enable_ipv6) for item in items]
+
+
+def cidr_entry(doc: Document, key: str, item: Node, *, enable_ipv6: bool) -> Entry:
+    """One item of nonMasqueradeCIDRs or masqueradeCIDRs (`key`), checked as the agent checks it."""
+    text = item.value
+    if item.kind != "scalar" or not isinstance(text, str):
+        raise _error(doc, item, str(text), f"{key}: each entry must be a CIDR string, got {_describe(item)}",
+                     "wrong-type")
+    try:
+        prefix = parse_cidr(text)
+    except PrefixError as exc:
+        code = "misaligned-cidr" if "not aligned" in str(exc) else "invalid-cidr"
+        raise _error(doc, item, text, str(exc), code) from None
+    if prefix.family is Family.V6 and not enable_ipv6:
+        raise _error(doc, item, text,
+                     f"ipv6 is not enabled, but ipv6 cidr {text} provided. "
+                     "Enable ipv6 using --enable-ipv6 agent flag", "ipv6-disabled")
+    masquerade = key == "masqueradeCIDRs"
+    return Entry(prefix, masquerade, Origin.EXCEPTION if masquerade else Origin.CONFIG, doc.source, item.line)
 
 
 # --- Go durations -------------------------------------------------------------------------------------------
@@ -226,17 +258,12 @@ def merge_settings(files: list[FileSettings], *, all_reserved: bool, enable_ipv6
             masquerade += s.masquerade
     non_masq = tuple(non_masquerade) if non_masquerade is not None else default_entries(all_reserved=all_reserved)
     cidr_limit = _scalar_from(files, "cidr_limit", "cidrLimit", DEFAULT_CIDR_LIMIT)
-    total = len(non_masq) + len(masquerade)
-    if total > cidr_limit:
+    message = cidr_limit_message(len(non_masq), len(masquerade), cidr_limit)
+    if message is not None:
         holder = next((s for s in reversed(files) if s.non_masquerade is not None or s.masquerade), None)
         where = holder.source if holder else None
         line = holder.lines.get("nonMasqueradeCIDRs") if holder else None
-        counted = "CIDRs" if not masquerade else "CIDRs (nonMasqueradeCIDRs and masqueradeCIDRs together)"
-        raise ConfigError(
-            f"the daemon can only accept up to {cidr_limit} CIDRs (excluding link-local), "
-            f"but got {total} {counted} (excluding link local); raise cidrLimit if this is intended",
-            source=where, line=line,
-        )
+        raise ConfigError(message, source=where, line=line, code="too-many-cidrs")
     _check_conflicts(non_masq, masquerade)
     warnings = [w for s in files for w in s.warnings]
     warnings += _duplicate_warnings(non_masq) + _duplicate_warnings(tuple(masquerade))
@@ -252,6 +279,16 @@ def merge_settings(files: list[FileSettings], *, all_reserved: bool, enable_ipv6
     )
 
 
+def cidr_limit_message(non_masquerade: int, masquerade: int, cidr_limit: int) -> str | None:
+    """The reference's complaint when the lists hold more than cidrLimit CIDRs (link-local not counted)."""
+    total = non_masquerade + masquerade
+    if total <= cidr_limit:
+        return None
+    counted = "CIDRs" if not masquerade else "CIDRs (nonMasqueradeCIDRs and masqueradeCIDRs together)"
+    return (f"the daemon can only accept up to {cidr_limit} CIDRs (excluding link-local), "
+            f"but got {total} {counted} (excluding link local); raise cidrLimit if this is intended")
+
+
 def _check_conflicts(non_masq: tuple[Entry, ...], masquerade: list[Entry]) -> None:
     if not masquerade:
         return
@@ -262,7 +299,7 @@ def _check_conflicts(non_masq: tuple[Entry, ...], masquerade: list[Entry]) -> No
             raise ConfigError(
                 f"{e.prefix} is listed both in masqueradeCIDRs ({e.where()}) and in nonMasqueradeCIDRs "
                 f"({other.where()}); keep it in one list",
-                source=e.source, line=e.line,
+                source=e.source, line=e.line, code="conflicting-cidr",
             )
 
 
