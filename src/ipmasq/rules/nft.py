@@ -270,14 +270,18 @@ def _elements(raw: list[Any], family: Family) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def parse_list_json(text: str, *, table: str = TABLE, family: str = TABLE_FAMILY) -> NftTable | None:
-    """Our table from `nft -j list table inet ip-masq-agent` (or a whole `list ruleset`); None when it is absent."""
+def parse_list_json(text: str, *, table: str = TABLE, family: str = TABLE_FAMILY,
+                    table_listed: bool = True) -> NftTable | None:
+    """Our table from `nft -j list table inet ip-masq-agent` (or a whole `list ruleset`); None when it is absent.
+
+    `table_listed=False` reads listings that omit the table object (`nft -j list set ...`).
+    """
     try:
         document = json.loads(text)
         items = document["nftables"]
     except (ValueError, KeyError, TypeError) as exc:
         raise NftParseError(f"nft -j output is not an nftables JSON listing: {exc}") from None
-    found = False
+    found = not table_listed
     sets: list[NftSet] = []
     chains: dict[str, dict[str, Any]] = {}
     rules: dict[str, list[str]] = {}

@@ -1,0 +1,171 @@
+"""The nftables backend: our one table `inet ip-masq-agent`, read with `nft -j`, written as one `nft -f -` transaction.
+
+State lines per family (ipmasq.backends.base.State), in the table's canonical text:
+
+    table inet ip-masq-agent
+    chain postrouting { type nat hook postrouting priority 100; policy accept; }
+    rule postrouting <rule as `nft list` prints it>          (the shared chain: in every family's State)
+    set nomasq_v4 { type ipv4_addr; flags interval; }        (this family's set; IPv4's State also holds any
+    element nomasq_v4 10.0.0.0/8                              set or object that is nobody's, so it is repaired)
+
+The chain's rules depend on which families the policy manages, so a change of --enable-ipv6 shows in every State.
+`apply` rewrites the whole table whatever the difference, so drift of any kind (table deleted, chain flushed,
+set emptied, a rule added) is repaired by the same atomic transaction.
+
+Reading is cheap where it can be: the structure comes from `nft -j -t list ruleset inet`, which does not fetch set
+elements (instant even with 100,000 of them); the elements of a family's set are read with `nft -j list set` only
+when the structure is ours. The one exception is the read that verifies our own transaction: `nft -f` is
+all-or-nothing, so right after it succeeded the elements are the ones we sent; that read checks the structure for
+real and takes the elements from the transaction (every later read, i.e. every resync, reads them in full).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ipmasq.backends.base import Result, Runner, State
+from ipmasq.errors import BackendError
+from ipmasq.policy import Policy
+from ipmasq.prefix import Family
+from ipmasq.rules.nft import (
+    SET_NAMES,
+    TABLE,
+    TABLE_FAMILY,
+    NftParseError,
+    NftSet,
+    NftTable,
+    delete_script,
+    desired_table,
+    format_element,
+    parse_list_json,
+    render_script,
+)
+
+__all__ = ["NFT", "NftablesBackend", "state_of", "table_exists"]
+
+NFT = "nft"
+# nft exits 1 with this when the object listed does not exist
+_ABSENT = "No such file or directory"
+
+
+def _set_header(s: NftSet) -> str:
+    return f"set {s.name} {{ type {s.type}; flags {', '.join(s.flags)}; }}"
+
+
+def state_of(table: NftTable | None, family: Family, *, elements: dict[str, tuple[tuple[int, int], ...]]
+             | None = None) -> State:
+    """A table's lines for one family; `elements` overrides the sets' elements (when read separately)."""
+    if table is None:
+        return State(family, ())
+    lines = [f"table {TABLE_FAMILY} {TABLE}"]
+    for c in table.chains:
+        if c.type:
+            lines.append(f"chain {c.name} {{ type {c.type} hook {c.hook} priority {c.priority}; policy {c.policy}; }}")
+        else:
+            lines.append(f"chain {c.name}")
+        lines.extend(f"rule {c.name} {r}" for r in c.rules)
+    mine = SET_NAMES[family]
+    for s in table.sets:
+        # a family's State holds its own set; IPv4's also holds every set that is neither family's
+        if s.name == mine or (family is Family.V4 and s.name not in SET_NAMES.values()):
+            lines.append(_set_header(s))
+            values = s.elements if elements is None or s.name not in elements else elements[s.name]
+            set_family = s.family
+            prefix = f"element {s.name} "
+            lines.extend([prefix + format_element(set_family, a, b) for a, b in values])
+    return State(family, tuple(lines))
+
+
+@dataclass(frozen=True, slots=True)
+class _Applied:
+    table: NftTable
+    unverified: frozenset[Family]  # families whose next read may take the elements from the transaction
+
+
+class NftablesBackend:
+    """Backend over `nft` (see the module docstring); `run` is the one seam that executes programs."""
+
+    def __init__(self, run: Runner, *, nft: str = NFT) -> None:
+        self._run = run
+        self._nft = nft
+        self._applied: _Applied | None = None
+
+    @property
+    def name(self) -> str:
+        return "nftables"
+
+    def _call(self, argv: list[str], stdin: str | None = None, *, what: str) -> Result:
+        result = self._run(argv, stdin)
+        if result.returncode != 0:
+            raise BackendError(f"{what} failed ({' '.join(argv)})", argv=tuple(argv), stderr=result.stderr,
+                               returncode=result.returncode)
+        return result
+
+    def read_structure(self) -> NftTable | None:
+        """Our table without set elements (sets listed empty); None when there is no table."""
+        result = self._call([self._nft, "-j", "-t", "list", "ruleset", TABLE_FAMILY], what="reading nftables")
+        try:
+            return parse_list_json(result.stdout)
+        except NftParseError as exc:
+            raise BackendError(f"cannot read nft's listing: {exc}", argv=(self._nft, "-j", "-t")) from None
+
+    def _read_set(self, name: str) -> NftSet | None:
+        argv = [self._nft, "-j", "list", "set", TABLE_FAMILY, TABLE, name]
+        result = self._run(argv, None)
+        if result.returncode != 0 and _ABSENT in result.stderr:
+            return None  # deleted between the two reads: the next read sees the difference
+        if result.returncode != 0:
+            raise BackendError("reading an nftables set failed", argv=tuple(argv), stderr=result.stderr)
+        try:
+            table = parse_list_json(result.stdout, table_listed=False)  # `list set` prints no table object
+        except NftParseError as exc:
+            raise BackendError(f"cannot read nft's listing of set {name}: {exc}", argv=tuple(argv)) from None
+        return None if table is None else table.set_named(name)
+
+    def read(self, family: Family) -> State:
+        structure = self.read_structure()
+        if structure is None:
+            self._applied = None
+            return State(family, ())
+        elements: dict[str, tuple[tuple[int, int], ...]] = {}
+        applied = self._applied
+        trusted = (applied is not None and family in applied.unverified
+                   and _without_elements(applied.table) == structure)
+        for s in structure.sets:
+            if s.name != SET_NAMES[family] and (family is not Family.V4 or s.name in SET_NAMES.values()):
+                continue
+            if trusted and applied is not None:
+                own = applied.table.set_named(s.name)
+                elements[s.name] = own.elements if own is not None else ()
+            else:
+                full = self._read_set(s.name)
+                elements[s.name] = full.elements if full is not None else ()
+        if applied is not None and family in applied.unverified:
+            remaining = applied.unverified - {family}
+            self._applied = _Applied(applied.table, remaining) if remaining else None
+        return state_of(structure, family, elements=elements)
+
+    def desired(self, policy: Policy, family: Family) -> State:
+        return state_of(desired_table(policy), family)
+
+    def apply(self, policy: Policy, family: Family, current: State) -> None:
+        """Replace the whole table (every family of the policy) in one transaction, whatever `current` holds."""
+        self._applied = None
+        self._call([self._nft, "-f", "-"], render_script(policy), what="applying the nftables table")
+        self._applied = _Applied(desired_table(policy), frozenset(policy.families))
+
+    def remove_all(self) -> None:
+        self._applied = None
+        self._call([self._nft, "-f", "-"], delete_script(), what="removing the nftables table")
+
+    def exists(self) -> bool:
+        return self.read_structure() is not None
+
+
+def _without_elements(table: NftTable) -> NftTable:
+    return NftTable(tuple(NftSet(s.name, s.type, s.flags, ()) for s in table.sets), table.chains)
+
+
+def table_exists(run: Runner) -> bool:
+    """Whether our nftables table is on this node (for switching backends)."""
+    return NftablesBackend(run).exists()
