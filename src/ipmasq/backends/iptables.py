@@ -1,0 +1,219 @@
+"""The iptables backend: read with `iptables-save -t nat`, write with one `iptables-restore --noflush -w` transaction.
+
+Our objects, found by the reference agent's comments (so a chain left under an old --masq-chain is ours too):
+the POSTROUTING jumps carrying our jump comment, the chains they target, the chain named by --masq-chain, and
+any chain holding a rule with an `ip-masq-agent:` comment. Nothing else is read into the State or written.
+
+The variant (legacy or nft) is the one the node uses, detected like kubernetes-sigs/iptables-wrappers does:
+kubelet's/kube-proxy's hint chains first, then whichever variant holds more rules.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+from ipmasq.backends.base import Backend, Result, Runner, State
+from ipmasq.errors import BackendError, LockBusyError
+from ipmasq.policy import Policy
+from ipmasq.prefix import Family
+from ipmasq.rules.iptables import NatTable, canonical, chain_rules, jump_rule, parse_save
+
+__all__ = ["IptablesBackend", "Variant", "choose_variant", "detect_variant", "tools"]
+
+OUR_COMMENT = "ip-masq-agent: "
+_JUMP_COMMENT = '--comment "ip-masq-agent: ensure nat POSTROUTING directs'
+# The xtables lock is only taken by the legacy variant; waiting 1 s keeps SIGTERM prompt, the loop retries.
+_LOCK_WAIT = ("-w", "1")
+# iptables-restore exits 4 (RESOURCE_PROBLEM) when it gave up waiting for the xtables lock.
+_LOCK_EXIT = 4
+_FAILED_LINE = re.compile(r"(?:Error occurred at line|line):? (\d+)")
+_HINTS = ("KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY")
+
+
+class Variant(Enum):
+    LEGACY = "legacy"
+    NFT = "nft"
+
+
+@dataclass(frozen=True, slots=True)
+class Tools:
+    save: str
+    restore: str
+
+
+def tools(variant: Variant, family: Family) -> Tools:
+    base = "iptables" if family is Family.V4 else "ip6tables"
+    return Tools(f"{base}-{variant.value}-save", f"{base}-{variant.value}-restore")
+
+
+def _rule_lines(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line.startswith("-"))
+
+
+def choose_variant(*, legacy_dump: str, nft_dump: str) -> Variant:
+    """Pure: which variant the node uses, from both variants' iptables-save output (all tables, both families)."""
+    if any(h in nft_dump for h in _HINTS):
+        return Variant.NFT
+    if any(h in legacy_dump for h in _HINTS):
+        return Variant.LEGACY
+    # iptables-wrappers: the variant with more rules; a tie (an empty node) goes to nft, today's default
+    return Variant.LEGACY if _rule_lines(legacy_dump) > _rule_lines(nft_dump) else Variant.NFT
+
+
+def detect_variant(run: Runner) -> Variant:
+    dumps = {}
+    for variant in Variant:
+        text = []
+        for family in Family:
+            result = run([tools(variant, family).save])
+            if result.returncode == 0:  # a variant whose tables cannot be read holds no rules of the node
+                text.append(result.stdout)
+        dumps[variant] = "".join(text)
+    return choose_variant(legacy_dump=dumps[Variant.LEGACY], nft_dump=dumps[Variant.NFT])
+
+
+def _is_our_jump(rule: str) -> bool:
+    return rule.startswith("-A POSTROUTING ") and _JUMP_COMMENT in rule
+
+
+def _target(rule: str) -> str | None:
+    tokens = rule.split(" ")
+    for i, token in enumerate(tokens[:-1]):
+        if token in ("-j", "-g"):
+            return tokens[i + 1]
+    return None
+
+
+def our_chains(table: NatTable, chain: str) -> list[str]:
+    """Our chains in the table: the configured one first, then stale ones (sorted), each listed once."""
+    found = {chain} if chain in table.chains else set()
+    for rule in table.rules:
+        if _is_our_jump(rule):
+            target = _target(rule)
+            if target is not None and target in table.chains:
+                found.add(target)
+        elif f'--comment "{OUR_COMMENT}' in rule:
+            found.add(rule.split(" ", 2)[1])
+    found.discard("POSTROUTING")
+    return sorted(found, key=lambda name: (name != chain, name))
+
+
+def state_of(table: NatTable, chain: str, family: Family) -> State:
+    """Our objects in an iptables-save table: our jumps in order, then each of our chains and its rules."""
+    objects = [r for r in table.rules if _is_our_jump(r)]
+    for name in our_chains(table, chain):
+        objects.append(f":{name}")
+        objects.extend(table.rules_of(name))
+    return State(family, tuple(objects))
+
+
+def desired_state(policy: Policy, family: Family) -> State:
+    rules = chain_rules(policy, family)
+    objects = [canonical(jump_rule(rules.chain)), f":{rules.chain}"]
+    objects.extend(canonical(r) for r in rules.rules)
+    return State(family, tuple(objects))
+
+
+def restore_payload(policy: Policy, family: Family, current: State) -> str:
+    """The one transaction from `current` to the policy: our chain rewritten, our jump ensured, stale ones gone."""
+    rules = chain_rules(policy, family)
+    chain = rules.chain
+    want_jump = canonical(jump_rule(chain))
+    jumps = [o for o in current.objects if o.startswith("-A POSTROUTING ")]
+    stale_chains = [o[1:] for o in current.objects if o.startswith(":") and o[1:] != chain]
+    lines = ["*nat"]
+    # a stale or duplicate jump goes first: a chain cannot be deleted while a rule still jumps to it
+    kept = False
+    for jump in jumps:
+        if jump == want_jump and not kept:
+            kept = True
+            continue
+        lines.append(jump.replace("-A POSTROUTING", "-D POSTROUTING", 1))
+    # declaring a chain in a --noflush restore creates it, or flushes it if it exists
+    lines.append(f":{chain} - [0:0]")
+    for stale in stale_chains:
+        lines.extend((f":{stale} - [0:0]", f"-X {stale}"))
+    if not kept:
+        lines.append(jump_rule(chain))
+    lines.extend(rules.rules)
+    lines.append("COMMIT")
+    return "\n".join(lines) + "\n"
+
+
+def removal_payload(current: State) -> str | None:
+    """The transaction removing every object of ours in `current`; None when there is nothing of ours."""
+    if current.empty:
+        return None
+    lines = ["*nat"]
+    lines.extend(o.replace("-A POSTROUTING", "-D POSTROUTING", 1) for o in current.objects
+                 if o.startswith("-A POSTROUTING "))
+    for name in (o[1:] for o in current.objects if o.startswith(":")):
+        lines.extend((f":{name} - [0:0]", f"-X {name}"))
+    lines.append("COMMIT")
+    return "\n".join(lines) + "\n"
+
+
+def _rejected_line(stderr: str, payload: str) -> str | None:
+    match = _FAILED_LINE.search(stderr)
+    if match is None:
+        return None
+    number = int(match.group(1))
+    lines = payload.splitlines()
+    return lines[number - 1] if 1 <= number <= len(lines) else None
+
+
+class IptablesBackend:
+    """Backend over iptables-save/iptables-restore of one variant (see backends.base for the contract)."""
+
+    def __init__(self, run: Runner, *, chain: str, variant: Variant,
+                 families: Iterable[Family] = (Family.V4, Family.V6)) -> None:
+        self._run = run
+        self._chain = chain
+        self.variant = variant
+        self._families = tuple(families)
+
+    @property
+    def name(self) -> str:
+        return f"iptables ({self.variant.value})"
+
+    def read(self, family: Family) -> State:
+        save = tools(self.variant, family).save
+        result = self._run([save, "-t", "nat"])
+        if result.returncode != 0:
+            raise _error(f"{save} -t nat failed", [save, "-t", "nat"], result)
+        return state_of(parse_save(result.stdout), self._chain, family)
+
+    def desired(self, policy: Policy, family: Family) -> State:
+        return desired_state(policy, family)
+
+    def apply(self, policy: Policy, family: Family, current: State) -> None:
+        self._restore(family, restore_payload(policy, family, current))
+
+    def remove_all(self) -> None:
+        for family in self._families:
+            payload = removal_payload(self.read(family))
+            if payload is not None:
+                self._restore(family, payload)
+
+    def _restore(self, family: Family, payload: str) -> None:
+        argv = [tools(self.variant, family).restore, "--noflush", *_LOCK_WAIT]
+        result = self._run(argv, payload)
+        if result.returncode == 0:
+            return
+        if result.returncode == _LOCK_EXIT and "xtables lock" in result.stderr:
+            raise LockBusyError(f"{argv[0]}: the xtables lock is held by another program", argv=tuple(argv),
+                                stderr=result.stderr, returncode=result.returncode)
+        rejected = _rejected_line(result.stderr, payload)
+        where = f" (rejected payload line: {rejected})" if rejected is not None else ""
+        raise _error(f"{argv[0]} failed{where}", argv, result)
+
+
+def _error(message: str, argv: list[str], result: Result) -> BackendError:
+    return BackendError(message, argv=tuple(argv), stderr=result.stderr, returncode=result.returncode)
+
+
+def _check(backend: IptablesBackend) -> Backend:
+    return backend  # mypy: IptablesBackend satisfies the Backend protocol

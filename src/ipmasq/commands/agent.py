@@ -1,0 +1,76 @@
+"""`ipmasq agent`: the node agent, a drop-in for ip-masq-agent (same flags, config file, chain and rules)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Any
+
+from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
+from ipmasq.agent.reconcile import Reconciler
+from ipmasq.backends.base import BACKEND_NAMES
+from ipmasq.backends.iptables import IptablesBackend, Variant, detect_variant
+from ipmasq.backends.runner import SubprocessRunner
+from ipmasq.commands.common import add_policy_flags, options_from_args
+from ipmasq.options import PolicyOptions
+from ipmasq.prefix import Family
+
+__all__ = ["DEFAULT_CONFIG", "add_backend_flags", "make_backend", "register"]
+
+DEFAULT_CONFIG = "/etc/config/ip-masq-agent"
+
+
+def add_backend_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=BACKEND_NAMES, default=BACKEND_NAMES[0],
+                        help="how rules reach the kernel (default %(default)s)")
+    parser.add_argument("--iptables-variant", choices=["auto", *(v.value for v in Variant)], default="auto",
+                        help="iptables variant; auto: the one the node's rules use, as kube-proxy's wrapper "
+                             "detects it (default %(default)s)")
+
+
+def make_backend(args: argparse.Namespace, options: PolicyOptions, runner: SubprocessRunner) -> IptablesBackend:
+    variant = detect_variant(runner) if args.iptables_variant == "auto" else Variant(args.iptables_variant)
+    return IptablesBackend(runner, chain=options.masq_chain, variant=variant,
+                           families=(Family.V4, Family.V6) if options.enable_ipv6 else (Family.V4,))
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "agent", help="run the node agent (drop-in for ip-masq-agent)",
+        description="Keep the nat rules in line with the config: apply on change (inotify), repair drift every "
+        "resyncInterval and on SIGHUP, keep the last good config when a new one is bad. SIGTERM exits at once "
+        "and leaves the rules; `ipmasq uninstall` removes them.",
+    )
+    add_policy_flags(parser, config_help=f"config file or directory (default {DEFAULT_CONFIG}; missing: defaults)")
+    add_backend_flags(parser)
+    parser.add_argument("--once", action="store_true",
+                        help="reconcile once; exit 0 when the kernel then matches the config, 1 otherwise")
+    parser.add_argument("--poll", action="store_true", help="poll the config instead of using inotify")
+    # klog flags of existing manifests: accepted, ignored (we log one line per event to stderr)
+    parser.add_argument("-v", "--v", help=argparse.SUPPRESS)
+    for flag in ("--log_dir", "--stderrthreshold", "--vmodule"):
+        parser.add_argument(flag, help=argparse.SUPPRESS)
+    for flag in ("--logtostderr", "--alsologtostderr"):
+        parser.add_argument(flag, help=argparse.SUPPRESS)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = options_from_args(args)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s ipmasq agent: %(levelname)s %(message)s")
+    log = logging.getLogger("ipmasq.agent")
+    wakeup = Wakeup()
+    runner = SubprocessRunner(cancel=wakeup.stop)
+    backend = make_backend(args, options, runner)
+    settings = LoopSettings(config_path=args.config or DEFAULT_CONFIG, use_inotify=not args.poll)
+    agent = Agent(Reconciler(backend, options, log=log), settings, log=log)
+    if args.once:
+        return agent.once()
+    signal.signal(signal.SIGTERM, lambda *_: wakeup.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: wakeup.request_stop())
+    signal.signal(signal.SIGHUP, lambda *_: wakeup.request_resync())
+    agent.run(wakeup)
+    return 0
