@@ -21,12 +21,16 @@ __all__ = [
     "MASQ_COMMENT",
     "NON_MASQ_COMMENT",
     "ChainRules",
+    "Condition",
+    "Match",
     "NatTable",
+    "Rule",
     "RuleParseError",
     "canonical",
     "chain_rules",
     "jump_comment",
     "jump_rule",
+    "parse_rule",
     "parse_save",
     "render_restore",
 ]
@@ -220,3 +224,89 @@ def parse_save(text: str, table: str = "nat") -> NatTable:
         except RuleParseError as exc:
             raise RuleParseError(f"line {number}: {exc}") from None
     return NatTable(chains, rules)
+
+
+# --- structured rules (for check and trace) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One leading option of a rule (-s, -d, -i, -o, -p, -f), possibly negated with "!"."""
+
+    option: str
+    value: str
+    negated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """One `-m NAME ...` block, its option tokens as iptables-save prints them ("!" kept in place)."""
+
+    name: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A rule split into what it tests and what it does; `text` is its canonical (iptables-save) form."""
+
+    text: str
+    chain: str
+    conditions: tuple[Condition, ...]
+    matches: tuple[Match, ...]
+    target: str | None  # None: a rule without -j/-g only counts packets
+    target_args: tuple[str, ...]
+    goto: bool  # -g: a RETURN from the target chain returns past this chain's caller
+
+    def condition(self, option: str) -> Condition | None:
+        return next((c for c in self.conditions if c.option == option), None)
+
+    def target_option(self, name: str) -> str | None:
+        """The value following `name` among the target's options (`--to-source` of SNAT...)."""
+        args = self.target_args
+        for i, token in enumerate(args[:-1]):
+            if token == name:
+                return args[i + 1]
+        return None
+
+
+def parse_rule(line: str) -> Rule:
+    """Split one rule (restore or save syntax) into conditions, matches and target; loud on what it cannot place."""
+    text = canonical(line)
+    tokens = _tokens(text)
+    chain = tokens[1]
+    conditions: list[Condition] = []
+    i = 2
+    while i < len(tokens):
+        negated = tokens[i] == "!" and i + 1 < len(tokens) and tokens[i + 1] in _LEADING
+        option = tokens[i + 1] if negated else tokens[i]
+        if option not in _LEADING:
+            break
+        value_at = i + 2 if negated else i + 1
+        conditions.append(Condition(option, tokens[value_at], negated))
+        i = value_at + 1
+    matches: list[Match] = []
+    current: tuple[str, list[str]] | None = None
+    target: str | None = None
+    goto = False
+    target_args: list[str] = []
+    while i < len(tokens):
+        token = tokens[i]
+        if target is not None:
+            target_args.append(token)
+        elif token == "-m" and i + 1 < len(tokens):
+            if current is not None:
+                matches.append(Match(current[0], tuple(current[1])))
+            current = (tokens[i + 1], [])
+            i += 1
+        elif token in ("-j", "-g") and i + 1 < len(tokens):
+            target, goto = tokens[i + 1], token == "-g"
+            i += 1
+        elif current is not None:
+            current[1].append(token)
+        else:
+            raise RuleParseError(f"cannot place {token!r} (not a -m match option or a target) in {text!r}")
+        i += 1
+    if current is not None:
+        matches.append(Match(current[0], tuple(current[1])))
+    return Rule(text, chain, tuple(conditions), tuple(matches), target, tuple(target_args), goto)
