@@ -17,7 +17,6 @@ from ipmasq.config import ConfigInput
 from ipmasq.errors import ConfigError
 from ipmasq.lab.kubelet import publish
 from ipmasq.options import PolicyOptions
-from ipmasq.prefix import Family
 
 LOG = logging.getLogger("test.agent")
 FOREIGN = (
