@@ -1,0 +1,92 @@
+"""`--backend auto`: nftables when the node already uses it for NAT or has no iptables nat rules, else iptables.
+
+iptables stays the drop-in choice wherever something (kube-proxy in iptables mode, a CNI) writes iptables nat
+rules: our rules then sit in the same framework as theirs. Our own objects never count in the decision, so the
+choice is the same whichever backend ran before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ipmasq.backends.base import Runner
+from ipmasq.errors import BackendError
+from ipmasq.rules.nft import TABLE, TABLE_FAMILY
+
+__all__ = ["Choice", "choose", "detect", "foreign_nat_rules", "nft_nat_tables"]
+
+# iptables-nft keeps its nat rules in nftables tables of these names; they are iptables rules, not nftables use
+_IPTABLES_NFT_TABLES = {("ip", "nat"), ("ip6", "nat")}
+_OUR_COMMENT = '"ip-masq-agent: '
+SAVE_TOOLS = ("iptables-nft-save", "ip6tables-nft-save", "iptables-legacy-save", "ip6tables-legacy-save")
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    backend: str  # "iptables" or "nftables"
+    reason: str
+
+
+def nft_nat_tables(chains_json: str) -> list[str]:
+    """Tables (`family name`) holding a nat base chain, from `nft -j list chains`, ours and iptables-nft's aside."""
+    try:
+        items = json.loads(chains_json)["nftables"]
+    except (ValueError, KeyError, TypeError):
+        return []
+    tables = []
+    for item in items:
+        chain = item.get("chain")
+        if not chain or chain.get("type") != "nat":
+            continue
+        key = (chain.get("family"), chain.get("table"))
+        if key == (TABLE_FAMILY, TABLE) or key in _IPTABLES_NFT_TABLES:
+            continue
+        name = f"{key[0]} {key[1]}"
+        if name not in tables:
+            tables.append(name)
+    return tables
+
+
+def foreign_nat_rules(save_text: str) -> int:
+    """Rules in the nat table of an iptables-save dump that are not ours (ours carry an ip-masq-agent comment)."""
+    count = 0
+    in_nat = False
+    for line in save_text.splitlines():
+        if line.startswith("*"):
+            in_nat = line == "*nat"
+        elif in_nat and line.startswith("-A ") and _OUR_COMMENT not in line:
+            count += 1
+    return count
+
+
+def choose(*, nat_tables: Sequence[str], iptables_rules: int, nft_available: bool = True) -> Choice:
+    if not nft_available:
+        return Choice("iptables", "nft is not available on this node")
+    if nat_tables:
+        return Choice("nftables", f"the node already uses nftables for NAT (table {', '.join(nat_tables)})")
+    if iptables_rules == 0:
+        return Choice("nftables", "the node has no iptables nat rules")
+    return Choice("iptables", f"the node has {iptables_rules} iptables nat rules (the drop-in choice)")
+
+
+def detect(run: Runner) -> Choice:
+    """Look at the node through the runner (read-only) and choose."""
+    try:
+        result = run(["nft", "-j", "list", "chains"], None)
+    except BackendError:
+        return choose(nat_tables=(), iptables_rules=0, nft_available=False)
+    if result.returncode != 0:
+        return choose(nat_tables=(), iptables_rules=0, nft_available=False)
+    tables = nft_nat_tables(result.stdout)
+    rules = 0
+    if not tables:
+        for tool in SAVE_TOOLS:
+            try:
+                save = run([tool, "-t", "nat"], None)
+            except BackendError:
+                continue  # a variant that is not installed holds no rules
+            if save.returncode == 0:
+                rules += foreign_nat_rules(save.stdout)
+    return choose(nat_tables=tables, iptables_rules=rules)
