@@ -12,6 +12,7 @@ from enum import Enum
 from functools import cached_property
 
 from ipmasq.config.model import LINK_LOCAL_V4, LINK_LOCAL_V6, Entry, MasqConfig, Origin
+from ipmasq.config.source import paused_gc
 from ipmasq.options import PolicyOptions
 from ipmasq.prefix import Family, Prefix, format_address, parse_address
 
@@ -93,7 +94,8 @@ class Policy:
 
     @cached_property
     def _tables(self) -> dict[Family, _Table]:
-        return {family: _build_table(self.rule_entries(family), family) for family in self.families}
+        with paused_gc():
+            return {family: _build_table(self.rule_entries(family), family) for family in self.families}
 
     def verdict(self, destination: str) -> Verdict:
         """What happens to pod traffic to `destination` (an IP address; ValueError when it is not one)."""

@@ -6,7 +6,10 @@ symlink per key; reading through the key's symlink always sees one complete vers
 
 from __future__ import annotations
 
+import gc
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ipmasq.config.document import parse_document
@@ -55,6 +58,23 @@ def read_config_input(path: str, *, missing_ok: bool) -> ConfigInput:
 
 def config_from_bytes(config_input: ConfigInput, options: PolicyOptions) -> MasqConfig:
     """Pure: bytes of the files -> a validated config (raises ConfigError)."""
+    with paused_gc():
+        return _config_from_bytes(config_input, options)
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Loading allocates an object per entry and nothing cyclic: the cyclic GC would only rescan them (~40%)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _config_from_bytes(config_input: ConfigInput, options: PolicyOptions) -> MasqConfig:
     settings: list[FileSettings] = []
     for source, data in config_input.files:
         doc = parse_document(data, source)
