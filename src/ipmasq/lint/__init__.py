@@ -1,0 +1,17 @@
+"""`ipmasq lint`'s pure core: findings for config files and ip-masq-agent ConfigMap manifests."""
+
+from ipmasq.lint.config import Expectations, Placement, lint_config
+from ipmasq.lint.finding import HINTS, Finding, Severity
+from ipmasq.lint.manifest import AGENT_CONFIGMAP, AGENT_NAMESPACE, lint_source
+
+__all__ = [
+    "AGENT_CONFIGMAP",
+    "AGENT_NAMESPACE",
+    "HINTS",
+    "Expectations",
+    "Finding",
+    "Placement",
+    "Severity",
+    "lint_config",
+    "lint_source",
+]

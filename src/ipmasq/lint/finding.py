@@ -1,0 +1,77 @@
+"""What lint reports: a finding with its place, a stable id, a severity, a message and a fix hint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+__all__ = ["HINTS", "Finding", "Severity"]
+
+
+class Severity(Enum):
+    ERROR = "error"  # the agent rejects the config, never sees it, or it does the opposite of what was declared
+    WARNING = "warning"  # it works, but not as the reader of the file probably thinks
+
+
+# One fix hint per id; the ids are stable (scripts match on them), the messages are not.
+HINTS: dict[str, str] = {
+    "configmap-name": "name the ConfigMap ip-masq-agent: the agent's DaemonSet mounts it by that name",
+    "configmap-namespace": "put the ConfigMap in namespace kube-system, where the agent's DaemonSet runs",
+    "missing-config-key": "write the config as a block string under data: `config: |`, indented below it",
+    "yaml-syntax": "fix the YAML at this position; `kubectl apply --dry-run=client -f FILE` shows the same error",
+    "indentation": "indent every item of a list the same, and every key of the config under `config: |`",
+    "invalid-cidr": "write an address and a prefix length, like 10.0.0.0/8",
+    "misaligned-cidr": "use the network address of the block (the host bits must be zero)",
+    "unknown-key": "the agent ignores unknown keys; fix the spelling",
+    "key-case": "the agent matches keys case-insensitively, but other tools do not: use the documented spelling",
+    "duplicate-key": "keep one occurrence: the last one wins and the earlier one is silently ignored",
+    "wrong-type": "use the type the agent expects (a list of CIDR strings, a whole number, true/false, a duration)",
+    "duplicate-cidr": "remove the repeated entry",
+    "shadowed-cidr": "remove the entry: the larger one already decides every address in it",
+    "conflicting-cidr": "keep the prefix in one list only",
+    "too-many-cidrs": "raise cidrLimit, or merge the CIDRs into fewer, larger blocks",
+    "ipv6-disabled": "run the agent with --enable-ipv6, or drop the IPv6 CIDR",
+    "bad-duration": "write a Go duration above zero, like 60s, 1m30s or 2h",
+    "lookalike-character": "retype the character in plain ASCII; copy-pasted documentation carries lookalikes",
+    "block-style": "use `config: |` (literal): `>` folds lines and can join two keys into one",
+    "no-configmap": "lint the ip-masq-agent ConfigMap, or the config file itself",
+    "must-masquerade": "add the range to masqueradeCIDRs, or narrow the non-masquerade entry that covers it",
+    "must-preserve": "add the range to nonMasqueradeCIDRs, or narrow the masqueradeCIDRs entry that covers it",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    file: str
+    line: int | None
+    column: int | None
+    id: str
+    severity: Severity
+    message: str
+
+    @property
+    def hint(self) -> str:
+        return HINTS[self.id]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "line": self.line,
+            "column": self.column,
+            "id": self.id,
+            "severity": self.severity.value,
+            "message": self.message,
+            "hint": self.hint,
+        }
+
+    def as_text(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        return f"{where}: {self.severity.value} [{self.id}] {self.message} (fix: {self.hint})"
+
+    def sort_key(self) -> tuple[str, int, int, str]:
+        return (self.file, self.line or 0, self.column or 0, self.id)
