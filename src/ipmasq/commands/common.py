@@ -48,9 +48,11 @@ def _go_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"invalid boolean {text!r}")
 
 
-def add_policy_flags(parser: argparse.ArgumentParser, *, config_help: str) -> None:
+def add_policy_flags(parser: argparse.ArgumentParser, *, config_help: str | None) -> None:
+    """The agent's policy flags; config_help None: no --config (lint and diff take files as arguments)."""
     group = parser.add_argument_group("policy (the reference agent's flags)")
-    group.add_argument("--config", metavar="PATH", help=config_help)
+    if config_help is not None:
+        group.add_argument("--config", metavar="PATH", help=config_help)
     group.add_argument("--masq-chain", default=DEFAULT_CHAIN, metavar="NAME",
                        help="name of our nat chain (default %(default)s; GKE runs IP-MASQ)")
     group.add_argument("--nomasq-all-reserved-ranges", type=_go_bool, default=False, metavar="BOOL",

@@ -18,7 +18,7 @@ from ipmasq.lint.finding import Finding, Severity
 from ipmasq.lint.text import scan_lookalikes
 from ipmasq.options import PolicyOptions
 
-__all__ = ["AGENT_CONFIGMAP", "AGENT_NAMESPACE", "lint_source"]
+__all__ = ["AGENT_CONFIGMAP", "AGENT_NAMESPACE", "configmap_config", "lint_source"]
 
 AGENT_CONFIGMAP = "ip-masq-agent"
 AGENT_NAMESPACE = "kube-system"
@@ -82,6 +82,37 @@ def _lint_text(text: str, source: str, options: PolicyOptions, expect: Expectati
     if not any(_is_object(_plain(d)) for d in documents):
         return lint_config(text, source=source, options=options, expect=expect)
     return _lint_manifests(documents, text, source, options, expect)
+
+
+def configmap_config(text: str) -> str | None:
+    """The config string of the ip-masq-agent ConfigMap when `text` is a manifest; None when it is a raw config.
+
+    For `diff`, which gates a ConfigMap change: `lint` says whether the ConfigMap is applied at all.
+    Raises ValueError when `text` is a manifest without exactly one usable ConfigMap.
+    """
+    if not text.lstrip().startswith(("apiVersion", "kind", "{", "---", "#", "items")):
+        return None  # a config file starts with its own keys; skip composing 100,000-entry configs twice
+    try:
+        documents = [d for d in yaml.compose_all(text, Loader=_Loader) if d is not None]
+    except yaml.YAMLError:
+        return None  # not YAML we can navigate: the config loader reports the error with its line
+    if not any(_is_object(_plain(d)) for d in documents):
+        return None
+    found = []
+    for obj in (o for d in documents for o in _objects(d)):
+        if _scalar((_get(obj, "kind") or (None, None))[1]) != "ConfigMap" or not _is_candidate(obj):
+            continue
+        data = _get(obj, "data")
+        config = _get(data[1], CONFIG_KEY) if data else None
+        if config is not None and isinstance(config[1], yaml.ScalarNode):
+            value = config[1]
+            # blank lines in front keep the loader's line numbers those of the manifest (literal blocks only)
+            padding = "\n" * (value.start_mark.line + 1) if value.style == "|" else ""
+            found.append(padding + value.value)
+    if len(found) != 1:
+        raise ValueError(f"a manifest with {len(found)} ip-masq-agent ConfigMaps holding data.{CONFIG_KEY}; "
+                         "run ipmasq lint on it")
+    return str(found[0])
 
 
 # --- navigating composed YAML ------------------------------------------------------------------------------

@@ -1,0 +1,101 @@
+"""`ipmasq diff`: which destinations flip between two configs or named default sets (gate a change on probes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ipmasq.baselines import BASELINES, baseline_policy
+from ipmasq.commands.common import add_policy_flags, options_from_args
+from ipmasq.config.source import ConfigInput, config_from_bytes, read_config_input
+from ipmasq.diff import DiffResult, diff_policies, parse_probe
+from ipmasq.errors import ConfigError, UsageError
+from ipmasq.lint.manifest import configmap_config
+from ipmasq.options import PolicyOptions
+from ipmasq.policy import Policy
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    sets = ", ".join(f"{b.name} ({b.summary})" for b in BASELINES.values())
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "diff", help="which destinations flip between two configs or default sets",
+        description="Print the fewest CIDRs whose verdict (masquerade or preserve the pod IP) differs between OLD "
+        f"and NEW, and whether each probe flips. Exit 1 when a probe flips. Named sets: {sets}.",
+    )
+    parser.add_argument("old", metavar="OLD", help="config file or directory, - for standard input, or a named set")
+    parser.add_argument("new", metavar="NEW", help="config file or directory, - for standard input, or a named set")
+    parser.add_argument("--probe", action="append", default=[], metavar="DEST",
+                        help="a destination address or CIDR that must not flip; repeatable")
+    add_policy_flags(parser, config_help=None)
+    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    parser.set_defaults(func=run)
+
+
+def _policy(spec: str, options: PolicyOptions) -> Policy:
+    # an existing path wins, so that a file that happens to be called "gke" is still read
+    if spec != "-" and not os.path.exists(spec) and spec in BASELINES:
+        return baseline_policy(spec, options)
+    if spec != "-" and not os.path.exists(spec):
+        raise UsageError(f"{spec!r} is neither a file nor a named set ({', '.join(BASELINES)})")
+    config_input = read_config_input(spec, missing_ok=False)
+    if len(config_input.files) == 1:
+        # a ConfigMap manifest: diff the config it carries (what a pipeline gating `kubectl apply` holds)
+        source, data = config_input.files[0]
+        try:
+            embedded = configmap_config(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            embedded = None  # the loader reports it
+        except ValueError as exc:
+            raise ConfigError(str(exc), source=source) from None
+        if embedded is not None:
+            config_input = ConfigInput(((source, embedded.encode("utf-8", "surrogatepass")),))
+    config = config_from_bytes(config_input, options)
+    for warning in config.warnings:
+        print(f"ipmasq diff: warning: {warning}", file=sys.stderr)
+    return Policy(config, options)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.old == "-" and args.new == "-":
+        raise UsageError("only one of OLD and NEW can be standard input")
+    for probe in args.probe:
+        try:
+            parse_probe(probe)
+        except ValueError:
+            raise UsageError(f"--probe: {probe!r} is not an IP address or CIDR") from None
+    options = options_from_args(args)
+    result = diff_policies(_policy(args.old, options), _policy(args.new, options), tuple(args.probe))
+    if args.output == "json":
+        json.dump(_as_json(result), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(_as_text(result, args.old, args.new))
+    return 1 if result.probe_flipped else 0
+
+
+def _as_json(result: DiffResult) -> dict[str, Any]:
+    return {
+        "flips": [{"range": str(f.prefix), "before": f.before.value, "after": f.after.value} for f in result.flips],
+        "probes": [{"destination": p.destination, "before": p.before.value, "after": p.after.value,
+                    "flips": p.flips} for p in result.probes],
+    }
+
+
+def _as_text(result: DiffResult, old: str, new: str) -> str:
+    lines = []
+    if result.flips:
+        lines.append(f"{old} -> {new}: {len(result.flips)} range(s) flip")
+        width = max(len(str(f.prefix)) for f in result.flips)
+        lines += [f"  {f.prefix!s:<{width}}  {f.before.value} -> {f.after.value}" for f in result.flips]
+    else:
+        lines.append(f"{old} -> {new}: no destination changes verdict")
+    for p in result.probes:
+        mark = "FLIPS" if p.flips else "unchanged"
+        lines.append(f"probe {p.destination}: {p.before.value} ({p.decided_before}) -> {p.after.value} "
+                     f"({p.decided_after}): {mark}")
+    return "\n".join(lines) + "\n"

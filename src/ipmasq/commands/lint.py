@@ -1,0 +1,84 @@
+"""`ipmasq lint`: config files and ConfigMap manifests, every pitfall with its file, line and a fix."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ipmasq.commands.common import add_policy_flags, options_from_args
+from ipmasq.errors import UsageError
+from ipmasq.lint import Expectations, Finding, Severity, lint_source
+from ipmasq.prefix import Prefix, PrefixError, parse_cidr
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "lint", help="find the mistakes that make a config or ConfigMap silently not apply",
+        description="Lint ip-masq-agent config files (YAML/JSON) and Kubernetes manifests holding the "
+        "ip-masq-agent ConfigMap (multi-document YAML, kind: List, JSON). Exit 1 when any error is found.",
+    )
+    parser.add_argument("files", nargs="+", metavar="FILE",
+                        help="config file, manifest, directory of them, or - for standard input")
+    parser.add_argument("--must-masquerade", action="append", default=[], metavar="CIDR",
+                        help="a range that must see the node IP (a VPN peer, a firewalled endpoint); repeatable")
+    parser.add_argument("--must-preserve", action="append", default=[], metavar="CIDR",
+                        help="a range that must see the pod IP; repeatable")
+    add_policy_flags(parser, config_help=None)
+    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    parser.set_defaults(func=run)
+
+
+def _cidrs(flag: str, texts: list[str]) -> tuple[Prefix, ...]:
+    try:
+        return tuple(parse_cidr(t) for t in texts)
+    except PrefixError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def _inputs(paths: list[str]) -> list[tuple[str, bytes | OSError]]:
+    """(name, bytes or the error reading it); a directory contributes its regular, non-hidden files."""
+    out: list[tuple[str, bytes | OSError]] = []
+    for path in paths:
+        if path == "-":
+            out.append(("<stdin>", sys.stdin.buffer.read()))
+            continue
+        names = [path]
+        if os.path.isdir(path):
+            names = [os.path.join(path, n) for n in sorted(os.listdir(path))
+                     if not n.startswith(".") and os.path.isfile(os.path.join(path, n))]
+        for name in names:
+            try:
+                with open(name, "rb") as fh:
+                    out.append((name, fh.read()))
+            except OSError as exc:
+                out.append((name, exc))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    options = options_from_args(args)
+    expect = Expectations(_cidrs("--must-masquerade", args.must_masquerade),
+                          _cidrs("--must-preserve", args.must_preserve))
+    findings: list[Finding] = []
+    unreadable = False
+    for name, data in _inputs(args.files):
+        if isinstance(data, OSError):
+            print(f"ipmasq lint: {name}: cannot read: {data.strerror}", file=sys.stderr)
+            unreadable = True
+            continue
+        findings += lint_source(name, data, options=options, expect=expect)
+    errors = sum(f.severity is Severity.ERROR for f in findings)
+    if args.output == "json":
+        json.dump([f.as_dict() for f in findings], sys.stdout, indent=2, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        for f in findings:
+            print(f.as_text())
+        warnings = len(findings) - errors
+        print(f"{errors} error(s), {warnings} warning(s)", file=sys.stderr)
+    return 1 if errors or unreadable else 0
