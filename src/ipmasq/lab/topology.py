@@ -174,6 +174,9 @@ def build_lab(net: Network, *, workdir: str | None = None, anyip_peers: bool = F
     internet.run(["ip", "route", "add", f"{ADDR.nat_ip}/32", "via", "34.120.0.1"])  # no route to private space
     if anyip_peers:
         peers.run(["ip", "route", "add", "local", "0.0.0.0/0", "dev", "lo"])
+        # replies to the pod and node ranges must still leave: more specific than the AnyIP route, same table
+        for back in (ADDR.pod_range, ADDR.node_range):
+            peers.run(["ip", "route", "add", back, "via", "10.250.0.1", "table", "local"])
         router.run(["ip", "route", "add", "default", "via", "10.250.0.2"])
     else:
         for address in (ADDR.aws_db, ADDR.onprem_endpoint, ADDR.vpn_host, ADDR.vpc_vm):
