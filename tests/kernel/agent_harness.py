@@ -30,9 +30,12 @@ class World:
 
     def seen(self, destination: str) -> str | None:
         """The source address the peer saw for a real TCP connection from the pod."""
-        out = self.pod.run([sys.executable, "-m", "ipmasq.lab.probe", "connect", destination, str(PORT), "1"],
-                           check=False).stdout.strip()
-        return None if out == "FAILED" else out
+        for _ in range(3):  # a fresh IPv6 link may still be resolving neighbours: try again before failing
+            out = self.pod.run([sys.executable, "-m", "ipmasq.lab.probe", "connect", destination, str(PORT), "1"],
+                               check=False).stdout.strip()
+            if out != "FAILED":
+                return out
+        return None
 
     def nat(self, *, family: int = 4, counters: bool = False) -> str:
         tool = "iptables-save" if family == 4 else "ip6tables-save"
