@@ -90,6 +90,7 @@ class _Linter:
         self.placement = placement
         self.options = options
         self.findings: list[Finding] = []
+        self.columns: dict[int | None, int | None] = {}  # line -> column of CIDR entries, for must-* findings
 
     def add(self, id_: str, severity: Severity, message: str, line: int | None, column: int | None = None) -> None:
         mapped_line, mapped_column = self.placement.map(line, column)
@@ -185,6 +186,7 @@ def _check_fields(linter: _Linter, doc: Document,
                                f"this line is indented deeper than the item above it, so YAML folds both into one "
                                f"value: {item.value!r}", folded, len(raw) - len(raw.lstrip()) + 1)
                     continue
+                linter.columns[item.line] = item.column
                 try:
                     valid.append((cidr_entry(doc, canonical, item, enable_ipv6=enable_ipv6), item))
                 except ConfigError as exc:
@@ -331,7 +333,7 @@ def _report_culprit(linter: _Linter, id_: str, declared: Prefix, entry: Entry | 
         because = f"the link-local rule for {entry.prefix} (masqLinkLocal is not set)"
     else:
         key = "masqueradeCIDRs" if entry.masquerade else "nonMasqueradeCIDRs"
-        line = entry.line
+        line, column = entry.line, linter.columns.get(entry.line)
         because = f"the {key} entry {entry.prefix} ({linter.where(entry.line)})"
     linter.add(id_, Severity.ERROR, f"{declared} must {wanted}, but {shown} {actual} because of {because}",
                line, column)
