@@ -1,0 +1,391 @@
+"""`check`: the intent (a Policy) against the node's real nat rules, as findings with stable ids and fix hints.
+
+Two passes over an iptables-save table. The structural pass compares our objects with what the agent would
+write (the same renderer and canonical form the agent uses): chain-missing, jump-missing, config-not-applied,
+rules-differ, stale-chain. The semantic pass traces a pod packet through the whole POSTROUTING, once per
+interval of destinations that every rule and the policy treat alike, and compares the outcome with the
+policy's verdict: a foreign rule that changes it is foreign-masquerade (it NATs) or jump-shadowed (it lets
+the packet go before our chain sees it); a rule the tracer cannot evaluate is unsupported, quoted.
+
+Pure: tables and policies in, findings out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from ipmasq.backends.iptables import our_chains
+from ipmasq.flips import range_to_prefixes
+from ipmasq.policy import Policy
+from ipmasq.prefix import Family, Prefix, PrefixError, parse_cidr
+from ipmasq.rules.iptables import NatTable, Rule, canonical, chain_rules, jump_rule, parse_rule
+from ipmasq.rules.nft import CHAIN, SET_NAMES, TABLE, TABLE_FAMILY, NftTable, desired_table
+from ipmasq.rules.trace import Outcome, Packet, Tracer
+
+__all__ = ["CheckReport", "Finding", "FindingId", "Severity", "check_iptables", "check_nft", "family_of_dump"]
+
+# How many destinations a message quotes before "and N more" (the JSON field has them all).
+_QUOTED = 6
+
+
+class FindingId(Enum):
+    CHAIN_MISSING = "chain-missing"
+    JUMP_MISSING = "jump-missing"
+    CONFIG_NOT_APPLIED = "config-not-applied"
+    RULES_DIFFER = "rules-differ"
+    FOREIGN_MASQUERADE = "foreign-masquerade"
+    JUMP_SHADOWED = "jump-shadowed"
+    STALE_CHAIN = "stale-chain"
+    UNSUPPORTED = "unsupported"
+
+
+class Severity(Enum):
+    ERROR = "error"  # pod traffic is (or may be) treated differently from the config
+    WARNING = "warning"  # something to look at that does not change an outcome check could decide
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    id: FindingId
+    severity: Severity
+    message: str
+    hint: str
+    rule: str | None = None  # the rule the finding is about, quoted as iptables-save prints it
+    missing: tuple[str, ...] = ()  # rules-differ: destinations (or rules) the config wants and the node lacks
+    extra: tuple[str, ...] = ()  # rules-differ: what the node has and the config does not want
+    destinations: tuple[str, ...] = ()  # the prefixes whose outcome the finding changes
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"id": self.id.value, "severity": self.severity.value, "message": self.message,
+                                  "hint": self.hint}
+        for name in ("rule", "missing", "extra", "destinations"):
+            value = getattr(self, name)
+            if value:
+                out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    findings: tuple[Finding, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity is Severity.ERROR for f in self.findings)
+
+
+def family_of_dump(table: NatTable) -> Family:
+    """iptables-save and ip6tables-save print the same syntax: the addresses tell them apart."""
+    for rule in table.rules:
+        for token in rule.split(" "):
+            if "/" in token and ":" in token and token[0] in "0123456789abcdefABCDEF:":
+                return Family.V6
+    return Family.V4
+
+
+def _quote(items: list[str]) -> str:
+    shown = ", ".join(items[:_QUOTED])
+    return shown + (f" and {len(items) - _QUOTED} more" if len(items) > _QUOTED else "")
+
+
+def _short(rule: str) -> str:
+    """A rule of our chain without the chain name and comment: what it does, e.g. `-d 10.0.0.0/8 -j RETURN`."""
+    parsed = parse_rule(rule)
+    parts = [("! " if c.negated else "") + f"{c.option} {c.value}" for c in parsed.conditions]
+    for m in parsed.matches:
+        if m.name != "comment":
+            parts.append(" ".join(("-m", m.name, *m.args)))
+    if parsed.target is not None:
+        parts.append(" ".join(("-g" if parsed.goto else "-j", parsed.target, *parsed.target_args)))
+    return " ".join(parts) or "(no match, no target)"
+
+
+def _without_random_fully(rule: str) -> str:
+    return rule.replace(" --random-fully", "")
+
+
+def _is_catch_all_only(rules: list[str]) -> bool:
+    if len(rules) != 1:
+        return False
+    parsed = parse_rule(rules[0])
+    return parsed.target == "MASQUERADE" and not parsed.conditions
+
+
+# --- iptables -----------------------------------------------------------------------------------------------
+
+
+def check_iptables(policy: Policy, table: NatTable, family: Family, *, pod_ranges: tuple[Prefix, ...] = (),
+                   local_addresses: tuple[int, ...] = ()) -> CheckReport:
+    chain = policy.options.masq_chain
+    findings: list[Finding] = []
+    ours = our_chains(table, chain)
+    stale = [c for c in ours if c != chain]
+    want_jump = canonical(jump_rule(chain))
+    postrouting = table.rules_of("POSTROUTING")
+    for name in stale:
+        findings.append(_stale(name, postrouting, chain))
+    chain_present = chain in table.chains
+    if not chain_present:
+        hint = ("is the agent running on this node? `kubectl -n kube-system get pods -l k8s-app=ip-masq-agent` "
+                "and its logs")
+        if stale:
+            hint = (f"the node has an ip-masq-agent chain named {stale[0]}: if the agent runs with "
+                    f"--masq-chain={stale[0]}, pass the same flag to check; " + hint)
+        findings.append(Finding(FindingId.CHAIN_MISSING, Severity.ERROR,
+                                f"the nat table has no {chain} chain: pod traffic is not handled by ip-masq-agent",
+                                hint))
+    jump_present = want_jump in postrouting
+    if not jump_present and chain_present:  # iptables refuses a jump to a missing chain: chain-missing says it
+        others = [r for r in postrouting if parse_rule(r).target == chain]
+        detail = f" (a different jump is there: {others[0]})" if others else ""
+        findings.append(Finding(
+            FindingId.JUMP_MISSING, Severity.ERROR,
+            f"POSTROUTING has no jump to {chain}{detail}: no pod traffic reaches the chain",
+            "the agent writes it on every sync: check that it is running and not crash-looping; by hand: "
+            f"iptables -t nat -A POSTROUTING -m comment --comment \"...\" -m addrtype ! --dst-type LOCAL -j {chain}",
+            rule=want_jump))
+    if chain_present:
+        findings.extend(_compare_chain(policy, table, family, chain))
+    if chain_present and jump_present:
+        findings.extend(_semantic(policy, table, family, set(ours), want_jump, pod_ranges, local_addresses))
+    return CheckReport(tuple(findings))
+
+
+def _stale(name: str, postrouting: list[str], chain: str) -> Finding:
+    jumps = [r for r in postrouting if parse_rule(r).target == name]
+    live = bool(jumps)
+    where = "and POSTROUTING still jumps to it" if live else "(no jump reaches it)"
+    return Finding(
+        FindingId.STALE_CHAIN, Severity.ERROR if live else Severity.WARNING,
+        f"an ip-masq-agent chain {name} is left beside {chain} {where}",
+        f"if the agent now runs with --masq-chain={chain}, remove the old one: "
+        + (f"iptables -t nat -D {jumps[0][3:]}; " if live else "")
+        + f"iptables -t nat -F {name}; iptables -t nat -X {name} (the agent's next sync does it too)",
+        rule=jumps[0] if live else None)
+
+
+def _compare_chain(policy: Policy, table: NatTable, family: Family, chain: str) -> list[Finding]:
+    want = [canonical(r) for r in chain_rules(policy, family).rules]
+    have = table.rules_of(chain)
+    if have == want:
+        return []
+    if _is_catch_all_only(have):
+        return [Finding(
+            FindingId.CONFIG_NOT_APPLIED, Severity.ERROR,
+            f"{chain} holds only the MASQUERADE catch-all: every pod connection is masqueraded, the config's "
+            f"{len(want) - 1} non-masquerade rule(s) are not there",
+            "the ConfigMap is not reaching the agent: it must be named ip-masq-agent in kube-system with the "
+            "file under the key `config` (`config: |`); run `ipmasq lint` on it and read the agent's logs",
+            missing=tuple(_short(r) for r in want[:-1]))]
+    missing = [r for r in want if r not in have]
+    extra = [r for r in have if r not in want]
+    if [_without_random_fully(r) for r in have] == [_without_random_fully(r) for r in want]:
+        # the reference before v2.10 never wrote --random-fully, and it only spreads source ports: same outcome
+        return [Finding(FindingId.RULES_DIFFER, Severity.WARNING,
+                        f"{chain} differs from the config only in MASQUERADE's --random-fully",
+                        "pass --random-fully=false if the agent runs without it; otherwise its next sync fixes it",
+                        missing=tuple(_short(r) for r in missing), extra=tuple(_short(r) for r in extra))]
+    if not missing and not extra:
+        message = f"{chain} holds the config's rules in a different order (the first match decides)"
+    else:
+        parts = []
+        if missing:
+            parts.append(f"missing {_quote([_short(r) for r in missing])}")
+        if extra:
+            parts.append(f"extra {_quote([_short(r) for r in extra])}")
+        message = f"{chain} differs from the config: " + "; ".join(parts)
+    return [Finding(FindingId.RULES_DIFFER, Severity.ERROR, message,
+                    "the agent rewrites the chain on its next sync (resyncInterval); if it does not, it runs with "
+                    "another config or other flags than these: compare them, and read its logs",
+                    missing=tuple(_short(r) for r in missing), extra=tuple(_short(r) for r in extra))]
+
+
+def _boundaries(tracer: Tracer, policy: Policy, family: Family, local: tuple[int, ...]) -> list[int]:
+    """Starts of the destination intervals that every reachable rule and the policy treat alike."""
+    points = {0}
+    for name in tracer.reachable():
+        for rule in tracer.rules_of(name):
+            condition = rule.condition("-d")
+            if condition is None:
+                continue
+            try:
+                prefix = parse_cidr(condition.value)
+            except PrefixError:
+                continue
+            if prefix.family is family:
+                points.update((prefix.first, prefix.last + 1))
+    for entry in policy.rule_entries(family) if family in policy.families else ():
+        points.update((entry.prefix.first, entry.prefix.last + 1))
+    for address in local:
+        points.update((address, address + 1))
+    return sorted(p for p in points if p <= family.max_address)
+
+
+def _is_nat(rule: Rule) -> bool:
+    return rule.target in ("MASQUERADE", "SNAT")
+
+
+def _semantic(policy: Policy, table: NatTable, family: Family, ours: set[str], want_jump: str,
+              pod_ranges: tuple[Prefix, ...], local: tuple[int, ...]) -> list[Finding]:
+    tracer = Tracer(table)
+    points = _boundaries(tracer, policy, family, local)
+    loopback = parse_cidr("127.0.0.0/8" if family is Family.V4 else "::1/128")
+    sources = tuple(p for p in pod_ranges if p.family is family)
+    # per deciding rule: the destination ranges it gets wrong / cannot decide
+    wrong: dict[tuple[FindingId, str], list[tuple[int, int]]] = {}
+    reasons: dict[str, str] = {}
+    for i, start in enumerate(points):
+        end = points[i + 1] - 1 if i + 1 < len(points) else family.max_address
+        if start in local or loopback.contains(start):
+            continue  # node-local destinations never reach our chain (! --dst-type LOCAL), by design
+        packet = Packet(family, start, sources, local_addresses=local)
+        result = tracer.trace(packet)
+        if result.outcome is Outcome.UNDECIDED:
+            rule = result.decided_by or "(dump)"
+            reasons[rule] = result.undecided_reason or ""
+            _add(wrong, (FindingId.UNSUPPORTED, rule), start, end)
+            continue
+        expected = policy.verdict_for(family, start).masquerade
+        actual = result.outcome in (Outcome.MASQUERADE, Outcome.SNAT)
+        if actual == expected:
+            continue
+        decider = result.decided_by
+        if result.decided_in in ours:
+            continue  # our own chain decided: rules-differ or stale-chain already says why
+        reached_ours = any(s.rule == want_jump and s.matched for s in result.steps)
+        if decider is not None and actual and _is_nat(parse_rule(decider)):
+            _add(wrong, (FindingId.FOREIGN_MASQUERADE, decider), start, end)
+        elif not reached_ours:
+            _add(wrong, (FindingId.JUMP_SHADOWED, decider or "(POSTROUTING policy)"), start, end)
+        else:
+            _add(wrong, (FindingId.FOREIGN_MASQUERADE if actual else FindingId.JUMP_SHADOWED,
+                         decider or "(POSTROUTING policy)"), start, end)
+    findings = []
+    for (kind, rule), ranges in wrong.items():
+        prefixes = [str(p) for first, last in ranges for p in range_to_prefixes(family, first, last)]
+        findings.append(_semantic_finding(kind, rule, prefixes, reasons.get(rule, ""), policy))
+    return findings
+
+
+def _add(wrong: dict[tuple[FindingId, str], list[tuple[int, int]]], key: tuple[FindingId, str], first: int,
+         last: int) -> None:
+    ranges = wrong.setdefault(key, [])
+    if ranges and ranges[-1][1] + 1 == first:
+        ranges[-1] = (ranges[-1][0], last)
+    else:
+        ranges.append((first, last))
+
+
+def _semantic_finding(kind: FindingId, rule: str, prefixes: list[str], reason: str, policy: Policy) -> Finding:
+    dests = _quote(prefixes)
+    delete = f"iptables -t nat -D {rule[3:]}" if rule.startswith("-A ") else "remove it"
+    if kind is FindingId.FOREIGN_MASQUERADE:
+        hint = (f"if these destinations must be masqueraded, say so in the config (masqueradeCIDRs) and delete "
+                f"the rule: {delete}; otherwise delete the rule and whatever re-adds it")
+        if "kubenet" in rule:
+            hint = ("kubenet masquerades everything outside kubelet's --non-masquerade-cidr: run kubelet with "
+                    "--non-masquerade-cidr=0.0.0.0/0 so that ip-masq-agent alone decides")
+        return Finding(kind, Severity.ERROR,
+                       f"a rule outside {policy.options.masq_chain} NATs pod traffic the config keeps unmasqueraded "
+                       f"({dests}): {rule}", hint, rule=rule, destinations=tuple(prefixes))
+    if kind is FindingId.JUMP_SHADOWED:
+        return Finding(kind, Severity.ERROR,
+                       f"pod traffic to {dests} is decided before it reaches {policy.options.masq_chain}, "
+                       f"against the config, by: {rule}",
+                       f"move the jump to {policy.options.masq_chain} above that rule, or delete the rule: {delete}",
+                       rule=rule, destinations=tuple(prefixes))
+    if "source" in reason:
+        hint = "pass --pod-range so that the rule's source test can be decided"
+    elif "interface" in reason:
+        hint = ("the rule depends on the out interface, which check does not know: trace the destination with "
+                "`ipmasq trace DEST --source POD_IP --out-interface IFACE`")
+    else:
+        hint = "the rule uses matches check does not evaluate: read it by hand, or move its intent into the config"
+    return Finding(kind, Severity.WARNING,
+                   f"cannot decide what happens to pod traffic to {dests}: {reason}: {rule}",
+                   hint, rule=rule, destinations=tuple(prefixes))
+
+
+# --- nftables -----------------------------------------------------------------------------------------------
+
+
+def _subtract(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    """Addresses in the disjoint sorted ranges `a` and not in `b`."""
+    out: list[tuple[int, int]] = []
+    j = 0
+    for first, last in a:
+        start = first
+        while j < len(b) and b[j][1] < start:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] <= last and start <= last:
+            if b[k][0] > start:
+                out.append((start, b[k][0] - 1))
+            start = max(start, b[k][1] + 1)
+            k += 1
+        if start <= last:
+            out.append((start, last))
+    return out
+
+
+def check_nft(policy: Policy, table: NftTable | None) -> CheckReport:
+    """Our nftables table (from `nft -j list ruleset`) against the policy."""
+    if table is None:
+        return CheckReport((Finding(
+            FindingId.CHAIN_MISSING, Severity.ERROR,
+            f"there is no nftables table {TABLE_FAMILY} {TABLE}: pod traffic is not handled by the agent",
+            "is the agent running with --backend nftables? `kubectl -n kube-system get pods -l "
+            "k8s-app=ip-masq-agent` and its logs"),))
+    want = desired_table(policy)
+    findings: list[Finding] = []
+    have_chain = table.chain_named(CHAIN)
+    want_chain = want.chain_named(CHAIN)
+    assert want_chain is not None
+    if have_chain is None:
+        findings.append(Finding(FindingId.JUMP_MISSING, Severity.ERROR,
+                                f"table {TABLE} has no {CHAIN} chain hooked at postrouting: no traffic is handled",
+                                "the agent re-creates the table on its next sync; read its logs"))
+    elif have_chain != want_chain:
+        if have_chain.hook != want_chain.hook or have_chain.type != want_chain.type:
+            findings.append(Finding(FindingId.JUMP_MISSING, Severity.ERROR,
+                                    f"chain {CHAIN} is not a nat chain at postrouting ({have_chain.type or 'regular'} "
+                                    f"{have_chain.hook or 'no hook'})",
+                                    "the agent re-creates the table on its next sync; read its logs"))
+        elif all("masquerade" in r for r in have_chain.rules) and len(want_chain.rules) > len(have_chain.rules):
+            findings.append(Finding(FindingId.CONFIG_NOT_APPLIED, Severity.ERROR,
+                                    f"chain {CHAIN} holds only masquerade rules: every pod connection is masqueraded",
+                                    "the ConfigMap is not reaching the agent: run `ipmasq lint` on it and read the "
+                                    "agent's logs"))
+        else:
+            missing = [r for r in want_chain.rules if r not in have_chain.rules]
+            extra = [r for r in have_chain.rules if r not in want_chain.rules]
+            findings.append(Finding(FindingId.RULES_DIFFER, Severity.ERROR,
+                                    f"chain {CHAIN} differs from the config: missing {_quote(missing) or 'nothing'}; "
+                                    f"extra {_quote(extra) or 'nothing'}",
+                                    "the agent rewrites the table on its next sync; if not, it runs with other flags",
+                                    missing=tuple(missing), extra=tuple(extra)))
+    for family in Family:
+        name = SET_NAMES[family]
+        want_set, have_set = want.set_named(name), table.set_named(name)
+        if want_set is None and have_set is None:
+            continue
+        want_elements = want_set.elements if want_set is not None else ()
+        have_elements = have_set.elements if have_set is not None else ()
+        if want_elements == have_elements:
+            continue
+        missing = [str(p) for a, b in _subtract(want_elements, have_elements) for p in range_to_prefixes(family, a, b)]
+        extra = [str(p) for a, b in _subtract(have_elements, want_elements) for p in range_to_prefixes(family, a, b)]
+        findings.append(Finding(
+            FindingId.RULES_DIFFER, Severity.ERROR,
+            f"set {name} differs from the config: not masqueraded per config but masqueraded on the node: "
+            f"{_quote(missing) or 'none'}; kept unmasqueraded on the node against the config: "
+            f"{_quote(extra) or 'none'}",
+            "the agent rewrites the table on its next sync; if not, it runs with another config: compare them",
+            missing=tuple(missing), extra=tuple(extra)))
+    for chain in table.chains:
+        if chain.name != CHAIN:
+            findings.append(Finding(FindingId.UNSUPPORTED, Severity.WARNING,
+                                    f"table {TABLE} holds a chain the agent does not write: {chain.name}",
+                                    "delete the table and let the agent re-create it"))
+    return CheckReport(tuple(findings))

@@ -1,0 +1,384 @@
+"""Walk one packet through a nat table's POSTROUTING, rule by rule, as the kernel would; never guess.
+
+The tracer understands exactly the matches and targets an ip-masq-agent node's POSTROUTING is made of (ours,
+kubenet's, kube-proxy's, the seeds' hand-written rules): `-s`/`-d`/`-i`/`-o`/`-p` (each possibly negated),
+`-m comment`, `-m addrtype --dst-type/--src-type LOCAL`, `-m mark`, and the targets RETURN, ACCEPT, MASQUERADE,
+SNAT, MARK, LOG and jumps/gotos to user chains. A rule using anything else, or a condition on something the
+packet description leaves unknown (its out interface, its exact source), stops the walk with
+`Outcome.UNDECIDED` and the reason: a wrong answer here would send an operator the wrong way.
+
+Only a connection's first packet traverses the nat table; what it decides is kept in the conntrack entry, so
+the trace is the fate of a new connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import partial
+from typing import Protocol
+
+from ipmasq.prefix import Family, Prefix, PrefixError, format_address, parse_address, parse_cidr
+from ipmasq.rules.iptables import Condition, Match, NatTable, Rule, RuleParseError, parse_rule
+
+__all__ = ["Outcome", "Packet", "Step", "TraceResult", "Tracer", "trace"]
+
+BUILTIN_CHAINS = frozenset({"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING", "FORWARD"})
+# the kernel refuses loops when rules are loaded; a hand-written dump could still hold one
+_MAX_DEPTH = 64
+_PROTOCOL_NUMBERS = {"tcp": 6, "udp": 17, "icmp": 1, "sctp": 132, "icmpv6": 58, "ipv6-icmp": 58, "udplite": 136}
+_LOOPBACK = {Family.V4: parse_cidr("127.0.0.0/8"), Family.V6: parse_cidr("::1/128")}
+_NON_DECIDING_TARGETS = frozenset({"LOG", "NFLOG", "MARK"})
+
+
+class Outcome(Enum):
+    UNCHANGED = "unchanged"  # the source address leaves as it is
+    MASQUERADE = "masqueraded"  # to the out interface's address
+    SNAT = "snat"  # to the address of a SNAT rule
+    UNDECIDED = "cannot-decide"
+
+
+@dataclass(frozen=True, slots=True)
+class Packet:
+    """What is known of a new connection's first packet at POSTROUTING.
+
+    `source` is a set of prefixes the source lies in: one /32 (/128) for an exact address, a pod range for
+    `check`, empty when unknown. Unknown interfaces are None; a rule testing them cannot be decided.
+    """
+
+    family: Family
+    destination: int
+    source: tuple[Prefix, ...] = ()
+    out_interface: str | None = None
+    in_interface: str | None = None
+    protocol: str = "tcp"
+    mark: int = 0
+    local_addresses: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, destination: str, *, source: str | None = None, out_interface: str | None = None,
+           in_interface: str | None = None, protocol: str = "tcp", mark: int = 0,
+           local_addresses: Sequence[str] = ()) -> Packet:
+        """From text (ValueError on an address that does not parse or a family mix)."""
+        family, dest = parse_address(destination)
+        sources: tuple[Prefix, ...] = ()
+        if source is not None:
+            source_family, address = parse_address(source)
+            if source_family is not family:
+                raise ValueError(f"source {source} and destination {destination} are of different families")
+            sources = (Prefix(family, address, family.bits),)
+        local = []
+        for text in local_addresses:
+            local_family, address = parse_address(text)
+            if local_family is family:
+                local.append(address)
+        return cls(family, dest, sources, out_interface, in_interface, protocol.lower(), mark, tuple(local))
+
+    @property
+    def exact_source(self) -> str | None:
+        if len(self.source) == 1 and self.source[0].length == self.family.bits:
+            return format_address(self.family, self.source[0].network)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    chain: str
+    rule: str
+    matched: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TraceResult:
+    steps: tuple[Step, ...]
+    outcome: Outcome
+    decided_by: str | None  # the rule whose target decided (a RETURN in POSTROUTING: then its policy); else None
+    decided_in: str | None  # the chain holding that rule
+    snat_to: str | None = None
+    mark: int = 0
+    undecided_reason: str | None = None
+    via: tuple[str, ...] = field(default=())  # the jump rules that led to the deciding chain, outermost first
+
+    def source_seen(self, packet: Packet, *, masquerade_address: str | None) -> str | None:
+        """The source the destination sees; None when not determined (undecided, or the masquerade address unknown)."""
+        if self.outcome is Outcome.UNCHANGED:
+            return packet.exact_source
+        if self.outcome is Outcome.MASQUERADE:
+            return masquerade_address
+        if self.outcome is Outcome.SNAT:
+            return self.snat_to
+        return None
+
+
+class _Undecidable(Exception):
+    """A rule the tracer cannot evaluate for this packet; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Bad:
+    """A rule that does not parse: reaching it stops the trace."""
+
+    text: str
+    chain: str
+    error: str
+
+
+class _ResultFactory(Protocol):
+    """Tracer.trace's inner `result`: builds the TraceResult from the walk so far."""
+
+    def __call__(self, outcome: Outcome, rule: Rule | None, **extra: str | None) -> TraceResult: ...
+
+
+class Tracer:
+    """A parsed nat table, ready to trace many packets (check traces one per address interval)."""
+
+    def __init__(self, table: NatTable) -> None:
+        self.policies = dict(table.chains)
+        self.chains: dict[str, list[Rule | _Bad]] = {name: [] for name in table.chains}
+        for text in table.rules:
+            try:
+                rule: Rule | _Bad = parse_rule(text)
+            except RuleParseError as exc:
+                rule = _Bad(text, text.split(" ", 2)[1], str(exc))
+            self.chains.setdefault(rule.chain, []).append(rule)
+
+    def trace(self, packet: Packet, *, chain: str = "POSTROUTING") -> TraceResult:
+        steps: list[Step] = []
+        mark = packet.mark
+        # frames to resume after a RETURN: (chain, next index, the jump rule's text)
+        stack: list[tuple[str, int, str]] = []
+        current, index = chain, 0
+
+        def result(outcome: Outcome, rule: Rule | None, **extra: str | None) -> TraceResult:
+            return TraceResult(tuple(steps), outcome, None if rule is None else rule.text,
+                               None if rule is None else rule.chain, mark=mark, via=tuple(f[2] for f in stack),
+                               snat_to=extra.get("snat_to"), undecided_reason=extra.get("reason"))
+
+        if chain not in self.chains:
+            return result(Outcome.UNDECIDED, None, reason=f"the dump has no {chain} chain in its nat table")
+        while True:
+            rules = self.chains.get(current, [])
+            if index >= len(rules):
+                if current in BUILTIN_CHAINS or not stack:
+                    return self._policy(result, current, None)
+                current, index, _ = stack.pop()
+                continue
+            rule = rules[index]
+            index += 1
+            if isinstance(rule, _Bad):
+                steps.append(Step(current, rule.text, False))
+                return result(Outcome.UNDECIDED, None, reason=f"cannot read rule: {rule.error}")
+            try:
+                matched = _matches(rule, packet, mark)
+            except _Undecidable as exc:
+                steps.append(Step(current, rule.text, False))
+                return result(Outcome.UNDECIDED, rule, reason=str(exc))
+            steps.append(Step(current, rule.text, matched))
+            if not matched or rule.target is None:
+                continue
+            target = rule.target
+            if target == "RETURN":
+                if current in BUILTIN_CHAINS or not stack:
+                    return self._policy(result, current, rule)
+                current, index, _ = stack.pop()
+            elif target == "ACCEPT":
+                return result(Outcome.UNCHANGED, rule)
+            elif target == "MASQUERADE":
+                return result(Outcome.MASQUERADE, rule)
+            elif target == "SNAT":
+                to = rule.target_option("--to-source")
+                if to is None:
+                    return result(Outcome.UNDECIDED, rule, reason="SNAT without --to-source")
+                return result(Outcome.SNAT, rule, snat_to=_snat_address(to))
+            elif target in _NON_DECIDING_TARGETS:
+                if target == "MARK":
+                    try:
+                        mark = _apply_mark(rule, mark)
+                    except _Undecidable as exc:
+                        return result(Outcome.UNDECIDED, rule, reason=str(exc))
+            elif target in self.chains and target not in BUILTIN_CHAINS:
+                if len(stack) >= _MAX_DEPTH or target in {f[0] for f in stack} | {current}:
+                    why = f"jump to {target} loops back into a chain it came from"
+                    return result(Outcome.UNDECIDED, rule, reason=why)
+                if not rule.goto:
+                    stack.append((current, index, rule.text))
+                current, index = target, 0
+            else:
+                return result(Outcome.UNDECIDED, rule, reason=f"target {target} is not understood by trace "
+                              "(only RETURN, ACCEPT, MASQUERADE, SNAT, MARK, LOG and chains of this table)")
+
+    def _policy(self, result: _ResultFactory, chain: str, returned_by: Rule | None) -> TraceResult:
+        """The end of a built-in chain (or a RETURN in one): its policy decides; `returned_by` is that RETURN."""
+        policy = self.policies.get(chain, "ACCEPT")
+        if policy in ("ACCEPT", "-"):
+            return result(Outcome.UNCHANGED, returned_by)
+        return result(Outcome.UNDECIDED, returned_by, reason=f"chain {chain} has policy {policy}")
+
+    def reachable(self, chain: str = "POSTROUTING") -> list[str]:
+        """The chains a packet entering `chain` can visit, `chain` first."""
+        seen = [chain]
+        for name in seen:
+            for rule in self.chains.get(name, []):
+                if isinstance(rule, Rule) and rule.target in self.chains and rule.target not in seen:
+                    seen.append(rule.target)
+        return seen
+
+    def rules_of(self, chain: str) -> list[Rule]:
+        return [r for r in self.chains.get(chain, []) if isinstance(r, Rule)]
+
+
+def trace(table: NatTable, packet: Packet, *, chain: str = "POSTROUTING") -> TraceResult:
+    return Tracer(table).trace(packet, chain=chain)
+
+
+def _snat_address(to: str) -> str:
+    # --to-source ADDR[-ADDR][:PORT[-PORT]]; IPv6 addresses come bracketed when a port follows
+    if to.startswith("["):
+        return to[1:].split("]", 1)[0]
+    return to.split(":", 1)[0] if to.count(":") == 1 else to
+
+
+def _prefix(text: str, family: Family) -> Prefix:
+    try:
+        prefix = parse_cidr(text)
+    except PrefixError:
+        raise _Undecidable(f"cannot read address {text!r}") from None
+    if prefix.family is not family:
+        raise _Undecidable(f"{text} is not an IPv{family.value} prefix")
+    return prefix
+
+
+def _source_in(packet: Packet, prefix: Prefix) -> bool:
+    if not packet.source:
+        raise _Undecidable(f"the packet's source is unknown and this rule tests -s {prefix}")
+    inside = [prefix.covers(s) for s in packet.source]
+    if all(inside):
+        return True
+    if not any(prefix.covers(s) or s.covers(prefix) for s in packet.source):
+        return False
+    raise _Undecidable(f"-s {prefix} covers only part of the source range {', '.join(map(str, packet.source))}")
+
+
+def _interface_is(name: str | None, pattern: str, option: str) -> bool:
+    if name is None:
+        flag = "--out-interface" if option == "-o" else "--in-interface"
+        raise _Undecidable(f"the rule tests {option} {pattern} and the packet's interface is unknown (give {flag})")
+    return name.startswith(pattern[:-1]) if pattern.endswith("+") else name == pattern
+
+
+def _protocol_is(protocol: str, value: str) -> bool:
+    value = value.lower()
+    if value in ("all", "0"):
+        return True
+    wanted = _PROTOCOL_NUMBERS.get(value, int(value) if value.isdigit() else None)
+    if wanted is None:
+        raise _Undecidable(f"protocol {value!r} is not known")
+    return _PROTOCOL_NUMBERS.get(protocol, int(protocol) if protocol.isdigit() else -1) == wanted
+
+
+def _condition(c: Condition, packet: Packet) -> bool:
+    if c.option == "-d":
+        hit = _prefix(c.value, packet.family).contains(packet.destination)
+    elif c.option == "-s":
+        hit = _source_in(packet, _prefix(c.value, packet.family))
+    elif c.option in ("-o", "-i"):
+        hit = _interface_is(packet.out_interface if c.option == "-o" else packet.in_interface, c.value, c.option)
+    elif c.option == "-p":
+        hit = _protocol_is(packet.protocol, c.value)
+    else:
+        raise _Undecidable(f"condition {c.option} is not understood by trace")
+    return hit != c.negated
+
+
+def _matches(rule: Rule, packet: Packet, mark: int) -> bool:
+    """All tests of the rule; a test that surely fails decides even when another one cannot be evaluated."""
+    undecidable: _Undecidable | None = None
+    tests: list[Callable[[], bool]] = [partial(_condition, c, packet) for c in rule.conditions]
+    tests += [partial(_match, m, packet, mark) for m in rule.matches]
+    for test in tests:
+        try:
+            hit = test()
+        except _Undecidable as exc:
+            undecidable = undecidable or exc
+            continue
+        if not hit:
+            return False
+    if undecidable is not None:
+        raise undecidable
+    return True
+
+
+def _negatable(args: tuple[str, ...], what: str) -> list[tuple[str, str, bool]]:
+    """A match's options as (option, value, negated), e.g. ("--dst-type", "LOCAL", True)."""
+    out = []
+    i = 0
+    while i < len(args):
+        negated = args[i] == "!"
+        at = i + 1 if negated else i
+        if at + 1 >= len(args) or not args[at].startswith("--"):
+            raise _Undecidable(f"cannot read -m {what} {' '.join(args)}")
+        out.append((args[at], args[at + 1], negated))
+        i = at + 2
+    return out
+
+
+def _match(match: Match, packet: Packet, mark: int) -> bool:
+    if match.name == "comment":
+        return True
+    if match.name == "addrtype":
+        for option, value, negated in _negatable(match.args, "addrtype"):
+            if option not in ("--dst-type", "--src-type") or value != "LOCAL":
+                raise _Undecidable(f"-m addrtype {option} {value}: only --dst-type/--src-type LOCAL is understood")
+            if option == "--dst-type":
+                local = _is_local(packet, packet.destination)
+            else:
+                if not packet.source:
+                    raise _Undecidable("the packet's source is unknown and this rule tests --src-type LOCAL")
+                local = all(s.length == packet.family.bits and _is_local(packet, s.network) for s in packet.source)
+            if local == negated:
+                return False
+        return True
+    if match.name == "mark":
+        for option, value, negated in _negatable(match.args, "mark"):
+            if option != "--mark":
+                raise _Undecidable(f"-m mark {option} is not understood")
+            wanted, mask = _value_mask(value, default_mask=0xFFFFFFFF)
+            if ((mark & mask) == wanted) == negated:
+                return False
+        return True
+    raise _Undecidable(f"-m {match.name} is not understood by trace")
+
+
+def _is_local(packet: Packet, address: int) -> bool:
+    # the node's own addresses (--local-address) and loopback are what routing types LOCAL
+    return address in packet.local_addresses or _LOOPBACK[packet.family].contains(address)
+
+
+def _value_mask(text: str, *, default_mask: int) -> tuple[int, int]:
+    value, _, mask = text.partition("/")
+    try:
+        return int(value, 0), (int(mask, 0) if mask else default_mask)
+    except ValueError:
+        raise _Undecidable(f"cannot read mark {text!r}") from None
+
+
+def _apply_mark(rule: Rule, mark: int) -> int:
+    args = rule.target_args
+    if len(args) != 2:
+        raise _Undecidable(f"cannot read MARK {' '.join(args)}")
+    option, value = args
+    if option == "--set-xmark":
+        v, m = _value_mask(value, default_mask=0xFFFFFFFF)
+        return (mark & ~m & 0xFFFFFFFF) ^ v
+    if option == "--set-mark":
+        v, m = _value_mask(value, default_mask=0xFFFFFFFF)
+        return (mark & ~m & 0xFFFFFFFF) | v
+    number, _ = _value_mask(value, default_mask=0)
+    if option == "--or-mark":
+        return mark | number
+    if option == "--and-mark":
+        return mark & number
+    if option == "--xor-mark":
+        return mark ^ number
+    raise _Undecidable(f"MARK {option} is not understood")
