@@ -3,15 +3,19 @@
 The Reconciler keeps the last good Policy: a bad config is logged once per change and makes the agent
 not-ready, while the last good config keeps being enforced (drift repaired). Until a first good config is
 seen the kernel is left untouched. It performs no I/O of its own beyond the injected backend and logger.
+
+`others` are the backends not chosen: before its first write the Reconciler removes whatever they left (an agent
+that ran with the other backend before), once, so that two sets of our rules never decide the same packet.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from ipmasq.backends.base import Backend
+from ipmasq.backends.base import Backend, Removable
 from ipmasq.config.model import DEFAULT_RESYNC_SECONDS
 from ipmasq.config.source import ConfigInput, config_from_bytes
 from ipmasq.errors import BackendError, ConfigError, IpmasqError
@@ -37,8 +41,11 @@ class _Seen:
 
 
 class Reconciler:
-    def __init__(self, backend: Backend, options: PolicyOptions, *, log: logging.Logger) -> None:
+    def __init__(self, backend: Backend, options: PolicyOptions, *, log: logging.Logger,
+                 others: Sequence[Removable] = ()) -> None:
         self.backend = backend
+        self.others = tuple(others)
+        self._others_checked = not self.others
         self.options = options
         self.log = log
         self.policy: Policy | None = None  # the last good policy, enforced even while the config is bad
@@ -90,6 +97,8 @@ class Reconciler:
             return Outcome.NO_POLICY
         outcome = Outcome.IN_SYNC
         try:
+            if not self._others_checked:
+                self._remove_others()
             for family in policy.families:
                 current = self.backend.read(family)
                 want = self.backend.desired(policy, family)
@@ -114,6 +123,15 @@ class Reconciler:
             self.log.info("%s: recovered", self.backend.name)
         self.backend_error = None
         return outcome
+
+    def _remove_others(self) -> None:
+        for other in self.others:
+            if other.present():
+                other.remove_all()
+                self.writes += 1
+                self.log.info("removed the objects of %s left by an earlier run (this agent uses %s)", other.name,
+                              self.backend.name)
+        self._others_checked = True  # only once all are gone: a failure is retried with the next pass
 
 
 def _describe(before: tuple[str, ...], after: tuple[str, ...]) -> str:

@@ -8,6 +8,8 @@
                 apply(policy, family, current)     ONE atomic transaction turning `current` into `desired`
                                                    (including removing stale objects `current` holds)
                 remove_all()                       uninstall: our objects gone, both families; nothing else touched
+    Removable   name, present(), remove_all()      the other backends' objects, which must not stay once one backend
+                                                   is chosen (the Reconciler removes them once, before its first write)
 
 The loop (ipmasq.agent) is backend-agnostic: for each family of the policy it does
 ``current = read(f); want = desired(policy, f)``; if ``current != want`` it calls ``apply(policy, f, current)``,
@@ -30,10 +32,10 @@ from typing import Protocol
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
 
-__all__ = ["BACKEND_NAMES", "Backend", "Result", "Runner", "State"]
+__all__ = ["BACKEND_NAMES", "Backend", "Removable", "Result", "Runner", "State"]
 
-# What `--backend` accepts; the nftables backend adds "nftables" and "auto".
-BACKEND_NAMES: tuple[str, ...] = ("iptables",)
+# What `--backend` accepts; auto: see ipmasq.backends.choose.
+BACKEND_NAMES: tuple[str, ...] = ("auto", "iptables", "nftables")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,5 +80,16 @@ class Backend(Protocol):
     def desired(self, policy: Policy, family: Family) -> State: ...
 
     def apply(self, policy: Policy, family: Family, current: State) -> None: ...
+
+    def remove_all(self) -> None: ...
+
+
+class Removable(Protocol):
+    """Objects of a backend that is not the chosen one (left by an earlier run with the other backend)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def present(self) -> bool: ...
 
     def remove_all(self) -> None: ...

@@ -194,9 +194,32 @@ class IptablesBackend:
 
     def remove_all(self) -> None:
         for family in self._families:
-            payload = removal_payload(self.read(family))
+            current = self._read_if_runnable(family)
+            payload = None if current is None else removal_payload(current)
             if payload is not None:
                 self._restore(family, payload)
+
+    def present(self) -> bool:
+        """Whether any family holds an object of ours (read-only; an unreadable variant holds none)."""
+        for family in self._families:
+            try:
+                current = self._read_if_runnable(family)
+            except BackendError:
+                continue  # e.g. a legacy table the kernel cannot provide: nothing of ours can be in it
+            if current is not None and not current.empty:
+                return True
+        return False
+
+    def _read_if_runnable(self, family: Family) -> State | None:
+        """read(), or None when the save tool is not installed (nothing of ours can exist through it)."""
+        save = tools(self.variant, family).save
+        try:
+            result = self._run([save, "-t", "nat"])
+        except BackendError:
+            return None
+        if result.returncode != 0:
+            raise _error(f"{save} -t nat failed", [save, "-t", "nat"], result)
+        return state_of(parse_save(result.stdout), self._chain, family)
 
     def _restore(self, family: Family, payload: str) -> None:
         argv = [tools(self.variant, family).restore, "--noflush", *_LOCK_WAIT]

@@ -103,7 +103,12 @@ class NftablesBackend:
 
     def read_structure(self) -> NftTable | None:
         """Our table without set elements (sets listed empty); None when there is no table."""
-        result = self._call([self._nft, "-j", "-t", "list", "ruleset", TABLE_FAMILY], what="reading nftables")
+        return self._parse_structure(self._call(self._structure_argv(), what="reading nftables"))
+
+    def _structure_argv(self) -> list[str]:
+        return [self._nft, "-j", "-t", "list", "ruleset", TABLE_FAMILY]
+
+    def _parse_structure(self, result: Result) -> NftTable | None:
         try:
             return parse_list_json(result.stdout)
         except NftParseError as exc:
@@ -160,6 +165,17 @@ class NftablesBackend:
 
     def exists(self) -> bool:
         return self.read_structure() is not None
+
+    def present(self) -> bool:
+        """Whether our table exists (one terse listing: the elements are not fetched); False without nft."""
+        try:
+            result = self._run(self._structure_argv(), None)
+        except BackendError:
+            return False  # nft is not installed: no table of ours can exist
+        if result.returncode != 0:
+            raise BackendError("reading nftables failed", argv=tuple(self._structure_argv()), stderr=result.stderr,
+                               returncode=result.returncode)
+        return self._parse_structure(result) is not None
 
 
 def _without_elements(table: NftTable) -> NftTable:

@@ -10,30 +10,53 @@ from typing import Any
 
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
 from ipmasq.agent.reconcile import Reconciler
-from ipmasq.backends.base import BACKEND_NAMES
+from ipmasq.backends.base import BACKEND_NAMES, Backend, Removable, Runner
+from ipmasq.backends.choose import detect
 from ipmasq.backends.iptables import IptablesBackend, Variant, detect_variant
+from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands.common import add_policy_flags, options_from_args
 from ipmasq.options import PolicyOptions
 from ipmasq.prefix import Family
 
-__all__ = ["DEFAULT_CONFIG", "add_backend_flags", "make_backend", "register"]
+__all__ = ["DEFAULT_CONFIG", "add_backend_flags", "iptables_backend", "make_backend", "register"]
 
 DEFAULT_CONFIG = "/etc/config/ip-masq-agent"
 
 
 def add_backend_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=BACKEND_NAMES, default=BACKEND_NAMES[0],
-                        help="how rules reach the kernel (default %(default)s)")
+    parser.add_argument("--backend", choices=BACKEND_NAMES, default="auto",
+                        help="how rules reach the kernel; auto: nftables when the node already uses nftables "
+                             "for NAT or has no iptables nat rules, else iptables, the drop-in choice "
+                             "(default %(default)s)")
     parser.add_argument("--iptables-variant", choices=["auto", *(v.value for v in Variant)], default="auto",
                         help="iptables variant; auto: the one the node's rules use, as kube-proxy's wrapper "
                              "detects it (default %(default)s)")
 
 
-def make_backend(args: argparse.Namespace, options: PolicyOptions, runner: SubprocessRunner) -> IptablesBackend:
+def iptables_backend(args: argparse.Namespace, chain: str, runner: Runner, *,
+                     families: tuple[Family, ...]) -> IptablesBackend:
     variant = detect_variant(runner) if args.iptables_variant == "auto" else Variant(args.iptables_variant)
-    return IptablesBackend(runner, chain=options.masq_chain, variant=variant,
-                           families=(Family.V4, Family.V6) if options.enable_ipv6 else (Family.V4,))
+    return IptablesBackend(runner, chain=chain, variant=variant, families=families)
+
+
+def make_backend(args: argparse.Namespace, options: PolicyOptions, runner: Runner, *,
+                 log: logging.Logger | None = None) -> tuple[Backend, tuple[Removable, ...]]:
+    """The chosen backend, and the other backends whose leftovers the agent removes before its first write."""
+    name = args.backend
+    if name == "auto":
+        choice = detect(runner)
+        name = choice.backend
+        if log is not None:
+            log.info("backend %s chosen by --backend=auto: %s", name, choice.reason)
+    elif log is not None:
+        log.info("backend %s (--backend=%s)", name, name)
+    both = (Family.V4, Family.V6)  # leftovers of an earlier run may hold IPv6 objects whatever this run manages
+    if name == "nftables":
+        others = tuple(IptablesBackend(runner, chain=options.masq_chain, variant=v, families=both) for v in Variant)
+        return NftablesBackend(runner), others
+    families = both if options.enable_ipv6 else (Family.V4,)
+    return iptables_backend(args, options.masq_chain, runner, families=families), (NftablesBackend(runner),)
 
 
 def register(subparsers: Any) -> None:
@@ -64,9 +87,9 @@ def run(args: argparse.Namespace) -> int:
     log = logging.getLogger("ipmasq.agent")
     wakeup = Wakeup()
     runner = SubprocessRunner(cancel=wakeup.stop)
-    backend = make_backend(args, options, runner)
+    backend, others = make_backend(args, options, runner, log=log)
     settings = LoopSettings(config_path=args.config or DEFAULT_CONFIG, use_inotify=not args.poll)
-    agent = Agent(Reconciler(backend, options, log=log), settings, log=log)
+    agent = Agent(Reconciler(backend, options, log=log, others=others), settings, log=log)
     if args.once:
         return agent.once()
     signal.signal(signal.SIGTERM, lambda *_: wakeup.request_stop())

@@ -17,12 +17,15 @@ def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "render", help="print the exact rules the agent would apply",
         description="Print exactly the payload the agent would apply on a node that has none of our rules yet "
-        "(iptables-restore text, including the POSTROUTING jump). Needs no root.",
+        "(iptables-restore text including the POSTROUTING jump, or the nft script that replaces our table "
+        "`inet ip-masq-agent`, every family at once). Needs no root.",
     )
     add_policy_flags(parser, config_help="config file or directory, or - for standard input (default: none, "
                                          "the built-in defaults)")
-    parser.add_argument("--backend", choices=["iptables"], default="iptables")
-    parser.add_argument("--family", choices=["4", "6"], default="4", help="IP family (6 needs --enable-ipv6)")
+    parser.add_argument("--backend", choices=["iptables", "nftables"], default="iptables",
+                        help="whose payload (default %(default)s)")
+    parser.add_argument("--family", choices=["4", "6"], default="4",
+                        help="IP family of the iptables payload (6 needs --enable-ipv6); the nft script holds both")
     parser.set_defaults(func=run)
 
 
@@ -34,5 +37,11 @@ def run(args: argparse.Namespace) -> int:
     config = load_policy_config(args, options)
     for warning in config.warnings:
         print(f"ipmasq render: warning: {warning}", file=sys.stderr)
-    sys.stdout.write(render_restore(Policy(config, options), family))
+    policy = Policy(config, options)
+    if args.backend == "nftables":
+        from ipmasq.rules.nft import render_script
+
+        sys.stdout.write(render_script(policy))
+    else:
+        sys.stdout.write(render_restore(policy, family))
     return 0
