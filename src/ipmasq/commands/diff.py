@@ -71,19 +71,24 @@ def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     result = diff_policies(_policy(args.old, options), _policy(args.new, options), tuple(args.probe))
     if args.output == "json":
-        json.dump(_as_json(result), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        sys.stdout.write(_as_json(result))
     else:
         sys.stdout.write(_as_text(result, args.old, args.new))
     return 1 if result.probe_flipped else 0
 
 
-def _as_json(result: DiffResult) -> dict[str, Any]:
-    return {
-        "flips": [{"range": str(f.prefix), "before": f.before.value, "after": f.after.value} for f in result.flips],
-        "probes": [{"destination": p.destination, "before": p.before.value, "after": p.after.value,
-                    "flips": p.flips} for p in result.probes],
-    }
+def _as_json(result: DiffResult) -> str:
+    """One object per line: readable, and json.dumps without indent stays in C (indent=2 is 10x slower)."""
+    flips = [json.dumps({"range": str(f.prefix), "before": f.before.value, "after": f.after.value})
+             for f in result.flips]
+    probes = [json.dumps({"destination": p.destination, "before": p.before.value, "after": p.after.value,
+                          "flips": p.flips}) for p in result.probes]
+
+    def array(items: list[str]) -> str:
+        return "[\n    " + ",\n    ".join(items) + "\n  ]" if items else "[]"
+
+    return f'{{\n  "flips": {array(flips)},\n  "probes": {array(probes)}\n}}\n'
+
 
 
 def _as_text(result: DiffResult, old: str, new: str) -> str:

@@ -90,8 +90,13 @@ def configmap_config(text: str) -> str | None:
     For `diff`, which gates a ConfigMap change: `lint` says whether the ConfigMap is applied at all.
     Raises ValueError when `text` is a manifest without exactly one usable ConfigMap.
     """
-    if not text.lstrip().startswith(("apiVersion", "kind", "{", "---", "#", "items")):
-        return None  # a config file starts with its own keys; skip composing 100,000-entry configs twice
+    head = text.lstrip()
+    # a config file starts with its own keys: do not compose a 100,000-entry config only to find that out
+    if head.startswith("{"):
+        if '"kind"' not in text or '"apiVersion"' not in text:
+            return None
+    elif not head.startswith(("apiVersion", "kind", "---", "#", "items", "metadata", "data")):
+        return None
     try:
         documents = [d for d in yaml.compose_all(text, Loader=_Loader) if d is not None]
     except yaml.YAMLError:

@@ -1,0 +1,102 @@
+"""Benchmark `ipmasq diff` (and `lint`) on two 100,000-CIDR configs, measured side by side in one run.
+
+    .venv/bin/python bench/bench_diff.py [--n 100000]
+
+Target (issue 5): diffing two 100,000-CIDR configs takes under 1 s. Printed: the pure diff (policies built from
+loaded configs: interval tables, flipped ranges, minimal CIDRs), loading each format, and the whole command
+in-process (read, load both, diff, write JSON), with the ratio to the 1 s target. The two configs share half
+their CIDRs, so the diff is large (about 100,000 flipped CIDRs), the worst case for output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench_core import cidrs  # type: ignore[import-not-found]
+
+from ipmasq.cli import main
+from ipmasq.config import ConfigInput, config_from_bytes
+from ipmasq.diff import diff_policies
+from ipmasq.lint import lint_source
+from ipmasq.options import PolicyOptions
+from ipmasq.policy import Policy
+
+TARGET_S = 1.0
+
+
+def best_of(repeats: int, fn: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def two_configs(n: int) -> tuple[list[str], list[str]]:
+    pool = cidrs(n + n // 2, seed=7)
+    rng = random.Random(3)
+    rng.shuffle(pool)
+    return pool[:n], pool[n // 2: n + n // 2]
+
+
+def main_bench() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=100_000)
+    args = parser.parse_args()
+    n = args.n
+    old, new = two_configs(n)
+    options = PolicyOptions()
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {}
+        for name, items in (("old", old), ("new", new)):
+            body = {"nonMasqueradeCIDRs": items, "cidrLimit": n}
+            files[name, "json"] = Path(tmp, f"{name}.json")
+            files[name, "json"].write_text(json.dumps(body))
+            files[name, "yaml"] = Path(tmp, f"{name}.yaml")
+            files[name, "yaml"].write_text(f"cidrLimit: {n}\nnonMasqueradeCIDRs:\n" + "".join(f"  - {c}\n"
+                                                                                         for c in items))
+
+        def load(name: str, fmt: str) -> Policy:
+            data = files[name, fmt].read_bytes()
+            return Policy(config_from_bytes(ConfigInput(((str(files[name, fmt]), data),)), options), options)
+
+        before, after = load("old", "json"), load("new", "json")
+        flips = len(diff_policies(before, after).flips)
+
+        def pure() -> object:
+            # fresh policies: building their interval tables is part of the diff
+            return diff_policies(Policy(before.config, options), Policy(after.config, options), ("10.1.2.3",))
+
+        def command(fmt: str) -> Callable[[], object]:
+            def run() -> object:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    return main(["diff", str(files["old", fmt]), str(files["new", fmt]), "--probe", "10.1.2.3",
+                                 "-o", "json"])
+            return run
+
+        yaml_bytes = files["old", "yaml"].read_bytes()
+        rows = [
+            ("diff, pure (2 policies built + flips + CIDRs)", best_of(3, pure)),
+            ("load one config, JSON", best_of(3, lambda: load("old", "json"))),
+            ("load one config, YAML", best_of(3, lambda: load("old", "yaml"))),
+            ("ipmasq diff OLD.json NEW.json -o json", best_of(3, command("json"))),
+            ("ipmasq diff OLD.yaml NEW.yaml -o json", best_of(1, command("yaml"))),
+            ("lint one config, YAML", best_of(1, lambda: lint_source("old.yaml", yaml_bytes))),
+        ]
+    print(f"two configs of {n:,} CIDRs sharing half of them: {flips:,} flipped CIDRs")
+    print(f"{'step':<48} {'seconds':>8} {'x 1 s target':>12}")
+    for label, seconds in rows:
+        print(f"{label:<48} {seconds:>8.3f} {seconds / TARGET_S:>12.2f}")
+
+
+if __name__ == "__main__":
+    main_bench()
