@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench_core import cidrs  # type: ignore[import-not-found]
-
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.diff import diff_policies
