@@ -1,0 +1,323 @@
+"""`audit`: which flows in VPC flow logs left a node with a pod source address, and what a config does to them now.
+
+Formats (detected per file, gzip or plain):
+- AWS VPC flow logs, default format (version 2: `version account-id interface-id srcaddr dstaddr srcport dstport
+  protocol packets bytes start end action log-status`), with or without the header line; a header naming other
+  fields (a custom format) is followed; a leading timestamp column (CloudWatch's console/export) is dropped.
+  NODATA/SKIPDATA records carry no addresses and are counted as skipped.
+- GCP VPC flow logs as JSON lines: Cloud Logging entries (`jsonPayload.connection.src_ip/dest_ip`) or bare
+  payloads; `disposition` (firewall rule logging: ALLOWED/DENIED) gives the action when present.
+
+Reading counts (source, destination, action) triples first and parses each distinct address once, because
+flow logs repeat the same few conversations millions of times.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import IO, Any
+
+from ipmasq.errors import IpmasqError
+from ipmasq.policy import Policy, Reason
+from ipmasq.prefix import Family, Prefix, format_address, parse_address
+
+__all__ = ["Action", "AuditReport", "FlowLogError", "Group", "RawCounts", "audit", "count_flows"]
+
+AWS_DEFAULT_FIELDS = ("version", "account-id", "interface-id", "srcaddr", "dstaddr", "srcport", "dstport",
+                      "protocol", "packets", "bytes", "start", "end", "action", "log-status")
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class FlowLogError(IpmasqError):
+    """A flow log line that is neither of the formats we read; names the file and line."""
+
+
+class Action(Enum):
+    ACCEPT = "ACCEPT"
+    REJECT = "REJECT"
+    UNKNOWN = "-"  # GCP's VPC flow logs record no verdict
+
+
+_ACTIONS = {"ACCEPT": Action.ACCEPT, "REJECT": Action.REJECT, "ALLOWED": Action.ACCEPT, "DENIED": Action.REJECT,
+            "-": Action.UNKNOWN}
+
+
+@dataclass
+class RawCounts:
+    """Pod-source flows: (source text, destination text, action text) -> [flows, file, line of the first one]."""
+
+    counts: dict[tuple[str, str, str], list[Any]]
+    records: int = 0
+    skipped: int = 0
+
+
+def _open(path: str) -> IO[str]:
+    try:
+        with open(path, "rb") as probe:
+            magic = probe.read(2)
+        if magic == _GZIP_MAGIC:
+            return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+        return open(path, encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise FlowLogError(f"{path}: {exc.strerror}") from None
+
+
+class _PodSources:
+    """Is this source text a pod address? Each distinct text is parsed once."""
+
+    def __init__(self, ranges: tuple[Prefix, ...]) -> None:
+        self.ranges = ranges
+        self.known: dict[str, bool] = {}
+
+    def check(self, text: str, path: str, number: int) -> bool:
+        try:
+            family, address = parse_address(text)
+        except ValueError:
+            raise FlowLogError(f"{path}:{number}: source {text!r} is not an IP address") from None
+        pod = self.known[text] = _in_ranges(family, address, self.ranges)
+        return pod
+
+
+def count_flows(paths: Iterable[str], pod_ranges: tuple[Prefix, ...]) -> RawCounts:
+    """Read the files, keep the records whose source is in `pod_ranges`, count them by (src, dst, action)."""
+    raw = RawCounts({})
+    pods = _PodSources(pod_ranges)
+    for path in paths:
+        fh = _open(path)
+        try:
+            with fh:
+                first = _first_line(fh)
+                if first is None:
+                    continue
+                if first[1].lstrip().startswith("{"):
+                    _count_gcp(path, first, fh, raw, pods)
+                else:
+                    _count_aws(path, first, fh, raw, pods)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            raise FlowLogError(f"{path}: cannot read: {exc}") from None
+    return raw
+
+
+def _first_line(fh: IO[str]) -> tuple[int, str] | None:
+    for number, line in enumerate(fh, start=1):
+        if line.strip():
+            return number, line
+    return None
+
+
+class _AwsFormat:
+    """Where the fields are: the default format, or the one a header line names."""
+
+    def __init__(self, fields: tuple[str, ...] = AWS_DEFAULT_FIELDS) -> None:
+        self.fields = fields
+        self.src = fields.index("srcaddr")
+        self.dst = fields.index("dstaddr")
+        self.action = fields.index("action") if "action" in fields else -1
+        self.width = len(fields)
+
+
+def _count_aws(path: str, first: tuple[int, str], fh: IO[str], raw: RawCounts, pods: _PodSources) -> None:
+    fmt = _AwsFormat()
+    counts = raw.counts
+    known = pods.known
+    records = skipped = 0
+    number = first[0] - 1
+
+    def unusual(parts: list[str]) -> list[str] | None:
+        """A header (switches the format), or a timestamp-prefixed record; None: skip the line."""
+        nonlocal fmt
+        if not parts:
+            return None
+        if "srcaddr" in parts and "dstaddr" in parts:
+            fmt = _AwsFormat(tuple(parts))
+            return None
+        if len(parts) == fmt.width + 1 and "T" in parts[0] and ":" in parts[0]:
+            return parts[1:]  # CloudWatch prints the event's timestamp first
+        raise FlowLogError(f"{path}:{number}: not an AWS flow log record ({fmt.width} fields: "
+                           f"{' '.join(fmt.fields[:5])} ...): {' '.join(parts)[:120]!r}")
+
+    for line in _prepend(first[1], fh):
+        number += 1
+        parts = line.split()
+        if len(parts) != fmt.width or parts[fmt.src] == "srcaddr":
+            found = unusual(parts)
+            if found is None:
+                continue
+            parts = found
+        records += 1
+        src = parts[fmt.src]
+        pod = known.get(src)
+        if pod is None:
+            if src == "-":  # NODATA / SKIPDATA
+                skipped += 1
+                continue
+            pod = pods.check(src, path, number)
+        if not pod:
+            continue
+        key = (src, parts[fmt.dst], parts[fmt.action] if fmt.action >= 0 else "-")
+        entry = counts.get(key)
+        if entry is None:
+            counts[key] = [1, path, number]
+        else:
+            entry[0] += 1
+    raw.records += records - skipped
+    raw.skipped += skipped
+
+
+def _prepend(first: str, fh: IO[str]) -> Iterator[str]:
+    yield first
+    yield from fh
+
+
+def _json_loads() -> Callable[[str], Any]:
+    """orjson when installed (the `audit` extra): GCP records are JSON, and json.loads alone caps the rate."""
+    try:
+        import orjson
+    except ImportError:
+        return json.loads
+    loads: Callable[[str], Any] = orjson.loads
+    return loads
+
+
+def _count_gcp(path: str, first: tuple[int, str], fh: IO[str], raw: RawCounts, pods: _PodSources) -> None:
+    counts = raw.counts
+    known = pods.known
+    loads = _json_loads()
+    number = first[0] - 1
+    for line in _prepend(first[1], fh):
+        number += 1
+        if not line.strip():
+            continue
+        try:
+            entry = loads(line)
+            payload = entry.get("jsonPayload", entry)
+            connection = payload["connection"]
+            src = connection["src_ip"]
+            key = (src, connection["dest_ip"], str(payload.get("disposition", "-")))
+        except (ValueError, KeyError, TypeError, AttributeError):  # orjson.JSONDecodeError is a ValueError
+            raise FlowLogError(f"{path}:{number}: not a GCP VPC flow log JSON record with "
+                               f"connection.src_ip/dest_ip: {line.strip()[:120]!r}") from None
+        raw.records += 1
+        pod = known.get(src)
+        if pod is None:
+            pod = pods.check(src, path, number)
+        if not pod:
+            continue
+        found = counts.get(key)
+        if found is None:
+            counts[key] = [1, path, number]
+        else:
+            found[0] += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Pod-source flows to one destination prefix, and what the config does to that prefix now."""
+
+    destination: Prefix
+    flows: int
+    accepted: int
+    rejected: int
+    unknown: int
+    sources: tuple[str, ...]  # distinct pod sources, sorted (at most 5 kept)
+    source_count: int
+    masquerade: bool | None  # None: the config treats addresses of this group differently
+    matched: tuple[str, ...]  # the prefixes of the config that decided ("catch-all" for the final rule)
+    reasons: tuple[str, ...]
+
+    @property
+    def shown(self) -> str:
+        """The prefix, or the bare address when it is a single host (as flow logs show it)."""
+        prefix = self.destination
+        if prefix.length == prefix.family.bits:
+            return format_address(prefix.family, prefix.network)
+        return str(prefix)
+
+    @property
+    def status(self) -> str:
+        if self.rejected and not self.accepted and not self.unknown:
+            return "rejected"
+        if self.accepted and not self.rejected and not self.unknown:
+            return "accepted"
+        if not self.accepted and not self.rejected:
+            return "no verdict in the log"
+        return f"{self.accepted} accepted, {self.rejected} rejected"
+
+    @property
+    def with_config(self) -> str:
+        if self.masquerade is None:
+            return "some masqueraded, some not"
+        return "masqueraded" if self.masquerade else "not masqueraded (still the pod IP)"
+
+    @property
+    def still_failing(self) -> bool:
+        """Rejected flows that this config would still send with the pod IP: the problem stays."""
+        return self.rejected > 0 and self.masquerade is not True
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    records: int
+    skipped: int
+    pod_flows: int
+    groups: tuple[Group, ...]
+
+
+@dataclass
+class _Tally:
+    flows: int = 0
+    by_action: dict[Action, int] = field(default_factory=lambda: dict.fromkeys(Action, 0))
+    sources: set[str] = field(default_factory=set)
+    addresses: set[int] = field(default_factory=set)
+
+
+def _in_ranges(family: Family, address: int, ranges: tuple[Prefix, ...]) -> bool:
+    return any(r.family is family and r.network <= address <= r.last for r in ranges)
+
+
+def audit(raw: RawCounts, policy: Policy, *, group_bits: dict[Family, int] | None = None) -> AuditReport:
+    """Group the pod-source flows by destination prefix (/32 and /128 unless `group_bits` says otherwise)."""
+    bits = group_bits or {Family.V4: 32, Family.V6: 128}
+    destinations: dict[str, tuple[Family, int]] = {}
+    groups: dict[Prefix, _Tally] = {}
+    pod_flows = 0
+    for (src, dst, action_text), (count, path, number) in raw.counts.items():
+        parsed = destinations.get(dst)
+        if parsed is None:
+            try:
+                parsed = destinations[dst] = parse_address(dst)
+            except ValueError:
+                raise FlowLogError(f"{path}:{number}: destination {dst!r} is not an IP address") from None
+        action = _ACTIONS.get(action_text.upper())
+        if action is None:
+            raise FlowLogError(f"{path}:{number}: action {action_text!r} is not ACCEPT or REJECT")
+        family, address = parsed
+        length = bits[family]
+        network = address & ~((1 << (family.bits - length)) - 1)
+        key = Prefix(family, network, length)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = _Tally()
+        group.flows += count
+        group.by_action[action] += count
+        group.sources.add(src)
+        group.addresses.add(address)
+        pod_flows += count
+    out = []
+    for prefix, g in groups.items():
+        verdicts = [policy.verdict_for(prefix.family, a) for a in sorted(g.addresses)]
+        kinds = {v.masquerade for v in verdicts}
+        matched = sorted({"catch-all" if v.reason is Reason.CATCH_ALL else str(v.matched) for v in verdicts
+                          if v.matched is not None or v.reason is Reason.CATCH_ALL})
+        reasons = sorted({v.reason.value for v in verdicts})
+        sources = sorted(g.sources)
+        out.append(Group(prefix, g.flows, g.by_action[Action.ACCEPT], g.by_action[Action.REJECT],
+                         g.by_action[Action.UNKNOWN],
+                         tuple(sources[:5]), len(sources), kinds.pop() if len(kinds) == 1 else None,
+                         tuple(matched), tuple(reasons)))
+    out.sort(key=lambda g: (-g.rejected, -g.flows, g.destination))
+    return AuditReport(raw.records, raw.skipped, pod_flows, tuple(out))
