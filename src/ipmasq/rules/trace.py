@@ -93,7 +93,9 @@ class Step:
 class TraceResult:
     steps: tuple[Step, ...]
     outcome: Outcome
-    decided_by: str | None  # the rule whose target decided (a RETURN in POSTROUTING: then its policy); else None
+    # the rule whose target decided; for a source left unchanged by the chain policy, the last RETURN taken
+    # before it (None when no rule matched at all)
+    decided_by: str | None
     decided_in: str | None  # the chain holding that rule
     snat_to: str | None = None
     mark: int = 0
@@ -149,6 +151,8 @@ class Tracer:
         # frames to resume after a RETURN: (chain, next index, the jump rule's text)
         stack: list[tuple[str, int, str]] = []
         current, index = chain, 0
+        # the last RETURN taken: when the packet then falls off POSTROUTING, that RETURN is what decided
+        last_return: Rule | None = None
 
         def result(outcome: Outcome, rule: Rule | None, **extra: str | None) -> TraceResult:
             return TraceResult(tuple(steps), outcome, None if rule is None else rule.text,
@@ -161,7 +165,7 @@ class Tracer:
             rules = self.chains.get(current, [])
             if index >= len(rules):
                 if current in BUILTIN_CHAINS or not stack:
-                    return self._policy(result, current, None)
+                    return self._policy(result, current, last_return)
                 current, index, _ = stack.pop()
                 continue
             rule = rules[index]
@@ -182,6 +186,7 @@ class Tracer:
                 if current in BUILTIN_CHAINS or not stack:
                     return self._policy(result, current, rule)
                 current, index, _ = stack.pop()
+                last_return = rule
             elif target == "ACCEPT":
                 return result(Outcome.UNCHANGED, rule)
             elif target == "MASQUERADE":
