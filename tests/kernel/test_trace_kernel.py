@@ -1,0 +1,101 @@
+"""trace's outcome against the source a real peer saw, on a node holding the agent's rules and the seeds' foreign ones.
+
+pod (100.64.0.50) -> node (applies `render` output, kubenet's rule, seed 001's fix-nat rule and seed 003's
+hand-written SNAT) -> peer answering on every seed destination. For each destination: a real TCP connection
+from the pod, the source the peer's kernel delivered, and `trace` over the node's own iptables-save output must
+agree; `check` on the same dump names each foreign rule with the destinations it changes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ipmasq.check import FindingId, check_iptables
+from ipmasq.cli import main
+from ipmasq.config import ConfigInput, config_from_bytes
+from ipmasq.lab.netns import Network
+from ipmasq.options import PolicyOptions
+from ipmasq.policy import Policy
+from ipmasq.prefix import Family, parse_cidr
+from ipmasq.rules.iptables import parse_save, render_restore
+from ipmasq.rules.trace import Packet, trace
+
+POD, NODE_POD_SIDE, NODE, PEER_SIDE = "100.64.0.50", "100.64.0.1", "10.142.15.203", "10.142.15.1"
+PORT = 8080
+DESTINATIONS = {
+    "172.30.12.110": NODE,  # seed 000's AWS VPC: kept by the chain (172.16.0.0/12), then kubenet masquerades it
+    "10.11.0.5": NODE,  # seed 001's VPN: kept by the chain (10.0.0.0/8), then fix-nat masquerades it
+    "10.2.1.100": NODE,  # seed 003's endpoint: the hand-written rule above our jump masquerades it
+    "10.130.0.6": POD,  # an ordinary VPC address: the pod IP, as the config says
+    "34.120.0.10": NODE,  # the internet: our catch-all
+}
+FOREIGN = [
+    ["-I", "POSTROUTING", "1", "-s", "100.64.0.0/16", "-d", "10.2.1.100", "-j", "MASQUERADE"],
+    ["-A", "POSTROUTING", "!", "-d", "10.0.0.0/8", "-m", "comment", "--comment",
+     "kubenet: SNAT for outbound traffic from cluster", "-m", "addrtype", "!", "--dst-type", "LOCAL",
+     "-j", "MASQUERADE"],
+    ["-A", "POSTROUTING", "-d", "10.11.0.0/24", "-m", "comment", "--comment",
+     "NAT-VPN: SNAT for outbound traffic through VPN", "-m", "addrtype", "!", "--dst-type", "LOCAL",
+     "-j", "MASQUERADE"],
+]
+
+
+def test_trace_agrees_with_what_the_peer_saw(net: Network, capsys: pytest.CaptureFixture[str]) -> None:
+    options = PolicyOptions(masq_chain="IP-MASQ", nomasq_all_reserved_ranges=True)
+    policy = Policy(config_from_bytes(ConfigInput(()), options), options)  # GKE: no ConfigMap, all reserved
+    pod, node, peer = net.add("pod"), net.add("node"), net.add("peer")
+    node.sysctl("net.ipv4.ip_forward", "1")
+    net.link(pod, [f"{POD}/24"], node, [f"{NODE_POD_SIDE}/24"])
+    net.link(node, [f"{NODE}/24"], peer, [f"{PEER_SIDE}/24"])
+    pod.run(["ip", "route", "add", "default", "via", NODE_POD_SIDE])
+    node.run(["ip", "route", "add", "default", "via", PEER_SIDE])
+    peer.run(["ip", "route", "add", "100.64.0.0/16", "via", NODE])  # the VPC routes pod ranges back
+    for address in DESTINATIONS:
+        peer.run(["ip", "addr", "add", f"{address}/32", "dev", "lo"])
+    node.run(["iptables-restore", "--noflush", "-w"], stdin=render_restore(policy, Family.V4))
+    for rule in FOREIGN:
+        node.run(["iptables", "-w", "-t", "nat", *rule])
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp, "peer.log")
+        server = peer.popen([sys.executable, "-m", "ipmasq.lab.probe", "serve", str(PORT), "--log", str(log)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+            result = pod.run([sys.executable, "-m", "ipmasq.lab.probe", "connect-many", "--timeout", "2",
+                              *[f"{d}:{PORT}" for d in DESTINATIONS]], check=False)
+        finally:
+            server.kill()
+            server.wait()
+        seen = {line.split()[1]: line.split()[2] for line in log.read_text().splitlines()}
+        dump_text = node.run(["iptables-save", "-t", "nat"]).stdout
+        dump = Path(tmp, "node.save")
+        dump.write_text(dump_text)
+
+        assert seen == DESTINATIONS, result.stdout  # the kernel did what the seeds say
+        table = parse_save(dump_text)
+        for destination, peer_saw in seen.items():
+            packet = Packet.of(destination, source=POD, local_addresses=[NODE, NODE_POD_SIDE], out_interface="v2a")
+            traced = trace(table, packet)
+            assert traced.source_seen(packet, masquerade_address=NODE) == peer_saw, (destination, traced)
+        # the CLI, on the dump file, says the same (JSON contract)
+        assert main(["trace", "172.30.12.110", "--source", POD, "--dump", str(dump), "--local-address", NODE,
+                     "-o", "json"]) == 0
+        document = json.loads(capsys.readouterr().out)
+        assert document["source_seen"] == seen["172.30.12.110"] and "kubenet" in document["steps"][-1]["rule"]
+
+    report = check_iptables(policy, table, Family.V4, pod_ranges=(parse_cidr("100.64.0.0/16"),))
+    foreign = {f.rule: f.destinations for f in report.findings if f.id is FindingId.FOREIGN_MASQUERADE}
+    assert not report.ok
+    by_comment = {("kubenet" if "kubenet" in r else "fix-nat" if "NAT-VPN" in r else "seed003"): d
+                  for r, d in foreign.items() if r is not None}
+    assert by_comment["fix-nat"] == ("10.11.0.0/24",)
+    assert by_comment["seed003"] == ("10.2.1.100/32",)
+    assert "172.16.0.0/12" in by_comment["kubenet"]
+    assert {f.id for f in report.findings} == {FindingId.FOREIGN_MASQUERADE}  # our own rules read back exactly
