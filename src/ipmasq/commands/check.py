@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from ipmasq.backends.choose import detect
+from ipmasq.backends.iptables import our_chains
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.backends.snapshot import read_nat_save, read_nft_ruleset
 from ipmasq.check import CheckReport, Finding, check_iptables, check_nft, family_of_dump
@@ -78,13 +79,22 @@ def _from_text(policy: Policy, text: str, path: str, pods: tuple[Prefix, ...],
 
 def _live(policy: Policy, backend: str, pods: tuple[Prefix, ...], local: list[tuple[Any, int]]) -> CheckReport:
     runner = SubprocessRunner()
+    tables = {}
+    if backend in ("iptables", "auto"):
+        tables = {family: parse_save(read_nat_save(runner, family)) for family in policy.families}
     if backend == "auto":
-        backend = detect(runner).backend
+        # whichever of ours is on the node; only on a node with neither, the agent's own choice
+        if any(our_chains(t, policy.options.masq_chain) for t in tables.values()):
+            backend = "iptables"
+        elif parse_list_json(read_nft_ruleset(runner)) is not None:
+            backend = "nftables"
+        else:
+            backend = detect(runner).backend
     if backend == "nftables":
         return check_nft(policy, parse_list_json(read_nft_ruleset(runner)))
     findings: list[Finding] = []
     for family in policy.families:
-        table = parse_save(read_nat_save(runner, family))
+        table = tables[family]
         report = check_iptables(policy, table, family, pod_ranges=pods,
                                 local_addresses=tuple(a for f, a in local if f is family))
         findings.extend(report.findings)
