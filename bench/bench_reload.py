@@ -42,7 +42,8 @@ def _handles(chain: str) -> list[str]:
 
 def _start_agent(config: str, log: Path) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([sys.executable, "-m", "ipmasq", "agent", f"--config={config}",
-                             "--iptables-variant=nft"], stdout=log.open("w"), stderr=subprocess.STDOUT)
+                             "--backend=iptables", "--iptables-variant=nft"],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 10
     while "agent started" not in log.read_text():
         if time.monotonic() > deadline or proc.poll() is not None:

@@ -1,4 +1,5 @@
-"""The agent on real netfilter: real TCP through pod -> node -> peer, and the source address the peer really saw."""
+"""The agent on real netfilter, once per backend: real TCP through pod -> node -> peer, and the source address the
+peer really saw. Tests of one backend's own machinery (chain renames, the xtables lock) run for that backend only."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import fcntl
 import os
 import sys
 from pathlib import Path
+
+import pytest
 
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import Network
@@ -24,6 +27,7 @@ from tests.kernel.agent_harness import (
     wait_until,
     world,
 )
+from tests.kernel.flavors import FLAVORS, Flavor
 
 GKE = ("--masq-chain=IP-MASQ", "--nomasq-all-reserved-ranges", "--random-fully=false")
 FOREIGN = (
@@ -32,19 +36,25 @@ FOREIGN = (
     "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n"
     "-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000\nCOMMIT\n"
 )
+# what each backend's table holds once the default policy is applied (iptables: jump, chain, 3 rules)
+COMPLETE = {"iptables": 5, "nftables": 15}
+
+backends = pytest.mark.parametrize("flavor", FLAVORS, ids=str)
 
 
-def test_seed_000_outage_then_fixed_by_a_kubelet_update_while_running(net: Network, tmp_path: Path) -> None:
+@backends
+def test_seed_000_outage_then_fixed_by_a_kubelet_update_while_running(net: Network, tmp_path: Path,
+                                                                      flavor: Flavor) -> None:
     config_dir = tmp_path / "config"
     config_dir.mkdir()  # the ConfigMap volume, with no ConfigMap yet: GKE's defaults
     with world(net) as w:
         with agent(w.node, tmp_path / "agent.log", f"--config={config_dir}/ip-masq-agent", *GKE, "-v=2",
-                   "-logtostderr") as running:
-            assert wait_until(lambda: "172.16.0.0/12" in w.nat())
+                   "-logtostderr", flavor.flag) as running:
+            assert wait_until(lambda: "172.16.0.0/12" in flavor.dump(w.node))
             # the outage: 172.30.0.0/16 is inside the default 172.16.0.0/12, so the AWS side sees the pod IP
             assert w.seen(AWS_DB) == POD
             publish(str(config_dir), "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\nresyncInterval: 60s\n")
-            assert wait_until(lambda: "172.16.0.0/12" not in w.nat(), 2), running.log
+            assert wait_until(lambda: "172.16.0.0/12" not in flavor.dump(w.node), 2), running.log
             assert w.seen(AWS_DB) == NODE
             assert w.seen(ONPREM) == POD  # still inside 10.0.0.0/8
             took = running.stop()
@@ -53,64 +63,61 @@ def test_seed_000_outage_then_fixed_by_a_kubelet_update_while_running(net: Netwo
         # stopping left the rules: traffic keeps its behaviour while the agent is being upgraded
         assert w.seen(AWS_DB) == NODE
     assert len(running.lines("applied IPv4")) == 2
+    assert len(running.lines(f"agent started: backend {flavor.backend}")) == 1
 
 
-def test_drift_is_repaired_counters_survive_and_foreign_rules_are_untouched(net: Network, tmp_path: Path) -> None:
+@backends
+def test_drift_is_repaired_idle_writes_nothing_and_foreign_rules_are_untouched(net: Network, tmp_path: Path,
+                                                                               flavor: Flavor) -> None:
     path = tmp_path / "ip-masq-agent"
     path.write_text("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 100ms\n")
     with world(net) as w:
         w.node.run(["iptables-restore", "--noflush"], stdin=FOREIGN)
-        with agent(w.node, tmp_path / "agent.log", f"--config={path}") as running:
-            assert wait_until(lambda: len(ours(w.nat())) == 5)
-            good, foreign_before = ours(w.nat()), foreign(w.nat())
+        with agent(w.node, tmp_path / "agent.log", f"--config={path}", flavor.flag) as running:
+            assert wait_until(lambda: len(flavor.ours(w.node)) == COMPLETE[flavor.backend])
+            good, foreign_before = flavor.ours(w.node), flavor.foreign(w.node)
             assert w.seen(AWS_DB) == NODE and w.seen(ONPREM) == POD
-            counted = [line for line in w.nat(counters=True).splitlines() if "-j MASQUERADE" in line]
-            assert counted and not counted[0].startswith("[0:0]")
+            if flavor.backend == "iptables":  # a rewrite would zero the counters: they must keep counting
+                counted = [line for line in w.nat(counters=True).splitlines() if "-j MASQUERADE" in line]
+                assert counted and not counted[0].startswith("[0:0]")
+            fingerprint = flavor.fingerprint(w.node)
             wait_until(lambda: False, 1.0)  # ~10 idle resyncs
-            assert [line for line in w.nat(counters=True).splitlines() if "-j MASQUERADE" in line] == counted
+            assert flavor.fingerprint(w.node) == fingerprint  # same counters / same handles: nothing rewritten
             assert len(running.lines("applied")) == 1  # nothing written while idle
-            jump = next(line for line in good if line.startswith("-A POSTROUTING"))
-            # our jump deleted by its full spec (the foreign KUBE-POSTROUTING jump stays)
-            delete_jump = ["sh", "-c", f"iptables-save -t nat | grep -F -- '{jump}' | sed 's/^-A/-D/' | "
-                                       "sed 's/^/*nat\\n/; s/$/\\nCOMMIT/' | iptables-restore --noflush"]
-            nat = ["iptables", "-t", "nat"]
-            drifts = {
-                "flush": [[*nat, "-F", "IP-MASQ-AGENT"]],
-                "delete jump": [delete_jump],
-                "delete chain": [delete_jump, [*nat, "-F", "IP-MASQ-AGENT"], [*nat, "-X", "IP-MASQ-AGENT"]],
-                "insert": [[*nat, "-I", "IP-MASQ-AGENT", "1", "-d", "172.30.0.0/16", "-j", "RETURN"]],
-                "reorder": [[*nat, "-D", "IP-MASQ-AGENT", "2"],
-                            [*nat, "-A", "IP-MASQ-AGENT", "-d", "10.0.0.0/8", "-j", "RETURN"]],
-            }
+            drifts = flavor.drifts(good)
             for done, (name, commands) in enumerate(drifts.items(), start=2):
                 for argv in commands:
                     w.node.run(argv)
                 # the agent may repair before we can look: count its repairs instead of catching the drift
-                repaired = wait_until(lambda: len(running.lines("applied")) == done and ours(w.nat()) == good, 2)  # noqa: B023
+                repaired = wait_until(lambda: len(running.lines("applied")) == done  # noqa: B023
+                                      and flavor.ours(w.node) == good, 2)
                 assert repaired, f"{name} not repaired: {running.log}"
-                assert foreign(w.nat()) == foreign_before, name
+                assert flavor.foreign(w.node) == foreign_before, name
             assert w.seen(AWS_DB) == NODE
             assert len(running.lines("applied")) == 1 + len(drifts)
             assert not running.lines("ERROR")
 
 
-def test_bad_config_keeps_the_last_good_one_and_a_bad_start_touches_nothing(net: Network, tmp_path: Path) -> None:
+@backends
+def test_bad_config_keeps_the_last_good_one_and_a_bad_start_touches_nothing(net: Network, tmp_path: Path,
+                                                                            flavor: Flavor) -> None:
     config_dir = tmp_path / "config"
     publish(str(config_dir), "nonMasqueradeCIDRs: [10.0.0.1/8]\nresyncInterval: 100ms\n")  # misaligned
     with world(net) as w:
         w.node.run(["iptables-restore", "--noflush"], stdin=FOREIGN)
-        before = w.nat()
-        with agent(w.node, tmp_path / "agent.log", f"--config={config_dir}/ip-masq-agent") as running:
+        before = flavor.foreign(w.node)
+        with agent(w.node, tmp_path / "agent.log", f"--config={config_dir}/ip-masq-agent", flavor.flag) as running:
             wait_until(lambda: False, 0.4)
-            assert foreign(w.nat()) == foreign(before) and not ours(w.nat())  # bad start: untouched
+            assert flavor.foreign(w.node) == before and not flavor.ours(w.node)  # bad start: untouched
             assert len(running.lines("ERROR")) == 1 and "ip-masq-agent:1" in running.log
             publish(str(config_dir), "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 100ms\n")
-            assert wait_until(lambda: len(ours(w.nat())) == 5, 2), running.log
-            good = ours(w.nat())
+            assert wait_until(lambda: len(flavor.ours(w.node)) == COMPLETE[flavor.backend], 2), running.log
+            good = flavor.ours(w.node)
             publish(str(config_dir), "nonMasqueradeCIDRs: 10.0.0.0/8\nresyncInterval: 100ms\n")  # scalar: bad
             assert wait_until(lambda: len(running.lines("ERROR")) == 2, 2)
-            w.node.run(["iptables", "-t", "nat", "-F", "IP-MASQ-AGENT"])
-            assert wait_until(lambda: ours(w.nat()) == good, 2)  # still repairing drift with the last good
+            for argv in flavor.drifts(good)["flush chain" if flavor.backend == "nftables" else "flush"]:
+                w.node.run(argv)
+            assert wait_until(lambda: flavor.ours(w.node) == good, 2)  # still repairing drift with the last good
             wait_until(lambda: False, 0.5)
             assert len(running.lines("ERROR")) == 2  # once per change, not per tick
             assert "keeping the last good config" in running.lines("ERROR")[-1]
@@ -124,9 +131,10 @@ def test_changed_chain_name_and_uninstall(net: Network, tmp_path: Path) -> None:
     node.run(["iptables-restore", "--noflush"], stdin=FOREIGN)
     before = node.run(["iptables-save", "-t", "nat"]).stdout
     missing = str(tmp_path / "none")
-    node.run([PYTHON, "-m", "ipmasq", "agent", "--once", f"--config={missing}", *GKE, "--enable-ipv6"])
+    node.run([PYTHON, "-m", "ipmasq", "agent", "--once", "--backend=iptables", f"--config={missing}", *GKE,
+              "--enable-ipv6"])
     assert ":IP-MASQ - " in node.run(["ip6tables-save", "-t", "nat"]).stdout
-    node.run([PYTHON, "-m", "ipmasq", "agent", "--once", f"--config={missing}"])
+    node.run([PYTHON, "-m", "ipmasq", "agent", "--once", "--backend=iptables", f"--config={missing}"])
     after = node.run(["iptables-save", "-t", "nat"]).stdout
     assert ":IP-MASQ " not in after and "-j IP-MASQ\n" not in after and len(ours(after)) == 7
     assert foreign(after) == foreign(before)
@@ -136,18 +144,24 @@ def test_changed_chain_name_and_uninstall(net: Network, tmp_path: Path) -> None:
     assert "ip-masq-agent" not in node.run(["ip6tables-save", "-t", "nat"]).stdout
 
 
-def test_ipv6_with_ip6tables(net: Network, tmp_path: Path) -> None:
+@backends
+def test_ipv6(net: Network, tmp_path: Path, flavor: Flavor) -> None:
     path = tmp_path / "ip-masq-agent"
     path.write_text("nonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\nresyncInterval: 100ms\n")
     with world(net, ipv6=True) as w, agent(w.node, tmp_path / "agent.log", f"--config={path}",
-                                           "--enable-ipv6") as running:
-        assert wait_until(lambda: "fd00::/8" in w.nat(family=6))
+                                           "--enable-ipv6", flavor.flag) as running:
+        assert wait_until(lambda: any("fd00::/8" in line for line in flavor.ours(w.node, 6)))
         assert w.seen(PEER6_FAR) == NODE6
         assert w.seen(PEER6_GW) == POD6
         assert w.seen(AWS_DB) == NODE
-        good = ours(w.nat(family=6))
-        w.node.run(["ip6tables", "-t", "nat", "-F", "IP-MASQ-AGENT"])
-        assert wait_until(lambda: ours(w.nat(family=6)) == good, 2), running.log
+        good = flavor.ours(w.node, 6)
+        for name, commands in flavor.drifts(good, family=6).items():
+            if name not in ("flush", "flush set"):
+                continue
+            for argv in commands:
+                w.node.run(argv)
+            assert wait_until(lambda: flavor.ours(w.node, 6) == good, 2), running.log
+        assert w.seen(PEER6_GW) == POD6
 
 
 def test_busy_xtables_lock_and_a_rejected_restore_are_retried(net: Network, tmp_path: Path) -> None:
@@ -156,7 +170,7 @@ def test_busy_xtables_lock_and_a_rejected_restore_are_retried(net: Network, tmp_
     path.write_text("resyncInterval: 100ms\n")
     with world(net) as w, lock.open("w") as held:
         env = {"XTABLES_LOCKFILE": str(lock)}
-        legacy = ("--iptables-variant=legacy", f"--config={path}")
+        legacy = ("--backend=iptables", "--iptables-variant=legacy", f"--config={path}")
         fcntl.flock(held, fcntl.LOCK_EX)
         with agent(w.node, tmp_path / "agent.log", *legacy, env=env) as running:
             assert wait_until(lambda: "xtables lock" in running.log, 5), running.log

@@ -27,7 +27,8 @@ def saved(text: str) -> list[str]:
 
 def run_once(net: Network, config: str, flags: tuple[str, ...]) -> tuple[int, str, list[str]]:
     node = net.add("node")
-    result = node.run([PYTHON, "-m", "ipmasq", "agent", "--once", f"--config={config}", *flags], check=False)
+    result = node.run([PYTHON, "-m", "ipmasq", "agent", "--once", "--backend=iptables", f"--config={config}",
+                       *flags], check=False)
     return result.returncode, result.stderr, saved(node.run(["iptables-save", "-t", "nat"]).stdout)
 
 

@@ -49,8 +49,6 @@ def make_backend(args: argparse.Namespace, options: PolicyOptions, runner: Runne
         name = choice.backend
         if log is not None:
             log.info("backend %s chosen by --backend=auto: %s", name, choice.reason)
-    elif log is not None:
-        log.info("backend %s (--backend=%s)", name, name)
     both = (Family.V4, Family.V6)  # leftovers of an earlier run may hold IPv6 objects whatever this run manages
     if name == "nftables":
         others = tuple(IptablesBackend(runner, chain=options.masq_chain, variant=v, families=both) for v in Variant)
