@@ -17,6 +17,7 @@ from ipmasq.rules.nft import (
     NftParseError,
     desired_table,
     format_element,
+    format_elements,
     list_json,
     parse_list_json,
     parse_script,
@@ -196,3 +197,14 @@ def test_rule_text_and_json_are_inverse(p: Policy) -> None:
         as_json = rule_to_json(rule)
         assert rule_from_json(as_json) == rule
         assert rule_to_json(rule_from_json(as_json)) == as_json
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**16)), max_size=20))
+def test_format_elements_is_format_element_over_a_set(ranges: list[tuple[int, int]]) -> None:
+    # aligned prefixes, single addresses and arbitrary ranges all take the inlined IPv4 path
+    elements = tuple((a, min(a + size, 2**32 - 1)) for a, size in ranges)
+    aligned = tuple((a & ~0xFF, (a & ~0xFF) | 0xFF) for a, _ in ranges)
+    for family_elements in (elements, aligned):
+        assert format_elements(Family.V4, family_elements) == [format_element(Family.V4, a, b)
+                                                                for a, b in family_elements]

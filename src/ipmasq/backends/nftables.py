@@ -21,6 +21,7 @@ real and takes the elements from the transaction (every later read, i.e. every r
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ipmasq.backends.base import Result, Runner, State
@@ -36,9 +37,9 @@ from ipmasq.rules.nft import (
     NftTable,
     delete_script,
     desired_table,
-    format_element,
+    format_elements,
     parse_list_json,
-    render_script,
+    replace_script,
 )
 
 __all__ = ["NFT", "NftablesBackend", "state_of", "table_exists"]
@@ -53,8 +54,9 @@ def _set_header(s: NftSet) -> str:
 
 
 def state_of(table: NftTable | None, family: Family, *, elements: dict[str, tuple[tuple[int, int], ...]]
-             | None = None) -> State:
-    """A table's lines for one family; `elements` overrides the sets' elements (when read separately)."""
+             | None = None, formatted: Mapping[str, Sequence[str]] | None = None) -> State:
+    """A table's lines for one family; `elements` overrides the sets' elements (when read separately),
+    `formatted` supplies them already as text (format_elements)."""
     if table is None:
         return State(family, ())
     lines = [f"table {TABLE_FAMILY} {TABLE}"]
@@ -69,16 +71,36 @@ def state_of(table: NftTable | None, family: Family, *, elements: dict[str, tupl
         # a family's State holds its own set; IPv4's also holds every set that is neither family's
         if s.name == mine or (family is Family.V4 and s.name not in SET_NAMES.values()):
             lines.append(_set_header(s))
-            values = s.elements if elements is None or s.name not in elements else elements[s.name]
-            set_family = s.family
             prefix = f"element {s.name} "
-            lines.extend([prefix + format_element(set_family, a, b) for a, b in values])
+            if formatted is not None and s.name in formatted:
+                texts: Sequence[str] = formatted[s.name]
+            else:
+                values = s.elements if elements is None or s.name not in elements else elements[s.name]
+                texts = format_elements(s.family, values)
+            lines.extend([prefix + text for text in texts])
     return State(family, tuple(lines))
 
 
 @dataclass(frozen=True, slots=True)
-class _Applied:
+class _Plan:
+    """Everything one policy needs, built once: the table, its elements as text, each family's State, the script."""
+
+    policy: Policy
     table: NftTable
+    states: Mapping[Family, State]
+    script: str
+
+
+def _plan(policy: Policy) -> _Plan:
+    table = desired_table(policy)
+    formatted = {s.name: format_elements(s.family, s.elements) for s in table.sets}
+    states = {f: state_of(table, f, formatted=formatted) for f in policy.families}
+    return _Plan(policy, table, states, replace_script(table, formatted=formatted))
+
+
+@dataclass(frozen=True, slots=True)
+class _Applied:
+    plan: _Plan
     unverified: frozenset[Family]  # families whose next read may take the elements from the transaction
 
 
@@ -89,6 +111,7 @@ class NftablesBackend:
         self._run = run
         self._nft = nft
         self._applied: _Applied | None = None
+        self._plan: _Plan | None = None  # the last policy's, reused while the loop holds the same Policy object
 
     @property
     def name(self) -> str:
@@ -132,32 +155,35 @@ class NftablesBackend:
         if structure is None:
             self._applied = None
             return State(family, ())
-        elements: dict[str, tuple[tuple[int, int], ...]] = {}
         applied = self._applied
-        trusted = (applied is not None and family in applied.unverified
-                   and _without_elements(applied.table) == structure)
+        if applied is not None and family in applied.unverified:
+            remaining = applied.unverified - {family}
+            self._applied = _Applied(applied.plan, remaining) if remaining else None
+            if _without_elements(applied.plan.table) == structure:
+                # the structure is checked for real; the elements are those of the transaction that just succeeded
+                return applied.plan.states[family]
+        elements: dict[str, tuple[tuple[int, int], ...]] = {}
         for s in structure.sets:
             if s.name != SET_NAMES[family] and (family is not Family.V4 or s.name in SET_NAMES.values()):
                 continue
-            if trusted and applied is not None:
-                own = applied.table.set_named(s.name)
-                elements[s.name] = own.elements if own is not None else ()
-            else:
-                full = self._read_set(s.name)
-                elements[s.name] = full.elements if full is not None else ()
-        if applied is not None and family in applied.unverified:
-            remaining = applied.unverified - {family}
-            self._applied = _Applied(applied.table, remaining) if remaining else None
+            full = self._read_set(s.name)
+            elements[s.name] = full.elements if full is not None else ()
         return state_of(structure, family, elements=elements)
 
+    def plan(self, policy: Policy) -> _Plan:
+        if self._plan is None or self._plan.policy is not policy:
+            self._plan = _plan(policy)
+        return self._plan
+
     def desired(self, policy: Policy, family: Family) -> State:
-        return state_of(desired_table(policy), family)
+        return self.plan(policy).states[family]
 
     def apply(self, policy: Policy, family: Family, current: State) -> None:
         """Replace the whole table (every family of the policy) in one transaction, whatever `current` holds."""
         self._applied = None
-        self._call([self._nft, "-f", "-"], render_script(policy), what="applying the nftables table")
-        self._applied = _Applied(desired_table(policy), frozenset(policy.families))
+        plan = self.plan(policy)
+        self._call([self._nft, "-f", "-"], plan.script, what="applying the nftables table")
+        self._applied = _Applied(plan, frozenset(policy.families))
 
     def remove_all(self) -> None:
         self._applied = None

@@ -17,6 +17,7 @@ import itertools
 import json
 import re
 import socket
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,12 +42,14 @@ __all__ = [
     "delete_script",
     "desired_table",
     "format_element",
+    "format_elements",
     "list_json",
     "parse_address_element",
     "parse_list_json",
     "parse_script",
     "render_definition",
     "render_script",
+    "replace_script",
     "rule_from_json",
     "rule_to_json",
 ]
@@ -167,12 +170,33 @@ def format_element(family: Family, first: int, last: int) -> str:
     return f"{fmt(first)}-{fmt(last)}"
 
 
+def format_elements(family: Family, elements: tuple[tuple[int, int], ...]) -> list[str]:
+    """format_element over a whole set; IPv4 inlined, because a set may hold 100,000 ranges (agent --once)."""
+    if family is Family.V6:
+        return [format_element(family, a, b) for a, b in elements]
+    ntoa = socket.inet_ntoa
+    out: list[str] = []
+    append = out.append
+    for a, b in elements:
+        first = ntoa(a.to_bytes(4, "big"))
+        if a == b:
+            append(first)
+            continue
+        size = b - a + 1
+        if size & (size - 1) == 0 and a & (size - 1) == 0:
+            append(f"{first}/{33 - size.bit_length()}")
+        else:
+            append(f"{first}-{ntoa(b.to_bytes(4, 'big'))}")
+    return out
+
+
 def _priority(chain: NftChain) -> str:
     return "srcnat" if chain.type == "nat" and chain.priority == SRCNAT_PRIORITY else str(chain.priority)
 
 
-def render_definition(table: NftTable) -> str:
-    """`table inet ip-masq-agent { ... }` for a normalised table."""
+def render_definition(table: NftTable, *, formatted: Mapping[str, Sequence[str]] | None = None) -> str:
+    """`table inet ip-masq-agent { ... }` for a normalised table; `formatted`: each set's elements as text, when
+    the caller already has them (format_elements)."""
     out = [f"table {TABLE_FAMILY} {TABLE} {{"]
     for s in table.sets:
         out.append(f"\tset {s.name} {{")
@@ -180,9 +204,8 @@ def render_definition(table: NftTable) -> str:
         if s.flags:
             out.append(f"\t\tflags {', '.join(s.flags)}")
         if s.elements:  # "elements = { }" is a syntax error
-            family = s.family
-            out.append("\t\telements = { " + ",\n\t\t\t".join(format_element(family, a, b) for a, b in s.elements)
-                       + " }")
+            texts = formatted[s.name] if formatted is not None else format_elements(s.family, s.elements)
+            out.append("\t\telements = { " + ",\n\t\t\t".join(texts) + " }")
         out.append("\t}")
     for c in table.chains:
         out.append(f"\tchain {c.name} {{")
@@ -200,9 +223,12 @@ def render_script(policy: Policy) -> str:
     Declaring the table first makes the delete valid when it does not exist yet; the kernel applies the three
     commands atomically, so no packet ever sees the table half-written or missing.
     """
-    return f"table {TABLE_FAMILY} {TABLE}\ndelete table {TABLE_FAMILY} {TABLE}\n" + render_definition(
-        desired_table(policy)
-    )
+    return replace_script(desired_table(policy))
+
+
+def replace_script(table: NftTable, *, formatted: Mapping[str, Sequence[str]] | None = None) -> str:
+    """render_script for an already built table (see render_definition for `formatted`)."""
+    return delete_script() + render_definition(table, formatted=formatted)
 
 
 def delete_script() -> str:
