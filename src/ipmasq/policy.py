@@ -115,10 +115,13 @@ class Policy:
 
     def non_masquerade_ranges(self, family: Family) -> list[tuple[int, int]]:
         """The exact set of addresses not masqueraded, as sorted, disjoint, non-adjacent inclusive ranges."""
-        table = self._tables.get(family)
-        if table is None:
+        if family not in self.families:
             return []
         entries = self.rule_entries(family)
+        if not any(e.masquerade for e in entries):
+            # no exceptions: the plain union of the prefixes, without the sweep (the agent's 100,000-CIDR path)
+            return _union(entries, family.bits)
+        table = self._tables[family]
         ranges: list[tuple[int, int]] = []
         starts = table.starts
         for i, label in enumerate(table.labels):
@@ -131,6 +134,26 @@ class Policy:
             else:
                 ranges.append((first, last))
         return ranges
+
+
+def _union(entries: tuple[Entry, ...], bits: int) -> list[tuple[int, int]]:
+    # one int per prefix (network, then length, in its low byte) sorts several times faster than tuples
+    with paused_gc():
+        keys = [(p.network << 8) | p.length for p in [e.prefix for e in entries]]
+    keys.sort()
+    merged: list[tuple[int, int]] = []
+    end = -2
+    for key in keys:
+        first = key >> 8
+        last = first | ((1 << (bits - (key & 255))) - 1)
+        if first <= end + 1:
+            if last > end:
+                merged[-1] = (merged[-1][0], last)
+                end = last
+        else:
+            merged.append((first, last))
+            end = last
+    return merged
 
 
 def _build_table(entries: tuple[Entry, ...], family: Family) -> _Table:
