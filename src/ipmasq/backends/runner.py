@@ -29,17 +29,33 @@ class SubprocessRunner:
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self._env)
         except OSError as exc:
             raise BackendError(f"cannot run {argv[0]}: {exc.strerror}", argv=tuple(argv)) from None
-        waited = 0.0
-        pending = stdin
-        while True:
-            try:
-                out, err = proc.communicate(pending, timeout=_POLL_SECONDS)
-                return Result(proc.returncode, out, err)
-            except subprocess.TimeoutExpired:
-                pending = None  # communicate already sent stdin; a retry must not send it again
-                waited += _POLL_SECONDS
-                if (self._cancel is not None and self._cancel.is_set()) or waited >= self._timeout:
-                    proc.kill()
-                    proc.communicate()
-                    why = "cancelled" if waited < self._timeout else f"timed out after {self._timeout:.0f}s"
-                    raise BackendError(f"{argv[0]} {why}", argv=tuple(argv)) from None
+        done = threading.Event()
+        cancelled = threading.Event()
+        watcher = None
+        if self._cancel is not None:
+            watcher = threading.Thread(target=self._watch, args=(proc, done, cancelled), daemon=True)
+            watcher.start()
+        # One communicate() call with the whole input: a retried communicate(None) after a timeout stops writing
+        # stdin (CPython registers stdin only when input is passed), which stalls a tool that reads slowly, like
+        # iptables-restore on 10,000 rules. Cancellation is therefore watched from a thread.
+        try:
+            out, err = proc.communicate(stdin, timeout=self._timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise BackendError(f"{argv[0]} timed out after {self._timeout:.0f}s", argv=tuple(argv)) from None
+        finally:
+            done.set()
+            if watcher is not None:
+                watcher.join()
+        if cancelled.is_set():
+            raise BackendError(f"{argv[0]} cancelled", argv=tuple(argv))
+        return Result(proc.returncode, out, err)
+
+    def _watch(self, proc: subprocess.Popen[str], done: threading.Event, cancelled: threading.Event) -> None:
+        assert self._cancel is not None
+        while not done.wait(_POLL_SECONDS):
+            if self._cancel.is_set():
+                cancelled.set()
+                proc.kill()
+                return
