@@ -14,7 +14,10 @@ each backend and CIDR count, from a node without our objects:
   so the kernel, not a server, sets the pace.
 
 Noise control: every measurement is repeated (--repeats) in rounds; each round visits every (backend, size) in a
-rotated order, so a slow spell of the machine hits all configurations alike; the figures are medians.
+rotated order, so a slow spell of the machine hits all configurations alike; the figures are medians. The rate
+ratio the issue targets is also measured paired (--pairs): short samples with N CIDRs and with none taken back to
+back (ABBA order), one ratio per pair, and the median of those ratios, which cancels slow drifts in the machine's
+load that a ratio of two medians still feels.
 
     sudo .venv/bin/python bench/bench_backends.py [--sizes 0,1000,10000,100000] [--repeats 5] [--seconds 1]
 
@@ -36,7 +39,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from ipmasq.config import load_config
+from ipmasq.config import ConfigInput, config_from_bytes, load_config
 from ipmasq.lab.netns import Namespace, Network, network
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
@@ -134,6 +137,8 @@ def main() -> None:
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=1.0, help="per connection-rate sample")
+    parser.add_argument("--pairs", type=int, default=8, help="paired rate samples per backend (0: skip)")
+    parser.add_argument("--pair-size", type=int, default=10_000, help="CIDRs of the paired rate comparison")
     parser.add_argument("--out", default="bench/out")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -162,6 +167,7 @@ def main() -> None:
                         f"--config={configs[n]}"]))
                     samples[(backend, n, "rate")].append(rate(pod, node, args.seconds))
                 print(f"round {round_ + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+            paired = paired_ratios(pod, node, backends, args, options) if args.pairs else {}
             clean(node)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -187,6 +193,14 @@ def main() -> None:
         (("nftables", 10_000), "once", "<", 0.5, "agent --once, 10,000 CIDRs (s)"),
         (("nftables", 100_000), "once", "<", 2.5, "agent --once, 100,000 CIDRs from a config directory (s)"),
     ]
+    for backend, ratios in paired.items():
+        print(f"paired rate ratio {backend} {args.pair_size} CIDRs / none: median {statistics.median(ratios):.3f} "
+              f"over {len(ratios)} pairs (min {min(ratios):.3f}, max {max(ratios):.3f})")
+        rows.append({"backend": backend, "cidrs": args.pair_size, "paired_rate_ratios": ratios})
+    if "nftables" in paired:
+        checks.append((("nftables", -1), "paired", ">=", 0.9,
+                       f"nftables rate at {args.pair_size:,} CIDRs / rate at 0, paired"))
+        by[("nftables", -1)] = {"paired": statistics.median(paired["nftables"])}
     print("\nissue 4 targets (medians of", args.repeats, "rounds):")
     for key, field, op, bound, label in checks:
         if key in by:
@@ -199,6 +213,35 @@ def main() -> None:
     plot(rows, backends, out / "backends.png")
 
 
+def paired_ratios(pod: Namespace, node: Namespace, backends: list[str], args: argparse.Namespace,
+                  options: PolicyOptions) -> dict[str, list[float]]:
+    """Per backend: rate with args.pair_size CIDRs / rate with none, sampled back to back, once per pair."""
+    def policy(text: str) -> Policy:
+        return Policy(config_from_bytes(ConfigInput((("/bench/ip-masq-agent", text.encode()),)), options), options)
+
+    big = policy(yaml_file(cidrs(args.pair_size), max(args.pair_size, 1)))
+    none = policy(yaml_file([], 1))
+    seconds = max(args.seconds / 2, 0.25)
+    out: dict[str, list[float]] = {}
+    for backend in backends:
+        install = {
+            n: (["nft", "-f", "-"], render_script(p)) if backend == "nftables"
+            else (["iptables-restore", "--noflush", "-w"], render_restore(p, Family.V4))
+            for n, p in ((0, none), (args.pair_size, big))
+        }
+        ratios = []
+        for i in range(args.pairs):
+            measured = {}
+            for n in ((0, args.pair_size) if i % 2 == 0 else (args.pair_size, 0)):  # ABBA
+                clean(node)
+                argv, payload = install[n]
+                node.run(argv, stdin=payload, timeout=600)
+                measured[n] = rate(pod, node, seconds)
+            ratios.append(measured[args.pair_size] / measured[0])
+        out[backend] = ratios
+    return out
+
+
 def plot(rows: list[dict[str, object]], backends: list[str], path: Path) -> None:
     try:
         import matplotlib
@@ -209,7 +252,7 @@ def plot(rows: list[dict[str, object]], backends: list[str], path: Path) -> None
         return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for backend in backends:
-        mine = [r for r in rows if r["backend"] == backend]
+        mine = [r for r in rows if r["backend"] == backend and "rate" in r]
         xs = [max(int(r["cidrs"]), 1) for r in mine]  # type: ignore[call-overload]
         ax1.plot(xs, [r["rate"] for r in mine], marker="o", label=backend)
         ax2.plot(xs, [r["once"] for r in mine], marker="o", label=f"{backend}: agent --once")
