@@ -126,7 +126,9 @@ def clean(node: Namespace) -> None:
 
 def rate(pod: Namespace, node: Namespace, seconds: float) -> float:
     node.run(["conntrack", "-F"], check=False)
-    result = pod.run([sys.executable, "-c", CONNECT_PROGRAM, DESTINATION, str(PORT), str(seconds)],
+    # pinned to one CPU: where the scheduler puts the client otherwise swings the rate by a third between samples
+    pin = ["taskset", "-c", str((os.cpu_count() or 1) - 1)] if shutil.which("taskset") else []
+    result = pod.run([*pin, sys.executable, "-c", CONNECT_PROGRAM, DESTINATION, str(PORT), str(seconds)],
                      timeout=seconds + 30)
     return float(result.stdout.strip())
 

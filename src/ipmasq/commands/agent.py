@@ -19,7 +19,7 @@ from ipmasq.commands.common import add_policy_flags, options_from_args
 from ipmasq.options import PolicyOptions
 from ipmasq.prefix import Family
 
-__all__ = ["DEFAULT_CONFIG", "add_backend_flags", "iptables_backend", "make_backend", "register"]
+__all__ = ["DEFAULT_CONFIG", "add_backend_flags", "make_backend", "register"]
 
 DEFAULT_CONFIG = "/etc/config/ip-masq-agent"
 
@@ -34,7 +34,7 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
                              "detects it (default %(default)s)")
 
 
-def iptables_backend(args: argparse.Namespace, chain: str, runner: Runner, *,
+def _iptables_backend(args: argparse.Namespace, chain: str, runner: Runner, *,
                      families: tuple[Family, ...]) -> IptablesBackend:
     variant = detect_variant(runner) if args.iptables_variant == "auto" else Variant(args.iptables_variant)
     return IptablesBackend(runner, chain=chain, variant=variant, families=families)
@@ -54,7 +54,7 @@ def make_backend(args: argparse.Namespace, options: PolicyOptions, runner: Runne
         others = tuple(IptablesBackend(runner, chain=options.masq_chain, variant=v, families=both) for v in Variant)
         return NftablesBackend(runner), others
     families = both if options.enable_ipv6 else (Family.V4,)
-    return iptables_backend(args, options.masq_chain, runner, families=families), (NftablesBackend(runner),)
+    return _iptables_backend(args, options.masq_chain, runner, families=families), (NftablesBackend(runner),)
 
 
 def register(subparsers: Any) -> None:
