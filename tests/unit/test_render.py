@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.errors import ConfigError
 from ipmasq.options import PolicyOptions, PortRange, parse_to_ports
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
-from ipmasq.rules.iptables import RuleParseError, canonical, chain_rules, parse_save, render_restore
+from ipmasq.rules.iptables import RuleParseError, _tokens, canonical, chain_rules, parse_save, render_restore
 
 DEFAULT_OPTIONS = PolicyOptions()
 
@@ -105,3 +109,21 @@ COMMIT
     assert table.chains == {"POSTROUTING": "ACCEPT", "IP-MASQ": "-"}
     assert table.rules_of("IP-MASQ") == ["-A IP-MASQ -d 10.0.0.0/8 -j RETURN"]
     assert table.rules_of("POSTROUTING") == ['-A POSTROUTING -m comment --comment "x" -j IP-MASQ']
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(alphabet=st.sampled_from(list("-AXd./:0123456789abcMASQ!_")), min_size=1,
+                                  max_size=12),
+                          st.text(alphabet=st.sampled_from(list("ab :-()")), max_size=15).map(lambda t: f'"{t}"'),
+                          st.text(alphabet=st.sampled_from(list('ab :-()"')), max_size=15).map(shlex.quote),
+                          st.just('"')),
+                min_size=1, max_size=10))
+def test_fast_tokenizer_agrees_with_shlex(words: list[str]) -> None:
+    line = " ".join(words)
+    try:
+        expected = shlex.split(line)
+    except ValueError:
+        with pytest.raises(RuleParseError):
+            _tokens(line)
+        return
+    assert _tokens(line) == expected
