@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from ipmasq.backends.base import Result
 from ipmasq.backends.conntrack import flush_stale_conntrack
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.config import ConfigInput, config_from_bytes
+from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import Namespace, Network
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
@@ -118,3 +120,45 @@ def test_nothing_to_delete_is_not_an_error(net: Network) -> None:
     result = flush_stale_conntrack(NamespaceRunner(node), _policy(""), _policy("nonMasqueradeCIDRs: []\n"))
     assert result.deleted == 0
     assert {str(p) for p in result.prefixes} == {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}
+
+
+@pytest.mark.parametrize("flag", ["--flush-conntrack", "--flush-conntrack=false"], ids=["flag-on", "flag-off"])
+def test_agent_flush_conntrack_flag(net: Network, flag: str, tmp_path: Path) -> None:
+    """The same, end to end: the real agent running, the fix published the way kubelet updates a ConfigMap."""
+    pod, node = _topology(net)
+    config_dir = str(tmp_path / "config")
+    publish(config_dir, "nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]\n")  # 172.30.12.110 keeps the pod IP
+    log_path = tmp_path / "agent.log"
+    with log_path.open("w") as log:
+        agent = node.popen([sys.executable, "-m", "ipmasq", "agent", "--backend=iptables", flag,
+                            "--config", f"{config_dir}/ip-masq-agent"], stdout=log, stderr=subprocess.STDOUT)
+    client = None
+    try:
+        assert _wait_log(log_path, "applied IPv4 rules"), log_path.read_text()
+        client = pod.popen([sys.executable, "-m", "ipmasq.lab.probe", "connect", PEER, str(PORT),
+                            str(CONNECT_TIMEOUT)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        _wait_for_entry(node)
+        publish(config_dir, "nonMasqueradeCIDRs: [10.0.0.0/8]\n")  # the seed-000 fix, while the SYNs retry
+        out, _ = client.communicate(timeout=CONNECT_TIMEOUT + 5)
+    finally:
+        if client is not None:
+            client.kill()
+            client.wait()
+        agent.terminate()
+        agent.wait(5)
+    text = log_path.read_text()
+    if flag == "--flush-conntrack":
+        assert out.strip() == NODE_PEER_SIDE, text
+        assert "conntrack: deleted 1 entries" in text
+    else:
+        assert out.strip() == "FAILED", text
+        assert "conntrack: deleted" not in text
+
+
+def _wait_log(path: Path, needle: str, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if needle in path.read_text():
+            return True
+        time.sleep(0.02)
+    return False

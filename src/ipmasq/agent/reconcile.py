@@ -11,7 +11,7 @@ that ran with the other backend before), once, so that two sets of our rules nev
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -42,8 +42,12 @@ class _Seen:
 
 class Reconciler:
     def __init__(self, backend: Backend, options: PolicyOptions, *, log: logging.Logger,
-                 others: Sequence[Removable] = ()) -> None:
+                 others: Sequence[Removable] = (),
+                 on_policy_change: Callable[[Policy, Policy], None] | None = None) -> None:
         self.backend = backend
+        # called after the kernel was verified to hold a new policy, with the one it replaced (conntrack cleanup)
+        self.on_policy_change = on_policy_change
+        self._enforced: Policy | None = None  # the policy the kernel was last verified to hold
         self.others = tuple(others)
         self._others_checked = not self.others
         self.options = options
@@ -122,6 +126,9 @@ class Reconciler:
         if self.backend_error is not None:
             self.log.info("%s: recovered", self.backend.name)
         self.backend_error = None
+        previous, self._enforced = self._enforced, policy
+        if previous is not None and previous is not policy and self.on_policy_change is not None:
+            self.on_policy_change(previous, policy)
         return outcome
 
     def _remove_others(self) -> None:

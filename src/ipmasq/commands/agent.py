@@ -6,17 +6,21 @@ import argparse
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
 from ipmasq.agent.reconcile import Reconciler
 from ipmasq.backends.base import BACKEND_NAMES, Backend, Removable, Runner
 from ipmasq.backends.choose import detect
+from ipmasq.backends.conntrack import flush_stale_conntrack
 from ipmasq.backends.iptables import IptablesBackend, Variant, detect_variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.commands.common import add_policy_flags, options_from_args
+from ipmasq.commands.common import add_policy_flags, go_bool, options_from_args
+from ipmasq.errors import IpmasqError
 from ipmasq.options import PolicyOptions
+from ipmasq.policy import Policy
 from ipmasq.prefix import Family
 
 __all__ = ["DEFAULT_CONFIG", "add_backend_flags", "make_backend", "register"]
@@ -69,6 +73,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--once", action="store_true",
                         help="reconcile once; exit 0 when the kernel then matches the config, 1 otherwise")
     parser.add_argument("--poll", action="store_true", help="poll the config instead of using inotify")
+    parser.add_argument("--flush-conntrack", type=go_bool, default=False, metavar="BOOL",
+                        help="after a config change, delete the conntrack entries of destinations whose verdict "
+                             "changed, so connections already retrying (SYN retransmissions) get the new decision")
     # klog flags of existing manifests: accepted, ignored (we log one line per event to stderr)
     parser.add_argument("-v", "--v", help=argparse.SUPPRESS)
     for flag in ("--log_dir", "--stderrthreshold", "--vmodule"):
@@ -87,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     runner = SubprocessRunner(cancel=wakeup.stop)
     backend, others = make_backend(args, options, runner, log=log)
     settings = LoopSettings(config_path=args.config or DEFAULT_CONFIG, use_inotify=not args.poll)
-    agent = Agent(Reconciler(backend, options, log=log, others=others), settings, log=log)
+    on_change = _conntrack_flusher(runner, log) if args.flush_conntrack else None
+    agent = Agent(Reconciler(backend, options, log=log, others=others, on_policy_change=on_change), settings, log=log)
     if args.once:
         return agent.once()
     signal.signal(signal.SIGTERM, lambda *_: wakeup.request_stop())
@@ -95,3 +103,17 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, lambda *_: wakeup.request_resync())
     agent.run(wakeup)
     return 0
+
+
+def _conntrack_flusher(runner: Runner, log: logging.Logger) -> Callable[[Policy, Policy], None]:
+    def flush(before: Policy, after: Policy) -> None:
+        try:
+            result = flush_stale_conntrack(runner, before, after)
+        except IpmasqError as exc:
+            log.error("conntrack: %s (the new rules are in place; old connections keep their NAT decision)", exc)
+            return
+        if result.prefixes:
+            log.info("conntrack: deleted %d entries to the %d ranges whose verdict changed", result.deleted,
+                     len(result.prefixes))
+
+    return flush

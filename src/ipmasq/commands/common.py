@@ -12,7 +12,9 @@ from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse
 __all__ = ["add_policy_flags", "load_policy_config", "normalise_go_flags", "options_from_args"]
 
 # Go boolean flags: `--flag`, `--flag=false`, `-flag`; never `--flag false` (that would eat a positional).
-BOOL_FLAGS = ("nomasq-all-reserved-ranges", "enable-ipv6", "random-fully", "logtostderr", "alsologtostderr")
+BOOL_FLAGS = (
+    "nomasq-all-reserved-ranges", "enable-ipv6", "random-fully", "logtostderr", "alsologtostderr", "flush-conntrack",
+)
 VALUE_FLAGS = ("masq-chain", "to-ports", "config", "backend", "v", "log_dir", "stderrthreshold", "vmodule")
 _TRUE = {"1", "t", "T", "true", "TRUE", "True"}
 _FALSE = {"0", "f", "F", "false", "FALSE", "False"}
@@ -40,7 +42,7 @@ def normalise_go_flags(argv: list[str]) -> list[str]:
     return out
 
 
-def _go_bool(text: str) -> bool:
+def go_bool(text: str) -> bool:
     if text in _TRUE:
         return True
     if text in _FALSE:
@@ -55,10 +57,10 @@ def add_policy_flags(parser: argparse.ArgumentParser, *, config_help: str | None
         group.add_argument("--config", metavar="PATH", help=config_help)
     group.add_argument("--masq-chain", default=DEFAULT_CHAIN, metavar="NAME",
                        help="name of our nat chain (default %(default)s; GKE runs IP-MASQ)")
-    group.add_argument("--nomasq-all-reserved-ranges", type=_go_bool, default=False, metavar="BOOL",
+    group.add_argument("--nomasq-all-reserved-ranges", type=go_bool, default=False, metavar="BOOL",
                        help="also preserve pod IPs for all reserved IPv4 ranges by default (what GKE runs)")
-    group.add_argument("--enable-ipv6", type=_go_bool, default=False, metavar="BOOL", help="also manage IPv6")
-    group.add_argument("--random-fully", type=_go_bool, default=True, metavar="BOOL",
+    group.add_argument("--enable-ipv6", type=go_bool, default=False, metavar="BOOL", help="also manage IPv6")
+    group.add_argument("--random-fully", type=go_bool, default=True, metavar="BOOL",
                        help="add --random-fully to MASQUERADE (default true)")
     group.add_argument("--to-ports", default="", metavar="RANGES",
                        help="masquerade to these source ports, e.g. 32768-60999,61000-65535")
