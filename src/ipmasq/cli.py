@@ -16,7 +16,7 @@ from ipmasq.errors import ConfigError, IpmasqError, UsageError
 __all__ = ["main"]
 
 # Each module has `register(subparsers)`, which sets `func=run(args) -> int` on its parser.
-COMMANDS = ("render", "explain", "agent", "uninstall", "lab", "lint", "diff", "trace", "check", "audit")
+COMMANDS = ("render", "explain", "agent", "uninstall", "lab", "lint", "diff", "trace", "check", "audit", "health")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -16,13 +16,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from ipmasq.agent.reconcile import Outcome, Reconciler
 from ipmasq.agent.watch import ConfigWatcher
 from ipmasq.config.source import ConfigInput, read_config_input
 from ipmasq.errors import ConfigError
 
-__all__ = ["Agent", "LoopSettings", "Wakeup"]
+__all__ = ["Agent", "LoopObserver", "LoopSettings", "Wakeup"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,27 @@ class Wakeup:
         os.close(self.write_fd)
 
 
+class LoopObserver(Protocol):
+    """Told what the loop does (ipmasq.agent.metrics.AgentStatus: metrics, liveness, readiness); must not block."""
+
+    def heartbeat(self) -> None: ...
+
+    def observed(self, reconciler: Reconciler, *, changed: bool) -> None: ...
+
+    def reconciled(self, reconciler: Reconciler, outcome: Outcome, seconds: float) -> None: ...
+
+
+class _Unobserved:
+    def heartbeat(self) -> None:
+        pass
+
+    def observed(self, reconciler: Reconciler, *, changed: bool) -> None:
+        pass
+
+    def reconciled(self, reconciler: Reconciler, outcome: Outcome, seconds: float) -> None:
+        pass
+
+
 def _read(path: str) -> ConfigInput | ConfigError:
     try:
         return read_config_input(path, missing_ok=True)
@@ -75,8 +97,9 @@ def _read(path: str) -> ConfigInput | ConfigError:
 
 class Agent:
     def __init__(self, reconciler: Reconciler, settings: LoopSettings, *, log: logging.Logger,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, observer: LoopObserver | None = None) -> None:
         self.reconciler = reconciler
+        self.observer: LoopObserver = observer if observer is not None else _Unobserved()
         self.settings = settings
         self.log = log
         self.clock = clock
@@ -103,14 +126,18 @@ class Agent:
         retry_at: float | None = None
         next_resync = self.clock()  # the first pass happens at once
         while not wakeup.stop.is_set():
+            self.observer.heartbeat()  # once per wakeup: at least once per resync interval, so liveness can tell
             changed = self.reconciler.observe(_read(self.settings.config_path))
+            self.observer.observed(self.reconciler, changed=changed)
             now = self.clock()
             due = changed or now >= next_resync or wakeup.resync.is_set() or (retry_at is not None and now >= retry_at)
             if wakeup.resync.is_set():
                 self.log.info("SIGHUP: resync now")
                 wakeup.resync.clear()
             if due:
+                started = time.perf_counter()
                 outcome = self.reconciler.reconcile()
+                self.observer.reconciled(self.reconciler, outcome, time.perf_counter() - started)
                 now = self.clock()
                 next_resync = now + self.reconciler.resync_interval
                 if outcome is Outcome.FAILED:

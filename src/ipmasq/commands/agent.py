@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
 from collections.abc import Callable
 from typing import Any
 
+from ipmasq import __version__
+from ipmasq.agent.health import DEFAULT_METRICS_ADDRESS, MISSING_LIBRARY, StatusServer
+from ipmasq.agent.logs import LOG_FORMATS, configure_logging
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
+from ipmasq.agent.metrics import AgentStatus
 from ipmasq.agent.reconcile import Reconciler
 from ipmasq.backends.base import BACKEND_NAMES, Backend, Removable, Runner
 from ipmasq.backends.choose import detect
@@ -76,6 +79,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--flush-conntrack", type=go_bool, default=False, metavar="BOOL",
                         help="after a config change, delete the conntrack entries of destinations whose verdict "
                              "changed, so connections already retrying (SYN retransmissions) get the new decision")
+    parser.add_argument("--metrics-address", default=DEFAULT_METRICS_ADDRESS, metavar="HOST:PORT",
+                        help="serve /metrics, /healthz and /readyz here (default %(default)s, loopback only: "
+                             "`ipmasq health` queries it from an exec probe); empty: no endpoints")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                        help="one line per event, as text or JSON (default %(default)s)")
+    parser.add_argument("--version", action="version", version=f"ipmasq {__version__}")
     # klog flags of existing manifests: accepted, ignored (we log one line per event to stderr)
     parser.add_argument("-v", "--v", help=argparse.SUPPRESS)
     for flag in ("--log_dir", "--stderrthreshold", "--vmodule"):
@@ -87,22 +96,39 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s ipmasq agent: %(levelname)s %(message)s")
-    log = logging.getLogger("ipmasq.agent")
+    log = configure_logging(args.log_format)
     wakeup = Wakeup()
     runner = SubprocessRunner(cancel=wakeup.stop)
     backend, others = make_backend(args, options, runner, log=log)
     settings = LoopSettings(config_path=args.config or DEFAULT_CONFIG, use_inotify=not args.poll)
     on_change = _conntrack_flusher(runner, log) if args.flush_conntrack else None
-    agent = Agent(Reconciler(backend, options, log=log, others=others, on_policy_change=on_change), settings, log=log)
+    status = AgentStatus(version=__version__, backend=backend.name)
+    agent = Agent(Reconciler(backend, options, log=log, others=others, on_policy_change=on_change), settings, log=log,
+                  observer=status)
     if args.once:
         return agent.once()
+    server = _serve_status(status, args.metrics_address, log)
     signal.signal(signal.SIGTERM, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGINT, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGHUP, lambda *_: wakeup.request_resync())
-    agent.run(wakeup)
+    try:
+        agent.run(wakeup)
+    finally:
+        if server is not None:
+            server.stop()
     return 0
+
+
+def _serve_status(status: AgentStatus, address: str, log: logging.Logger) -> StatusServer | None:
+    if not address:
+        return None
+    server = StatusServer(status, address)
+    server.start()
+    if server.metrics_enabled:
+        log.info("serving /metrics, /healthz and /readyz on %s", address)
+    else:
+        log.warning("serving /healthz and /readyz on %s; %s", address, MISSING_LIBRARY)
+    return server
 
 
 def _conntrack_flusher(runner: Runner, log: logging.Logger) -> Callable[[Policy, Policy], None]:

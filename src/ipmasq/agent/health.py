@@ -1,0 +1,171 @@
+"""The agent's HTTP endpoints (/metrics, /healthz, /readyz) and the client `ipmasq health` uses to query them.
+
+The DaemonSet runs with hostNetwork, so the port is the node's: it listens on loopback by default and the
+kubelet's probes are exec probes (`ipmasq health`) run inside the pod, which shares that loopback.
+
+    /healthz   200 while the loop is alive: its heartbeat is recent (a wedged loop fails though this thread answers)
+    /readyz    200 while the kernel matches the current config; 503 while the config is bad (the last good config
+               is still enforced) or the backend fails
+    /metrics   Prometheus text format (needs prometheus-client, the `metrics` extra; 503 and one line without it)
+
+Bodies are one line, the reason, so `ipmasq health` can print it as is.
+"""
+
+from __future__ import annotations
+
+import http.client
+import importlib.util
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+from ipmasq.agent.metrics import AgentStatus, Check, collect
+from ipmasq.errors import IpmasqError, UsageError
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+__all__ = ["DEFAULT_METRICS_ADDRESS", "MISSING_LIBRARY", "StatusServer", "have_prometheus_client", "parse_address",
+           "query"]
+
+# Not 9253 (NodeLocal DNSCache's metrics port on every GKE node, also php-fpm_exporter's), nor 9100 (node-exporter),
+# 9099 (calico), 9153 (CoreDNS), 9808 (CSI livenessprobe), 9962-9965 (cilium), 10248-10259 (kubelet, kube-proxy).
+DEFAULT_METRICS_ADDRESS = "127.0.0.1:9847"
+MISSING_LIBRARY = ("/metrics needs prometheus-client (pip install 'ipmasq[metrics]'); /healthz and /readyz work "
+                   "without it")
+
+
+def have_prometheus_client() -> bool:
+    return importlib.util.find_spec("prometheus_client") is not None
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """HOST:PORT, [V6]:PORT or :PORT (all addresses) -> (host, port); a UsageError names what is wrong."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise UsageError(f"invalid address {text!r}: expected HOST:PORT, e.g. {DEFAULT_METRICS_ADDRESS}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port_text)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    status: AgentStatus
+    render_metrics: Callable[[], bytes] | None
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Collector:
+    def __init__(self, status: AgentStatus) -> None:
+        self.status = status
+
+    def collect(self) -> Iterable[Metric]:
+        return collect(self.status)
+
+
+def _metrics_renderer(status: AgentStatus) -> Callable[[], bytes] | None:
+    if not have_prometheus_client():
+        return None
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.process_collector import ProcessCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(status))
+    ProcessCollector(registry=registry)  # process_resident_memory_bytes, process_cpu_seconds_total, open fds
+    return lambda: generate_latest(registry)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.0"  # one request per connection: nothing to keep track of
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/healthz":
+            self._check(self.server.status.liveness())
+        elif path == "/readyz":
+            self._check(self.server.status.readiness())
+        elif path == "/metrics":
+            render = self.server.render_metrics
+            if render is None:
+                self._send(503, MISSING_LIBRARY + "\n")
+            else:
+                self._send(200, render(), content_type="text/plain; version=0.0.4; charset=utf-8")
+        else:
+            self._send(404, "not found: try /metrics, /healthz or /readyz\n")
+
+    def _check(self, check: Check) -> None:
+        self._send(200 if check.ok else 503, check.why + "\n")
+
+    def _send(self, code: int, body: str | bytes, *, content_type: str = "text/plain; charset=utf-8") -> None:
+        data = body.encode() if isinstance(body, str) else body
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a probe every 10 s is not an event: nothing per request in the agent's log
+
+
+class StatusServer:
+    """The endpoints on a daemon thread; `start()` binds (raising UsageError when it cannot) and serves."""
+
+    def __init__(self, status: AgentStatus, address: str) -> None:
+        self.status = status
+        self.address = address
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def metrics_enabled(self) -> bool:
+        return self._server is not None and self._server.render_metrics is not None
+
+    def start(self) -> None:
+        host, port = parse_address(self.address)
+        try:
+            server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
+        except OSError as exc:
+            raise IpmasqError(f"cannot listen on {self.address} (--metrics-address): {exc.strerror or exc}") from None
+        server.status = self.status
+        server.render_metrics = _metrics_renderer(self.status)
+        self._server = server
+        # poll_interval only bounds how long shutdown() waits; a long one keeps an idle agent from waking twice a second
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 5.0},
+                                        name="ipmasq-status", daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.server_address[1])
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def query(address: str, path: str, *, timeout: float = 3.0) -> Check:
+    """GET one endpoint of a running agent: ok when it answered 200; `why` is its one-line answer or the failure."""
+    host, port = parse_address(address)
+    connection = http.client.HTTPConnection(host or "127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        body = response.read().decode(errors="replace").strip()
+    except (OSError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        return Check(False, f"cannot reach the agent at {address}: {reason}")
+    finally:
+        connection.close()
+    line = body.splitlines()[0] if body else f"HTTP {response.status}"
+    return Check(response.status == 200, line)
