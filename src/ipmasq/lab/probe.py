@@ -45,6 +45,11 @@ def serve(port: int, address: str = "::", *, log_path: str = "/dev/null", allow:
                     try:
                         if ok:
                             conn.sendall(f"{seen}\n".encode())
+                            # let the client close first: TIME_WAIT then sits with the client, not here, where a
+                            # later connection NATed to the same source port would run into it and be refused
+                            conn.settimeout(2.0)
+                            while conn.recv(256):
+                                pass
                         else:
                             # linger 0: close sends a RST, which the client sees as "connection refused/reset"
                             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
