@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ipmasq.backends.base import Result
-from ipmasq.rules.iptables import RuleParseError, canonical
+from ipmasq.rules.iptables import RuleParseError, canonical, rule_target
 
 __all__ = ["FakeIptables", "FakeTable"]
 
@@ -144,7 +144,7 @@ def _command(table: FakeTable, line: str, table_name: str) -> str | None:
         rule = canonical(f"-A {chain} {spec}")
     except RuleParseError as exc:
         return str(exc)
-    target = _target(rule)
+    target = rule_target(rule)
     if verb in ("-A", "-I") and target is not None and _user_chain(target) and target not in table.chains:
         return f"Couldn't load target `{target}'"
     if verb == "-A":
@@ -167,13 +167,5 @@ def _user_chain(target: str) -> bool:
     return target not in ("RETURN", "ACCEPT", "DROP", "MASQUERADE", "SNAT", "DNAT", "REJECT", "LOG", "MARK")
 
 
-def _target(rule: str) -> str | None:
-    tokens = rule.split(" ")
-    for i, token in enumerate(tokens[:-1]):
-        if token in ("-j", "-g"):
-            return tokens[i + 1]
-    return None
-
-
 def _jumps_to(rule: str, chain: str) -> bool:
-    return _target(rule) == chain
+    return rule_target(rule) == chain

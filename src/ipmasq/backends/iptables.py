@@ -19,7 +19,7 @@ from ipmasq.backends.base import Backend, Result, Runner, State
 from ipmasq.errors import BackendError, LockBusyError
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
-from ipmasq.rules.iptables import NatTable, canonical, chain_rules, jump_rule, parse_save
+from ipmasq.rules.iptables import NatTable, canonical, chain_rules, jump_rule, parse_save, rule_target
 
 __all__ = ["IptablesBackend", "Variant", "choose_variant", "detect_variant", "tools"]
 
@@ -79,20 +79,12 @@ def _is_our_jump(rule: str) -> bool:
     return rule.startswith("-A POSTROUTING ") and _JUMP_COMMENT in rule
 
 
-def _target(rule: str) -> str | None:
-    tokens = rule.split(" ")
-    for i, token in enumerate(tokens[:-1]):
-        if token in ("-j", "-g"):
-            return tokens[i + 1]
-    return None
-
-
 def our_chains(table: NatTable, chain: str) -> list[str]:
     """Our chains in the table: the configured one first, then stale ones (sorted), each listed once."""
     found = {chain} if chain in table.chains else set()
     for rule in table.rules:
         if _is_our_jump(rule):
-            target = _target(rule)
+            target = rule_target(rule)
             if target is not None and target in table.chains:
                 found.add(target)
         elif f'--comment "{OUR_COMMENT}' in rule:

@@ -34,6 +34,7 @@ __all__ = [
     "parse_rule",
     "parse_save",
     "render_restore",
+    "rule_target",
 ]
 
 NON_MASQ_COMMENT = "ip-masq-agent: local traffic is not subject to MASQUERADE"
@@ -118,6 +119,15 @@ def render_restore(policy: Policy, family: Family, *, with_jump: bool = True) ->
 
 
 # --- parsing ------------------------------------------------------------------------------------------------
+
+
+def rule_target(rule: str) -> str | None:
+    """The -j/-g target of a canonical rule line; a cheap look without parse_rule, for scanning whole tables."""
+    tokens = rule.split(" ")
+    for i, token in enumerate(tokens[:-1]):
+        if token in ("-j", "-g"):
+            return tokens[i + 1]
+    return None
 
 
 class RuleParseError(IpmasqError):
