@@ -14,7 +14,8 @@ Bodies are one line, the reason, so `ipmasq health` can print it as is.
 from __future__ import annotations
 
 import http.client
-import importlib.util
+import os
+import selectors
 import socket
 import threading
 from collections.abc import Callable, Iterable
@@ -38,7 +39,11 @@ MISSING_LIBRARY = ("/metrics needs prometheus-client (pip install 'ipmasq[metric
 
 
 def have_prometheus_client() -> bool:
-    return importlib.util.find_spec("prometheus_client") is not None
+    try:  # an import, not find_spec: a broken or partial install counts as missing, not as a crash at first scrape
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -84,6 +89,7 @@ def _metrics_renderer(status: AgentStatus) -> Callable[[], bytes] | None:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.0"  # one request per connection: nothing to keep track of
+    timeout = 5.0  # a client that connects and stays silent does not keep a thread forever
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -123,6 +129,7 @@ class StatusServer:
         self.address = address
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
 
     @property
     def metrics_enabled(self) -> bool:
@@ -137,10 +144,20 @@ class StatusServer:
         server.status = self.status
         server.render_metrics = _metrics_renderer(self.status)
         self._server = server
-        # poll_interval only bounds how long shutdown() waits; a long one keeps an idle agent from waking twice a second
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 5.0},
-                                        name="ipmasq-status", daemon=True)
+        self._thread = threading.Thread(target=self._serve, args=(server,), name="ipmasq-status", daemon=True)
         self._thread.start()
+
+    def _serve(self, server: _Server) -> None:
+        # Not serve_forever: it wakes every poll_interval to check for shutdown (an idle agent should not wake at
+        # all) and shutdown() waits up to that long (SIGTERM must exit at once). A pipe wakes this select instead.
+        with selectors.DefaultSelector() as selector:
+            selector.register(server, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while True:
+                for key, _ in selector.select():
+                    if key.fileobj == self._wake_r:
+                        return
+                    server.handle_request()  # the listening socket is readable: accepts without blocking
 
     @property
     def port(self) -> int:
@@ -148,10 +165,13 @@ class StatusServer:
         return int(self._server.server_address[1])
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
+        if self._server is not None and self._thread is not None:
+            os.write(self._wake_w, b"x")
+            self._thread.join(5)
             self._server.server_close()
             self._server = None
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
 
 def query(address: str, path: str, *, timeout: float = 3.0) -> Check:

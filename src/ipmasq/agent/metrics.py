@@ -154,8 +154,10 @@ class AgentStatus:
             else:
                 c.duration_counts[-1] += 1
             if outcome in (Outcome.IN_SYNC, Outcome.APPLIED):
-                if outcome is Outcome.APPLIED and policy is self._verified:
-                    c.drift_repairs += 1  # same policy verified before, yet the kernel differed: someone changed it
+                verified = self._verified
+                if outcome is Outcome.APPLIED and verified is not None and policy is not None \
+                        and verified.config == policy.config:
+                    c.drift_repairs += 1  # this config was verified before, yet the kernel differed: someone changed it
                 self._verified = policy
                 self._last_success = self._clock()
                 self._last_success_unix = self._wall()

@@ -114,8 +114,9 @@ class Reconciler:
                 if after != want:
                     raise BackendError(f"IPv{family.value} rules differ from the desired ones right after applying "
                                        f"them (someone else is writing, or the kernel rewrote a rule)")
+                drift = self._enforced is not None and self._enforced.config == policy.config
                 self.log.info("applied IPv%d rules with %s (%s)", family.value, self.backend.name,
-                              _describe(current.objects, want.objects))
+                              _describe(current.objects, want.objects, drift=drift))
                 outcome = Outcome.APPLIED
         except IpmasqError as exc:
             message = str(exc)
@@ -141,11 +142,14 @@ class Reconciler:
         self._others_checked = True  # only once all are gone: a failure is retried with the next pass
 
 
-def _describe(before: tuple[str, ...], after: tuple[str, ...]) -> str:
+def _describe(before: tuple[str, ...], after: tuple[str, ...], *, drift: bool) -> str:
+    """drift: the kernel was verified to hold this config before, so someone else changed it (not a config change)."""
     if not before:
         return f"installed {len(after)} objects"
     gone = len(set(before) - set(after))
     new = len(set(after) - set(before))
+    if not drift:
+        return f"config change: {new} added, {gone} removed"
     if not gone and not new:
         return "repaired order"
     return f"repaired drift: {new} missing, {gone} unexpected"
