@@ -94,3 +94,17 @@ def test_image_install_script_installs_a_working_command(tmp_path: Path) -> None
     assert render.stdout.startswith("*nat\n:IP-MASQ - [0:0]\n")
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "RUN /src/scripts/install-image.sh /src /opt/ipmasq" in dockerfile
+
+
+@pytest.mark.parametrize("path", [DEPLOY, DEPLOY / "overlays" / "gke"], ids=["base", "gke"])
+def test_probes_query_the_loopback_address_the_agent_serves(path: Path) -> None:
+    from ipmasq.agent.health import DEFAULT_METRICS_ADDRESS
+
+    (container,) = daemonset(kustomize(path))["spec"]["template"]["spec"]["containers"]
+    (address,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--metrics-address=")]
+    assert address.startswith("127.0.0.1:")  # hostNetwork: anything else would open the port on the node's IPs
+    probes = [container["livenessProbe"]["exec"]["command"], container["readinessProbe"]["exec"]["command"]]
+    for command in probes:
+        given = [a.split("=", 1)[1] for a in command if a.startswith("--address=")]
+        assert (given[0] if given else DEFAULT_METRICS_ADDRESS) == address
+    assert "--live" in probes[0] and "--live" not in probes[1]
