@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
+import signal
 import sys
 from typing import Any
 
@@ -42,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         raise UsageError("the lab creates network namespaces: run it as root")
     chosen = list(SCENARIOS.values()) if args.scenario == "all" else [SCENARIOS[args.scenario]]
+    # Ctrl-C raises KeyboardInterrupt; make SIGTERM (a killed job, a CI timeout) unwind the same way, so the
+    # finally below always deletes the namespaces and stops the agent and the probe servers
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cleanup_stale()
     net = Network(new_prefix())
     results: list[ScenarioResult] = []
@@ -60,7 +64,6 @@ def run(args: argparse.Namespace) -> int:
         else:
             if lab is not None:
                 lab.close()
-                shutil.rmtree(lab.workdir, ignore_errors=True)
             net.delete()
     ok = all(r.ok for r in results)
     if args.output == "json":

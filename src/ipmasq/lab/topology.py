@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -129,10 +130,12 @@ class Lab:
         return [ProbeResult(p, connected[p.target], seen_by_destination.get(p.destination)) for p in probes]
 
     def close(self) -> None:
+        """Stop the probe servers and remove the lab's files (the namespaces belong to the Network)."""
         for server in self.servers:
             server.kill()
             server.wait()
         self.servers.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def _start_server(lab: Lab, role: str, port: int, allow: list[str]) -> None:
