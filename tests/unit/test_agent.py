@@ -262,3 +262,22 @@ def test_loop_resyncs_on_timer_and_backs_off(fake: FakeIptables, tmp_path: Path)
     finally:
         wakeup.request_stop()
         thread.join(5)
+
+
+def test_policy_change_hook_gets_the_replaced_and_the_new_policy_only_on_a_change(fake: FakeIptables) -> None:
+    calls: list[tuple[list[str], list[str]]] = []
+    rec = make(fake)
+    rec.on_policy_change = lambda before, after: calls.append(
+        ([str(e.prefix) for e in before.config.non_masquerade], [str(e.prefix) for e in after.config.non_masquerade]))
+    rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]\n"))
+    assert rec.reconcile() is Outcome.APPLIED
+    assert calls == []  # the first install: what the kernel held before is not a policy of ours
+    fake.restore("iptables", "*nat\n-F IP-MASQ-AGENT\nCOMMIT\n")  # drift, same policy: no conntrack flush
+    assert rec.reconcile() is Outcome.APPLIED
+    assert calls == []
+    rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    assert rec.reconcile() is Outcome.APPLIED
+    assert calls == [(["10.0.0.0/8", "172.16.0.0/12"], ["10.0.0.0/8"])]
+    rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8\n"))  # bad: the last good policy stays, nothing flushed
+    assert rec.reconcile() is Outcome.IN_SYNC
+    assert len(calls) == 1
