@@ -1,0 +1,228 @@
+"""The agent's resident memory over 1,000 reconciles and its CPU time over 10 idle minutes, per backend, side by side.
+
+    sudo .venv/bin/python bench/bench_agent_memory.py [--reconciles 1000] [--idle 500] [--window 15] [--out bench/out]
+
+A real `ipmasq agent` (metrics on, as the DaemonSet runs it) in a throwaway namespace, one run per backend:
+
+1. Memory: resyncInterval 10ms, so 1,000 reconciles take seconds; every 100th the bench publishes the other of two
+   configs the way kubelet does, so the passes mix config changes (writes) with idle resyncs (reads only). VmRSS
+   from /proc/PID/status each time the agent's own syncs counter (scraped from /metrics) passes a multiple of 100.
+   Targets: under 40 MiB (the reference Go agent: about 9 MiB), no growth between reconcile 100 and 1,000.
+2. CPU over 10 idle minutes, simulated. An idle agent at the default 60 s resync does two things in 10 minutes:
+   10 idle resyncs, and sleeping in select between them. So it is measured in two parts and composed:
+   a. CPU per idle resync: utime+stime of the agent *and its waited-for children* (iptables-save / nft are the
+      bulk of the cost; /proc/PID/stat fields 14-17) over N idle resyncs at 10ms, divided by the syncs counter's
+      delta (scraped only at both ends, so scraping is not in the figure);
+   b. CPU while asleep: the same counters over a window of wall time at resyncInterval 60s (no resync inside it).
+   10 idle minutes at 60 s = 10 x (a) + 600 s x (b)/s. The same model at a 1 s resync (600 x (a) + 600 s x (b)) is
+   checked against a direct measurement: a window of wall time at resyncInterval 1s, scaled to 10 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from ipmasq.lab.kubelet import publish
+from ipmasq.lab.netns import network
+
+ADDRESS = "127.0.0.1:9847"
+MIB = 1024 * 1024
+TARGET_RSS_MIB = 40.0
+REFERENCE_RSS_MIB = 9.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+CIDRS = [f"10.{i}.0.0/16" for i in range(20)]
+CONFIGS = ("nonMasqueradeCIDRs: [{}]\nresyncInterval: {}\n".format(", ".join(CIDRS), "{}"),
+           "nonMasqueradeCIDRs: [{}]\nresyncInterval: {}\n".format(", ".join(CIDRS[:10]), "{}"))
+
+
+def _syncs() -> int:
+    text = urllib.request.urlopen(f"http://{ADDRESS}/metrics", timeout=5).read().decode()
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("ipmasq_syncs_total{")))
+
+
+def _rss(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) in MiB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def _cpu(pid: int) -> tuple[float, float]:
+    """(the agent's own utime+stime, its waited-for children's) in seconds."""
+    # the command name (field 2) may hold spaces: split after its closing parenthesis
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    own = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    children = (int(fields[13]) + int(fields[14])) / CLK_TCK
+    return own, children
+
+
+def _wait_for(condition: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if callable(condition) and condition():
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise SystemExit("timed out waiting for the agent")
+
+
+def inner(backend: str, reconciles: int, idle: int, window: float) -> dict[str, object]:
+    """Runs inside the namespace (so the scrapes go to its loopback)."""
+    workdir = Path(tempfile.mkdtemp(prefix="ipmasq-bench-mem-"))
+    config_dir = str(workdir / "config")
+    publish(config_dir, CONFIGS[0].format("10ms"))
+    log = (workdir / "agent.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "ipmasq", "agent", f"--config={config_dir}/ip-masq-agent",
+                             f"--backend={backend}", f"--metrics-address={ADDRESS}"], stdout=log,
+                            stderr=subprocess.STDOUT)
+    try:
+        pid = proc.pid
+        _wait_for(lambda: _syncs() >= 1, 15)
+        # 1. memory over `reconciles` passes
+        rss: dict[int, float] = {}
+        mark, version = 100, 0
+        while mark <= reconciles:
+            count = _syncs()
+            if count >= mark:
+                rss[mark] = _rss(pid)[0]
+                version = 1 - version  # a config change between marks: writes, not only idle reads
+                publish(config_dir, CONFIGS[version].format("10ms"))
+                mark += 100
+            time.sleep(0.02)
+        peak = _rss(pid)[1]
+        # 2a. CPU per idle resync: no config change from here on; scrape only at both ends
+        publish(config_dir, CONFIGS[0].format("10ms"))
+        time.sleep(0.5)
+        start_syncs, start_cpu = _syncs(), _cpu(pid)
+        while _syncs() < start_syncs + idle:
+            time.sleep(max(0.5, idle * 0.01))
+        end_cpu = _cpu(pid)
+        end_syncs = _syncs()  # ... counted after the CPU read, so the division slightly understates the cost
+        per_resync_own = (end_cpu[0] - start_cpu[0]) / (end_syncs - start_syncs)
+        per_resync_children = (end_cpu[1] - start_cpu[1]) / (end_syncs - start_syncs)
+        # 2b. asleep: resync 60 s, so no pass happens inside the window
+        publish(config_dir, CONFIGS[0].format("60s"))
+        time.sleep(0.5)
+        before, syncs_before = _cpu(pid), _syncs()
+        time.sleep(window)
+        after, syncs_after = _cpu(pid), _syncs()
+        assert syncs_after == syncs_before, "a resync happened inside the idle window"
+        asleep_per_s = sum(after) - sum(before)
+        asleep_per_s /= window
+        # 2c. direct check of the model: resync 1 s over the same window
+        publish(config_dir, CONFIGS[0].format("1s"))
+        time.sleep(0.5)
+        before, syncs_before = _cpu(pid), _syncs()
+        time.sleep(window)
+        after, syncs_after = _cpu(pid), _syncs()
+        direct_1s_per_s = (sum(after) - sum(before)) / window
+        rss_end = _rss(pid)[0]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+        log.close()
+    per_resync = per_resync_own + per_resync_children
+    return {
+        "backend": backend,
+        "rss_mib": rss, "peak_rss_mib": peak, "rss_end_mib": rss_end,
+        "growth_100_to_last_mib": rss[max(rss)] - rss[100],
+        "cpu_per_idle_resync_ms": per_resync * 1000, "cpu_per_idle_resync_own_ms": per_resync_own * 1000,
+        "cpu_per_idle_resync_children_ms": per_resync_children * 1000,
+        "cpu_asleep_ms_per_min": asleep_per_s * 60 * 1000,
+        "cpu_10min_idle_60s_s": 10 * per_resync + 600 * asleep_per_s,
+        "cpu_10min_idle_1s_model_s": 600 * per_resync + 600 * asleep_per_s,
+        "cpu_10min_idle_1s_direct_s": 600 * direct_1s_per_s,
+        "resyncs_in_1s_window": syncs_after - syncs_before,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reconciles", type=int, default=1000)
+    parser.add_argument("--idle", type=int, default=500, help="idle resyncs measured for CPU per resync")
+    parser.add_argument("--window", type=float, default=15.0, help="seconds of wall time per idle window")
+    parser.add_argument("--backends", default="iptables,nftables")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "out"))
+    parser.add_argument("--inner", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.inner:
+        print(json.dumps(inner(args.inner, args.reconciles, args.idle, args.window)))
+        return 0
+    if os.geteuid() != 0:
+        print("bench_agent_memory: needs root (network namespaces)", file=sys.stderr)
+        return 2
+    results = []
+    for backend in args.backends.split(","):
+        with network() as net:
+            node = net.add("node")  # a namespace of its own per backend: nothing left from the other
+            out = node.run([sys.executable, __file__, "--inner", backend, "--reconciles", str(args.reconciles),
+                            "--idle", str(args.idle), "--window", str(args.window)], timeout=600)
+            result = json.loads(out.stdout)
+            result["rss_mib"] = {int(k): v for k, v in result["rss_mib"].items()}  # JSON made the keys strings
+            results.append(result)
+    _print(results, args.reconciles)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "agent_memory.json").write_text(json.dumps(results, indent=2) + "\n")
+    _plot(results, out_dir / "agent_memory.png")
+    return 0
+
+
+def _print(results: list[dict[str, object]], reconciles: int) -> None:
+    def row(label: str, key: str, fmt: str, target: str = "") -> None:
+        cells = "".join(f"{format(r[key], fmt):>14}" for r in results)
+        print(f"{label:<52}{cells}   {target}")
+
+    print(f"{'':<52}" + "".join(f"{r['backend']:>14}" for r in results) + "   target")
+    for r in results:
+        r["rss_at_100"] = r["rss_mib"][100]  # type: ignore[index]
+        r["rss_at_last"] = r["rss_mib"][reconciles]  # type: ignore[index]
+    row("RSS at reconcile 100 (MiB)", "rss_at_100", ".1f", f"< {TARGET_RSS_MIB:.0f} (reference Go agent ~"
+        f"{REFERENCE_RSS_MIB:.0f})")
+    row(f"RSS at reconcile {reconciles} (MiB)", "rss_at_last", ".1f", f"< {TARGET_RSS_MIB:.0f}")
+    row(f"RSS growth, reconcile 100 -> {reconciles} (MiB)", "growth_100_to_last_mib", "+.2f", "0")
+    row("peak RSS, VmHWM (MiB)", "peak_rss_mib", ".1f")
+    row("CPU per idle resync, agent + tools (ms)", "cpu_per_idle_resync_ms", ".2f")
+    row("  of which the tools (iptables-save / nft) (ms)", "cpu_per_idle_resync_children_ms", ".2f")
+    row("CPU while asleep between resyncs (ms per minute)", "cpu_asleep_ms_per_min", ".2f")
+    row("CPU over 10 idle minutes at resync 60s (s)", "cpu_10min_idle_60s_s", ".3f")
+    row("CPU over 10 idle minutes at resync 1s, model (s)", "cpu_10min_idle_1s_model_s", ".2f")
+    row("CPU over 10 idle minutes at resync 1s, measured (s)", "cpu_10min_idle_1s_direct_s", ".2f")
+
+
+def _plot(results: list[dict[str, object]], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in results:
+        rss: dict[int, float] = r["rss_mib"]  # type: ignore[assignment]
+        ax.plot(list(rss), list(rss.values()), marker="o", label=str(r["backend"]))
+    ax.axhline(TARGET_RSS_MIB, color="red", linestyle="--", label=f"target {TARGET_RSS_MIB:.0f} MiB")
+    ax.axhline(REFERENCE_RSS_MIB, color="grey", linestyle=":", label="reference Go agent ~9 MiB")
+    ax.set_xlabel("reconciles")
+    ax.set_ylabel("VmRSS (MiB)")
+    ax.set_ylim(0, TARGET_RSS_MIB * 1.2)
+    ax.set_title("ipmasq agent resident memory (metrics on)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
