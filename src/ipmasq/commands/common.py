@@ -15,7 +15,10 @@ __all__ = ["add_policy_flags", "load_policy_config", "normalise_go_flags", "opti
 BOOL_FLAGS = (
     "nomasq-all-reserved-ranges", "enable-ipv6", "random-fully", "logtostderr", "alsologtostderr", "flush-conntrack",
 )
-VALUE_FLAGS = ("masq-chain", "to-ports", "config", "backend", "v", "log_dir", "stderrthreshold", "vmodule")
+VALUE_FLAGS = (
+    "masq-chain", "to-ports", "config", "backend", "v", "log_dir", "stderrthreshold", "vmodule", "metrics-address",
+    "log-format", "iptables-variant",
+)
 _TRUE = {"1", "t", "T", "true", "TRUE", "True"}
 _FALSE = {"0", "f", "F", "false", "FALSE", "False"}
 
