@@ -16,11 +16,10 @@ import io
 import json
 import random
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_core import cidrs  # type: ignore[import-not-found]
+from bench_core import best_of, cidrs  # type: ignore[import-not-found]
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.diff import diff_policies
@@ -29,15 +28,6 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 
 TARGET_S = 1.0
-
-
-def best_of(repeats: int, fn: Callable[[], object]) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def two_configs(n: int) -> tuple[list[str], list[str]]:
