@@ -115,3 +115,15 @@ def test_cloud_nat_when_pods_leave_unmasqueraded(capsys: pytest.CaptureFixture[s
 
 def test_cloud_nat_needs_its_ranges(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "explain", "34.120.0.10", "--cloud-nat", "ALL_IP_RANGES", "--nat-ip", "35.199.0.71")[0] == 2
+
+
+def test_offline_tools_read_the_config_inside_a_configmap_manifest(capsys: pytest.CaptureFixture[str]) -> None:
+    # read as a raw config the manifest's keys would be ignored and the defaults would silently stand in
+    manifest = "deploy/examples/seed-001-vpn-inside-10-8.yaml"
+    _, out, err = run(capsys, "explain", "10.11.0.5", "10.2.0.9", "--config", manifest, "-o", "json")
+    vpn, other = json.loads(out)
+    assert (vpn["reason"], vpn["defined_at"]) == ("exception", f"{manifest}:13")  # the manifest's own line
+    assert (other["reason"], other["defined_at"]) == ("config", f"{manifest}:11")
+    assert "unknown key" not in err
+    code, out, _ = run(capsys, "render", "--config", manifest)
+    assert code == 0 and "-d 10.11.0.0/24 -j MASQUERADE" in out

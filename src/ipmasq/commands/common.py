@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ipmasq.config.model import MasqConfig
-from ipmasq.config.source import load_config
-from ipmasq.errors import UsageError
+from ipmasq.config.source import ConfigInput, config_from_bytes, load_config, read_config_input
+from ipmasq.errors import ConfigError, UsageError
 from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse_to_ports
 
 __all__ = ["add_policy_flags", "load_policy_config", "normalise_go_flags", "options_from_args"]
@@ -81,7 +81,31 @@ def options_from_args(args: argparse.Namespace) -> PolicyOptions:
 
 def load_policy_config(args: argparse.Namespace, options: PolicyOptions) -> MasqConfig:
     """For the offline tools: no --config means the defaults; a --config that does not exist is an error."""
-    return load_config(args.config, options, missing_ok=False)
+    if args.config is None:
+        return load_config(None, options)
+    return load_config_or_manifest(args.config, options)
+
+
+def load_config_or_manifest(path: str, options: PolicyOptions) -> MasqConfig:
+    """A config file or directory, or a ConfigMap manifest, whose embedded config is read (line numbers kept).
+
+    Operators hold the manifest they are about to `kubectl apply`; read as a raw config, its keys would be ignored
+    as unknown and the defaults would silently stand in for what it says.
+    """
+    from ipmasq.lint.manifest import configmap_config  # only the offline tools need the manifest reader
+
+    config_input = read_config_input(path, missing_ok=False)
+    if len(config_input.files) == 1:
+        source, data = config_input.files[0]
+        try:
+            embedded = configmap_config(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            embedded = None  # the loader reports it, with its position
+        except ValueError as exc:
+            raise ConfigError(str(exc), source=source) from None
+        if embedded is not None:
+            config_input = ConfigInput(((source, embedded.encode("utf-8", "surrogatepass")),))
+    return config_from_bytes(config_input, options)
 
 
 def require(condition: bool, message: str) -> None:

@@ -9,11 +9,9 @@ import sys
 from typing import Any
 
 from ipmasq.baselines import BASELINES, baseline_policy
-from ipmasq.commands.common import add_policy_flags, options_from_args
-from ipmasq.config.source import ConfigInput, config_from_bytes, read_config_input
+from ipmasq.commands.common import add_policy_flags, load_config_or_manifest, options_from_args
 from ipmasq.diff import DiffResult, diff_policies, parse_probe
-from ipmasq.errors import ConfigError, UsageError
-from ipmasq.lint.manifest import configmap_config
+from ipmasq.errors import UsageError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 
@@ -42,19 +40,7 @@ def _policy(spec: str, options: PolicyOptions) -> Policy:
         return baseline_policy(spec, options)
     if spec != "-" and not os.path.exists(spec):
         raise UsageError(f"{spec!r} is neither a file nor a named set ({', '.join(BASELINES)})")
-    config_input = read_config_input(spec, missing_ok=False)
-    if len(config_input.files) == 1:
-        # a ConfigMap manifest: diff the config it carries (what a pipeline gating `kubectl apply` holds)
-        source, data = config_input.files[0]
-        try:
-            embedded = configmap_config(data.decode("utf-8"))
-        except UnicodeDecodeError:
-            embedded = None  # the loader reports it
-        except ValueError as exc:
-            raise ConfigError(str(exc), source=source) from None
-        if embedded is not None:
-            config_input = ConfigInput(((source, embedded.encode("utf-8", "surrogatepass")),))
-    config = config_from_bytes(config_input, options)
+    config = load_config_or_manifest(spec, options)
     for warning in config.warnings:
         print(f"ipmasq diff: warning: {warning}", file=sys.stderr)
     return Policy(config, options)
