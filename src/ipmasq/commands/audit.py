@@ -8,10 +8,10 @@ import sys
 from typing import Any
 
 from ipmasq.audit import AuditReport, Group, audit, count_flows
-from ipmasq.commands.common import add_policy_flags, load_policy_config, options_from_args
+from ipmasq.commands.common import add_policy_flags, cidr_flag, load_policy_config, options_from_args
 from ipmasq.errors import UsageError
 from ipmasq.policy import Policy
-from ipmasq.prefix import Family, Prefix, PrefixError, parse_cidr
+from ipmasq.prefix import Family
 
 __all__ = ["register", "run"]
 
@@ -35,17 +35,10 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _pod_ranges(texts: list[str]) -> tuple[Prefix, ...]:
-    try:
-        return tuple(parse_cidr(t) for t in texts)
-    except PrefixError as exc:
-        raise UsageError(f"--pod-range: {exc}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.group_prefix <= 32:
         raise UsageError(f"--group-prefix: {args.group_prefix} is not between 0 and 32")
-    pods = _pod_ranges(args.pod_range)
+    pods = cidr_flag("--pod-range", args.pod_range)
     options = options_from_args(args)
     config = load_policy_config(args, options)
     for warning in config.warnings:

@@ -12,12 +12,12 @@ from ipmasq.backends.iptables import our_chains
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.backends.snapshot import read_nat_save, read_nft_ruleset
 from ipmasq.check import CheckReport, Finding, check_iptables, check_nft, family_of_dump
-from ipmasq.commands.common import add_policy_flags, load_policy_config, options_from_args
+from ipmasq.commands.common import add_policy_flags, address_flag, cidr_flag, load_policy_config, options_from_args
 from ipmasq.commands.dumps import read_dump_file
 from ipmasq.commands.trace import parse_save_located
-from ipmasq.errors import IpmasqError, UsageError
+from ipmasq.errors import IpmasqError
 from ipmasq.policy import Policy
-from ipmasq.prefix import Prefix, PrefixError, parse_address, parse_cidr
+from ipmasq.prefix import Prefix
 from ipmasq.rules.iptables import parse_save
 from ipmasq.rules.nft import NftParseError, parse_list_json
 
@@ -43,23 +43,6 @@ def register(subparsers: Any) -> None:
                         help="an address of the node (node-local destinations are never masqueraded; repeatable)")
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
     parser.set_defaults(func=run)
-
-
-def _pod_ranges(texts: list[str]) -> tuple[Prefix, ...]:
-    try:
-        return tuple(parse_cidr(t) for t in texts)
-    except PrefixError as exc:
-        raise UsageError(f"--pod-range: {exc}") from None
-
-
-def _local(texts: list[str]) -> list[tuple[Any, int]]:
-    out = []
-    for text in texts:
-        try:
-            out.append(parse_address(text))
-        except ValueError:
-            raise UsageError(f"--local-address: {text!r} is not an IP address") from None
-    return out
 
 
 def _from_text(policy: Policy, text: str, path: str, pods: tuple[Prefix, ...],
@@ -107,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
     for warning in config.warnings:
         print(f"ipmasq check: warning: {warning}", file=sys.stderr)
     policy = Policy(config, options)
-    pods = _pod_ranges(args.pod_range)
-    local = _local(args.local_address)
+    pods = cidr_flag("--pod-range", args.pod_range)
+    local = [address_flag("--local-address", t) for t in args.local_address]
     if args.from_dump is not None:
         path, text = read_dump_file(args.from_dump)
         report = _from_text(policy, text, path, pods, local)

@@ -8,6 +8,7 @@ from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes, load_config, read_config_input
 from ipmasq.errors import ConfigError, UsageError
 from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse_to_ports
+from ipmasq.prefix import Family, Prefix, PrefixError, parse_address, parse_cidr
 
 __all__ = ["add_policy_flags", "load_policy_config", "normalise_go_flags", "options_from_args"]
 
@@ -106,6 +107,22 @@ def load_config_or_manifest(path: str, options: PolicyOptions) -> MasqConfig:
         if embedded is not None:
             config_input = ConfigInput(((source, embedded.encode("utf-8", "surrogatepass")),))
     return config_from_bytes(config_input, options)
+
+
+def cidr_flag(flag: str, texts: list[str]) -> tuple[Prefix, ...]:
+    """The CIDRs given to a repeatable flag (--pod-range ...); a bad one is a usage error naming the flag."""
+    try:
+        return tuple(parse_cidr(t) for t in texts)
+    except PrefixError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def address_flag(flag: str, text: str) -> tuple[Family, int]:
+    """An IP address given to a flag (--source, --local-address ...)."""
+    try:
+        return parse_address(text)
+    except ValueError:
+        raise UsageError(f"{flag}: {text!r} is not an IP address") from None
 
 
 def require(condition: bool, message: str) -> None:

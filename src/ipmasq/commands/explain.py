@@ -7,11 +7,11 @@ import json
 import sys
 from typing import Any
 
-from ipmasq.commands.common import add_policy_flags, load_policy_config, options_from_args
+from ipmasq.commands.common import add_policy_flags, address_flag, cidr_flag, load_policy_config, options_from_args
 from ipmasq.errors import UsageError
 from ipmasq.path import CloudNat, CloudNatMode, follow_path
 from ipmasq.policy import Policy, Reason, Verdict
-from ipmasq.prefix import Prefix, PrefixError, parse_address, parse_cidr
+from ipmasq.prefix import parse_address
 
 _REASON_TEXT = {
     Reason.DEFAULT: "in the agent's default non-masquerade list",
@@ -46,13 +46,6 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _ranges(flag: str, texts: list[str]) -> tuple[Prefix, ...]:
-    try:
-        return tuple(parse_cidr(t) for t in texts)
-    except PrefixError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
-
-
 def _cloud_nat(args: argparse.Namespace) -> CloudNat | None:
     if args.cloud_nat is None:
         if args.nat_ip:
@@ -60,23 +53,15 @@ def _cloud_nat(args: argparse.Namespace) -> CloudNat | None:
         return None
     if not (args.nat_ip and args.source and args.node_ip and args.pod_range and args.node_range):
         raise UsageError("--cloud-nat needs --nat-ip, --source, --node-ip, --pod-range and --node-range")
-    _check_address("--nat-ip", args.nat_ip)
-    return CloudNat(CloudNatMode(args.cloud_nat), args.nat_ip, _ranges("--node-range", args.node_range),
-                    _ranges("--pod-range", args.pod_range))
-
-
-def _check_address(flag: str, text: str | None) -> None:
-    if text is None:
-        return
-    try:
-        parse_address(text)
-    except ValueError:
-        raise UsageError(f"{flag}: {text!r} is not an IP address") from None
+    address_flag("--nat-ip", args.nat_ip)
+    return CloudNat(CloudNatMode(args.cloud_nat), args.nat_ip, cidr_flag("--node-range", args.node_range),
+                    cidr_flag("--pod-range", args.pod_range))
 
 
 def run(args: argparse.Namespace) -> int:
-    _check_address("--source", args.source)
-    _check_address("--node-ip", args.node_ip)
+    for flag, text in (("--source", args.source), ("--node-ip", args.node_ip)):
+        if text is not None:
+            address_flag(flag, text)
     options = options_from_args(args)
     config = load_policy_config(args, options)
     for warning in config.warnings:

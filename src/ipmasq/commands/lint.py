@@ -8,10 +8,8 @@ import os
 import sys
 from typing import Any
 
-from ipmasq.commands.common import add_policy_flags, options_from_args
-from ipmasq.errors import UsageError
+from ipmasq.commands.common import add_policy_flags, cidr_flag, options_from_args
 from ipmasq.lint import Expectations, Finding, Severity, lint_source
-from ipmasq.prefix import Prefix, PrefixError, parse_cidr
 
 __all__ = ["register", "run"]
 
@@ -31,13 +29,6 @@ def register(subparsers: Any) -> None:
     add_policy_flags(parser, config_help=None)
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
     parser.set_defaults(func=run)
-
-
-def _cidrs(flag: str, texts: list[str]) -> tuple[Prefix, ...]:
-    try:
-        return tuple(parse_cidr(t) for t in texts)
-    except PrefixError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
 
 
 def _inputs(paths: list[str]) -> list[tuple[str, bytes | OSError]]:
@@ -62,8 +53,8 @@ def _inputs(paths: list[str]) -> list[tuple[str, bytes | OSError]]:
 
 def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
-    expect = Expectations(_cidrs("--must-masquerade", args.must_masquerade),
-                          _cidrs("--must-preserve", args.must_preserve))
+    expect = Expectations(cidr_flag("--must-masquerade", args.must_masquerade),
+                          cidr_flag("--must-preserve", args.must_preserve))
     findings: list[Finding] = []
     unreadable = False
     for name, data in _inputs(args.files):
