@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ipmasq.lab.netns import Namespace, Network
+from ipmasq.lab.netns import Namespace, Network, stop_process
 
 POD, POD_GW, NODE, PEER_GW = "10.44.14.15", "10.44.14.1", "10.142.15.203", "10.142.0.1"
 AWS_DB, ONPREM = "172.30.12.110", "10.2.1.100"  # seed 000's AWS VPC host; an on-prem host inside 10/8
@@ -92,13 +91,7 @@ class AgentProcess:
     def stop(self) -> float:
         """SIGTERM; returns how long the agent took to exit."""
         started = time.monotonic()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
         return time.monotonic() - started
 
 

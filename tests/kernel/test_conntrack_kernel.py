@@ -12,17 +12,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from ipmasq.backends.base import Result
 from ipmasq.backends.conntrack import flush_stale_conntrack
-from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.lab.kubelet import publish
-from ipmasq.lab.netns import Namespace, Network
+from ipmasq.lab.netns import Namespace, NamespaceRunner, Network
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, parse_cidr
@@ -32,17 +29,6 @@ POD, NODE_POD_SIDE, NODE_PEER_SIDE, PEER = "10.44.14.15", "10.44.14.1", "172.30.
 PORT = 8080
 # the first retransmission comes after the initial RTO (1 s); the second after 3 s: wait between the two
 CONNECT_TIMEOUT = 2.5
-
-
-class NamespaceRunner:
-    """The real runner, inside one of the test's namespaces."""
-
-    def __init__(self, ns: Namespace) -> None:
-        self.ns = ns
-        self.inner = SubprocessRunner(timeout=10)
-
-    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result:
-        return self.inner(self.ns.argv(argv), stdin)
 
 
 def _policy(text: str) -> Policy:

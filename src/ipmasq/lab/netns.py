@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from ipmasq.backends.base import Result
 from ipmasq.errors import IpmasqError
 
-__all__ = ["LAB_PREFIX", "Namespace", "NetnsError", "Network", "cleanup_stale", "network"]
+__all__ = [
+    "LAB_PREFIX", "Namespace", "NamespaceRunner", "NetnsError", "Network", "cleanup_stale", "network", "stop_process",
+]
 
 LAB_PREFIX = "ipmq"
 
@@ -128,3 +132,27 @@ def cleanup_stale() -> list[str]:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
         removed.append(name)
     return removed
+
+
+class NamespaceRunner:
+    """The backends' runner seam, executing inside a namespace (reading a lab node's kernel from outside it)."""
+
+    def __init__(self, namespace: Namespace, *, timeout: float = 30.0) -> None:
+        from ipmasq.backends.runner import SubprocessRunner  # the lab's other users need no backend code
+
+        self._namespace = namespace
+        self._run = SubprocessRunner(timeout=timeout)
+
+    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result:
+        return self._run(self._namespace.argv(argv), stdin)
+
+
+def stop_process(proc: subprocess.Popen[str], *, timeout: float = 5.0) -> None:
+    """SIGTERM (the agent then exits and leaves its rules), SIGKILL if it does not within `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

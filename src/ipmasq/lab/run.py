@@ -7,21 +7,18 @@ code the agent uses, from outside the agent), then probes; it never waits by sle
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ipmasq.backends.base import Backend, Result
+from ipmasq.backends.base import Backend
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
-from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.errors import IpmasqError
 from ipmasq.lab.kubelet import publish
-from ipmasq.lab.netns import Namespace
+from ipmasq.lab.netns import NamespaceRunner, stop_process
 from ipmasq.lab.scenarios import NO_RULES, Phase, PhaseResult, Scenario, run_phase
 from ipmasq.lab.topology import Lab
 from ipmasq.options import PolicyOptions
@@ -35,17 +32,6 @@ SYNC_TIMEOUT = 15.0
 
 class LabError(IpmasqError):
     """The lab could not bring the world into the state a phase needs."""
-
-
-class _NamespaceRunner:
-    """The backends' runner seam, executing inside a namespace (the lab reads the node's kernel from outside)."""
-
-    def __init__(self, namespace: Namespace) -> None:
-        self._namespace = namespace
-        self._run = SubprocessRunner(timeout=30.0)
-
-    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result:
-        return self._run(self._namespace.argv(argv), stdin)
 
 
 def _policy(config: str | None, options: PolicyOptions) -> Policy:
@@ -79,20 +65,14 @@ class NodeAgent:
     def stop(self) -> None:
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.proc = None
 
     def uninstall(self, options: PolicyOptions) -> None:
         self.lab.node.run([sys.executable, "-m", "ipmasq", "uninstall", f"--masq-chain={options.masq_chain}"])
 
     def kernel(self) -> Backend:
-        runner = _NamespaceRunner(self.lab.node)
+        runner = NamespaceRunner(self.lab.node)
         if self.backend == "iptables":
             # the lab's node is created with the default iptables (nft variant); the agent detects the same
             return IptablesBackend(runner, chain=self._chain(), variant=Variant.NFT, families=self._families())
