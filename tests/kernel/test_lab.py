@@ -11,7 +11,8 @@ import pytest
 
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import Network
-from ipmasq.lab.run import NodeAgent, _policy
+from ipmasq.lab.run import NodeAgent
+from ipmasq.lab.scenarios import policy_for
 from ipmasq.lab.topology import ADDR, OPEN_PORT, Probe, build_lab
 from ipmasq.options import PolicyOptions
 from ipmasq.path import follow_path
@@ -94,7 +95,7 @@ def test_explain_predicts_the_source_every_peer_sees(net: Network, backend: str,
         for case in range(30):
             config, destinations = _random_case(rng)
             publish(config_dir, config)
-            policy = _policy(config, options)
+            policy = policy_for(config, options)
             agent.wait_synced(policy)
             results = lab.probe([Probe(d, OPEN_PORT) for d in destinations], timeout=1.0)
             for result in results:

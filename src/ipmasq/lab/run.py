@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from ipmasq.backends.base import Backend
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
-from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.errors import IpmasqError
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import NamespaceRunner, stop_process
-from ipmasq.lab.scenarios import NO_RULES, Phase, PhaseResult, Scenario, run_phase
+from ipmasq.lab.scenarios import NO_RULES, Phase, PhaseResult, Scenario, policy_for, run_phase
 from ipmasq.lab.topology import Lab
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
@@ -32,11 +31,6 @@ SYNC_TIMEOUT = 15.0
 
 class LabError(IpmasqError):
     """The lab could not bring the world into the state a phase needs."""
-
-
-def _policy(config: str | None, options: PolicyOptions) -> Policy:
-    files = () if config is None else (("/etc/config/ip-masq-agent", config.encode()),)
-    return Policy(config_from_bytes(ConfigInput(files), options), options)
 
 
 @dataclass
@@ -128,16 +122,16 @@ def run_scenario(lab: Lab, scenario: Scenario, *, backend: str) -> ScenarioResul
         if phase.agent == "uninstalled":
             agent.stop()
             agent.uninstall(phase.options)
-            agent.wait_empty(_policy(NO_RULES, phase.options))
+            agent.wait_empty(policy_for(NO_RULES, phase.options))
             return
         publish(config_dir, phase.config)
         if not agent.running and phase.agent == "running":
             agent.start()
         if agent.running:
-            agent.wait_synced(_policy(phase.config, phase.options))
+            agent.wait_synced(policy_for(phase.config, phase.options))
         if phase.agent == "stopped":
             agent.stop()
-            agent.wait_synced(_policy(phase.config, phase.options), timeout=0)  # SIGTERM left the rules
+            agent.wait_synced(policy_for(phase.config, phase.options), timeout=0)  # SIGTERM left the rules
 
     try:
         for phase in scenario.phases:

@@ -17,7 +17,7 @@ from ipmasq.path import CloudNat, CloudNatMode, follow_path
 from ipmasq.policy import Policy
 from ipmasq.prefix import parse_address, parse_cidr
 
-__all__ = ["NO_RULES", "SCENARIOS", "Phase", "PhaseResult", "ProbeOutcome", "Scenario", "predict"]
+__all__ = ["NO_RULES", "SCENARIOS", "Phase", "PhaseResult", "ProbeOutcome", "Scenario", "policy_for", "predict"]
 
 # What a node does with none of our rules (agent never ran, or was uninstalled): nothing is masqueraded.
 NO_RULES = "nonMasqueradeCIDRs: [0.0.0.0/0]\n"
@@ -86,14 +86,15 @@ class PhaseResult:
         return all(p.ok for p in self.probes)
 
 
-def _policy(config: str | None, options: PolicyOptions) -> Policy:
+def policy_for(config: str | None, options: PolicyOptions) -> Policy:
+    """The Policy of a ConfigMap text (None: no ConfigMap), as the agent on the lab's node builds it."""
     files = () if config is None else (("/etc/config/ip-masq-agent", config.encode()),)
     return Policy(config_from_bytes(ConfigInput(files), options), options)
 
 
 def predict(phase: Phase, probe: Probe) -> tuple[str | None, bool]:
     """explain's model: the source the destination sees (None: dropped on the way) and whether it connects."""
-    policy = _policy(NO_RULES if phase.agent == "uninstalled" else phase.config, phase.options)
+    policy = policy_for(NO_RULES if phase.agent == "uninstalled" else phase.config, phase.options)
     cloud_nat = CloudNat(phase.cloud_nat, ADDR.nat_ip, (parse_cidr(ADDR.node_range),), (parse_cidr(ADDR.pod_range),))
     path = follow_path(policy.verdict(probe.destination), pod_ip=ADDR.pod, node_ip=ADDR.node, cloud_nat=cloud_nat)
     seen = path.source_seen
