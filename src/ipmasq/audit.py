@@ -25,7 +25,7 @@ from ipmasq.errors import IpmasqError
 from ipmasq.policy import Policy, Reason
 from ipmasq.prefix import Family, Prefix, format_address, parse_address
 
-__all__ = ["Action", "AuditReport", "FlowLogError", "Group", "RawCounts", "audit", "count_flows"]
+__all__ = ["AuditReport", "FlowAction", "FlowLogError", "Group", "RawCounts", "audit", "count_flows"]
 
 AWS_DEFAULT_FIELDS = ("version", "account-id", "interface-id", "srcaddr", "dstaddr", "srcport", "dstport",
                       "protocol", "packets", "bytes", "start", "end", "action", "log-status")
@@ -36,14 +36,14 @@ class FlowLogError(IpmasqError):
     """A flow log line that is neither of the formats we read; names the file and line."""
 
 
-class Action(Enum):
+class FlowAction(Enum):
     ACCEPT = "ACCEPT"
     REJECT = "REJECT"
     UNKNOWN = "-"  # GCP's VPC flow logs record no verdict
 
 
-_ACTIONS = {"ACCEPT": Action.ACCEPT, "REJECT": Action.REJECT, "ALLOWED": Action.ACCEPT, "DENIED": Action.REJECT,
-            "-": Action.UNKNOWN}
+_ACTIONS = {"ACCEPT": FlowAction.ACCEPT, "REJECT": FlowAction.REJECT, "ALLOWED": FlowAction.ACCEPT,
+            "DENIED": FlowAction.REJECT, "-": FlowAction.UNKNOWN}
 
 
 @dataclass
@@ -270,7 +270,7 @@ class AuditReport:
 @dataclass
 class _Tally:
     flows: int = 0
-    by_action: dict[Action, int] = field(default_factory=lambda: dict.fromkeys(Action, 0))
+    by_action: dict[FlowAction, int] = field(default_factory=lambda: dict.fromkeys(FlowAction, 0))
     sources: set[str] = field(default_factory=set)
     addresses: set[int] = field(default_factory=set)
 
@@ -315,8 +315,8 @@ def audit(raw: RawCounts, policy: Policy, *, group_bits: dict[Family, int] | Non
                           if v.matched is not None or v.reason is Reason.CATCH_ALL})
         reasons = sorted({v.reason.value for v in verdicts})
         sources = sorted(g.sources)
-        out.append(Group(prefix, g.flows, g.by_action[Action.ACCEPT], g.by_action[Action.REJECT],
-                         g.by_action[Action.UNKNOWN],
+        out.append(Group(prefix, g.flows, g.by_action[FlowAction.ACCEPT], g.by_action[FlowAction.REJECT],
+                         g.by_action[FlowAction.UNKNOWN],
                          tuple(sources[:5]), len(sources), kinds.pop() if len(kinds) == 1 else None,
                          tuple(matched), tuple(reasons)))
     out.sort(key=lambda g: (-g.rejected, -g.flows, g.destination))

@@ -1,21 +1,31 @@
-"""Which conntrack entries a policy change makes stale (pure).
+"""Conntrack cleanup after a policy change: which entries are stale, and deleting them through the runner.
 
 The nat table is consulted only for a connection's first packet; the NAT decision (masquerade or not) then
 lives in the conntrack entry. After a change, a connection whose destination flipped keeps its old decision,
 including one that is still failing: its retransmitted SYNs match the existing entry and never see the new
 rules. Deleting the entries whose original destination lies in a flipped range makes the next packet a new
 connection for netfilter, decided by the new rules.
+
+The decision (`stale_destinations`, `delete_argv`) is pure; `flush_stale_conntrack` runs
+`conntrack -D -f FAMILY --orig-dst CIDR` through the injected runner (the agent's `--flush-conntrack`).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ipmasq.flips import flipped_ranges
+from ipmasq.backends.base import Runner
+from ipmasq.diff import flipped_ranges
+from ipmasq.errors import BackendError
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, Prefix
 
-__all__ = ["StaleDestinations", "delete_argv", "stale_destinations"]
+__all__ = ["FlushResult", "StaleDestinations", "delete_argv", "delete_by_orig_dst", "flush_stale_conntrack",
+           "stale_destinations"]
+
+_DELETED = re.compile(r"(\d+) flow entries have been deleted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +37,7 @@ class StaleDestinations:
 
 
 def stale_destinations(before: Policy, after: Policy) -> tuple[StaleDestinations, ...]:
-    """Both families: a family one policy does not manage counts as "never masqueraded" there (flips' rule)."""
+    """Both families: a family one policy does not manage counts as "never masqueraded" there."""
     out = []
     for family in Family:
         prefixes = tuple(p for flip in flipped_ranges(before, after, family) for p in flip.prefixes())
@@ -39,3 +49,31 @@ def stale_destinations(before: Policy, after: Policy) -> tuple[StaleDestinations
 def delete_argv(prefix: Prefix) -> list[str]:
     """conntrack-tools >= 1.4.6 takes CIDR notation for --orig-dst (it implies --mask-dst)."""
     return ["conntrack", "-D", "-f", "ipv4" if prefix.family is Family.V4 else "ipv6", "--orig-dst", str(prefix)]
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    prefixes: tuple[Prefix, ...]  # the destinations whose entries were deleted
+    deleted: int  # entries deleted in all
+
+
+def delete_by_orig_dst(run: Runner, prefixes: Iterable[Prefix]) -> FlushResult:
+    done: list[Prefix] = []
+    deleted = 0
+    for prefix in prefixes:
+        argv = delete_argv(prefix)
+        result = run(argv, None)
+        match = _DELETED.search(result.stderr)
+        # conntrack -D exits 1 when nothing matched; its count line tells that apart from a real failure
+        if match is None or (result.returncode != 0 and match.group(1) != "0"):
+            raise BackendError("deleting conntrack entries failed", argv=tuple(argv), stderr=result.stderr,
+                               returncode=result.returncode)
+        deleted += int(match.group(1))
+        done.append(prefix)
+    return FlushResult(tuple(done), deleted)
+
+
+def flush_stale_conntrack(run: Runner, before: Policy, after: Policy) -> FlushResult:
+    """Delete the entries (both families) whose original destination's verdict differs between the policies."""
+    prefixes = [p for stale in stale_destinations(before, after) for p in stale.prefixes]
+    return delete_by_orig_dst(run, prefixes)

@@ -15,6 +15,7 @@ from ipmasq.config.model import LINK_LOCAL_V4, LINK_LOCAL_V6, Entry, MasqConfig,
 from ipmasq.config.source import paused_gc
 from ipmasq.options import PolicyOptions
 from ipmasq.prefix import Family, Prefix, format_address, parse_address
+from ipmasq.ranges import Span, union_of_prefixes
 
 __all__ = ["Policy", "Reason", "Verdict"]
 
@@ -113,14 +114,21 @@ class Policy:
         entry = self.rule_entries(family)[label]
         return Verdict(shown, family, entry.masquerade, _REASON_OF_ORIGIN[entry.origin], entry)
 
-    def non_masquerade_ranges(self, family: Family) -> list[tuple[int, int]]:
+    def preserved_ranges(self, family: Family) -> list[Span]:
+        """The addresses whose pod traffic keeps the pod IP; a family the policy does not manage keeps all."""
+        if family not in self.families:
+            return [(0, family.max_address)]  # no rules for this family: every pod address leaves unchanged
+        return self.non_masquerade_ranges(family)
+
+    def non_masquerade_ranges(self, family: Family) -> list[Span]:
         """The exact set of addresses not masqueraded, as sorted, disjoint, non-adjacent inclusive ranges."""
         if family not in self.families:
             return []
         entries = self.rule_entries(family)
         if not any(e.masquerade for e in entries):
             # no exceptions: the plain union of the prefixes, without the sweep (the agent's 100,000-CIDR path)
-            return _union(entries, family.bits)
+            with paused_gc():
+                return union_of_prefixes([e.prefix for e in entries], family.bits)
         table = self._tables[family]
         ranges: list[tuple[int, int]] = []
         starts = table.starts
@@ -134,26 +142,6 @@ class Policy:
             else:
                 ranges.append((first, last))
         return ranges
-
-
-def _union(entries: tuple[Entry, ...], bits: int) -> list[tuple[int, int]]:
-    # one int per prefix (network, then length, in its low byte) sorts several times faster than tuples
-    with paused_gc():
-        keys = [(p.network << 8) | p.length for p in [e.prefix for e in entries]]
-    keys.sort()
-    merged: list[tuple[int, int]] = []
-    end = -2
-    for key in keys:
-        first = key >> 8
-        last = first | ((1 << (bits - (key & 255))) - 1)
-        if first <= end + 1:
-            if last > end:
-                merged[-1] = (merged[-1][0], last)
-                end = last
-        else:
-            merged.append((first, last))
-            end = last
-    return merged
 
 
 def _build_table(entries: tuple[Entry, ...], family: Family) -> _Table:

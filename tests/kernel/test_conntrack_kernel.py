@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ipmasq.backends.conntrack import flush_stale_conntrack
 from ipmasq.config import ConfigInput, config_from_bytes
+from ipmasq.conntrack import flush_stale_conntrack
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import Namespace, NamespaceRunner, Network
 from ipmasq.options import PolicyOptions

@@ -9,13 +9,13 @@ import subprocess
 
 import pytest
 
+from ipmasq.cloudnat import follow_path
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import Network
 from ipmasq.lab.run import NodeAgent
 from ipmasq.lab.scenarios import policy_for
 from ipmasq.lab.topology import ADDR, OPEN_PORT, Probe, build_lab
 from ipmasq.options import PolicyOptions
-from ipmasq.path import follow_path
 from tests.conftest import PYTHON
 
 BACKENDS = ("iptables", "nftables")

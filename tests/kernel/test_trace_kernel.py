@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from ipmasq.check import FindingId, check_iptables
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
+from ipmasq.diagnose.check import FindingId, check_iptables
+from ipmasq.diagnose.trace import Packet, trace
 from ipmasq.lab.netns import Network
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, parse_cidr
 from ipmasq.rules.iptables import parse_save, render_restore
-from ipmasq.rules.trace import Packet, trace
 
 POD, NODE_POD_SIDE, NODE, PEER_SIDE = "100.64.0.50", "100.64.0.1", "10.142.15.203", "10.142.15.1"
 PORT = 8080

@@ -11,12 +11,12 @@ import pytest
 
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
 from ipmasq.agent.reconcile import Outcome, Reconciler
-from ipmasq.backends.fake_iptables import FakeIptables
 from ipmasq.backends.iptables import IptablesBackend, Variant, choose_variant
 from ipmasq.config import ConfigInput
 from ipmasq.errors import ConfigError
 from ipmasq.lab.kubelet import publish
 from ipmasq.options import PolicyOptions
+from ipmasq.testing import FakeIptables
 
 LOG = logging.getLogger("test.agent")
 FOREIGN = (

@@ -13,16 +13,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from ipmasq.agent.health import parse_address
+from ipmasq.agent.health import parse_listen_address
 from ipmasq.agent.logs import configure_logging
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
 from ipmasq.agent.metrics import LIVENESS_GRACE_SECONDS, AgentStatus, collect
 from ipmasq.agent.reconcile import Outcome, Reconciler
-from ipmasq.backends.fake_iptables import FakeIptables
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.config import ConfigInput
 from ipmasq.errors import UsageError
 from ipmasq.options import PolicyOptions
+from ipmasq.testing import FakeIptables
 
 LOG = logging.getLogger("test.agent.metrics")
 
@@ -202,13 +202,13 @@ def test_the_real_loop_feeds_the_observer(fake: FakeIptables, tmp_path: Path) ->
 @pytest.mark.parametrize(("text", "parsed"), [("127.0.0.1:9847", ("127.0.0.1", 9847)), (":9847", ("", 9847)),
                                               ("[::1]:9847", ("::1", 9847))])
 def test_parse_address(text: str, parsed: tuple[str, int]) -> None:
-    assert parse_address(text) == parsed
+    assert parse_listen_address(text) == parsed
 
 
 @pytest.mark.parametrize("text", ["127.0.0.1", "localhost:http", "127.0.0.1:70000", ""])
 def test_parse_address_rejects(text: str) -> None:
     with pytest.raises(UsageError, match="expected HOST:PORT"):
-        parse_address(text)
+        parse_listen_address(text)
 
 
 def test_json_log_lines_are_one_object_per_event() -> None:

@@ -3,7 +3,6 @@ first write, and never anything that is not ours; `make_backend` wires --backend
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Sequence
 
@@ -11,15 +10,14 @@ import pytest
 
 from ipmasq.agent.reconcile import Outcome, Reconciler
 from ipmasq.backends.base import Result
-from ipmasq.backends.fake_iptables import FakeIptables
-from ipmasq.backends.fake_nft import FakeNft
+from ipmasq.backends.choose import make_backend
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
-from ipmasq.commands.agent import make_backend
 from ipmasq.config import ConfigInput
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
 from ipmasq.prefix import Family
+from ipmasq.testing import FakeIptables, FakeNft
 
 LOG = logging.getLogger("test.switch")
 FOREIGN = (
@@ -63,10 +61,6 @@ def nft_pass(node: Node, options: PolicyOptions = DUAL) -> None:
     assert rec.reconcile() is Outcome.APPLIED
 
 
-def args(backend: str) -> argparse.Namespace:
-    return argparse.Namespace(backend=backend, iptables_variant="nft")
-
-
 @pytest.fixture
 def node() -> Node:
     n = Node()
@@ -80,7 +74,7 @@ def test_nftables_removes_an_earlier_iptables_run_once(node: Node, caplog: pytes
     iptables_pass(node, PolicyOptions(enable_ipv6=True, masq_chain="IP-MASQ"))
     assert any(":IP-MASQ" in line for line in node.ours_in_iptables())
     foreign_before = node.iptables.save("iptables", "nat")
-    backend, others = make_backend(args("nftables"), DUAL, node)
+    backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
     rec.observe(CONFIG)
     with caplog.at_level(logging.INFO):
@@ -100,7 +94,7 @@ def test_nftables_removes_an_earlier_iptables_run_once(node: Node, caplog: pytes
 
 def test_iptables_removes_an_earlier_nftables_table_and_only_it(node: Node) -> None:
     nft_pass(node)
-    backend, others = make_backend(args("iptables"), DUAL, node)
+    backend, others = make_backend("iptables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
     rec.observe(CONFIG)
     assert rec.reconcile() is Outcome.APPLIED
@@ -110,7 +104,7 @@ def test_iptables_removes_an_earlier_nftables_table_and_only_it(node: Node) -> N
 
 
 def test_nothing_left_over_means_no_removal_write(node: Node) -> None:
-    backend, others = make_backend(args("nftables"), DUAL, node)
+    backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
     rec.observe(CONFIG)
     assert rec.reconcile() is Outcome.APPLIED
@@ -121,7 +115,7 @@ def test_nothing_left_over_means_no_removal_write(node: Node) -> None:
 def test_a_missing_tool_holds_no_leftovers(node: Node) -> None:
     node.missing = {"iptables-legacy-save", "ip6tables-legacy-save"}
     iptables_pass(node)
-    backend, others = make_backend(args("nftables"), DUAL, node)
+    backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
     rec.observe(CONFIG)
     assert rec.reconcile() is Outcome.APPLIED
@@ -133,7 +127,7 @@ def test_a_missing_tool_holds_no_leftovers(node: Node) -> None:
 def test_a_failing_removal_is_retried_before_any_write(node: Node) -> None:
     iptables_pass(node)
     node.iptables.reject = "-X IP-MASQ-AGENT"
-    backend, others = make_backend(args("nftables"), DUAL, node)
+    backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
     rec.observe(CONFIG)
     assert rec.reconcile() is Outcome.FAILED
@@ -144,17 +138,17 @@ def test_a_failing_removal_is_retried_before_any_write(node: Node) -> None:
 
 
 def test_auto_follows_the_node(node: Node) -> None:
-    backend, _ = make_backend(args("auto"), DUAL, node)
+    backend, _ = make_backend("auto", DUAL, node, variant="nft")
     assert backend.name == "nftables"  # the kube-proxy table: the node uses nftables for NAT
     del node.nft.tables[("ip", "kube-proxy")]
-    backend, others = make_backend(args("auto"), DUAL, node)
+    backend, others = make_backend("auto", DUAL, node, variant="nft")
     assert backend.name == "iptables (nft)"  # the KUBE-POSTROUTING rules: the drop-in choice
     assert [o.name for o in others] == ["nftables"]
     plain = Node()
-    backend, _ = make_backend(args("auto"), PolicyOptions(), plain)
+    backend, _ = make_backend("auto", PolicyOptions(), plain, variant="nft")
     assert backend.name == "nftables"
     # our own iptables rules do not count: the choice does not flip-flop after a switch
     iptables_pass(plain)
-    backend, _ = make_backend(args("auto"), PolicyOptions(), plain)
+    backend, _ = make_backend("auto", PolicyOptions(), plain, variant="nft")
     assert backend.name == "nftables"
     assert IptablesBackend(plain, chain="IP-MASQ-AGENT", variant=Variant.NFT).read(Family.V4).objects

@@ -7,14 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from ipmasq.check import FindingId, Severity, check_iptables, check_nft, family_of_dump
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
+from ipmasq.diagnose.check import FindingId, Severity, check_iptables, check_nft
+from ipmasq.diagnose.sources import family_of_dump
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, parse_cidr
 from ipmasq.rules.iptables import parse_save, render_restore
-from ipmasq.rules.nft import desired_table, list_json, parse_list_json
+from ipmasq.rules.nft import desired_table, parse_list_json
+from ipmasq.testing.nft import list_json
 
 DUMPS = Path(__file__).resolve().parent.parent / "dumps"
 GKE = PolicyOptions(masq_chain="IP-MASQ", nomasq_all_reserved_ranges=True, random_fully=False)

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 from ipmasq.backends.base import Result
 from ipmasq.backends.choose import choose, detect, foreign_nat_rules
-from ipmasq.backends.fake_nft import FakeNft
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
+from ipmasq.testing import FakeNft
 
 KUBE_PROXY = ("table ip kube-proxy {\n\tchain nat-postrouting {\n"
               "\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t\tmasquerade\n\t}\n}\n")

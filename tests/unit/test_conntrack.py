@@ -7,9 +7,8 @@ from collections.abc import Sequence
 import pytest
 
 from ipmasq.backends.base import Result
-from ipmasq.backends.conntrack import delete_by_orig_dst, flush_stale_conntrack
 from ipmasq.config import ConfigInput, config_from_bytes
-from ipmasq.conntrack import delete_argv, stale_destinations
+from ipmasq.conntrack import delete_argv, delete_by_orig_dst, flush_stale_conntrack, stale_destinations
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from ipmasq.backends.base import Result
-from ipmasq.backends.fake_nft import FakeNft
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
+from ipmasq.testing import FakeNft
 
 V4 = PolicyOptions()
 DUAL = PolicyOptions(enable_ipv6=True)

@@ -18,13 +18,11 @@ from ipmasq.rules.nft import (
     desired_table,
     format_element,
     format_elements,
-    list_json,
     parse_list_json,
-    parse_script,
     render_script,
     rule_from_json,
-    rule_to_json,
 )
+from ipmasq.testing.nft import list_json, parse_script, rule_to_json
 
 DEFAULT_OPTIONS = PolicyOptions()
 

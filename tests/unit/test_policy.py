@@ -9,10 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipmasq.config import ConfigInput, config_from_bytes, load_config
-from ipmasq.flips import flipped_ranges, range_to_prefixes
+from ipmasq.diff import flipped_ranges
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy, Reason
 from ipmasq.prefix import Family, Prefix
+from ipmasq.ranges import to_prefixes
 
 V4 = PolicyOptions()
 
@@ -79,9 +80,9 @@ def test_non_masquerade_ranges_are_disjoint_and_merged() -> None:
 def test_range_to_prefixes_is_minimal() -> None:
     first = int(ipaddress.IPv4Address("10.0.0.1"))
     last = int(ipaddress.IPv4Address("10.0.0.6"))
-    assert [str(p) for p in range_to_prefixes(Family.V4, first, last)] == [
+    assert [str(p) for p in to_prefixes(Family.V4, first, last)] == [
         "10.0.0.1/32", "10.0.0.2/31", "10.0.0.4/31", "10.0.0.6/32"]
-    assert [str(p) for p in range_to_prefixes(Family.V4, 0, 2**32 - 1)] == ["0.0.0.0/0"]
+    assert [str(p) for p in to_prefixes(Family.V4, 0, 2**32 - 1)] == ["0.0.0.0/0"]
 
 
 # --- properties ---------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ipmasq.cli import main
+from ipmasq.diagnose.trace import Outcome, Packet, trace
 from ipmasq.rules.iptables import parse_save
-from ipmasq.rules.trace import Outcome, Packet, trace
 
 DUMPS = Path(__file__).resolve().parent.parent / "dumps"
 POD, NODE = "10.44.14.15", "10.142.15.203"

@@ -28,8 +28,8 @@ from ipmasq.errors import IpmasqError, UsageError
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-__all__ = ["DEFAULT_METRICS_ADDRESS", "MISSING_LIBRARY", "StatusServer", "have_prometheus_client", "parse_address",
-           "query"]
+__all__ = ["DEFAULT_METRICS_ADDRESS", "MISSING_LIBRARY", "StatusServer", "have_prometheus_client",
+           "parse_listen_address", "query"]
 
 # Not 9253 (NodeLocal DNSCache's metrics port on every GKE node, also php-fpm_exporter's), nor 9100 (node-exporter),
 # 9099 (calico), 9153 (CoreDNS), 9808 (CSI livenessprobe), 9962-9965 (cilium), 10248-10259 (kubelet, kube-proxy).
@@ -46,7 +46,7 @@ def have_prometheus_client() -> bool:
     return True
 
 
-def parse_address(text: str) -> tuple[str, int]:
+def parse_listen_address(text: str) -> tuple[str, int]:
     """HOST:PORT, [V6]:PORT or :PORT (all addresses) -> (host, port); a UsageError names what is wrong."""
     host, sep, port_text = text.rpartition(":")
     if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
@@ -136,7 +136,7 @@ class StatusServer:
         return self._server is not None and self._server.render_metrics is not None
 
     def start(self) -> None:
-        host, port = parse_address(self.address)
+        host, port = parse_listen_address(self.address)
         try:
             server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
         except OSError as exc:
@@ -176,7 +176,7 @@ class StatusServer:
 
 def query(address: str, path: str, *, timeout: float = 3.0) -> Check:
     """GET one endpoint of a running agent: ok when it answered 200; `why` is its one-line answer or the failure."""
-    host, port = parse_address(address)
+    host, port = parse_listen_address(address)
     connection = http.client.HTTPConnection(host or "127.0.0.1", port, timeout=timeout)
     try:
         connection.request("GET", path)

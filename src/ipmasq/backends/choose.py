@@ -1,4 +1,5 @@
-"""`--backend auto`: nftables when the node already uses it for NAT or has no iptables nat rules, else iptables.
+"""Which backend the agent uses: `--backend auto` (nftables when the node already uses it for NAT or has no iptables
+nat rules, else iptables), and the chosen backend built with the others whose leftovers it removes.
 
 iptables stays the drop-in choice wherever something (kube-proxy in iptables mode, a CNI) writes iptables nat
 rules: our rules then sit in the same framework as theirs. Our own objects never count in the decision, so the
@@ -8,18 +9,23 @@ choice is the same whichever backend ran before.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ipmasq.backends.base import Runner
+from ipmasq.backends.base import Backend, Removable, Runner
+from ipmasq.backends.iptables import IptablesBackend, Variant, detect_variant
+from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.errors import BackendError
+from ipmasq.options import PolicyOptions
+from ipmasq.prefix import Family
+from ipmasq.rules.iptables import count_rules
 from ipmasq.rules.nft import TABLE, TABLE_FAMILY
 
-__all__ = ["Choice", "choose", "detect", "foreign_nat_rules", "nft_nat_tables"]
+__all__ = ["Choice", "choose", "detect", "foreign_nat_rules", "make_backend", "nft_nat_tables"]
 
 # iptables-nft keeps its nat rules in nftables tables of these names; they are iptables rules, not nftables use
 _IPTABLES_NFT_TABLES = {("ip", "nat"), ("ip6", "nat")}
-_OUR_COMMENT = '"ip-masq-agent: '
 SAVE_TOOLS = ("iptables-nft-save", "ip6tables-nft-save", "iptables-legacy-save", "ip6tables-legacy-save")
 
 
@@ -51,14 +57,7 @@ def nft_nat_tables(chains_json: str) -> list[str]:
 
 def foreign_nat_rules(save_text: str) -> int:
     """Rules in the nat table of an iptables-save dump that are not ours (ours carry an ip-masq-agent comment)."""
-    count = 0
-    in_nat = False
-    for line in save_text.splitlines():
-        if line.startswith("*"):
-            in_nat = line == "*nat"
-        elif in_nat and line.startswith("-A ") and _OUR_COMMENT not in line:
-            count += 1
-    return count
+    return count_rules(save_text, table="nat", foreign_only=True)
 
 
 def choose(*, nat_tables: Sequence[str], iptables_rules: int, nft_available: bool = True) -> Choice:
@@ -90,3 +89,21 @@ def detect(run: Runner) -> Choice:
             if save.returncode == 0:
                 rules += foreign_nat_rules(save.stdout)
     return choose(nat_tables=tables, iptables_rules=rules)
+
+
+def make_backend(name: str, options: PolicyOptions, run: Runner, *, variant: str = "auto",
+                 log: logging.Logger | None = None) -> tuple[Backend, tuple[Removable, ...]]:
+    """The backend `--backend NAME` asks for (auto: `detect`), and the other backends whose leftovers the agent
+    removes before its first write; `variant`: the iptables variant (auto: the one the node's rules use)."""
+    if name == "auto":
+        choice = detect(run)
+        name = choice.backend
+        if log is not None:
+            log.info("backend %s chosen by --backend=auto: %s", name, choice.reason)
+    both = (Family.V4, Family.V6)  # leftovers of an earlier run may hold IPv6 objects whatever this run manages
+    if name == "nftables":
+        others = tuple(IptablesBackend(run, chain=options.masq_chain, variant=v, families=both) for v in Variant)
+        return NftablesBackend(run), others
+    families = both if options.enable_ipv6 else (Family.V4,)
+    chosen = detect_variant(run) if variant == "auto" else Variant(variant)
+    return IptablesBackend(run, chain=options.masq_chain, variant=chosen, families=families), (NftablesBackend(run),)

@@ -1,8 +1,8 @@
 """The iptables backend: read with `iptables-save -t nat`, write with one `iptables-restore --noflush -w` transaction.
 
-Our objects, found by the reference agent's comments (so a chain left under an old --masq-chain is ours too):
-the POSTROUTING jumps carrying our jump comment, the chains they target, the chain named by --masq-chain, and
-any chain holding a rule with an `ip-masq-agent:` comment. Nothing else is read into the State or written.
+Our objects (ipmasq.rules.iptables.our_chains, found by the reference agent's comments, so a chain left under an old
+--masq-chain is ours too): the POSTROUTING jumps carrying our jump comment, the chains they target, the chain named
+by --masq-chain, and any chain holding a rule with an `ip-masq-agent:` comment. Nothing else is read or written.
 
 The variant (legacy or nft) is the one the node uses, detected like kubernetes-sigs/iptables-wrappers does:
 kubelet's/kube-proxy's hint chains first, then whichever variant holds more rules.
@@ -15,16 +15,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from ipmasq.backends.base import Backend, Result, Runner, State
+from ipmasq.backends.base import Result, Runner, State
 from ipmasq.errors import BackendError, LockBusyError
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
-from ipmasq.rules.iptables import NatTable, canonical, chain_rules, jump_rule, parse_save, rule_target
+from ipmasq.rules.iptables import (
+    NatTable,
+    canonical,
+    chain_rules,
+    count_rules,
+    is_our_jump,
+    jump_rule,
+    our_chains,
+    parse_save,
+)
 
 __all__ = ["IptablesBackend", "Variant", "choose_variant", "detect_variant", "tools"]
 
-OUR_COMMENT = "ip-masq-agent: "
-_JUMP_COMMENT = '--comment "ip-masq-agent: ensure nat POSTROUTING directs'
 # The xtables lock is only taken by the legacy variant; waiting 1 s keeps SIGTERM prompt, the loop retries.
 _LOCK_WAIT = ("-w", "1")
 # iptables-restore exits 4 (RESOURCE_PROBLEM) when it gave up waiting for the xtables lock.
@@ -49,10 +56,6 @@ def tools(variant: Variant, family: Family) -> Tools:
     return Tools(f"{base}-{variant.value}-save", f"{base}-{variant.value}-restore")
 
 
-def _rule_lines(text: str) -> int:
-    return sum(1 for line in text.splitlines() if line.startswith("-"))
-
-
 def choose_variant(*, legacy_dump: str, nft_dump: str) -> Variant:
     """Pure: which variant the node uses, from both variants' iptables-save output (all tables, both families)."""
     if any(h in nft_dump for h in _HINTS):
@@ -60,7 +63,7 @@ def choose_variant(*, legacy_dump: str, nft_dump: str) -> Variant:
     if any(h in legacy_dump for h in _HINTS):
         return Variant.LEGACY
     # iptables-wrappers: the variant with more rules; a tie (an empty node) goes to nft, today's default
-    return Variant.LEGACY if _rule_lines(legacy_dump) > _rule_lines(nft_dump) else Variant.NFT
+    return Variant.LEGACY if count_rules(legacy_dump) > count_rules(nft_dump) else Variant.NFT
 
 
 def detect_variant(run: Runner) -> Variant:
@@ -75,27 +78,9 @@ def detect_variant(run: Runner) -> Variant:
     return choose_variant(legacy_dump=dumps[Variant.LEGACY], nft_dump=dumps[Variant.NFT])
 
 
-def _is_our_jump(rule: str) -> bool:
-    return rule.startswith("-A POSTROUTING ") and _JUMP_COMMENT in rule
-
-
-def our_chains(table: NatTable, chain: str) -> list[str]:
-    """Our chains in the table: the configured one first, then stale ones (sorted), each listed once."""
-    found = {chain} if chain in table.chains else set()
-    for rule in table.rules:
-        if _is_our_jump(rule):
-            target = rule_target(rule)
-            if target is not None and target in table.chains:
-                found.add(target)
-        elif f'--comment "{OUR_COMMENT}' in rule:
-            found.add(rule.split(" ", 2)[1])
-    found.discard("POSTROUTING")
-    return sorted(found, key=lambda name: (name != chain, name))
-
-
-def state_of(table: NatTable, chain: str, family: Family) -> State:
+def state_from_save(table: NatTable, chain: str, family: Family) -> State:
     """Our objects in an iptables-save table: our jumps in order, then each of our chains and its rules."""
-    objects = [r for r in table.rules if _is_our_jump(r)]
+    objects = [r for r in table.rules if is_our_jump(r)]
     for name in our_chains(table, chain):
         objects.append(f":{name}")
         objects.extend(table.rules_of(name))
@@ -176,7 +161,7 @@ class IptablesBackend:
         result = self._run([save, "-t", "nat"])
         if result.returncode != 0:
             raise _error(f"{save} -t nat failed", [save, "-t", "nat"], result)
-        return state_of(parse_save(result.stdout), self._chain, family)
+        return state_from_save(parse_save(result.stdout), self._chain, family)
 
     def desired(self, policy: Policy, family: Family) -> State:
         return desired_state(policy, family)
@@ -211,7 +196,7 @@ class IptablesBackend:
             return None
         if result.returncode != 0:
             raise _error(f"{save} -t nat failed", [save, "-t", "nat"], result)
-        return state_of(parse_save(result.stdout), self._chain, family)
+        return state_from_save(parse_save(result.stdout), self._chain, family)
 
     def _restore(self, family: Family, payload: str) -> None:
         argv = [tools(self.variant, family).restore, "--noflush", *_LOCK_WAIT]
@@ -229,6 +214,3 @@ class IptablesBackend:
 def _error(message: str, argv: list[str], result: Result) -> BackendError:
     return BackendError(message, argv=tuple(argv), stderr=result.stderr, returncode=result.returncode)
 
-
-def _check(backend: IptablesBackend) -> Backend:
-    return backend  # mypy: IptablesBackend satisfies the Backend protocol

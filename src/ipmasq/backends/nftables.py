@@ -14,9 +14,8 @@ set emptied, a rule added) is repaired by the same atomic transaction.
 
 Reading is cheap where it can be: the structure comes from `nft -j -t list ruleset inet`, which does not fetch set
 elements (instant even with 100,000 of them); the elements of a family's set are read with `nft -j list set` only
-when the structure is ours. The one exception is the read that verifies our own transaction: `nft -f` is
-all-or-nothing, so right after it succeeded the elements are the ones we sent; that read checks the structure for
-real and takes the elements from the transaction (every later read, i.e. every resync, reads them in full).
+when the structure is ours. Every read reports the kernel, never our own last write: the read that verifies a
+transaction reads the elements back like any other.
 
 Building is done once per policy (`plan`): the table, its elements as text, each family's State and the script
 are kept while the loop holds the same Policy object, so a 100,000-element set is formatted once, not per use.
@@ -45,7 +44,7 @@ from ipmasq.rules.nft import (
     replace_script,
 )
 
-__all__ = ["NFT", "NftablesBackend", "state_of", "table_exists"]
+__all__ = ["NFT", "NftablesBackend", "state_from_table"]
 
 NFT = "nft"
 # nft exits 1 with this when the object listed does not exist
@@ -56,7 +55,7 @@ def _set_header(s: NftSet) -> str:
     return f"set {s.name} {{ type {s.type}; flags {', '.join(s.flags)}; }}"
 
 
-def state_of(table: NftTable | None, family: Family, *, elements: dict[str, tuple[tuple[int, int], ...]]
+def state_from_table(table: NftTable | None, family: Family, *, elements: dict[str, tuple[tuple[int, int], ...]]
              | None = None, formatted: Mapping[str, Sequence[str]] | None = None) -> State:
     """A table's lines for one family; `elements` overrides the sets' elements (when read separately),
     `formatted` supplies them already as text (format_elements)."""
@@ -97,14 +96,8 @@ class _Plan:
 def _plan(policy: Policy) -> _Plan:
     table = desired_table(policy)
     formatted = {s.name: format_elements(s.family, s.elements) for s in table.sets}
-    states = {f: state_of(table, f, formatted=formatted) for f in policy.families}
+    states = {f: state_from_table(table, f, formatted=formatted) for f in policy.families}
     return _Plan(policy, table, states, replace_script(table, formatted=formatted))
-
-
-@dataclass(frozen=True, slots=True)
-class _Applied:
-    plan: _Plan
-    unverified: frozenset[Family]  # families whose next read may take the elements from the transaction
 
 
 class NftablesBackend:
@@ -113,7 +106,6 @@ class NftablesBackend:
     def __init__(self, run: Runner, *, nft: str = NFT) -> None:
         self._run = run
         self._nft = nft
-        self._applied: _Applied | None = None
         self._plan: _Plan | None = None  # the last policy's, reused while the loop holds the same Policy object
 
     @property
@@ -156,22 +148,14 @@ class NftablesBackend:
     def read(self, family: Family) -> State:
         structure = self.read_structure()
         if structure is None:
-            self._applied = None
             return State(family, ())
-        applied = self._applied
-        if applied is not None and family in applied.unverified:
-            remaining = applied.unverified - {family}
-            self._applied = _Applied(applied.plan, remaining) if remaining else None
-            if _without_elements(applied.plan.table) == structure:
-                # the structure is checked for real; the elements are those of the transaction that just succeeded
-                return applied.plan.states[family]
         elements: dict[str, tuple[tuple[int, int], ...]] = {}
         for s in structure.sets:
             if s.name != SET_NAMES[family] and (family is not Family.V4 or s.name in SET_NAMES.values()):
                 continue
             full = self._read_set(s.name)
             elements[s.name] = full.elements if full is not None else ()
-        return state_of(structure, family, elements=elements)
+        return state_from_table(structure, family, elements=elements)
 
     def plan(self, policy: Policy) -> _Plan:
         if self._plan is None or self._plan.policy is not policy:
@@ -183,17 +167,10 @@ class NftablesBackend:
 
     def apply(self, policy: Policy, family: Family, current: State) -> None:
         """Replace the whole table (every family of the policy) in one transaction, whatever `current` holds."""
-        self._applied = None
-        plan = self.plan(policy)
-        self._call([self._nft, "-f", "-"], plan.script, what="applying the nftables table")
-        self._applied = _Applied(plan, frozenset(policy.families))
+        self._call([self._nft, "-f", "-"], self.plan(policy).script, what="applying the nftables table")
 
     def remove_all(self) -> None:
-        self._applied = None
         self._call([self._nft, "-f", "-"], delete_script(), what="removing the nftables table")
-
-    def exists(self) -> bool:
-        return self.read_structure() is not None
 
     def present(self) -> bool:
         """Whether our table exists (one terse listing: the elements are not fetched); False without nft."""
@@ -205,12 +182,3 @@ class NftablesBackend:
             raise BackendError("reading nftables failed", argv=tuple(self._structure_argv()), stderr=result.stderr,
                                returncode=result.returncode)
         return self._parse_structure(result) is not None
-
-
-def _without_elements(table: NftTable) -> NftTable:
-    return NftTable(tuple(NftSet(s.name, s.type, s.flags, ()) for s in table.sets), table.chains)
-
-
-def table_exists(run: Runner) -> bool:
-    """Whether our nftables table is on this node (for switching backends)."""
-    return NftablesBackend(run).exists()

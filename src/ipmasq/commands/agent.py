@@ -14,54 +14,17 @@ from ipmasq.agent.logs import LOG_FORMATS, configure_logging
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
 from ipmasq.agent.metrics import AgentStatus
 from ipmasq.agent.reconcile import Reconciler
-from ipmasq.backends.base import BACKEND_NAMES, Backend, Removable, Runner
-from ipmasq.backends.choose import detect
-from ipmasq.backends.conntrack import flush_stale_conntrack
-from ipmasq.backends.iptables import IptablesBackend, Variant, detect_variant
-from ipmasq.backends.nftables import NftablesBackend
+from ipmasq.backends.base import Runner
+from ipmasq.backends.choose import make_backend
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.commands.common import add_policy_flags, go_bool, options_from_args
+from ipmasq.commands.common import add_backend_flags, add_policy_flags, go_bool, options_from_args
+from ipmasq.conntrack import flush_stale_conntrack
 from ipmasq.errors import IpmasqError
-from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
-from ipmasq.prefix import Family
 
-__all__ = ["DEFAULT_CONFIG", "add_backend_flags", "make_backend", "register"]
+__all__ = ["DEFAULT_CONFIG", "register"]
 
 DEFAULT_CONFIG = "/etc/config/ip-masq-agent"
-
-
-def add_backend_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=BACKEND_NAMES, default="auto",
-                        help="how rules reach the kernel; auto: nftables when the node already uses nftables "
-                             "for NAT or has no iptables nat rules, else iptables, the drop-in choice "
-                             "(default %(default)s)")
-    parser.add_argument("--iptables-variant", choices=["auto", *(v.value for v in Variant)], default="auto",
-                        help="iptables variant; auto: the one the node's rules use, as kube-proxy's wrapper "
-                             "detects it (default %(default)s)")
-
-
-def _iptables_backend(args: argparse.Namespace, chain: str, runner: Runner, *,
-                     families: tuple[Family, ...]) -> IptablesBackend:
-    variant = detect_variant(runner) if args.iptables_variant == "auto" else Variant(args.iptables_variant)
-    return IptablesBackend(runner, chain=chain, variant=variant, families=families)
-
-
-def make_backend(args: argparse.Namespace, options: PolicyOptions, runner: Runner, *,
-                 log: logging.Logger | None = None) -> tuple[Backend, tuple[Removable, ...]]:
-    """The chosen backend, and the other backends whose leftovers the agent removes before its first write."""
-    name = args.backend
-    if name == "auto":
-        choice = detect(runner)
-        name = choice.backend
-        if log is not None:
-            log.info("backend %s chosen by --backend=auto: %s", name, choice.reason)
-    both = (Family.V4, Family.V6)  # leftovers of an earlier run may hold IPv6 objects whatever this run manages
-    if name == "nftables":
-        others = tuple(IptablesBackend(runner, chain=options.masq_chain, variant=v, families=both) for v in Variant)
-        return NftablesBackend(runner), others
-    families = both if options.enable_ipv6 else (Family.V4,)
-    return _iptables_backend(args, options.masq_chain, runner, families=families), (NftablesBackend(runner),)
 
 
 def register(subparsers: Any) -> None:
@@ -99,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     log = configure_logging(args.log_format)
     wakeup = Wakeup()
     runner = SubprocessRunner(cancel=wakeup.stop)
-    backend, others = make_backend(args, options, runner, log=log)
+    backend, others = make_backend(args.backend, options, runner, variant=args.iptables_variant, log=log)
     settings = LoopSettings(config_path=args.config or DEFAULT_CONFIG, use_inotify=not args.poll)
     on_change = _conntrack_flusher(runner, log) if args.flush_conntrack else None
     status = AgentStatus(version=__version__, backend=backend.name)

@@ -7,19 +7,11 @@ import json
 import sys
 from typing import Any
 
-from ipmasq.backends.choose import detect
-from ipmasq.backends.iptables import our_chains
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.backends.snapshot import read_nat_save, read_nft_ruleset
-from ipmasq.check import CheckReport, Finding, check_iptables, check_nft, family_of_dump
 from ipmasq.commands.common import add_policy_flags, address_flag, cidr_flag, load_policy_config, options_from_args
-from ipmasq.commands.dumps import read_dump_file
-from ipmasq.commands.trace import parse_save_located
-from ipmasq.errors import IpmasqError
+from ipmasq.diagnose.check import check_node
+from ipmasq.diagnose.sources import read_dump_file, read_live_rules, rules_from_dump
 from ipmasq.policy import Policy
-from ipmasq.prefix import Prefix
-from ipmasq.rules.iptables import parse_save
-from ipmasq.rules.nft import NftParseError, parse_list_json
 
 __all__ = ["register", "run"]
 
@@ -45,45 +37,6 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _from_text(policy: Policy, text: str, path: str, pods: tuple[Prefix, ...],
-               local: list[tuple[Any, int]]) -> CheckReport:
-    if text.lstrip().startswith("{"):
-        try:
-            return check_nft(policy, parse_list_json(text))
-        except NftParseError as exc:
-            raise IpmasqError(f"{path}: {exc}") from None
-    table = parse_save_located(text, path)
-    if not table.chains and not table.rules:
-        raise IpmasqError(f"{path}: no *nat table found (expected iptables-save or nft -j list ruleset output)")
-    family = family_of_dump(table)
-    return check_iptables(policy, table, family, pod_ranges=pods,
-                          local_addresses=tuple(a for f, a in local if f is family))
-
-
-def _live(policy: Policy, backend: str, pods: tuple[Prefix, ...], local: list[tuple[Any, int]]) -> CheckReport:
-    runner = SubprocessRunner()
-    tables = {}
-    if backend in ("iptables", "auto"):
-        tables = {family: parse_save(read_nat_save(runner, family)) for family in policy.families}
-    if backend == "auto":
-        # whichever of ours is on the node; only on a node with neither, the agent's own choice
-        if any(our_chains(t, policy.options.masq_chain) for t in tables.values()):
-            backend = "iptables"
-        elif parse_list_json(read_nft_ruleset(runner)) is not None:
-            backend = "nftables"
-        else:
-            backend = detect(runner).backend
-    if backend == "nftables":
-        return check_nft(policy, parse_list_json(read_nft_ruleset(runner)))
-    findings: list[Finding] = []
-    for family in policy.families:
-        table = tables[family]
-        report = check_iptables(policy, table, family, pod_ranges=pods,
-                                local_addresses=tuple(a for f, a in local if f is family))
-        findings.extend(report.findings)
-    return CheckReport(tuple(findings))
-
-
 def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     config = load_policy_config(args, options)
@@ -91,12 +44,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"ipmasq check: warning: {warning}", file=sys.stderr)
     policy = Policy(config, options)
     pods = cidr_flag("--pod-range", args.pod_range)
-    local = [address_flag("--local-address", t) for t in args.local_address]
+    local = tuple(address_flag("--local-address", t) for t in args.local_address)
     if args.from_dump is not None:
         path, text = read_dump_file(args.from_dump)
-        report = _from_text(policy, text, path, pods, local)
+        rules = rules_from_dump(text, path)
     else:
-        report = _live(policy, args.backend, pods, local)
+        rules = read_live_rules(SubprocessRunner(), policy.families, chain=options.masq_chain, backend=args.backend)
+    report = check_node(policy, rules, pod_ranges=pods, local_addresses=local)
     if args.output == "json":
         json.dump({"ok": report.ok, "findings": [f.as_dict() for f in report.findings]}, sys.stdout, indent=2)
         sys.stdout.write("\n")

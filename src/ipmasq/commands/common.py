@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from ipmasq.backends.base import BACKEND_NAMES
+from ipmasq.backends.iptables import Variant
 from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes, load_config, read_config_input
 from ipmasq.errors import ConfigError, UsageError
 from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse_to_ports
 from ipmasq.prefix import Family, Prefix, PrefixError, parse_address, parse_cidr
 
-__all__ = ["add_policy_flags", "load_policy_config", "normalise_go_flags", "options_from_args"]
+__all__ = ["add_backend_flags", "add_policy_flags", "load_policy_config", "normalise_go_flags", "options_from_args"]
 
 # Go boolean flags: `--flag`, `--flag=false`, `-flag`; never `--flag false` (that would eat a positional).
 BOOL_FLAGS = (
@@ -125,6 +127,12 @@ def address_flag(flag: str, text: str) -> tuple[Family, int]:
         raise UsageError(f"{flag}: {text!r} is not an IP address") from None
 
 
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise UsageError(message)
+def add_backend_flags(parser: argparse.ArgumentParser) -> None:
+    """`--backend` and `--iptables-variant` (the agent's; uninstall accepts them for symmetry)."""
+    parser.add_argument("--backend", choices=BACKEND_NAMES, default="auto",
+                        help="how rules reach the kernel; auto: nftables when the node already uses nftables "
+                             "for NAT or has no iptables nat rules, else iptables, the drop-in choice "
+                             "(default %(default)s)")
+    parser.add_argument("--iptables-variant", choices=["auto", *(v.value for v in Variant)], default="auto",
+                        help="iptables variant; auto: the one the node's rules use, as kube-proxy's wrapper "
+                             "detects it (default %(default)s)")

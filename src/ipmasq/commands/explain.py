@@ -7,9 +7,9 @@ import json
 import sys
 from typing import Any
 
+from ipmasq.cloudnat import CloudNat, CloudNatMode, follow_path
 from ipmasq.commands.common import add_policy_flags, address_flag, cidr_flag, load_policy_config, options_from_args
 from ipmasq.errors import UsageError
-from ipmasq.path import CloudNat, CloudNatMode, follow_path
 from ipmasq.policy import Policy, Reason, Verdict
 from ipmasq.prefix import parse_address
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from ipmasq.agent.health import DEFAULT_METRICS_ADDRESS, parse_address, query
+from ipmasq.agent.health import DEFAULT_METRICS_ADDRESS, parse_listen_address, query
 
 __all__ = ["register"]
 
@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    parse_address(args.address)  # a malformed address is a usage error (exit 2), not "not ready"
+    parse_listen_address(args.address)  # a malformed address is a usage error (exit 2), not "not ready"
     check = query(args.address, "/healthz" if args.live else "/readyz", timeout=args.timeout)
     print(check.why, file=sys.stdout if check.ok else sys.stderr)
     return 0 if check.ok else 1

@@ -8,11 +8,10 @@ import sys
 from typing import Any
 
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.backends.snapshot import read_nat_save
-from ipmasq.commands.dumps import read_dump_file
+from ipmasq.diagnose.sources import parse_save_dump, read_dump_file, read_nat_save
+from ipmasq.diagnose.trace import Outcome, Packet, TraceResult, trace
 from ipmasq.errors import UsageError
-from ipmasq.rules.iptables import NatTable, RuleParseError, parse_save
-from ipmasq.rules.trace import Outcome, Packet, TraceResult, trace
+from ipmasq.rules.iptables import parse_save
 
 __all__ = ["register", "run"]
 
@@ -64,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     packet = _packet(args)
     if args.dump is not None:
         path, text = read_dump_file(args.dump)
-        table = parse_save_located(text, path)
+        table = parse_save_dump(text, path)
     else:
         table = parse_save(read_nat_save(SubprocessRunner(), packet.family))
     result = trace(table, packet)
@@ -76,13 +75,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(as_text(document))
     return 1 if result.outcome is Outcome.UNDECIDED else 0
-
-
-def parse_save_located(text: str, path: str) -> NatTable:
-    try:
-        return parse_save(text)
-    except RuleParseError as exc:
-        raise RuleParseError(f"{path}: {exc}") from None
 
 
 def as_dict(result: TraceResult, packet: Packet, *, masquerade_address: str | None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from ipmasq.backends.base import Removable
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.commands.agent import add_backend_flags
+from ipmasq.commands.common import add_backend_flags
 from ipmasq.options import DEFAULT_CHAIN, check_chain_name
 from ipmasq.prefix import Family
 

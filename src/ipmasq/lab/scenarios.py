@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ipmasq.cloudnat import CloudNat, CloudNatMode, follow_path
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.lab.topology import ADDR, OPEN_PORT, STRICT_PORT, Lab, Probe, ProbeResult
 from ipmasq.options import PolicyOptions
-from ipmasq.path import CloudNat, CloudNatMode, follow_path
 from ipmasq.policy import Policy
 from ipmasq.prefix import parse_address, parse_cidr
 

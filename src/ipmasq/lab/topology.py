@@ -14,7 +14,6 @@ Every address exists only inside these namespaces; nothing is linked to the mach
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import shutil
 import subprocess
@@ -23,8 +22,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from ipmasq.cloudnat import CloudNatMode
 from ipmasq.lab.netns import Namespace, NetnsError, Network
-from ipmasq.path import CloudNatMode
 
 __all__ = ["ADDR", "Lab", "Probe", "ProbeResult", "build_lab"]
 
@@ -201,6 +200,3 @@ def wait_until(condition: object, *, timeout: float, interval: float = 0.05) -> 
         time.sleep(interval)
     return False
 
-
-def is_private(address: str) -> bool:
-    return ipaddress.ip_address(address).is_private

@@ -7,7 +7,6 @@ keeps going after the first problem.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 from difflib import get_close_matches
@@ -23,11 +22,11 @@ from ipmasq.config.validate import (
     settings_from_document,
 )
 from ipmasq.errors import ConfigError
-from ipmasq.flips import range_to_prefixes
 from ipmasq.lint.finding import Finding, Severity
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, Prefix
+from ipmasq.ranges import cut_points, to_prefixes
 
 __all__ = ["Expectations", "Placement", "is_indentation_problem", "lint_config"]
 
@@ -281,8 +280,7 @@ def _lenient_policy(doc: Document | None, good: list[Field], lists: dict[str, li
 def _segments(policy: Policy, family: Family, first: int, last: int) -> Iterator[tuple[int, int, Entry | None]]:
     """first..last cut where the deciding entry changes; verdict boundaries only fall on prefix edges."""
     entries = policy.rule_entries(family) if family in policy.families else ()
-    edges = sorted({e.prefix.network for e in entries} | {e.prefix.last + 1 for e in entries})
-    points = [first, *edges[bisect_right(edges, first):bisect_left(edges, last + 1)]]
+    points = cut_points(first, last, [edge for e in entries for edge in (e.prefix.network, e.prefix.last + 1)])
     for i, start in enumerate(points):
         end = points[i + 1] - 1 if i + 1 < len(points) else last
         yield start, end, policy.verdict_for(family, start).entry
@@ -314,7 +312,7 @@ def _check_expectations(linter: _Linter, policy: Policy, expect: Expectations, s
 
 def _report_culprit(linter: _Linter, id_: str, declared: Prefix, entry: Entry | None, pieces: list[tuple[int, int]],
                     *, want_masquerade: bool, seen: dict[str, Field]) -> None:
-    covered = [p for first, last in pieces for p in range_to_prefixes(declared.family, first, last)]
+    covered = [p for first, last in pieces for p in to_prefixes(declared.family, first, last)]
     shown = ", ".join(str(p) for p in covered[:4]) + (f" and {len(covered) - 4} more" if len(covered) > 4 else "")
     wanted = "be masqueraded" if want_masquerade else "keep the pod IP"
     actual = "keeps the pod IP" if want_masquerade else "is masqueraded"

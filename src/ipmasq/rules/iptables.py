@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ipmasq.config.model import Entry
@@ -21,6 +22,7 @@ __all__ = [
     "EXCEPTION_COMMENT",
     "MASQ_COMMENT",
     "NON_MASQ_COMMENT",
+    "OUR_COMMENT",
     "ChainRules",
     "Condition",
     "Match",
@@ -29,12 +31,16 @@ __all__ = [
     "RuleParseError",
     "canonical",
     "chain_rules",
+    "count_rules",
+    "is_our_jump",
     "jump_comment",
     "jump_rule",
+    "our_chains",
     "parse_rule",
     "parse_save",
     "render_restore",
     "rule_target",
+    "save_lines",
 ]
 
 NON_MASQ_COMMENT = "ip-masq-agent: local traffic is not subject to MASQUERADE"
@@ -223,10 +229,9 @@ class NatTable:
         return [r for r in self.rules if r.startswith(prefix)]
 
 
-def parse_save(text: str, table: str = "nat") -> NatTable:
-    """Read one table of iptables-save output (or restore input). Counters "[n:m]" before rules are dropped."""
-    chains: dict[str, str] = {}
-    rules: list[str] = []
+def save_lines(text: str) -> Iterator[tuple[int, str, str]]:
+    """The one reader of iptables-save output (or restore input): (line number, table, line) for every `:CHAIN`
+    declaration and rule line, blank lines, comments, table headers and COMMIT skipped."""
     current: str | None = None
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -234,15 +239,22 @@ def parse_save(text: str, table: str = "nat") -> NatTable:
             continue
         if line.startswith("*"):
             current = line[1:]
-            continue
-        if current != table:
-            continue
-        if line == "COMMIT":
+        elif line == "COMMIT":
             current = None
+        elif current is not None:
+            yield number, current, line
+
+
+def parse_save(text: str, table: str = "nat") -> NatTable:
+    """Read one table of iptables-save output (or restore input). Counters "[n:m]" before rules are dropped."""
+    chains: dict[str, str] = {}
+    rules: list[str] = []
+    for number, name, line in save_lines(text):
+        if name != table:
             continue
         if line.startswith(":"):
-            name, _, rest = line[1:].partition(" ")
-            chains[name] = rest.split(" ")[0] if rest else "-"
+            chain, _, rest = line[1:].partition(" ")
+            chains[chain] = rest.split(" ")[0] if rest else "-"
             continue
         if line.startswith("[") and "]" in line:
             line = line[line.index("]") + 1 :].strip()  # iptables-save -c puts counters before the rule
@@ -251,6 +263,40 @@ def parse_save(text: str, table: str = "nat") -> NatTable:
         except RuleParseError as exc:
             raise RuleParseError(f"line {number}: {exc}") from None
     return NatTable(chains, rules)
+
+
+def count_rules(text: str, *, table: str | None = None, foreign_only: bool = False) -> int:
+    """Rule lines of a dump (of one table, or all), without parsing them; `foreign_only`: not ours (ours carry an
+    ip-masq-agent comment). Cheap enough to look at every table of a busy node."""
+    return sum(1 for _, name, line in save_lines(text)
+               if line.startswith("-") and (table is None or name == table)
+               and not (foreign_only and f'"{OUR_COMMENT}' in line))
+
+
+# --- which objects are ours ---------------------------------------------------------------------------------
+
+# Our objects are found by the reference agent's comments, so a chain left under an old --masq-chain is ours too.
+OUR_COMMENT = "ip-masq-agent: "
+_JUMP_COMMENT = '--comment "ip-masq-agent: ensure nat POSTROUTING directs'
+
+
+def is_our_jump(rule: str) -> bool:
+    """A canonical POSTROUTING rule carrying our jump comment."""
+    return rule.startswith("-A POSTROUTING ") and _JUMP_COMMENT in rule
+
+
+def our_chains(table: NatTable, chain: str) -> list[str]:
+    """Our chains in the table: the configured one first, then stale ones (sorted), each listed once."""
+    found = {chain} if chain in table.chains else set()
+    for rule in table.rules:
+        if is_our_jump(rule):
+            target = rule_target(rule)
+            if target is not None and target in table.chains:
+                found.add(target)
+        elif f'--comment "{OUR_COMMENT}' in rule:
+            found.add(rule.split(" ", 2)[1])
+    found.discard("POSTROUTING")
+    return sorted(found, key=lambda name: (name != chain, name))
 
 
 # --- structured rules (for check and trace) -----------------------------------------------------------------

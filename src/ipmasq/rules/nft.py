@@ -6,16 +6,14 @@ returns for local destinations and for addresses in the sets, and masquerades th
 set lookup whatever the number of CIDRs.
 
 Rules are kept as text in the form `nft list` prints them (our canonical form, like iptables-save's for the
-iptables backend); `rule_from_json` reads the kernel's JSON into that form and `rule_to_json` is its inverse for
-the stateful fake. Only our own dialect is read: anything else becomes an "unrecognised" rule that never equals a
+iptables backend); `rule_from_json` reads the kernel's JSON into that form (its inverse, for the stateful fake, is
+in ipmasq.testing). Only our own dialect is read: anything else becomes an "unrecognised" rule that never equals a
 desired one, so the agent repairs it and `check` shows it.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,20 +36,16 @@ __all__ = [
     "NftParseError",
     "NftSet",
     "NftTable",
-    "ScriptCommand",
     "delete_script",
     "desired_table",
     "format_element",
     "format_elements",
-    "list_json",
     "parse_address_element",
     "parse_list_json",
-    "parse_script",
     "render_definition",
     "render_script",
     "replace_script",
     "rule_from_json",
-    "rule_to_json",
 ]
 
 TABLE_FAMILY = "inet"
@@ -103,9 +97,6 @@ class NftTable:
 
     def chain_named(self, name: str) -> NftChain | None:
         return next((c for c in self.chains if c.name == name), None)
-
-    def element_count(self) -> int:
-        return sum(len(s.elements) for s in self.sets)
 
 
 # --- desired state ----------------------------------------------------------------------------------------------
@@ -414,248 +405,3 @@ def rule_from_json(rule: dict[str, Any]) -> str:
     if "comment" in rule:
         text += f' comment "{rule["comment"]}"'
     return text
-
-
-_TOKEN = re.compile(r'"[^"]*"|\{[^}]*\}|\S+')
-
-
-def _json_value(token: str) -> Any:
-    if token.startswith("{"):
-        return {"set": [_json_value(t.strip()) for t in token[1:-1].split(",") if t.strip()]}
-    return int(token) if token.isdigit() else token
-
-
-def rule_to_json(text: str) -> dict[str, Any]:
-    """Canonical rule text (our dialect only) as the kernel lists it in JSON: {"expr": [...], "comment"?: ...}.
-
-    The inverse of rule_from_json; the fake nft uses it, and the kernel tests prove it equals the real listing.
-    """
-    tokens = _TOKEN.findall(text)
-    expr: list[dict[str, Any]] = []
-    out: dict[str, Any] = {}
-    i = 0
-
-    def need(n: int) -> list[str]:
-        if i + n > len(tokens):
-            raise NftParseError(f"rule ends early: {text!r}")
-        return tokens[i : i + n]
-
-    while i < len(tokens):
-        t = tokens[i]
-        if t == "fib":
-            flags, result, value = need(4)[1:]
-            match_left: dict[str, Any] = {"fib": {"result": result, "flags": flags.split(".")}}
-            i += 4
-        elif t in ("ip", "ip6"):
-            field, value = need(3)[1:]
-            match_left = {"payload": {"protocol": t, "field": field}}
-            i += 3
-        elif t == "meta":
-            key, value = need(3)[1:]
-            match_left = {"meta": {"key": key}}
-            i += 3
-        elif t == "numgen":
-            mode, mod_kw, mod, value = need(5)[1:]
-            if mod_kw != "mod":
-                raise NftParseError(f"unsupported numgen in {text!r}")
-            match_left = {"numgen": {"mode": mode, "mod": int(mod), "offset": 0}}
-            i += 5
-        elif t in ("return", "accept", "drop"):
-            expr.append({t: None})
-            i += 1
-            continue
-        elif t == "masquerade":
-            i += 1
-            body: dict[str, Any] = {}
-            if i < len(tokens) and tokens[i] == "to":
-                port = need(2)[1].lstrip(":")
-                low, _, high = port.partition("-")
-                body["port"] = {"range": [int(low), int(high)]} if high else int(low)
-                i += 2
-            masq_flags: list[str] = []
-            while i < len(tokens) and tokens[i] in ("fully-random", "random", "persistent"):
-                masq_flags.append(tokens[i])
-                i += 1
-            if masq_flags:
-                body["flags"] = masq_flags[0] if len(masq_flags) == 1 else masq_flags
-            expr.append({"masquerade": body or None})
-            continue
-        elif t == "comment":
-            out["comment"] = need(2)[1].strip('"')
-            i += 2
-            continue
-        else:
-            raise NftParseError(f"not our nft dialect: {t!r} in {text!r}")
-        if value == "!=":
-            raise NftParseError(f"negated matches are not our dialect: {text!r}")
-        expr.append({"match": {"op": "==", "left": match_left, "right": _json_value(value)}})
-    out["expr"] = expr
-    return out
-
-
-
-# --- the other direction, for the stateful fake: script text -> table -> `nft -j list` JSON ------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ScriptCommand:
-    """One top-level command of an `nft -f` script in our dialect."""
-
-    verb: str  # "add" (table NAME without a body), "delete", or "define" (table NAME { ... })
-    family: str
-    table: str
-    definition: NftTable | None = None
-
-
-def _parse_element(family: Family, text: str) -> tuple[int, int]:
-    af = socket.AF_INET if family is Family.V4 else socket.AF_INET6
-    try:
-        if "/" in text:
-            address, _, length = text.partition("/")
-            n = int.from_bytes(socket.inet_pton(af, address), "big")
-            last = n | ((1 << (family.bits - int(length))) - 1)
-            if n & ((1 << (family.bits - int(length))) - 1):
-                raise NftParseError(f"element {text} is not a network address")
-            return n, last
-        first, dash, last_text = text.partition("-")
-        a = int.from_bytes(socket.inet_pton(af, first), "big")
-        b = int.from_bytes(socket.inet_pton(af, last_text), "big") if dash else a
-    except (OSError, ValueError):
-        raise NftParseError(f"not a {family.name} element: {text!r}") from None
-    if b < a:
-        raise NftParseError(f"range {text} ends before it starts")
-    return a, b
-
-
-_CHAIN_HEADER = re.compile(r"type (\w+) hook (\w+) priority ([\w-]+); policy (\w+);\Z")
-
-
-def parse_script(text: str) -> list[ScriptCommand]:
-    """Our own dialect of `nft -f` script (what render_script writes); anything else raises NftParseError."""
-    commands: list[ScriptCommand] = []
-    lines = [line.strip() for line in text.splitlines()]
-    lines = [line for line in lines if line and not line.startswith("#")]
-    i = 0
-
-    def fail(message: str) -> NftParseError:
-        return NftParseError(f"line {i + 1}: {message}: {lines[i] if i < len(lines) else '<end>'!r}")
-
-    while i < len(lines):
-        words = lines[i].split()
-        if words[:1] == ["delete"] and len(words) == 4 and words[1] == "table":
-            commands.append(ScriptCommand("delete", words[2], words[3]))
-            i += 1
-        elif words[:1] == ["table"] and len(words) == 3:
-            commands.append(ScriptCommand("add", words[1], words[2]))
-            i += 1
-        elif words[:1] == ["table"] and len(words) == 4 and words[3] == "{":
-            family, name = words[1], words[2]
-            i += 1
-            sets: list[NftSet] = []
-            chains: list[NftChain] = []
-            while i < len(lines) and lines[i] != "}":
-                header = lines[i].split()
-                if len(header) != 3 or header[0] not in ("set", "chain") or header[2] != "{":
-                    raise fail("expected a set or a chain")
-                kind, object_name = header[0], header[1]
-                i += 1
-                body: list[str] = []
-                while i < len(lines) and lines[i] != "}":
-                    body.append(lines[i])
-                    i += 1
-                if i >= len(lines):
-                    raise fail(f"{kind} {object_name} is not closed")
-                i += 1
-                if kind == "set":
-                    sets.append(_parse_set_body(object_name, body))
-                else:
-                    chains.append(_parse_chain_body(object_name, body))
-            if i >= len(lines):
-                raise fail(f"table {name} is not closed")
-            i += 1
-            definition = NftTable(tuple(sorted(sets, key=lambda s: s.name)),
-                                  tuple(sorted(chains, key=lambda c: c.name)))
-            commands.append(ScriptCommand("define", family, name, definition))
-        else:
-            raise fail("not our nft dialect")
-    return commands
-
-
-def _parse_set_body(name: str, body: list[str]) -> NftSet:
-    set_type = ""
-    flags: tuple[str, ...] = ()
-    element_text: str | None = None
-    for index, line in enumerate(body):
-        if line.startswith("type "):
-            set_type = line[5:].strip()
-        elif line.startswith("flags "):
-            flags = tuple(f.strip() for f in line[6:].split(","))
-        elif line.startswith("elements = {"):
-            element_text = " ".join(body[index:])
-            break
-        else:
-            raise NftParseError(f"set {name}: not our dialect: {line!r}")
-    if set_type not in ("ipv4_addr", "ipv6_addr"):
-        raise NftParseError(f"set {name}: type {set_type!r} is not an address type")
-    family = Family.V6 if set_type == "ipv6_addr" else Family.V4
-    elements: list[tuple[int, int]] = []
-    if element_text is not None:
-        inner = element_text[len("elements = {") :].strip()
-        if not inner.endswith("}"):
-            raise NftParseError(f"set {name}: elements are not closed")
-        elements = sorted(_parse_element(family, t.strip()) for t in inner[:-1].split(",") if t.strip())
-        for (_, last), (first, _) in itertools.pairwise(elements):
-            if first <= last:
-                # the kernel refuses overlaps in an interval set without auto-merge
-                raise NftParseError(f"set {name}: conflicting intervals specified")
-        if "interval" not in flags and any(a != b for a, b in elements):
-            raise NftParseError(f"set {name}: ranges need flags interval")
-    return NftSet(name, set_type, flags, tuple(elements))
-
-
-def _parse_chain_body(name: str, body: list[str]) -> NftChain:
-    chain_type = hook = policy = ""
-    priority = 0
-    rules = body
-    if body and body[0].startswith("type "):
-        m = _CHAIN_HEADER.match(body[0])
-        if m is None:
-            raise NftParseError(f"chain {name}: cannot read {body[0]!r}")
-        chain_type, hook, priority_text, policy = m.groups()
-        priority = SRCNAT_PRIORITY if priority_text == "srcnat" else int(priority_text)
-        rules = body[1:]
-    for rule in rules:
-        rule_to_json(rule)  # refuses what is not our dialect
-    return NftChain(name, chain_type, hook, priority, policy, tuple(rules))
-
-
-def _element_json(family: Family, first: int, last: int) -> Any:
-    text = format_element(family, first, last)
-    if "/" in text:
-        address, _, length = text.partition("/")
-        return {"prefix": {"addr": address, "len": int(length)}}
-    if "-" in text:
-        a, _, b = text.partition("-")
-        return {"range": [a, b]}
-    return text
-
-
-def list_json(table: NftTable, *, terse: bool = False) -> list[dict[str, Any]]:
-    """The objects `nft -j list table inet ip-masq-agent` prints for a table (handles omitted)."""
-    out: list[dict[str, Any]] = [{"table": {"family": TABLE_FAMILY, "name": TABLE}}]
-    for s in table.sets:
-        body: dict[str, Any] = {"family": TABLE_FAMILY, "name": s.name, "table": TABLE, "type": s.type}
-        if s.flags:
-            body["flags"] = list(s.flags)
-        if s.elements and not terse:
-            body["elem"] = [_element_json(s.family, a, b) for a, b in s.elements]
-        out.append({"set": body})
-    for c in table.chains:
-        chain: dict[str, Any] = {"family": TABLE_FAMILY, "table": TABLE, "name": c.name}
-        if c.type:
-            chain.update(type=c.type, hook=c.hook, prio=c.priority, policy=c.policy)
-        out.append({"chain": chain})
-    for c in table.chains:
-        for rule in c.rules:
-            out.append({"rule": {"family": TABLE_FAMILY, "table": TABLE, "chain": c.name, **rule_to_json(rule)}})
-    return out

@@ -1,7 +1,7 @@
 """Walk one packet through a nat table's POSTROUTING, rule by rule, as the kernel would; never guess.
 
 The tracer understands exactly the matches and targets an ip-masq-agent node's POSTROUTING is made of (ours,
-kubenet's, kube-proxy's, the seeds' hand-written rules): `-s`/`-d`/`-i`/`-o`/`-p` (each possibly negated),
+kubenet's, kube-proxy's, operators' hand-written rules): `-s`/`-d`/`-i`/`-o`/`-p` (each possibly negated),
 `-m comment`, `-m addrtype --dst-type/--src-type LOCAL`, `-m mark`, and the targets RETURN, ACCEPT, MASQUERADE,
 SNAT, MARK, LOG and jumps/gotos to user chains. A rule using anything else, or a condition on something the
 packet description leaves unknown (its out interface, its exact source), stops the walk with
@@ -14,7 +14,7 @@ the trace is the fate of a new connection.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from functools import partial
 from typing import Protocol
@@ -100,7 +100,6 @@ class TraceResult:
     snat_to: str | None = None
     mark: int = 0
     undecided_reason: str | None = None
-    via: tuple[str, ...] = field(default=())  # the jump rules that led to the deciding chain, outermost first
 
     def source_seen(self, packet: Packet, *, masquerade_address: str | None) -> str | None:
         """The source the destination sees; None when not determined (undecided, or the masquerade address unknown)."""
@@ -148,15 +147,15 @@ class Tracer:
     def trace(self, packet: Packet, *, chain: str = "POSTROUTING") -> TraceResult:
         steps: list[Step] = []
         mark = packet.mark
-        # frames to resume after a RETURN: (chain, next index, the jump rule's text)
-        stack: list[tuple[str, int, str]] = []
+        # frames to resume after a RETURN: (chain, next index)
+        stack: list[tuple[str, int]] = []
         current, index = chain, 0
         # the last RETURN taken: when the packet then falls off POSTROUTING, that RETURN is what decided
         last_return: Rule | None = None
 
         def result(outcome: Outcome, rule: Rule | None, **extra: str | None) -> TraceResult:
             return TraceResult(tuple(steps), outcome, None if rule is None else rule.text,
-                               None if rule is None else rule.chain, mark=mark, via=tuple(f[2] for f in stack),
+                               None if rule is None else rule.chain, mark=mark,
                                snat_to=extra.get("snat_to"), undecided_reason=extra.get("reason"))
 
         if chain not in self.chains:
@@ -166,7 +165,7 @@ class Tracer:
             if index >= len(rules):
                 if current in BUILTIN_CHAINS or not stack:
                     return self._policy(result, current, last_return)
-                current, index, _ = stack.pop()
+                current, index = stack.pop()
                 continue
             rule = rules[index]
             index += 1
@@ -185,7 +184,7 @@ class Tracer:
             if target == "RETURN":
                 if current in BUILTIN_CHAINS or not stack:
                     return self._policy(result, current, rule)
-                current, index, _ = stack.pop()
+                current, index = stack.pop()
                 last_return = rule
             elif target == "ACCEPT":
                 return result(Outcome.UNCHANGED, rule)
@@ -207,7 +206,7 @@ class Tracer:
                     why = f"jump to {target} loops back into a chain it came from"
                     return result(Outcome.UNDECIDED, rule, reason=why)
                 if not rule.goto:
-                    stack.append((current, index, rule.text))
+                    stack.append((current, index))
                 current, index = target, 0
             else:
                 return result(Outcome.UNDECIDED, rule, reason=f"target {target} is not understood by trace "

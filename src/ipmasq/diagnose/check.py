@@ -7,23 +7,23 @@ interval of destinations that every rule and the policy treat alike, and compare
 policy's verdict: a foreign rule that changes it is foreign-masquerade (it NATs) or jump-shadowed (it lets
 the packet go before our chain sees it); a rule the tracer cannot evaluate is unsupported, quoted.
 
-Pure: tables and policies in, findings out.
+Pure: tables and policies in, findings out (ipmasq.diagnose.sources reads the tables).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ipmasq.backends.iptables import our_chains
-from ipmasq.flips import range_to_prefixes
+from ipmasq.diagnose.trace import Outcome, Packet, Tracer
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, Prefix, PrefixError, parse_cidr
-from ipmasq.rules.iptables import NatTable, Rule, canonical, chain_rules, jump_rule, parse_rule
+from ipmasq.ranges import Span, append_span, subtract, to_prefixes
+from ipmasq.rules.iptables import NatTable, Rule, canonical, chain_rules, jump_rule, our_chains, parse_rule
 from ipmasq.rules.nft import CHAIN, SET_NAMES, TABLE, TABLE_FAMILY, NftTable, desired_table
-from ipmasq.rules.trace import Outcome, Packet, Tracer
 
-__all__ = ["CheckReport", "Finding", "FindingId", "Severity", "check_iptables", "check_nft", "family_of_dump"]
+__all__ = ["CheckReport", "Finding", "FindingId", "NodeRules", "Severity", "check_iptables", "check_nft", "check_node"]
 
 # How many destinations a message quotes before "and N more" (the JSON field has them all).
 _QUOTED = 6
@@ -75,13 +75,13 @@ class CheckReport:
         return not any(f.severity is Severity.ERROR for f in self.findings)
 
 
-def family_of_dump(table: NatTable) -> Family:
-    """iptables-save and ip6tables-save print the same syntax: the addresses tell them apart."""
-    for rule in table.rules:
-        for token in rule.split(" "):
-            if "/" in token and ":" in token and token[0] in "0123456789abcdefABCDEF:":
-                return Family.V6
-    return Family.V4
+@dataclass(frozen=True, slots=True)
+class NodeRules:
+    """The nat rules `check` compares with the intent: iptables nat tables by family, or our nftables table."""
+
+    backend: str  # "iptables" or "nftables"
+    tables: Mapping[Family, NatTable]  # iptables: the nat table of each family read
+    nft: NftTable | None = None  # nftables: our table, None when the node has none
 
 
 def _quote(items: list[str]) -> str:
@@ -233,7 +233,7 @@ def _semantic(policy: Policy, table: NatTable, family: Family, ours: set[str], w
     loopback = parse_cidr("127.0.0.0/8" if family is Family.V4 else "::1/128")
     sources = tuple(p for p in pod_ranges if p.family is family)
     # per deciding rule: the destination ranges it gets wrong / cannot decide
-    wrong: dict[tuple[FindingId, str], list[tuple[int, int]]] = {}
+    wrong: dict[tuple[FindingId, str], list[Span]] = {}
     reasons: dict[str, str] = {}
     for i, start in enumerate(points):
         end = points[i + 1] - 1 if i + 1 < len(points) else family.max_address
@@ -263,18 +263,13 @@ def _semantic(policy: Policy, table: NatTable, family: Family, ours: set[str], w
                          decider or "(POSTROUTING policy)"), start, end)
     findings = []
     for (kind, rule), ranges in wrong.items():
-        prefixes = [str(p) for first, last in ranges for p in range_to_prefixes(family, first, last)]
+        prefixes = [str(p) for first, last in ranges for p in to_prefixes(family, first, last)]
         findings.append(_semantic_finding(kind, rule, prefixes, reasons.get(rule, ""), policy))
     return findings
 
 
-def _add(wrong: dict[tuple[FindingId, str], list[tuple[int, int]]], key: tuple[FindingId, str], first: int,
-         last: int) -> None:
-    ranges = wrong.setdefault(key, [])
-    if ranges and ranges[-1][1] + 1 == first:
-        ranges[-1] = (ranges[-1][0], last)
-    else:
-        ranges.append((first, last))
+def _add(wrong: dict[tuple[FindingId, str], list[Span]], key: tuple[FindingId, str], first: int, last: int) -> None:
+    append_span(wrong.setdefault(key, []), first, last)
 
 
 def _semantic_finding(kind: FindingId, rule: str, prefixes: list[str], reason: str, policy: Policy) -> Finding:
@@ -308,25 +303,6 @@ def _semantic_finding(kind: FindingId, rule: str, prefixes: list[str], reason: s
 
 
 # --- nftables -----------------------------------------------------------------------------------------------
-
-
-def _subtract(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
-    """Addresses in the disjoint sorted ranges `a` and not in `b`."""
-    out: list[tuple[int, int]] = []
-    j = 0
-    for first, last in a:
-        start = first
-        while j < len(b) and b[j][1] < start:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] <= last and start <= last:
-            if b[k][0] > start:
-                out.append((start, b[k][0] - 1))
-            start = max(start, b[k][1] + 1)
-            k += 1
-        if start <= last:
-            out.append((start, last))
-    return out
 
 
 def check_nft(policy: Policy, table: NftTable | None) -> CheckReport:
@@ -374,8 +350,8 @@ def check_nft(policy: Policy, table: NftTable | None) -> CheckReport:
         have_elements = have_set.elements if have_set is not None else ()
         if want_elements == have_elements:
             continue
-        missing = [str(p) for a, b in _subtract(want_elements, have_elements) for p in range_to_prefixes(family, a, b)]
-        extra = [str(p) for a, b in _subtract(have_elements, want_elements) for p in range_to_prefixes(family, a, b)]
+        missing = [str(p) for a, b in subtract(want_elements, have_elements) for p in to_prefixes(family, a, b)]
+        extra = [str(p) for a, b in subtract(have_elements, want_elements) for p in to_prefixes(family, a, b)]
         findings.append(Finding(
             FindingId.RULES_DIFFER, Severity.ERROR,
             f"set {name} differs from the config: not masqueraded per config but masqueraded on the node: "
@@ -388,4 +364,16 @@ def check_nft(policy: Policy, table: NftTable | None) -> CheckReport:
             findings.append(Finding(FindingId.UNSUPPORTED, Severity.WARNING,
                                     f"table {TABLE} holds a chain the agent does not write: {chain.name}",
                                     "delete the table and let the agent re-create it"))
+    return CheckReport(tuple(findings))
+
+
+def check_node(policy: Policy, rules: NodeRules, *, pod_ranges: tuple[Prefix, ...] = (),
+               local_addresses: tuple[tuple[Family, int], ...] = ()) -> CheckReport:
+    """Every family the rules hold (iptables), or our nftables table, against the policy."""
+    if rules.backend == "nftables":
+        return check_nft(policy, rules.nft)
+    findings: list[Finding] = []
+    for family, table in rules.tables.items():
+        local = tuple(address for f, address in local_addresses if f is family)
+        findings.extend(check_iptables(policy, table, family, pod_ranges=pod_ranges, local_addresses=local).findings)
     return CheckReport(tuple(findings))

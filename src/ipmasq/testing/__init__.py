@@ -1,0 +1,13 @@
+"""Test doubles for ipmasq's one seam, the Runner: stateful fakes of the kernel tools, in the spirit of knftables'
+Fake and kubernetes' FakeIPTables. They parse what they are given (our dialect only, refusing the rest as the real
+tool would), keep the tables, and answer the listings the backends read. Never used by the agent or the tools;
+the kernel tests prove them against real netfilter.
+
+    FakeIptables   iptables-save / iptables-restore (both variants, both families)
+    FakeNft        nft -f / nft -j list ...
+"""
+
+from ipmasq.testing.iptables import FakeIptables
+from ipmasq.testing.nft import FakeNft
+
+__all__ = ["FakeIptables", "FakeNft"]
