@@ -6,7 +6,6 @@ disjoint interval table that answers `verdict` in O(log n) exactly as the kernel
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
@@ -15,7 +14,7 @@ from ipmasq.config.model import LINK_LOCAL_V4, LINK_LOCAL_V6, Entry, MasqConfig,
 from ipmasq.config.source import paused_gc
 from ipmasq.options import PolicyOptions
 from ipmasq.prefix import Family, Prefix, format_address, parse_address
-from ipmasq.ranges import Span, union_of_prefixes
+from ipmasq.ranges import FirstMatchTable, Span, first_match_table, union_of_prefixes
 
 __all__ = ["Policy", "Reason", "Verdict"]
 
@@ -49,14 +48,6 @@ class Verdict:
     @property
     def matched(self) -> Prefix | None:
         return None if self.entry is None else self.entry.prefix
-
-
-@dataclass(frozen=True, slots=True)
-class _Table:
-    """Disjoint intervals: starts[i] .. starts[i+1]-1 is decided by entries[labels[i]] (-1: the catch-all)."""
-
-    starts: list[int]
-    labels: list[int]
 
 
 class Policy:
@@ -94,9 +85,10 @@ class Policy:
         return out
 
     @cached_property
-    def _tables(self) -> dict[Family, _Table]:
+    def _tables(self) -> dict[Family, FirstMatchTable]:
         with paused_gc():
-            return {family: _build_table(self.rule_entries(family), family) for family in self.families}
+            return {family: first_match_table([e.prefix for e in self.rule_entries(family)], family.max_address)
+                    for family in self.families}
 
     def verdict(self, destination: str) -> Verdict:
         """What happens to pod traffic to `destination` (an IP address; ValueError when it is not one)."""
@@ -108,7 +100,7 @@ class Policy:
         table = self._tables.get(family)
         if table is None:
             return Verdict(shown, family, False, Reason.IPV6_DISABLED, None)
-        label = table.labels[bisect_right(table.starts, address) - 1]
+        label = table.label_at(address)
         if label < 0:
             return Verdict(shown, family, True, Reason.CATCH_ALL, None)
         entry = self.rule_entries(family)[label]
@@ -142,38 +134,3 @@ class Policy:
             else:
                 ranges.append((first, last))
         return ranges
-
-
-def _build_table(entries: tuple[Entry, ...], family: Family) -> _Table:
-    """Sweep the nested prefixes once; each point is labelled by the first rule (lowest index) containing it.
-
-    CIDRs either nest or are disjoint, so the prefixes containing a point form a stack.
-    """
-    starts = [0]
-    labels = [-1]
-
-    def emit(position: int, label: int) -> None:
-        if starts[-1] == position:
-            labels[-1] = label
-            if len(labels) > 1 and labels[-2] == label:
-                starts.pop()
-                labels.pop()
-        elif labels[-1] != label:
-            starts.append(position)
-            labels.append(label)
-
-    order = sorted(range(len(entries)), key=lambda i: (entries[i].prefix.network, entries[i].prefix.length))
-    stack: list[tuple[int, int]] = []  # (last address, first rule index containing this level)
-    for index in order:
-        prefix = entries[index].prefix
-        while stack and stack[-1][0] < prefix.network:
-            last, _ = stack.pop()
-            emit(last + 1, stack[-1][1] if stack else -1)
-        best = index if not stack else min(index, stack[-1][1])
-        stack.append((prefix.last, best))
-        emit(prefix.network, best)
-    while stack:
-        last, _ = stack.pop()
-        if last < family.max_address:
-            emit(last + 1, stack[-1][1] if stack else -1)
-    return _Table(starts, labels)
