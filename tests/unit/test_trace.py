@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ipmasq.cli import main
-from ipmasq.diagnose.trace import Outcome, Packet, trace
+from ipmasq.diagnose.trace import Outcome, Packet, Tracer, trace
 from ipmasq.rules.iptables import parse_save
 
 DUMPS = Path(__file__).resolve().parent.parent / "dumps"
@@ -111,6 +111,56 @@ def test_loop_is_reported() -> None:
             "COMMIT\n")
     result = trace(parse_save(dump), Packet.of("1.1.1.1", source=POD))
     assert result.outcome is Outcome.UNDECIDED and "loops" in (result.undecided_reason or "")
+
+
+def test_goto_loop_is_reported_not_walked_forever() -> None:
+    dump = ("*nat\n:POSTROUTING ACCEPT [0:0]\n:A - [0:0]\n:B - [0:0]\n-A POSTROUTING -j A\n-A A -g B\n-A B -g A\n"
+            "COMMIT\n")
+    result = trace(parse_save(dump), Packet.of("1.1.1.1", source=POD))
+    assert result.outcome is Outcome.UNDECIDED
+    assert (result.undecided_reason or "").startswith("loop: chain A loops back into itself (A -> B -> A)")
+
+
+def test_a_chain_that_jumps_to_itself_is_a_loop() -> None:
+    dump = "*nat\n:POSTROUTING ACCEPT [0:0]\n:A - [0:0]\n-A POSTROUTING -j A\n-A A -d 9.9.9.9/32 -j A\nCOMMIT\n"
+    result = trace(parse_save(dump), Packet.of("1.1.1.1", source=POD))
+    assert result.outcome is Outcome.UNDECIDED and "(A -> A)" in (result.undecided_reason or "")
+
+
+def test_a_5000_deep_chain_of_jumps_is_followed_to_the_end() -> None:
+    depth = 5000
+    lines = ["*nat", ":POSTROUTING ACCEPT [0:0]", *(f":C{i} - [0:0]" for i in range(depth)), "-A POSTROUTING -j C0"]
+    lines += [f"-A C{i} -j C{i + 1}" for i in range(depth - 1)]
+    lines += [f"-A C{depth - 1} -j MASQUERADE", "COMMIT"]
+    result = trace(parse_save("\n".join(lines) + "\n"), Packet.of("1.1.1.1", source=POD))
+    assert result.outcome is Outcome.MASQUERADE and result.decided_in == f"C{depth - 1}"
+    assert len(result.chains) == depth + 1
+
+
+def test_an_exponential_walk_stops_at_the_depth_limit() -> None:
+    # each chain calls the next twice: 2^40 rules to walk, no loop; the budget turns it into "depth limit"
+    depth = 40
+    lines = ["*nat", ":POSTROUTING ACCEPT [0:0]", *(f":C{i} - [0:0]" for i in range(depth)), "-A POSTROUTING -j C0"]
+    for i in range(depth - 1):
+        lines += [f"-A C{i} -j C{i + 1}", f"-A C{i} -j C{i + 1}"]
+    lines += [f"-A C{depth - 1} -d 9.9.9.9/32 -j MASQUERADE", "COMMIT"]
+    result = trace(parse_save("\n".join(lines) + "\n"), Packet.of("1.1.1.1", source=POD))
+    assert result.outcome is Outcome.UNDECIDED and (result.undecided_reason or "").startswith("depth limit")
+
+
+def test_check_mode_lookup_agrees_with_the_rule_by_rule_walk() -> None:
+    # chains that test only destinations are looked up, not walked, when steps are not recorded: same answers
+    rules = [f"-A IP-MASQ -d 10.{i}.0.0/16 -j RETURN" for i in range(0, 200, 3)]
+    rules += ["-A IP-MASQ -d 10.0.0.0/8 -j MASQUERADE", "-A IP-MASQ -d 172.16.0.0/12 -j RETURN",
+              "-A IP-MASQ -j MASQUERADE"]
+    dump = "\n".join(["*nat", ":POSTROUTING ACCEPT [0:0]", ":IP-MASQ - [0:0]", "-A POSTROUTING -j IP-MASQ", *rules,
+                      "COMMIT"]) + "\n"
+    tracer = Tracer(parse_save(dump))
+    for destination in ("10.0.0.1", "10.3.9.9", "10.4.0.1", "10.199.255.255", "172.20.0.1", "8.8.8.8", "10.198.0.0"):
+        packet = Packet.of(destination, source=POD)
+        walked, looked_up = tracer.trace(packet), tracer.trace(packet, record_steps=False)
+        assert (looked_up.outcome, looked_up.decided_by) == (walked.outcome, walked.decided_by), destination
+        assert looked_up.steps == () and looked_up.chains == walked.chains == ("POSTROUTING", "IP-MASQ")
 
 
 def test_cli_json_contract(capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,13 +20,16 @@ from functools import partial
 from typing import Protocol
 
 from ipmasq.prefix import Family, Prefix, PrefixError, format_address, parse_address, parse_cidr
+from ipmasq.ranges import FirstMatchTable, first_match_table
 from ipmasq.rules.iptables import Condition, Match, NatTable, Rule, RuleParseError, parse_rule
 
 __all__ = ["Outcome", "Packet", "Step", "TraceResult", "Tracer", "trace"]
 
 BUILTIN_CHAINS = frozenset({"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING", "FORWARD"})
-# the kernel refuses loops when rules are loaded; a hand-written dump could still hold one
-_MAX_DEPTH = 64
+# Rules one trace may evaluate. Without loops a walk is finite, but a hand-written dump whose chains jump to the
+# same chain many times over can make it exponential; past this budget the answer is "depth limit", not a hang.
+MAX_STEPS = 1_000_000
+_SIMPLE_TARGETS = frozenset({"RETURN", "ACCEPT", "MASQUERADE", "SNAT"})
 _PROTOCOL_NUMBERS = {"tcp": 6, "udp": 17, "icmp": 1, "sctp": 132, "icmpv6": 58, "ipv6-icmp": 58, "udplite": 136}
 _LOOPBACK = {Family.V4: parse_cidr("127.0.0.0/8"), Family.V6: parse_cidr("::1/128")}
 _NON_DECIDING_TARGETS = frozenset({"LOG", "NFLOG", "MARK"})
@@ -100,6 +103,7 @@ class TraceResult:
     snat_to: str | None = None
     mark: int = 0
     undecided_reason: str | None = None
+    chains: tuple[str, ...] = ()  # the chains the packet entered, in order, the first one included
 
     def source_seen(self, packet: Packet, *, masquerade_address: str | None) -> str | None:
         """The source the destination sees; None when not determined (undecided, or the masquerade address unknown)."""
@@ -143,25 +147,39 @@ class Tracer:
             except RuleParseError as exc:
                 rule = _Bad(text, text.split(" ", 2)[1], str(exc))
             self.chains.setdefault(rule.chain, []).append(rule)
+        self._loops = _chains_in_loops(self.chains)
+        self._compiled: dict[tuple[str, Family], FirstMatchTable | None] = {}
 
-    def trace(self, packet: Packet, *, chain: str = "POSTROUTING") -> TraceResult:
+    def trace(self, packet: Packet, *, chain: str = "POSTROUTING", record_steps: bool = True) -> TraceResult:
+        """The packet's walk; without `record_steps` (check traces thousands of packets) the steps are not kept,
+        and chains that test only destinations are not walked rule by rule but looked up (O(log n))."""
         steps: list[Step] = []
+        entered = [chain]
         mark = packet.mark
         # frames to resume after a RETURN: (chain, next index)
         stack: list[tuple[str, int]] = []
         current, index = chain, 0
         # the last RETURN taken: when the packet then falls off POSTROUTING, that RETURN is what decided
         last_return: Rule | None = None
+        budget = MAX_STEPS
 
         def result(outcome: Outcome, rule: Rule | None, **extra: str | None) -> TraceResult:
             return TraceResult(tuple(steps), outcome, None if rule is None else rule.text,
                                None if rule is None else rule.chain, mark=mark,
-                               snat_to=extra.get("snat_to"), undecided_reason=extra.get("reason"))
+                               snat_to=extra.get("snat_to"), undecided_reason=extra.get("reason"),
+                               chains=tuple(entered))
 
         if chain not in self.chains:
             return result(Outcome.UNDECIDED, None, reason=f"the dump has no {chain} chain in its nat table")
+        if chain in self._loops:
+            return result(Outcome.UNDECIDED, None, reason=self._loop_reason(chain))
         while True:
             rules = self.chains.get(current, [])
+            if index == 0 and not record_steps:
+                table = self._compiled_chain(current, packet.family)
+                if table is not None:
+                    label = table.label_at(packet.destination)
+                    index = len(rules) if label < 0 else label  # straight to the first rule that matches
             if index >= len(rules):
                 if current in BUILTIN_CHAINS or not stack:
                     return self._policy(result, current, last_return)
@@ -169,6 +187,10 @@ class Tracer:
                 continue
             rule = rules[index]
             index += 1
+            budget -= 1
+            if budget < 0:
+                return result(Outcome.UNDECIDED, None, reason=f"depth limit: more than {MAX_STEPS} rules evaluated "
+                              "for one packet (chains jumping to the same chains over and over)")
             if isinstance(rule, _Bad):
                 steps.append(Step(current, rule.text, False))
                 return result(Outcome.UNDECIDED, None, reason=f"cannot read rule: {rule.error}")
@@ -177,7 +199,8 @@ class Tracer:
             except _Undecidable as exc:
                 steps.append(Step(current, rule.text, False))
                 return result(Outcome.UNDECIDED, rule, reason=str(exc))
-            steps.append(Step(current, rule.text, matched))
+            if record_steps:
+                steps.append(Step(current, rule.text, matched))
             if not matched or rule.target is None:
                 continue
             target = rule.target
@@ -202,15 +225,27 @@ class Tracer:
                     except _Undecidable as exc:
                         return result(Outcome.UNDECIDED, rule, reason=str(exc))
             elif target in self.chains and target not in BUILTIN_CHAINS:
-                if len(stack) >= _MAX_DEPTH or target in {f[0] for f in stack} | {current}:
-                    why = f"jump to {target} loops back into a chain it came from"
-                    return result(Outcome.UNDECIDED, rule, reason=why)
+                if target in self._loops:
+                    return result(Outcome.UNDECIDED, rule, reason=self._loop_reason(target))
                 if not rule.goto:
                     stack.append((current, index))
                 current, index = target, 0
+                entered.append(target)
             else:
                 return result(Outcome.UNDECIDED, rule, reason=f"target {target} is not understood by trace "
                               "(only RETURN, ACCEPT, MASQUERADE, SNAT, MARK, LOG and chains of this table)")
+
+    def _loop_reason(self, chain: str) -> str:
+        return (f"loop: chain {chain} loops back into itself ({' -> '.join(self._loops[chain])}); the kernel "
+                "refuses such a table, so this dump was not read from a running node")
+
+    def _compiled_chain(self, chain: str, family: Family) -> FirstMatchTable | None:
+        """A chain whose rules test only destinations (and carry comments), each ending in a target that decides
+        or returns, as a first-match table; None for any other chain (walked rule by rule)."""
+        key = (chain, family)
+        if key not in self._compiled:
+            self._compiled[key] = _compile(self.chains.get(chain, []), family)
+        return self._compiled[key]
 
     def _policy(self, result: _ResultFactory, chain: str, returned_by: Rule | None) -> TraceResult:
         """The end of a built-in chain (or a RETURN in one): its policy decides; `returned_by` is that RETURN."""
@@ -234,6 +269,103 @@ class Tracer:
 
 def trace(table: NatTable, packet: Packet, *, chain: str = "POSTROUTING") -> TraceResult:
     return Tracer(table).trace(packet, chain=chain)
+
+
+def _compile(rules: list[Rule | _Bad], family: Family) -> FirstMatchTable | None:
+    everything = Prefix(family, 0, 0)
+    prefixes = []
+    for rule in rules:
+        if not isinstance(rule, Rule) or rule.target not in _SIMPLE_TARGETS or rule.goto:
+            return None
+        if any(m.name != "comment" for m in rule.matches) or len(rule.conditions) > 1:
+            return None
+        if not rule.conditions:
+            prefixes.append(everything)
+            continue
+        condition = rule.conditions[0]
+        if condition.option != "-d" or condition.negated:
+            return None
+        try:
+            prefix = parse_cidr(condition.value)
+        except PrefixError:
+            return None
+        if prefix.family is not family:
+            return None  # the walk says why it cannot decide
+        prefixes.append(prefix)
+    return first_match_table(prefixes, family.max_address) if len(prefixes) > 8 else None
+
+
+def _chains_in_loops(chains: dict[str, list[Rule | _Bad]]) -> dict[str, tuple[str, ...]]:
+    """Every chain that can reach itself through jumps and gotos, with one such cycle (for the message).
+
+    Iterative (a dump may chain thousands of user chains): Tarjan's strongly connected components.
+    """
+    graph = {name: sorted({r.target for r in rules if isinstance(r, Rule) and r.target in chains
+                           and r.target not in BUILTIN_CHAINS}) for name, rules in chains.items()}
+    index_of: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    loops: dict[str, tuple[str, ...]] = {}
+    counter = 0
+    for root in graph:
+        if root in index_of:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, child = work.pop()
+            if child == 0:
+                index_of[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack.add(node)
+            targets = graph[node]
+            if child < len(targets):
+                work.append((node, child + 1))
+                target = targets[child]
+                if target not in index_of:
+                    work.append((target, 0))
+                elif target in on_stack:
+                    low[node] = min(low[node], index_of[target])
+                continue
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index_of[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in graph[node]:
+                    members = set(component)
+                    for member in component:
+                        loops[member] = _cycle_from(member, graph, members)
+    return loops
+
+
+def _cycle_from(start: str, graph: dict[str, list[str]], members: set[str]) -> tuple[str, ...]:
+    """One path start -> ... -> start inside a strongly connected component (breadth-first, shortest)."""
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for target in graph[node]:
+                if target not in members:
+                    continue
+                if target == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return (start, *reversed(path[:-1]), start) if len(path) > 1 else (start, start)
+                if target not in previous:
+                    previous[target] = node
+                    following.append(target)
+        frontier = following
+    return (start, start)
 
 
 def _snat_address(to: str) -> str:
