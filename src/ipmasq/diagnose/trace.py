@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from functools import partial
+from functools import lru_cache, partial
 from typing import Protocol
 
 from ipmasq.prefix import Family, Prefix, PrefixError, format_address, parse_address, parse_cidr
@@ -143,7 +143,7 @@ class Tracer:
         self.chains: dict[str, list[Rule | _Bad]] = {name: [] for name in table.chains}
         for text in table.rules:
             try:
-                rule: Rule | _Bad = parse_rule(text)
+                rule: Rule | _Bad = parse_rule(text, already_canonical=True)
             except RuleParseError as exc:
                 rule = _Bad(text, text.split(" ", 2)[1], str(exc))
             self.chains.setdefault(rule.chain, []).append(rule)
@@ -375,11 +375,18 @@ def _snat_address(to: str) -> str:
     return to.split(":", 1)[0] if to.count(":") == 1 else to
 
 
-def _prefix(text: str, family: Family) -> Prefix:
+@lru_cache(maxsize=4096)  # check traces the same few foreign rules once per destination interval
+def _cidr(text: str) -> Prefix | None:
     try:
-        prefix = parse_cidr(text)
+        return parse_cidr(text)
     except PrefixError:
-        raise _Undecidable(f"cannot read address {text!r}") from None
+        return None
+
+
+def _prefix(text: str, family: Family) -> Prefix:
+    prefix = _cidr(text)
+    if prefix is None:
+        raise _Undecidable(f"cannot read address {text!r}")
     if prefix.family is not family:
         raise _Undecidable(f"{text} is not an IPv{family.value} prefix")
     return prefix
