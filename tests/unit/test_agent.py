@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -10,12 +11,14 @@ from pathlib import Path
 import pytest
 
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
-from ipmasq.agent.reconcile import Outcome, Reconciler
+from ipmasq.agent.reconcile import FamilyWrite, ObjectCount, Readiness, Reconciler, SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant, choose_variant
 from ipmasq.config import ConfigInput
 from ipmasq.errors import ConfigError
 from ipmasq.lab.kubelet import publish
 from ipmasq.options import PolicyOptions
+from ipmasq.policy_hash import policy_hash
+from ipmasq.prefix import Family
 from ipmasq.testing import FakeIptables
 
 LOG = logging.getLogger("test.agent")
@@ -57,13 +60,13 @@ def fake() -> FakeIptables:
 def test_first_pass_installs_then_idle_passes_write_nothing(fake: FakeIptables) -> None:
     rec = make(fake)
     rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
-    assert rec.reconcile() is Outcome.APPLIED
+    assert rec.reconcile().result is SyncResult.APPLIED
     assert [r.split(" ")[3] if " -d " in r else r.split(" -j ")[1] for r in ours(fake)] == [
         "169.254.0.0/16", "10.0.0.0/8", "MASQUERADE --random-fully"]
     fake.count("IP-MASQ-AGENT", 7)
     before = foreign(fake)
     for _ in range(10):
-        assert rec.reconcile() is Outcome.IN_SYNC
+        assert rec.reconcile().result is SyncResult.IN_SYNC
     assert fake.writes == 1
     assert fake.counters("IP-MASQ-AGENT") == [7, 7, 7]  # nothing rewritten: counters survive
     assert foreign(fake) == before
@@ -93,10 +96,10 @@ def test_drift_is_repaired_and_foreign_rules_untouched(fake: FakeIptables, drift
         table.chains["POSTROUTING"].append([jump, 0])
     foreign_before = foreign(fake)
     assert fake.save("iptables", "nat") != installed
-    assert rec.reconcile() is Outcome.APPLIED
+    assert rec.reconcile().result is SyncResult.APPLIED
     assert fake.save("iptables", "nat") == installed
     assert foreign(fake) == foreign_before
-    assert rec.reconcile() is Outcome.IN_SYNC
+    assert rec.reconcile().result is SyncResult.IN_SYNC
 
 
 def test_bad_config_keeps_last_good_and_logs_once(fake: FakeIptables, caplog: pytest.LogCaptureFixture) -> None:
@@ -108,7 +111,7 @@ def test_bad_config_keeps_last_good_and_logs_once(fake: FakeIptables, caplog: py
     for _ in range(5):
         rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.1/8]\n"))
         fake.table().chains["IP-MASQ-AGENT"] = []  # drift while the config is bad
-        assert rec.reconcile() is Outcome.APPLIED
+        assert rec.reconcile().result is SyncResult.APPLIED
         assert fake.save("iptables", "nat") == good
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1
@@ -122,13 +125,13 @@ def test_starting_with_bad_config_touches_nothing_until_a_good_one(fake: FakeIpt
     rec = make(fake)
     before = fake.save("iptables", "nat")
     rec.observe(cfg("resyncInterval: 0s\n"))
-    assert rec.reconcile() is Outcome.NO_POLICY
+    assert rec.reconcile().result is SyncResult.NO_POLICY
     rec.observe(ConfigError("cannot read: Permission denied", source="/etc/config/ip-masq-agent"))
-    assert rec.reconcile() is Outcome.NO_POLICY
+    assert rec.reconcile().result is SyncResult.NO_POLICY
     assert fake.save("iptables", "nat") == before
     assert fake.writes == 0 and not rec.ready
     rec.observe(cfg("nonMasqueradeCIDRs: []\n"))
-    assert rec.reconcile() is Outcome.APPLIED
+    assert rec.reconcile().result is SyncResult.APPLIED
     assert len(ours(fake)) == 2  # link-local RETURN and MASQUERADE
 
 
@@ -145,7 +148,7 @@ def test_changed_masq_chain_removes_the_old_chain_and_jump(fake: FakeIptables) -
     old.reconcile()
     new = make(fake, PolicyOptions())
     new.observe(ConfigInput(()))
-    assert new.reconcile() is Outcome.APPLIED
+    assert new.reconcile().result is SyncResult.APPLIED
     assert "IP-MASQ" not in fake.table().chains
     jumps = [r for r in fake.table().rules("POSTROUTING") if "ip-masq-agent" in r]
     assert len(jumps) == 1 and jumps[0].endswith("-j IP-MASQ-AGENT")
@@ -157,19 +160,19 @@ def test_busy_lock_and_rejected_payload_are_retried(fake: FakeIptables, caplog: 
     rec = make(fake)
     rec.observe(ConfigInput(()))
     fake.lock_busy = True
-    assert rec.reconcile() is Outcome.FAILED
-    assert rec.reconcile() is Outcome.FAILED
+    assert rec.reconcile().result is SyncResult.FAILED
+    assert rec.reconcile().result is SyncResult.FAILED
     assert not rec.ready
     fake.lock_busy = False
     fake.reject = "172.16.0.0/12"
-    assert rec.reconcile() is Outcome.FAILED
+    assert rec.reconcile().result is SyncResult.FAILED
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 2  # once for the lock (not per retry), once for the rejection
     assert "xtables lock" in errors[0]
     assert "rejected payload line: -A IP-MASQ-AGENT" in errors[1] and "172.16.0.0/12" in errors[1]
     assert "simulated rejection" in errors[1]  # the tool's stderr
     fake.reject = None
-    assert rec.reconcile() is Outcome.APPLIED
+    assert rec.reconcile().result is SyncResult.APPLIED
     assert rec.ready
 
 
@@ -178,7 +181,7 @@ def test_ipv6_is_managed_with_ip6tables(fake: FakeIptables) -> None:
     rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\n"))
     rec.reconcile()
     assert [r.split(" ")[3] for r in fake.table("ip6tables").rules("IP-MASQ-AGENT")[:2]] == ["fe80::/10", "fd00::/8"]
-    assert rec.reconcile() is Outcome.IN_SYNC
+    assert rec.reconcile().result is SyncResult.IN_SYNC
 
 
 def test_remove_all_removes_only_ours(fake: FakeIptables) -> None:
@@ -270,14 +273,62 @@ def test_policy_change_hook_gets_the_replaced_and_the_new_policy_only_on_a_chang
     rec.on_policy_change = lambda before, after: calls.append(
         ([str(e.prefix) for e in before.config.non_masquerade], [str(e.prefix) for e in after.config.non_masquerade]))
     rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]\n"))
-    assert rec.reconcile() is Outcome.APPLIED
+    assert rec.reconcile().result is SyncResult.APPLIED
     assert calls == []  # the first install: what the kernel held before is not a policy of ours
     fake.restore("iptables", "*nat\n-F IP-MASQ-AGENT\nCOMMIT\n")  # drift, same policy: no conntrack flush
-    assert rec.reconcile() is Outcome.APPLIED
+    assert rec.reconcile().result is SyncResult.APPLIED
     assert calls == []
     rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
-    assert rec.reconcile() is Outcome.APPLIED
+    assert rec.reconcile().result is SyncResult.APPLIED
     assert calls == [(["10.0.0.0/8", "172.16.0.0/12"], ["10.0.0.0/8"])]
     rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8\n"))  # bad: the last good policy stays, nothing flushed
-    assert rec.reconcile() is Outcome.IN_SYNC
+    assert rec.reconcile().result is SyncResult.IN_SYNC
     assert len(calls) == 1
+
+
+def test_each_pass_hands_out_its_facts_as_one_value(fake: FakeIptables) -> None:
+    rec = make(fake)
+    seen = rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 20s\n"))
+    assert seen.changed and seen.config_error is None and seen.resync_interval == 20
+    assert seen.readiness == Readiness(False, "not ready: the current config is not applied yet")
+    assert rec.policy is not None and seen.policy_hash == policy_hash(rec.policy)
+    installed = rec.reconcile()
+    # the chain, its jump, link-local RETURN, 10/8 RETURN, MASQUERADE; counted as rules: all but the chain
+    assert installed == dataclasses.replace(
+        installed, result=SyncResult.APPLIED, config_error=None, backend_error=None, drift_repair=False,
+        writes=(FamilyWrite(Family.V4, added=5, removed=0, installed=True),), removed_leftovers=(),
+        policy_hash=seen.policy_hash, objects=(ObjectCount(Family.V4, rules=4, set_elements=0),),
+        resync_interval=20.0, readiness=Readiness(True, "ready: the kernel matches the current config"))
+    assert rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 20s\n")).changed is False
+    idle = rec.reconcile()
+    assert (idle.result, idle.writes, idle.drift_repair, idle.objects) == (SyncResult.IN_SYNC, (), False,
+                                                                           installed.objects)
+    fake.table().chains["IP-MASQ-AGENT"] = []  # someone flushes our chain: the same config, so a drift repair
+    drift = rec.reconcile()
+    assert (drift.result, drift.drift_repair) == (SyncResult.APPLIED, True)
+    assert drift.writes == (FamilyWrite(Family.V4, added=3, removed=0, installed=False),)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        drift.result = SyncResult.FAILED  # type: ignore[misc]
+
+
+def test_a_bad_config_and_a_failing_backend_are_in_the_report(fake: FakeIptables) -> None:
+    rec = make(fake)
+    rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    good = rec.reconcile()
+    bad = rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.1/8]\n"))
+    assert bad.changed and bad.config_error is not None and bad.config_error.startswith("/etc/config/ip-masq-agent:1")
+    assert bad.policy_hash == good.policy_hash  # the last good policy is still the one enforced
+    kept = rec.reconcile()
+    assert kept.result is SyncResult.IN_SYNC and kept.config_error == bad.config_error
+    assert not kept.readiness.ready and kept.readiness.why == f"not ready: config error: {bad.config_error}"
+    rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n"))
+    fake.lock_busy = True
+    failed = rec.reconcile()
+    assert failed.result is SyncResult.FAILED and failed.backend_error is not None
+    assert "xtables lock" in failed.backend_error and failed.readiness.why.startswith("not ready: iptables (nft): ")
+    assert failed.objects == good.objects and failed.writes == ()  # still what the kernel was verified to hold
+    assert failed.policy_hash != good.policy_hash
+    fake.lock_busy = False
+    applied = rec.reconcile()
+    assert applied.result is SyncResult.APPLIED and not applied.drift_repair  # a config change, not drift
+    assert applied.objects == (ObjectCount(Family.V4, rules=5, set_elements=0),) and applied.readiness.ready

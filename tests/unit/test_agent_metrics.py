@@ -1,28 +1,33 @@
-"""AgentStatus (what /metrics, /healthz and /readyz report) driven by the real Reconciler over the stateful fake."""
+"""AgentStatus (what /metrics, /healthz and /readyz report) driven by the real Reconciler over the stateful fake.
+
+/metrics is written by ipmasq.agent.exposition without prometheus-client; the library is the test oracle here:
+every scrape below is parsed back with its own parser.
+"""
 
 from __future__ import annotations
 
 import io
 import json
 import logging
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import CollectorRegistry
 
 from ipmasq.agent.health import parse_listen_address
 from ipmasq.agent.logs import configure_logging
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
-from ipmasq.agent.metrics import LIVENESS_GRACE_SECONDS, AgentStatus, collect
-from ipmasq.agent.reconcile import Outcome, Reconciler
+from ipmasq.agent.metrics import LIVENESS_GRACE_SECONDS, AgentStatus, render_metrics
+from ipmasq.agent.reconcile import Reconciler, SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.config import ConfigInput
 from ipmasq.errors import UsageError
 from ipmasq.options import PolicyOptions
 from ipmasq.testing import FakeIptables
+from tests.conftest import PYTHON
 
 LOG = logging.getLogger("test.agent.metrics")
 
@@ -50,28 +55,21 @@ def make(fake: FakeIptables, clock: Clock) -> tuple[Reconciler, AgentStatus]:
                                                                       clock=clock, wall=lambda: 1.7e9)
 
 
-def step(rec: Reconciler, status: AgentStatus, config: ConfigInput | None = None, *, seconds: float = 0.003) -> Outcome:
-    """What one pass of the loop does: read, tell the observer, reconcile, tell the observer."""
+def step(rec: Reconciler, status: AgentStatus, config: ConfigInput | None = None, *,
+         seconds: float = 0.003) -> SyncResult:
+    """What one pass of the loop does: read, hand the observer the report, reconcile, hand it the pass's report."""
     status.heartbeat()
     if config is not None:
-        status.observed(rec, changed=rec.observe(config))
-    outcome = rec.reconcile()
-    status.reconciled(rec, outcome, seconds)
-    return outcome
+        status.observed(rec.observe(config))
+    report = rec.reconcile()
+    status.reconciled(report, seconds)
+    return report.result
 
 
 def scrape(status: AgentStatus) -> dict[str, float]:
-    """The exposition text parsed back, as {"name{label=value,...}": value}."""
-    from prometheus_client import generate_latest
-
-    class Collector:
-        def collect(self):  # type: ignore[no-untyped-def]
-            return collect(status)
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Collector())
+    """What /metrics serves, parsed back by prometheus-client, as {"name{label=value,...}": value}."""
     samples = {}
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+    for family in text_string_to_metric_families(render_metrics(status).decode()):
         for s in family.samples:
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
             samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
@@ -81,12 +79,12 @@ def scrape(status: AgentStatus) -> dict[str, float]:
 def test_counts_follow_installs_idle_passes_drift_and_reloads(fake: FakeIptables) -> None:
     clock = Clock()
     rec, status = make(fake, clock)
-    assert step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n")) is Outcome.APPLIED
+    assert step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n")) is SyncResult.APPLIED
     for _ in range(3):
-        assert step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n")) is Outcome.IN_SYNC
+        assert step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n")) is SyncResult.IN_SYNC
     fake.table().chains["IP-MASQ-AGENT"] = []  # someone flushes our chain
-    assert step(rec, status) is Outcome.APPLIED
-    assert step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.0/8]\n")) is Outcome.APPLIED  # a change, not drift
+    assert step(rec, status) is SyncResult.APPLIED
+    assert step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.0/8]\n")) is SyncResult.APPLIED  # a change, not drift
     m = scrape(status)
     assert m['ipmasq_syncs_total{result=applied}'] == 3 and m['ipmasq_syncs_total{result=in-sync}'] == 3
     assert m["ipmasq_drift_repairs_total"] == 1
@@ -106,7 +104,7 @@ def test_duration_histogram_is_cumulative(fake: FakeIptables) -> None:
     rec, status = make(fake, Clock())
     rec.observe(cfg("{}"))
     for seconds in (0.001, 0.2, 0.2, 3.0, 100.0):
-        status.reconciled(rec, rec.reconcile(), seconds)
+        status.reconciled(rec.reconcile(), seconds)
     m = scrape(status)
     assert [m[f"ipmasq_sync_duration_seconds_bucket{{le={le}}}"] for le in ("0.005", "0.25", "5.0", "60.0", "+Inf")] \
         == [1, 3, 4, 4, 5]
@@ -118,7 +116,7 @@ def test_bad_config_makes_not_ready_while_the_last_good_stays_enforced(fake: Fak
     step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
     assert status.readiness().ok
     good = fake.save("iptables", "nat")
-    assert step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.1/8]\n")) is Outcome.IN_SYNC
+    assert step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.1/8]\n")) is SyncResult.IN_SYNC
     ready = status.readiness()
     assert not ready.ok
     assert ready.why.startswith("not ready: config error: /etc/config/ip-masq-agent:1") and "10.0.0.1/8" in ready.why
@@ -126,25 +124,25 @@ def test_bad_config_makes_not_ready_while_the_last_good_stays_enforced(fake: Fak
     m = scrape(status)
     assert m["ipmasq_config_load_errors_total"] == 1 and m["ipmasq_config_valid"] == 0 and m["ipmasq_ready"] == 0
     # a good config again: not ready until the pass that verifies the kernel holds it
-    status.observed(rec, changed=rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10]\n")))
+    status.observed(rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10]\n")))
     assert status.readiness().why == "not ready: the current config is not applied yet"
-    status.reconciled(rec, rec.reconcile(), 0.01)
+    status.reconciled(rec.reconcile(), 0.01)
     assert status.readiness().ok and scrape(status)["ipmasq_config_valid"] == 1
 
 
 def test_backend_failure_is_not_ready_with_the_tools_error(fake: FakeIptables) -> None:
     rec, status = make(fake, Clock())
     fake.lock_busy = True
-    assert step(rec, status, cfg("{}")) is Outcome.FAILED
+    assert step(rec, status, cfg("{}")) is SyncResult.FAILED
     assert not status.readiness().ok and "xtables lock" in status.readiness().why
     assert scrape(status)['ipmasq_syncs_total{result=failed}'] == 1
     fake.lock_busy = False
-    assert step(rec, status) is Outcome.APPLIED and status.readiness().ok
+    assert step(rec, status) is SyncResult.APPLIED and status.readiness().ok
 
 
 def test_no_config_yet_touches_nothing_and_is_not_ready(fake: FakeIptables) -> None:
     rec, status = make(fake, Clock())
-    assert step(rec, status, cfg("nonMasqueradeCIDRs: [bogus]\n")) is Outcome.NO_POLICY
+    assert step(rec, status, cfg("nonMasqueradeCIDRs: [bogus]\n")) is SyncResult.NO_POLICY
     assert "config error" in status.readiness().why
     assert scrape(status)['ipmasq_syncs_total{result=no-policy}'] == 1
 
@@ -160,7 +158,7 @@ def test_seconds_since_last_success_is_computed_at_scrape(fake: FakeIptables) ->
     fake.lock_busy = True
     del fake.table().chains["POSTROUTING"][-1]  # drift that cannot be repaired while the xtables lock is held
     clock.now += 1
-    assert step(rec, status) is Outcome.FAILED
+    assert step(rec, status) is SyncResult.FAILED
     assert scrape(status)["ipmasq_seconds_since_last_successful_sync"] == 43.5
 
 
@@ -236,3 +234,58 @@ def test_text_log_lines() -> None:
         logging.getLogger().handlers.clear()
     (line,) = stream.getvalue().splitlines()
     assert line.endswith("Z ipmasq agent: WARNING config warning: unknown key")
+
+
+
+def families_of(status: AgentStatus) -> dict[str, tuple[str, str]]:
+    """{family name: (type, help)} as prometheus-client's parser reads what /metrics serves."""
+    return {f.name: (f.type, f.documentation) for f in text_string_to_metric_families(render_metrics(status).decode())}
+
+
+def test_every_family_has_its_type_and_help(fake: FakeIptables) -> None:
+    rec, status = make(fake, Clock())
+    step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    families = families_of(status)
+    # the parser names a counter's family without _total; an info is a 0.0.4 gauge under its full name
+    assert {name: kind for name, (kind, _) in families.items()} == {
+        "ipmasq_syncs": "counter", "ipmasq_sync_duration_seconds": "histogram",
+        "ipmasq_config_load_errors": "counter", "ipmasq_config_reloads": "counter",
+        "ipmasq_drift_repairs": "counter", "ipmasq_seconds_since_last_successful_sync": "gauge",
+        "ipmasq_last_successful_sync_timestamp_seconds": "gauge", "ipmasq_rules": "gauge",
+        "ipmasq_set_elements": "gauge", "ipmasq_ready": "gauge", "ipmasq_config_valid": "gauge",
+        "ipmasq_build_info": "gauge",
+        "process_virtual_memory_bytes": "gauge", "process_resident_memory_bytes": "gauge",
+        "process_start_time_seconds": "gauge", "process_cpu_seconds": "counter", "process_open_fds": "gauge",
+        "process_max_fds": "gauge",
+    }
+    assert all(help_text for _, help_text in families.values())
+    assert families["ipmasq_syncs"][1] == "Reconcile passes, by result."
+
+
+def test_label_values_are_escaped() -> None:
+    hostile = 'v1 "quoted" back\\slash\nnew line'
+    status = AgentStatus(version=hostile, backend="nftables", clock=Clock())
+    text = render_metrics(status).decode()
+    assert 'version="v1 \\"quoted\\" back\\\\slash\\nnew line"' in text  # one line, escaped
+    assert scrape(status)[f"ipmasq_build_info{{backend=nftables,version={hostile}}}"] == 1
+
+
+def test_process_metrics_come_from_proc_self() -> None:
+    m = scrape(AgentStatus(version="9.9", backend="iptables"))
+    with open("/proc/self/status") as f:
+        rss_kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    assert abs(m["process_resident_memory_bytes"] - rss_kib * 1024) < 8 * 1024 * 1024
+    assert m["process_virtual_memory_bytes"] >= m["process_resident_memory_bytes"]
+    assert 0 < time.time() - m["process_start_time_seconds"] < 24 * 3600
+    assert 0 < m["process_cpu_seconds_total"] <= time.process_time() + 0.1
+    assert 3 <= m["process_open_fds"] <= m["process_max_fds"]
+
+
+def test_serving_metrics_never_imports_prometheus_client() -> None:
+    script = ("import sys\n"
+              "import ipmasq.commands.agent\n"
+              "from ipmasq.agent.metrics import AgentStatus, render_metrics\n"
+              "assert render_metrics(AgentStatus(version='1', backend='iptables')).startswith(b'# HELP')\n"
+              "print(sorted(m for m in sys.modules if m.startswith('prometheus')))\n")
+    result = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

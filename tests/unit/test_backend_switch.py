@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from ipmasq.agent.reconcile import Outcome, Reconciler
+from ipmasq.agent.reconcile import Reconciler, SyncResult
 from ipmasq.backends.base import Result
 from ipmasq.backends.choose import make_backend
 from ipmasq.backends.iptables import IptablesBackend, Variant
@@ -52,13 +52,13 @@ class Node:
 def iptables_pass(node: Node, options: PolicyOptions = DUAL) -> None:
     rec = Reconciler(IptablesBackend(node, chain=options.masq_chain, variant=Variant.NFT), options, log=LOG)
     rec.observe(CONFIG)
-    assert rec.reconcile() is Outcome.APPLIED
+    assert rec.reconcile().result is SyncResult.APPLIED
 
 
 def nft_pass(node: Node, options: PolicyOptions = DUAL) -> None:
     rec = Reconciler(NftablesBackend(node), options, log=LOG)
     rec.observe(CONFIG)
-    assert rec.reconcile() is Outcome.APPLIED
+    assert rec.reconcile().result is SyncResult.APPLIED
 
 
 @pytest.fixture
@@ -78,7 +78,10 @@ def test_nftables_removes_an_earlier_iptables_run_once(node: Node, caplog: pytes
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
     rec.observe(CONFIG)
     with caplog.at_level(logging.INFO):
-        assert rec.reconcile() is Outcome.APPLIED
+        report = rec.reconcile()
+    assert report.result is SyncResult.APPLIED
+    # one removal: the fake answers both iptables variants from one table, so the first variant checked holds it
+    assert report.removed_leftovers == ("iptables (legacy)",)
     assert node.ours_in_iptables() == []
     # what is left of the nat table is exactly the foreign part
     left = node.iptables.save("iptables", "nat")
@@ -88,7 +91,7 @@ def test_nftables_removes_an_earlier_iptables_run_once(node: Node, caplog: pytes
     assert sum("left by an earlier run" in r.message for r in caplog.records) == 1
     # once: later passes do not look at iptables again, and an idle pass writes nothing
     calls, writes = len(node.iptables.calls), node.nft.transactions
-    assert rec.reconcile() is Outcome.IN_SYNC
+    assert rec.reconcile().result is SyncResult.IN_SYNC
     assert len(node.iptables.calls) == calls and node.nft.transactions == writes
 
 
@@ -97,19 +100,20 @@ def test_iptables_removes_an_earlier_nftables_table_and_only_it(node: Node) -> N
     backend, others = make_backend("iptables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
     rec.observe(CONFIG)
-    assert rec.reconcile() is Outcome.APPLIED
+    assert rec.reconcile().result is SyncResult.APPLIED
     assert list(node.nft.tables) == [("ip", "kube-proxy")]
     assert any("-j IP-MASQ-AGENT" in line for line in node.ours_in_iptables())
-    assert rec.reconcile() is Outcome.IN_SYNC
+    assert rec.reconcile().result is SyncResult.IN_SYNC
 
 
 def test_nothing_left_over_means_no_removal_write(node: Node) -> None:
     backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
     rec.observe(CONFIG)
-    assert rec.reconcile() is Outcome.APPLIED
+    report = rec.reconcile()
+    assert report.result is SyncResult.APPLIED
     assert node.iptables.writes == 1  # only the FOREIGN fixture's restore
-    assert rec.writes == 1
+    assert report.removed_leftovers == () and len(report.writes) == 1  # the inet table holds both families
 
 
 def test_a_missing_tool_holds_no_leftovers(node: Node) -> None:
@@ -118,7 +122,7 @@ def test_a_missing_tool_holds_no_leftovers(node: Node) -> None:
     backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
     rec.observe(CONFIG)
-    assert rec.reconcile() is Outcome.APPLIED
+    assert rec.reconcile().result is SyncResult.APPLIED
     assert node.ours_in_iptables() == []
     node.missing = {"nft"}
     assert not NftablesBackend(node).present()
@@ -130,10 +134,10 @@ def test_a_failing_removal_is_retried_before_any_write(node: Node) -> None:
     backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
     rec.observe(CONFIG)
-    assert rec.reconcile() is Outcome.FAILED
+    assert rec.reconcile().result is SyncResult.FAILED
     assert ("inet", "ip-masq-agent") not in node.nft.tables  # never two sets of our rules at once
     node.iptables.reject = None
-    assert rec.reconcile() is Outcome.APPLIED
+    assert rec.reconcile().result is SyncResult.APPLIED
     assert node.ours_in_iptables() == [] and ("inet", "ip-masq-agent") in node.nft.tables
 
 

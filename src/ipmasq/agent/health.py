@@ -6,7 +6,7 @@ kubelet's probes are exec probes (`ipmasq health`) run inside the pod, which sha
     /healthz   200 while the loop is alive: its heartbeat is recent (a wedged loop fails though this thread answers)
     /readyz    200 while the kernel matches the current config; 503 while the config is bad (the last good config
                is still enforced) or the backend fails
-    /metrics   Prometheus text format (needs prometheus-client, the `metrics` extra; 503 and one line without it)
+    /metrics   Prometheus text format 0.0.4 (ipmasq.agent.exposition: no library needed)
 
 Bodies are one line, the reason, so `ipmasq health` can print it as is.
 """
@@ -18,32 +18,18 @@ import os
 import selectors
 import socket
 import threading
-from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ipmasq.agent.metrics import AgentStatus, Check, collect
+from ipmasq.agent.exposition import CONTENT_TYPE
+from ipmasq.agent.metrics import AgentStatus, Check, render_metrics
 from ipmasq.errors import IpmasqError, UsageError
 
-if TYPE_CHECKING:
-    from prometheus_client.metrics_core import Metric
-
-__all__ = ["DEFAULT_METRICS_ADDRESS", "MISSING_LIBRARY", "StatusServer", "have_prometheus_client",
-           "parse_listen_address", "query"]
+__all__ = ["DEFAULT_METRICS_ADDRESS", "StatusServer", "parse_listen_address", "query"]
 
 # Not 9253 (NodeLocal DNSCache's metrics port on every GKE node, also php-fpm_exporter's), nor 9100 (node-exporter),
 # 9099 (calico), 9153 (CoreDNS), 9808 (CSI livenessprobe), 9962-9965 (cilium), 10248-10259 (kubelet, kube-proxy).
 DEFAULT_METRICS_ADDRESS = "127.0.0.1:9847"
-MISSING_LIBRARY = ("/metrics needs prometheus-client (pip install 'ipmasq[metrics]'); /healthz and /readyz work "
-                   "without it")
-
-
-def have_prometheus_client() -> bool:
-    try:  # an import, not find_spec: a broken or partial install counts as missing, not as a crash at first scrape
-        import prometheus_client  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def parse_listen_address(text: str) -> tuple[str, int]:
@@ -59,31 +45,10 @@ def parse_listen_address(text: str) -> tuple[str, int]:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     status: AgentStatus
-    render_metrics: Callable[[], bytes] | None
 
 
 class _Server6(_Server):
     address_family = socket.AF_INET6
-
-
-class _Collector:
-    def __init__(self, status: AgentStatus) -> None:
-        self.status = status
-
-    def collect(self) -> Iterable[Metric]:
-        return collect(self.status)
-
-
-def _metrics_renderer(status: AgentStatus) -> Callable[[], bytes] | None:
-    if not have_prometheus_client():
-        return None
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.process_collector import ProcessCollector
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(status))
-    ProcessCollector(registry=registry)  # process_resident_memory_bytes, process_cpu_seconds_total, open fds
-    return lambda: generate_latest(registry)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -98,11 +63,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/readyz":
             self._check(self.server.status.readiness())
         elif path == "/metrics":
-            render = self.server.render_metrics
-            if render is None:
-                self._send(503, MISSING_LIBRARY + "\n")
-            else:
-                self._send(200, render(), content_type="text/plain; version=0.0.4; charset=utf-8")
+            self._send(200, render_metrics(self.server.status), content_type=CONTENT_TYPE)
         else:
             self._send(404, "not found: try /metrics, /healthz or /readyz\n")
 
@@ -131,10 +92,6 @@ class StatusServer:
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
 
-    @property
-    def metrics_enabled(self) -> bool:
-        return self._server is not None and self._server.render_metrics is not None
-
     def start(self) -> None:
         host, port = parse_listen_address(self.address)
         try:
@@ -142,7 +99,6 @@ class StatusServer:
         except OSError as exc:
             raise IpmasqError(f"cannot listen on {self.address} (--metrics-address): {exc.strerror or exc}") from None
         server.status = self.status
-        server.render_metrics = _metrics_renderer(self.status)
         self._server = server
         self._thread = threading.Thread(target=self._serve, args=(server,), name="ipmasq-status", daemon=True)
         self._thread.start()

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ipmasq.agent.reconcile import Outcome, Reconciler
+from ipmasq.agent.reconcile import ConfigReport, PassReport, Reconciler, SyncResult
 from ipmasq.agent.watch import ConfigWatcher
 from ipmasq.config.source import ConfigInput, read_config_input
 from ipmasq.errors import ConfigError
@@ -68,23 +68,26 @@ class Wakeup:
 
 
 class LoopObserver(Protocol):
-    """Told what the loop does (ipmasq.agent.metrics.AgentStatus: metrics, liveness, readiness); must not block."""
+    """Told what the loop does (ipmasq.agent.metrics.AgentStatus: metrics, liveness, readiness); must not block.
+
+    It gets the Reconciler's reports, values it may keep, and never the Reconciler: it can only read what happened.
+    """
 
     def heartbeat(self) -> None: ...
 
-    def observed(self, reconciler: Reconciler, *, changed: bool) -> None: ...
+    def observed(self, report: ConfigReport) -> None: ...
 
-    def reconciled(self, reconciler: Reconciler, outcome: Outcome, seconds: float) -> None: ...
+    def reconciled(self, report: PassReport, seconds: float) -> None: ...
 
 
 class _Unobserved:
     def heartbeat(self) -> None:
         pass
 
-    def observed(self, reconciler: Reconciler, *, changed: bool) -> None:
+    def observed(self, report: ConfigReport) -> None:
         pass
 
-    def reconciled(self, reconciler: Reconciler, outcome: Outcome, seconds: float) -> None:
+    def reconciled(self, report: PassReport, seconds: float) -> None:
         pass
 
 
@@ -107,9 +110,8 @@ class Agent:
     def once(self) -> int:
         """One reconcile: 0 when the kernel now matches a good config, 1 otherwise."""
         self.reconciler.observe(_read(self.settings.config_path))
-        outcome = self.reconciler.reconcile()
-        ok = self.reconciler.ready and outcome in (Outcome.IN_SYNC, Outcome.APPLIED)
-        return 0 if ok else 1
+        report = self.reconciler.reconcile()
+        return 0 if report.readiness.ready else 1
 
     def run(self, wakeup: Wakeup) -> None:
         watcher = ConfigWatcher(self.settings.config_path, use_inotify=self.settings.use_inotify)
@@ -127,20 +129,21 @@ class Agent:
         next_resync = self.clock()  # the first pass happens at once
         while not wakeup.stop.is_set():
             self.observer.heartbeat()  # once per wakeup: at least once per resync interval, so liveness can tell
-            changed = self.reconciler.observe(_read(self.settings.config_path))
-            self.observer.observed(self.reconciler, changed=changed)
+            seen = self.reconciler.observe(_read(self.settings.config_path))
+            self.observer.observed(seen)
             now = self.clock()
-            due = changed or now >= next_resync or wakeup.resync.is_set() or (retry_at is not None and now >= retry_at)
+            due = (seen.changed or now >= next_resync or wakeup.resync.is_set()
+                   or (retry_at is not None and now >= retry_at))
             if wakeup.resync.is_set():
                 self.log.info("SIGHUP: resync now")
                 wakeup.resync.clear()
             if due:
                 started = time.perf_counter()
-                outcome = self.reconciler.reconcile()
-                self.observer.reconciled(self.reconciler, outcome, time.perf_counter() - started)
+                report = self.reconciler.reconcile()
+                self.observer.reconciled(report, time.perf_counter() - started)
                 now = self.clock()
-                next_resync = now + self.reconciler.resync_interval
-                if outcome is Outcome.FAILED:
+                next_resync = now + report.resync_interval
+                if report.result is SyncResult.FAILED:
                     retry_at = now + backoff
                     backoff = min(backoff * 2, self.settings.backoff_max)
                 else:

@@ -1,13 +1,13 @@
 """What the agent knows about itself, for /metrics, /healthz and /readyz: counters fed by the loop, read at scrape time.
 
-`AgentStatus` is pure bookkeeping (no HTTP, no prometheus-client): the loop calls its hooks (`heartbeat`,
-`observed`, `reconciled`) from its one thread; the HTTP thread reads `snapshot()`, `readiness()` and `liveness()`
-under the same lock. `collect(status)` turns a snapshot into Prometheus metric families; it is the only place that
-imports prometheus-client, so the agent (and its health endpoints) run without the library.
+`AgentStatus` is pure bookkeeping (no HTTP): the loop hands its hooks (`heartbeat`, `observed`, `reconciled`) the
+Reconciler's reports, values it only reads, from the loop's one thread; the HTTP thread reads `snapshot()`,
+`readiness()` and `liveness()` under the same lock. `render_metrics(status)` writes one scrape's Prometheus text
+(ipmasq.agent.exposition) from a snapshot and the process's own figures read from /proc/self.
 
 Metrics (all prefixed `ipmasq_`):
 
-    syncs_total{result}                  reconcile passes by Outcome: in-sync, applied, failed, no-policy
+    syncs_total{result}                  reconcile passes by SyncResult: in-sync, applied, failed, no-policy
     sync_duration_seconds                histogram of one pass (read, compare, apply, verify)
     config_load_errors_total             config changes that did not load (bad YAML, CIDR, ...; the last good is kept)
     config_reloads_total                 config changes that loaded (the first load included)
@@ -19,27 +19,28 @@ Metrics (all prefixed `ipmasq_`):
     ready                                1 when the kernel matches the current, good config
     config_valid                         0 while the current config is bad
     build_info{version,backend}          always 1
+
+and the process's: process_resident_memory_bytes, process_virtual_memory_bytes, process_cpu_seconds_total,
+process_start_time_seconds, process_open_fds, process_max_fds (the names prometheus-client's process collector
+uses, so existing dashboards keep working).
 """
 
 from __future__ import annotations
 
+import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from functools import cache
 
-from ipmasq.agent.reconcile import Outcome
+from ipmasq.agent import exposition
+from ipmasq.agent.exposition import MetricFamily
+from ipmasq.agent.reconcile import ConfigReport, PassReport, SyncResult
 
-if TYPE_CHECKING:
-    from prometheus_client.metrics_core import Metric
-
-    from ipmasq.agent.reconcile import Reconciler
-    from ipmasq.backends.base import State
-    from ipmasq.policy import Policy
-
-__all__ = ["DURATION_BUCKETS", "LIVENESS_GRACE_SECONDS", "AgentStatus", "Check", "Snapshot", "collect",
-           "count_objects"]
+__all__ = ["DURATION_BUCKETS", "LIVENESS_GRACE_SECONDS", "AgentStatus", "Check", "Snapshot", "metric_families",
+           "process_metric_families", "render_metrics"]
 
 # A pass is a few tool runs: milliseconds when idle, seconds with 100,000 CIDRs or a contended xtables lock.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -76,16 +77,9 @@ class Snapshot:
     config_valid: bool
 
 
-def count_objects(state: State) -> tuple[int, int]:
-    """(rules, set elements) among a backend State's lines (see ipmasq.backends.base.State)."""
-    rules = sum(1 for line in state.objects if line.startswith(("-A ", "rule ")))
-    elements = sum(1 for line in state.objects if line.startswith("element "))
-    return rules, elements
-
-
 @dataclass
 class _Counters:
-    syncs: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome})
+    syncs: dict[str, int] = field(default_factory=lambda: {r.value: 0 for r in SyncResult})
     duration_counts: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))
     duration_sum: float = 0.0
     config_load_errors: int = 0
@@ -94,7 +88,7 @@ class _Counters:
 
 
 class AgentStatus:
-    """The loop's observer: counts what the loop does and answers "alive?" and "ready?" for the HTTP thread."""
+    """The loop's observer: counts what the reports say and answers "alive?" and "ready?" for the HTTP thread."""
 
     def __init__(self, *, version: str, backend: str, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
@@ -109,8 +103,6 @@ class AgentStatus:
         self._counters = _Counters()
         self._last_success: float | None = None  # monotonic
         self._last_success_unix = 0.0
-        self._verified: Policy | None = None  # the policy the kernel was last verified to hold
-        self._counted: Policy | None = None  # the policy `_rules`/`_elements` were counted for
         self._rules: dict[int, int] = {}
         self._elements: dict[int, int] = {}
         self._ready = Check(False, "not ready: starting, no reconcile yet")
@@ -122,30 +114,24 @@ class AgentStatus:
         with self._lock:
             self._beat = self._clock()
 
-    def observed(self, reconciler: Reconciler, *, changed: bool) -> None:
-        """After the loop read the config; `changed`: it differed from the last read (a load or a load error)."""
-        if not changed:
+    def observed(self, report: ConfigReport) -> None:
+        """After the loop read the config; counted only when it changed (a load or a load error)."""
+        if not report.changed:
             return
         with self._lock:
-            if reconciler.config_error is not None:
+            if report.config_error is not None:
                 self._counters.config_load_errors += 1
-                self._config_valid = False
             else:
                 self._counters.config_reloads += 1
-                self._config_valid = True
-            self._resync_interval = reconciler.resync_interval
-            self._ready = self._readiness(reconciler)
+            self._config_valid = report.config_error is None
+            self._resync_interval = report.resync_interval
+            self._ready = Check(report.readiness.ready, report.readiness.why)
 
-    def reconciled(self, reconciler: Reconciler, outcome: Outcome, seconds: float) -> None:
+    def reconciled(self, report: PassReport, seconds: float) -> None:
         """After one pass; `seconds`: how long it took."""
-        policy = reconciler.policy
-        counts = None
-        if outcome in (Outcome.IN_SYNC, Outcome.APPLIED) and policy is not None and policy is not self._counted:
-            # counted from the desired State (equal to what was just verified), once per policy: backends build it once
-            counts = {f.value: count_objects(reconciler.backend.desired(policy, f)) for f in policy.families}
         with self._lock:
             c = self._counters
-            c.syncs[outcome.value] += 1
+            c.syncs[report.result.value] += 1
             c.duration_sum += seconds
             for i, bound in enumerate(DURATION_BUCKETS):
                 if seconds <= bound:
@@ -153,31 +139,15 @@ class AgentStatus:
                     break
             else:
                 c.duration_counts[-1] += 1
-            if outcome in (Outcome.IN_SYNC, Outcome.APPLIED):
-                verified = self._verified
-                if outcome is Outcome.APPLIED and verified is not None and policy is not None \
-                        and verified.config == policy.config:
-                    c.drift_repairs += 1  # this config was verified before, yet the kernel differed: someone changed it
-                self._verified = policy
+            if report.drift_repair:
+                c.drift_repairs += 1
+            if report.result.verified:
                 self._last_success = self._clock()
                 self._last_success_unix = self._wall()
-            if counts is not None:
-                self._counted = policy
-                self._rules = {family: r for family, (r, _) in counts.items()}
-                self._elements = {family: e for family, (_, e) in counts.items()}
-            self._resync_interval = reconciler.resync_interval
-            self._ready = self._readiness(reconciler)
-
-    def _readiness(self, reconciler: Reconciler) -> Check:
-        if reconciler.config_error is not None:
-            return Check(False, f"not ready: config error: {reconciler.config_error}")
-        if reconciler.policy is None:
-            return Check(False, "not ready: no config loaded yet")
-        if reconciler.backend_error is not None:
-            return Check(False, f"not ready: {reconciler.backend.name}: {reconciler.backend_error}")
-        if self._verified is not reconciler.policy:
-            return Check(False, "not ready: the current config is not applied yet")
-        return Check(True, "ready: the kernel matches the current config")
+            self._rules = {count.family.value: count.rules for count in report.objects}
+            self._elements = {count.family.value: count.set_elements for count in report.objects}
+            self._resync_interval = report.resync_interval
+            self._ready = Check(report.readiness.ready, report.readiness.why)
 
     # ---- reads, from any thread ----
 
@@ -212,45 +182,69 @@ class AgentStatus:
             )
 
 
-def collect(status: AgentStatus) -> Iterator[Metric]:
-    """The metric families of one scrape (a prometheus-client custom collector's `collect`)."""
-    from prometheus_client.core import (
-        CounterMetricFamily,
-        GaugeMetricFamily,
-        HistogramMetricFamily,
-        InfoMetricFamily,
-    )
+def render_metrics(status: AgentStatus) -> bytes:
+    """One scrape of /metrics: the agent's families, then the process's."""
+    return exposition.render([*metric_families(status.snapshot()), *process_metric_families()])
 
-    s = status.snapshot()
-    syncs = CounterMetricFamily("ipmasq_syncs", "Reconcile passes, by result.", labels=["result"])
-    for result, count in sorted(s.syncs.items()):
-        syncs.add_metric([result], count)
-    yield syncs
-    bounds = [*(repr(b) for b in DURATION_BUCKETS), "+Inf"]
-    yield HistogramMetricFamily("ipmasq_sync_duration_seconds", "Duration of one reconcile pass.",
-                                buckets=list(zip(bounds, s.duration_buckets, strict=True)), sum_value=s.duration_sum)
-    yield CounterMetricFamily("ipmasq_config_load_errors", "Config changes that failed to load (the last good config "
-                              "stays enforced).", value=s.config_load_errors)
-    yield CounterMetricFamily("ipmasq_config_reloads", "Config changes that loaded, the first load included.",
-                              value=s.config_reloads)
-    yield CounterMetricFamily("ipmasq_drift_repairs", "Passes that rewrote our rules although the config had not "
-                              "changed (someone else changed them).", value=s.drift_repairs)
-    yield GaugeMetricFamily("ipmasq_seconds_since_last_successful_sync", "Seconds since the kernel was last verified "
-                            "to match the config (since the agent started, if never).",
-                            value=s.seconds_since_last_success)
-    yield GaugeMetricFamily("ipmasq_last_successful_sync_timestamp_seconds", "Unix time of the last successful "
-                            "sync (0: never).", value=s.last_success_unix)
-    rules = GaugeMetricFamily("ipmasq_rules", "Our rules the kernel was last verified to hold.", labels=["family"])
-    elements = GaugeMetricFamily("ipmasq_set_elements", "Our nftables set elements the kernel was last verified "
-                                 "to hold.", labels=["family"])
-    for family in sorted(s.rules):
-        rules.add_metric([f"ipv{family}"], s.rules[family])
-        elements.add_metric([f"ipv{family}"], s.set_elements[family])
-    yield rules
-    yield elements
-    yield GaugeMetricFamily("ipmasq_ready", "1 when the kernel matches the current, good config.",
-                            value=1.0 if s.ready else 0.0)
-    yield GaugeMetricFamily("ipmasq_config_valid", "0 while the current config does not load.",
-                            value=1.0 if s.config_valid else 0.0)
-    yield InfoMetricFamily("ipmasq_build", "The agent's version and backend.",
-                           value={"version": s.version, "backend": s.backend})
+
+def metric_families(s: Snapshot) -> Iterator[MetricFamily]:
+    yield exposition.counter("ipmasq_syncs_total", "Reconcile passes, by result.",
+                             (({"result": result}, count) for result, count in sorted(s.syncs.items())))
+    yield exposition.histogram("ipmasq_sync_duration_seconds", "Duration of one reconcile pass.", DURATION_BUCKETS,
+                               s.duration_buckets, s.duration_sum)
+    yield exposition.counter("ipmasq_config_load_errors_total", "Config changes that failed to load (the last good "
+                             "config stays enforced).", s.config_load_errors)
+    yield exposition.counter("ipmasq_config_reloads_total", "Config changes that loaded, the first load included.",
+                             s.config_reloads)
+    yield exposition.counter("ipmasq_drift_repairs_total", "Passes that rewrote our rules although the config had "
+                             "not changed (someone else changed them).", s.drift_repairs)
+    yield exposition.gauge("ipmasq_seconds_since_last_successful_sync", "Seconds since the kernel was last verified "
+                           "to match the config (since the agent started, if never).", s.seconds_since_last_success)
+    yield exposition.gauge("ipmasq_last_successful_sync_timestamp_seconds", "Unix time of the last successful "
+                           "sync (0: never).", s.last_success_unix)
+    families = sorted(s.rules)
+    yield exposition.gauge("ipmasq_rules", "Our rules the kernel was last verified to hold.",
+                           (({"family": f"ipv{family}"}, s.rules[family]) for family in families))
+    yield exposition.gauge("ipmasq_set_elements", "Our nftables set elements the kernel was last verified to hold.",
+                           (({"family": f"ipv{family}"}, s.set_elements[family]) for family in families))
+    yield exposition.gauge("ipmasq_ready", "1 when the kernel matches the current, good config.", int(s.ready))
+    yield exposition.gauge("ipmasq_config_valid", "0 while the current config does not load.", int(s.config_valid))
+    yield exposition.info("ipmasq_build", "The agent's version and backend.",
+                          {"version": s.version, "backend": s.backend})
+
+
+@cache
+def _boot_time() -> float:
+    """Unix time the machine booted (/proc/stat btime): process start times are counted from it, in clock ticks."""
+    with open("/proc/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    raise OSError("no btime in /proc/stat")
+
+
+def process_metric_families() -> list[MetricFamily]:
+    """The process's own figures, from /proc (none where there is no /proc: the agent's metrics still answer)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            # the command name (field 2) may hold spaces and parentheses: split after its last closing parenthesis
+            stat = f.read().rsplit(b")", 1)[1].split()
+        open_fds = len(os.listdir("/proc/self/fd"))
+        boot = _boot_time()
+    except (OSError, IndexError, ValueError):
+        return []
+    ticks = os.sysconf("SC_CLK_TCK")
+    page = os.sysconf("SC_PAGE_SIZE")
+    # fields after the name, 0-based from field 3: utime 11, stime 12, starttime 19, vsize 20 (bytes), rss 21 (pages)
+    cpu = (int(stat[11]) + int(stat[12])) / ticks
+    max_fds = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return [
+        exposition.gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", int(stat[20])),
+        exposition.gauge("process_resident_memory_bytes", "Resident memory size in bytes.", int(stat[21]) * page),
+        exposition.gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
+                         boot + int(stat[19]) / ticks),
+        exposition.counter("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", cpu),
+        exposition.gauge("process_open_fds", "Number of open file descriptors.", open_fds),
+        exposition.gauge("process_max_fds", "Maximum number of open file descriptors.",
+                         max_fds if max_fds != resource.RLIM_INFINITY else float("inf")),
+    ]

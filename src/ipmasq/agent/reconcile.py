@@ -6,6 +6,10 @@ seen the kernel is left untouched. It performs no I/O of its own beyond the inje
 
 `others` are the backends not chosen: before its first write the Reconciler removes whatever they left (an agent
 that ran with the other backend before), once, so that two sets of our rules never decide the same packet.
+
+What happened is handed out as values, never as the Reconciler itself: `observe` returns a ConfigReport (what one
+read of the config did), `reconcile` a PassReport (what one pass found, wrote and verified). Metrics, health and
+the `--once` exit code only read those; nothing downstream asks the backend again or re-derives a fact.
 """
 
 from __future__ import annotations
@@ -15,21 +19,90 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from ipmasq.backends.base import Backend, Removable
+from ipmasq.backends.base import Backend, Removable, State
 from ipmasq.config.model import DEFAULT_RESYNC_SECONDS
 from ipmasq.config.source import ConfigInput, config_from_bytes
 from ipmasq.errors import BackendError, ConfigError, IpmasqError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
+from ipmasq.policy_hash import policy_hash
+from ipmasq.prefix import Family
 
-__all__ = ["Outcome", "Reconciler"]
+__all__ = ["ConfigReport", "FamilyWrite", "ObjectCount", "PassReport", "Readiness", "Reconciler", "SyncResult",
+           "count_objects"]
 
 
-class Outcome(Enum):
+class SyncResult(Enum):
     IN_SYNC = "in-sync"  # the kernel already matched: nothing written
     APPLIED = "applied"  # one transaction written per differing family, and verified
     NO_POLICY = "no-policy"  # no good config seen yet: nothing touched
     FAILED = "failed"  # a backend error: retry with backoff
+
+    @property
+    def verified(self) -> bool:
+        """The kernel was read back and holds the policy."""
+        return self in (SyncResult.IN_SYNC, SyncResult.APPLIED)
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """Whether the kernel was verified to hold the current, good config, and the one-line reason (/readyz's body)."""
+
+    ready: bool
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyWrite:
+    """One transaction a pass wrote: a family's objects made equal to the desired ones, then verified."""
+
+    family: Family
+    added: int  # desired objects the kernel did not hold
+    removed: int  # objects of ours the kernel held that the policy does not want
+    installed: bool  # the kernel held none of our objects for this family before
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectCount:
+    """Our objects in one family of the desired State the kernel was last verified to hold."""
+
+    family: Family
+    rules: int  # iptables rules (the POSTROUTING jump included) or nftables rules
+    set_elements: int  # nftables set elements (0 with iptables)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigReport:
+    """What one read of the config did (Reconciler.observe)."""
+
+    changed: bool  # the input differed from the last read: it loaded, or failed to load
+    config_error: str | None  # the current config's error, located (file:line: message); None: it is good
+    policy_hash: str | None  # policy_hash of the last good policy (enforced even while the config is bad)
+    resync_interval: float  # seconds, from the last good config (the default before one)
+    readiness: Readiness
+
+
+@dataclass(frozen=True, slots=True)
+class PassReport:
+    """The facts of one reconcile pass, for whoever reports on it (metrics, health, the --once exit code)."""
+
+    result: SyncResult
+    config_error: str | None  # the current config's error, if it is bad (the last good one was enforced)
+    backend_error: str | None  # the backend's error when result is FAILED
+    drift_repair: bool  # the kernel differed although the config verified before had not changed: someone else wrote
+    writes: tuple[FamilyWrite, ...]  # the transactions this pass wrote (a FAILED pass may have written some)
+    removed_leftovers: tuple[str, ...]  # the other backends whose objects this pass removed
+    policy_hash: str | None  # policy_hash of the policy this pass enforced (None: no good config yet)
+    objects: tuple[ObjectCount, ...]  # per family, of the policy the kernel was last verified to hold
+    resync_interval: float
+    readiness: Readiness
+
+
+def count_objects(state: State) -> tuple[int, int]:
+    """(rules, set elements) among a backend State's lines (see ipmasq.backends.base.State)."""
+    rules = sum(1 for line in state.objects if line.startswith(("-A ", "rule ")))
+    elements = sum(1 for line in state.objects if line.startswith("element "))
+    return rules, elements
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,31 +121,43 @@ class Reconciler:
         # called after the kernel was verified to hold a new policy, with the one it replaced (conntrack cleanup)
         self.on_policy_change = on_policy_change
         self._enforced: Policy | None = None  # the policy the kernel was last verified to hold
+        self._objects: tuple[ObjectCount, ...] = ()  # counted from _enforced's desired States
         self.others = tuple(others)
         self._others_checked = not self.others
         self.options = options
         self.log = log
         self.policy: Policy | None = None  # the last good policy, enforced even while the config is bad
+        self._policy_hash: str | None = None  # policy_hash(self.policy), computed once per policy
         self.config_error: str | None = None
         self.backend_error: str | None = None
-        self.writes = 0
         self._seen: _Seen | None = None
 
     @property
     def ready(self) -> bool:
-        """Ready: the current config is good and the kernel was verified to match it."""
-        return self.policy is not None and self.config_error is None and self.backend_error is None
+        return self.readiness().ready
+
+    def readiness(self) -> Readiness:
+        """Ready: the current config is good and the kernel was verified to hold it."""
+        if self.config_error is not None:
+            return Readiness(False, f"not ready: config error: {self.config_error}")
+        if self.policy is None:
+            return Readiness(False, "not ready: no config loaded yet")
+        if self.backend_error is not None:
+            return Readiness(False, f"not ready: {self.backend.name}: {self.backend_error}")
+        if self._enforced is not self.policy:
+            return Readiness(False, "not ready: the current config is not applied yet")
+        return Readiness(True, "ready: the kernel matches the current config")
 
     @property
     def resync_interval(self) -> float:
         return self.policy.config.resync_interval if self.policy is not None else DEFAULT_RESYNC_SECONDS
 
-    def observe(self, config_input: ConfigInput | ConfigError) -> bool:
-        """Take a freshly read config (or the error reading it); returns True when it changed."""
+    def observe(self, config_input: ConfigInput | ConfigError) -> ConfigReport:
+        """Take a freshly read config (or the error reading it); the report says whether it changed."""
         seen = (_Seen(None, config_input.located()) if isinstance(config_input, ConfigError)
                 else _Seen(config_input, None))
         if seen == self._seen:
-            return False
+            return self._config_report(changed=False)
         self._seen = seen
         try:
             if isinstance(config_input, ConfigError):
@@ -82,74 +167,100 @@ class Reconciler:
             self.config_error = exc.located()
             keeping = "keeping the last good config" if self.policy is not None else "leaving the rules untouched"
             self.log.error("config error: %s (%s; not ready)", self.config_error, keeping)
-            return True
+            return self._config_report(changed=True)
         for warning in config.warnings:
             self.log.warning("config warning: %s", warning)
         changed = self.policy is None or self.policy.config != config
-        self.policy = Policy(config, self.options)
+        if changed:  # an equal config keeps its Policy: verified once, it stays verified (and its caches warm)
+            self.policy = Policy(config, self.options)
+            self._policy_hash = policy_hash(self.policy)
+        assert self._policy_hash is not None
         if self.config_error is not None or changed:
             where = ", ".join(config.sources) if config.sources else "no config file: the built-in defaults"
-            self.log.info("config loaded from %s: %d non-masquerade, %d masquerade CIDRs, resync every %gs",
-                          where, len(config.non_masquerade), len(config.masquerade), config.resync_interval)
+            self.log.info("config loaded from %s: %d non-masquerade, %d masquerade CIDRs, resync every %gs "
+                          "(policy %s)", where, len(config.non_masquerade), len(config.masquerade),
+                          config.resync_interval, self._policy_hash[:12])
         self.config_error = None
-        return True
+        return self._config_report(changed=True)
 
-    def reconcile(self) -> Outcome:
+    def _config_report(self, *, changed: bool) -> ConfigReport:
+        return ConfigReport(changed=changed, config_error=self.config_error, policy_hash=self._policy_hash,
+                            resync_interval=self.resync_interval, readiness=self.readiness())
+
+    def reconcile(self) -> PassReport:
         """Make the kernel match the last good policy; write only where it differs, then read back and verify."""
         policy = self.policy
         if policy is None:
-            return Outcome.NO_POLICY
-        outcome = Outcome.IN_SYNC
+            return self._pass_report(SyncResult.NO_POLICY)
+        # the kernel was verified to hold this very config before: a difference now is someone else's doing
+        drift = self._enforced is not None and self._enforced.config == policy.config
+        writes: list[FamilyWrite] = []
+        removed: list[str] = []
+        wanted: list[State] = []
         try:
             if not self._others_checked:
-                self._remove_others()
+                self._remove_others(removed)
             for family in policy.families:
                 current = self.backend.read(family)
                 want = self.backend.desired(policy, family)
+                wanted.append(want)
                 if current == want:
                     continue
                 self.backend.apply(policy, family, current)
-                self.writes += 1
                 after = self.backend.read(family)
                 if after != want:
                     raise BackendError(f"IPv{family.value} rules differ from the desired ones right after applying "
                                        f"them (someone else is writing, or the kernel rewrote a rule)")
-                drift = self._enforced is not None and self._enforced.config == policy.config
+                write = _family_write(family, current, want)
+                writes.append(write)
                 self.log.info("applied IPv%d rules with %s (%s)", family.value, self.backend.name,
-                              _describe(current.objects, want.objects, drift=drift))
-                outcome = Outcome.APPLIED
+                              _describe(write, len(want.objects), drift=drift))
         except IpmasqError as exc:
             message = str(exc)
             if message != self.backend_error:
                 self.log.error("%s: %s (will retry)", self.backend.name, message)
             self.backend_error = message
-            return Outcome.FAILED
+            return self._pass_report(SyncResult.FAILED, writes=writes, removed=removed)
         if self.backend_error is not None:
             self.log.info("%s: recovered", self.backend.name)
         self.backend_error = None
         previous, self._enforced = self._enforced, policy
+        if previous is not policy:
+            # counted once per policy, from the desired States just verified (equal to what the kernel holds)
+            self._objects = tuple(ObjectCount(want.family, *count_objects(want)) for want in wanted)
         if previous is not None and previous is not policy and self.on_policy_change is not None:
             self.on_policy_change(previous, policy)
-        return outcome
+        result = SyncResult.APPLIED if writes else SyncResult.IN_SYNC
+        return self._pass_report(result, writes=writes, removed=removed, drift_repair=drift and bool(writes))
 
-    def _remove_others(self) -> None:
+    def _pass_report(self, result: SyncResult, *, writes: Sequence[FamilyWrite] = (), removed: Sequence[str] = (),
+                     drift_repair: bool = False) -> PassReport:
+        return PassReport(result=result, config_error=self.config_error, backend_error=self.backend_error,
+                          drift_repair=drift_repair, writes=tuple(writes), removed_leftovers=tuple(removed),
+                          policy_hash=self._policy_hash, objects=self._objects,
+                          resync_interval=self.resync_interval, readiness=self.readiness())
+
+    def _remove_others(self, removed: list[str]) -> None:
         for other in self.others:
             if other.present():
                 other.remove_all()
-                self.writes += 1
+                removed.append(other.name)
                 self.log.info("removed the objects of %s left by an earlier run (this agent uses %s)", other.name,
                               self.backend.name)
         self._others_checked = True  # only once all are gone: a failure is retried with the next pass
 
 
-def _describe(before: tuple[str, ...], after: tuple[str, ...], *, drift: bool) -> str:
+def _family_write(family: Family, before: State, after: State) -> FamilyWrite:
+    had, want = set(before.objects), set(after.objects)
+    return FamilyWrite(family, added=len(want - had), removed=len(had - want), installed=not before.objects)
+
+
+def _describe(write: FamilyWrite, objects: int, *, drift: bool) -> str:
     """drift: the kernel was verified to hold this config before, so someone else changed it (not a config change)."""
-    if not before:
-        return f"installed {len(after)} objects"
-    gone = len(set(before) - set(after))
-    new = len(set(after) - set(before))
+    if write.installed:
+        return f"installed {objects} objects"
     if not drift:
-        return f"config change: {new} added, {gone} removed"
-    if not gone and not new:
+        return f"config change: {write.added} added, {write.removed} removed"
+    if not write.added and not write.removed:
         return "repaired order"
-    return f"repaired drift: {new} missing, {gone} unexpected"
+    return f"repaired drift: {write.added} missing, {write.removed} unexpected"

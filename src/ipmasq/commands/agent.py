@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ipmasq import __version__
-from ipmasq.agent.health import DEFAULT_METRICS_ADDRESS, MISSING_LIBRARY, StatusServer
+from ipmasq.agent.health import DEFAULT_METRICS_ADDRESS, StatusServer
 from ipmasq.agent.logs import LOG_FORMATS, configure_logging
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
 from ipmasq.agent.metrics import AgentStatus
@@ -87,10 +87,7 @@ def _serve_status(status: AgentStatus, address: str, log: logging.Logger) -> Sta
         return None
     server = StatusServer(status, address)
     server.start()
-    if server.metrics_enabled:
-        log.info("serving /metrics, /healthz and /readyz on %s", address)
-    else:
-        log.warning("serving /healthz and /readyz on %s; %s", address, MISSING_LIBRARY)
+    log.info("serving /metrics, /healthz and /readyz on %s", address)
     return server
 
 

@@ -1,0 +1,42 @@
+"""A policy's identity: one stable hash of what the kernel is told (config + flags), equal across processes.
+
+Hashed is the canonical rendering of the *effective* policy, not the config bytes: the ordered rule entries per
+managed family (what the chain's RETURN/MASQUERADE rules or the nftables sets hold), the flags that shape the rules
+(chain name, --random-fully, --to-ports) and the resync interval. So comments, key case, list order where it does
+not change the rules, the file's path or a flag whose effect the config overrides (--nomasq-all-reserved-ranges
+next to an explicit nonMasqueradeCIDRs) leave it unchanged, while anything that changes what a packet gets or how
+often the agent checks does change it. Python's own hash() is salted per process: sha256 is not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from ipmasq.policy import Policy
+
+__all__ = ["POLICY_HASH_VERSION", "policy_hash"]
+
+# Part of the hashed text: bump it when the canonical rendering changes, so old and new hashes never collide.
+POLICY_HASH_VERSION = "ipmasq-policy-v1"
+
+
+def canonical_policy(policy: Policy) -> str:
+    """The text policy_hash hashes: one line per fact, entries in the order the kernel evaluates them."""
+    options = policy.options
+    lines = [
+        POLICY_HASH_VERSION,
+        f"chain {options.masq_chain}",
+        f"random-fully {str(options.random_fully).lower()}",
+        f"to-ports {','.join(str(r) for r in options.to_ports)}",
+        f"resync-interval {policy.config.resync_interval!r}",
+    ]
+    for family in policy.families:
+        lines.append(f"family {family.value}")
+        lines.extend(f"{entry.prefix} {'masquerade' if entry.masquerade else 'preserve'}"
+                     for entry in policy.rule_entries(family))
+    return "\n".join(lines) + "\n"
+
+
+def policy_hash(policy: Policy) -> str:
+    """sha256 (hex) of canonical_policy: the same effective policy gives the same value in any process."""
+    return hashlib.sha256(canonical_policy(policy).encode()).hexdigest()
