@@ -2,8 +2,8 @@
 # The container image's install steps (the Dockerfile runs exactly this; the test suite runs it too, into a
 # throwaway prefix, so the image recipe cannot rot unnoticed).
 #   install-image.sh SOURCE_DIR PREFIX
-# Installs Debian's iptables, nftables and conntrack when missing, then ipmasq (non-editable, with the
-# metrics extra) into a virtual environment at PREFIX, and checks that the command runs.
+# Installs Debian's iptables, nftables and conntrack when missing, then ipmasq (non-editable; /metrics needs
+# no extra) into a virtual environment at PREFIX, and checks that the command runs and /metrics renders.
 set -euo pipefail
 src=${1:?usage: install-image.sh SOURCE_DIR PREFIX}
 prefix=${2:?usage: install-image.sh SOURCE_DIR PREFIX}
@@ -19,7 +19,9 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 python3 -m venv "$prefix"
-"$prefix/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check "$src[metrics]"
-# smoke test: the installed command renders the reference defaults
+"$prefix/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check "$src"
+# smoke test: the installed command renders the reference defaults, and the agent's /metrics text renders
 "$prefix/bin/ipmasq" --version
 "$prefix/bin/ipmasq" render >/dev/null
+"$prefix/bin/python" -c 'from ipmasq.agent.metrics import AgentStatus, render_metrics
+assert b"ipmasq_build_info" in render_metrics(AgentStatus(version="smoke", backend="none"))'
