@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ipmasq.errors import IpmasqError
+from ipmasq.errors import IpmasqError, excerpt
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
@@ -238,7 +238,7 @@ def _address(text: str) -> tuple[Family, int]:
     try:
         return Family.V6, int.from_bytes(socket.inet_pton(socket.AF_INET6, text), "big")
     except OSError:
-        raise NftParseError(f"not an address in a set: {text!r}") from None
+        raise NftParseError(f"not an address in a set: {excerpt(repr(text))}") from None
 
 
 def parse_address_element(element: Any) -> tuple[int, int]:
@@ -251,12 +251,14 @@ def parse_address_element(element: Any) -> tuple[int, int]:
             return parse_address_element(element["elem"].get("val"))
         if "prefix" in element:
             family, network = _address(element["prefix"]["addr"])
-            length = int(element["prefix"]["len"])
+            length = element["prefix"]["len"]
+            if type(length) is not int or not 0 <= length <= family.bits:
+                raise NftParseError(f"prefix length {_shown(length)} is not one of {family.name}")
             return network, network | ((1 << (family.bits - length)) - 1)
         if "range" in element:
             a, b = element["range"]
             return _address(a)[1], _address(b)[1]
-    raise NftParseError(f"not an address element: {json.dumps(element)}")
+    raise NftParseError(f"not an address element: {_shown(element)}")
 
 
 def _elements(raw: list[Any], family: Family) -> tuple[tuple[int, int], ...]:
@@ -276,11 +278,14 @@ def _elements(raw: list[Any], family: Family) -> tuple[tuple[int, int], ...]:
             prefix = e.get("prefix") if type(e) is dict else None
             if prefix is not None:
                 n = from_bytes(pton(af, prefix["addr"]), "big")
-                append((n, n | ((1 << (bits - prefix["len"])) - 1)))
+                length = prefix["len"]
+                if type(length) is not int or not 0 <= length <= bits:  # a huge shift would eat memory
+                    raise ValueError(length)
+                append((n, n | ((1 << (bits - length)) - 1)))
             else:
                 append(parse_address_element(e))
-    except (OSError, KeyError, TypeError):
-        bad = json.dumps(raw[len(out)])
+    except (OSError, KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError, NftParseError):
+        bad = _shown(raw[len(out)] if isinstance(raw, list) and len(out) < len(raw) else raw)
         raise NftParseError(f"a {family.name} set holds an element we cannot read: {bad}") from None
     if any(out[i][0] <= out[i - 1][1] for i in range(1, len(out))):
         out.sort()  # nft lists interval sets in order; sort only when it did not
@@ -296,13 +301,27 @@ def parse_list_json(text: str, *, table: str = TABLE, family: str = TABLE_FAMILY
     try:
         document = json.loads(text)
         items = document["nftables"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise NftParseError(f"nft -j output is not an nftables JSON listing: {exc}") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise NftParseError(f"nft -j output is not an nftables JSON listing: {excerpt(str(exc))}") from None
+    if not isinstance(items, list):
+        raise NftParseError(f'"nftables" holds {_shown(items)}, not a list of objects')
+    try:
+        return _table_from_items(items, table=table, family=family, table_listed=table_listed)
+    except (KeyError, TypeError, ValueError, AttributeError, StopIteration) as exc:
+        raise NftParseError(f"nft -j output has an object of an unexpected shape ({type(exc).__name__}: "
+                            f"{excerpt(str(exc))})") from None
+
+
+def _table_from_items(items: list[Any], *, table: str, family: str, table_listed: bool) -> NftTable | None:
+    """The listing's objects that belong to our table; any malformed object raises (KeyError, TypeError, ...)."""
     found = not table_listed
     sets: list[NftSet] = []
     chains: dict[str, dict[str, Any]] = {}
     rules: dict[str, list[str]] = {}
-    for item in items:
+    for number, item in enumerate(items, start=1):
+        if not isinstance(item, dict) or len(item) != 1 or not isinstance(next(iter(item.values())), dict):
+            raise NftParseError(f"object {number} of the listing is not {{KIND: {{...}}}}: "
+                                f"{_shown(item)}")
         kind, body = next(iter(item.items()))
         if kind == "metainfo" or body.get("family") != family:
             continue
@@ -315,24 +334,49 @@ def parse_list_json(text: str, *, table: str = TABLE, family: str = TABLE_FAMILY
             set_type = str(body.get("type"))
             elements = _elements(body.get("elem", []), Family.V6 if set_type == "ipv6_addr" else Family.V4)
             flags = body.get("flags", ())
-            sets.append(NftSet(body["name"], set_type, tuple([flags] if isinstance(flags, str) else flags), elements))
+            flags = [flags] if isinstance(flags, str) else flags
+            if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+                raise NftParseError(f"set flags are not a list of words: {_shown(flags)}")
+            sets.append(NftSet(_name(body, "name"), set_type, tuple(flags), elements))
         elif kind == "chain":
-            chains[body["name"]] = body
+            chains[_name(body, "name")] = body
             rules.setdefault(body["name"], [])
         elif kind == "rule":
-            rules.setdefault(body["chain"], []).append(rule_from_json(body))
+            rules.setdefault(_name(body, "chain"), []).append(rule_from_json(body))
         else:
             # maps, flowtables, counters...: not ours; record them so the table never compares equal
             rules.setdefault(f"<{kind}>", []).append(json.dumps(body, sort_keys=True))
     if not found:
         return None
     parsed_chains = [
-        NftChain(name, str(b.get("type", "")), str(b.get("hook", "")), int(b.get("prio", 0)), str(b.get("policy", "")),
+        NftChain(name, str(b.get("type", "")), str(b.get("hook", "")), _priority_of(b), str(b.get("policy", "")),
                  tuple(rules.get(name, ())))
         for name, b in chains.items()
     ]
     parsed_chains += [NftChain(name, "", "", 0, "", tuple(r)) for name, r in rules.items() if name not in chains]
     return NftTable(tuple(sorted(sets, key=lambda s: s.name)), tuple(sorted(parsed_chains, key=lambda c: c.name)))
+
+
+def _shown(value: Any) -> str:
+    """A JSON value for an error line: cut short, and never an error of its own (deep nesting)."""
+    try:
+        return excerpt(json.dumps(value))
+    except (ValueError, TypeError, RecursionError):
+        return "(a value too deeply nested to show)"
+
+
+def _name(body: dict[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str):
+        raise NftParseError(f"an object without a {key} string: {_shown(body)}")
+    return value
+
+
+def _priority_of(chain: dict[str, Any]) -> int:
+    value = chain.get("prio", 0)
+    if type(value) is not int:
+        raise NftParseError(f"chain {_shown(chain.get('name'))} has priority {_shown(value)}, not a number")
+    return value
 
 
 # --- rule text <-> JSON expressions ------------------------------------------------------------------------------
