@@ -15,13 +15,15 @@ flow logs repeat the same few conversations millions of times.
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import IO, Any
 
-from ipmasq.errors import IpmasqError
+from ipmasq.errors import IpmasqError, excerpt
 from ipmasq.policy import Policy, Reason
 from ipmasq.prefix import Family, Prefix, format_address, parse_address
 
@@ -56,6 +58,13 @@ class RawCounts:
 
 
 def _open(path: str) -> IO[str]:
+    """A flow log as text, gunzipped when it is gzip (by its magic bytes, not its name); `-` is stdin."""
+    if path == "-":
+        # its own buffered reader over fd 0, to peek at the magic bytes (closing it leaves stdin open)
+        stdin = io.BufferedReader(io.FileIO(sys.stdin.fileno(), closefd=False))
+        if stdin.peek(2)[:2] == _GZIP_MAGIC:
+            return io.TextIOWrapper(gzip.GzipFile(fileobj=stdin), encoding="utf-8", errors="replace")
+        return io.TextIOWrapper(stdin, encoding="utf-8", errors="replace")
     try:
         with open(path, "rb") as probe:
             magic = probe.read(2)
@@ -77,7 +86,7 @@ class _PodSources:
         try:
             family, address = parse_address(text)
         except ValueError:
-            raise FlowLogError(f"{path}:{number}: source {text!r} is not an IP address") from None
+            raise FlowLogError(f"{path}:{number}: source {excerpt(repr(text))} is not an IP address") from None
         pod = self.known[text] = _in_ranges(family, address, self.ranges)
         return pod
 
@@ -86,8 +95,9 @@ def count_flows(paths: Iterable[str], pod_ranges: tuple[Prefix, ...]) -> RawCoun
     """Read the files, keep the records whose source is in `pod_ranges`, count them by (src, dst, action)."""
     raw = RawCounts({})
     pods = _PodSources(pod_ranges)
-    for path in paths:
-        fh = _open(path)
+    for given in paths:
+        fh = _open(given)
+        path = "<stdin>" if given == "-" else given  # as messages name it
         try:
             with fh:
                 first = _first_line(fh)
@@ -138,7 +148,7 @@ def _count_aws(path: str, first: tuple[int, str], fh: IO[str], raw: RawCounts, p
         if len(parts) == fmt.width + 1 and "T" in parts[0] and ":" in parts[0]:
             return parts[1:]  # CloudWatch prints the event's timestamp first
         raise FlowLogError(f"{path}:{number}: not an AWS flow log record ({fmt.width} fields: "
-                           f"{' '.join(fmt.fields[:5])} ...): {' '.join(parts)[:120]!r}")
+                           f"{' '.join(fmt.fields[:5])} ...): {excerpt(repr(' '.join(parts)))}")
 
     for line in _prepend(first[1], fh):
         number += 1
@@ -197,10 +207,13 @@ def _count_gcp(path: str, first: tuple[int, str], fh: IO[str], raw: RawCounts, p
             payload = entry.get("jsonPayload", entry)
             connection = payload["connection"]
             src = connection["src_ip"]
-            key = (src, connection["dest_ip"], str(payload.get("disposition", "-")))
-        except (ValueError, KeyError, TypeError, AttributeError):  # orjson.JSONDecodeError is a ValueError
+            dst = connection["dest_ip"]
+            if type(src) is not str or type(dst) is not str:
+                raise TypeError("addresses must be strings")
+            key = (src, dst, str(payload.get("disposition", "-")))
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # orjson's errors are ValueErrors
             raise FlowLogError(f"{path}:{number}: not a GCP VPC flow log JSON record with "
-                               f"connection.src_ip/dest_ip: {line.strip()[:120]!r}") from None
+                               f"connection.src_ip/dest_ip strings: {excerpt(repr(line.strip()))}") from None
         raw.records += 1
         pod = known.get(src)
         if pod is None:
@@ -291,10 +304,10 @@ def audit(raw: RawCounts, policy: Policy, *, group_bits: dict[Family, int] | Non
             try:
                 parsed = destinations[dst] = parse_address(dst)
             except ValueError:
-                raise FlowLogError(f"{path}:{number}: destination {dst!r} is not an IP address") from None
+                raise FlowLogError(f"{path}:{number}: destination {excerpt(repr(dst))} is not an IP address") from None
         action = _ACTIONS.get(action_text.upper())
         if action is None:
-            raise FlowLogError(f"{path}:{number}: action {action_text!r} is not ACCEPT or REJECT")
+            raise FlowLogError(f"{path}:{number}: action {excerpt(repr(action_text))} is not ACCEPT or REJECT")
         family, address = parsed
         length = bits[family]
         network = address & ~((1 << (family.bits - length)) - 1)

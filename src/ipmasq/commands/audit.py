@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from ipmasq.audit import AuditReport, Group, audit, count_flows
-from ipmasq.commands.common import add_policy_flags, cidr_flag, load_policy_config, options_from_args
+from ipmasq.commands.common import add_output_flag, add_policy_flags, cidr_flag, load_policy, print_json
 from ipmasq.errors import UsageError
-from ipmasq.policy import Policy
 from ipmasq.prefix import Family
 
 __all__ = ["register", "run"]
@@ -31,7 +28,7 @@ def register(subparsers: Any) -> None:
                         help="group IPv4 destinations by this prefix length (default 32: one group per address; "
                         "IPv6 uses /128, or BITS+96 when BITS < 32)")
     add_policy_flags(parser, config_help="config file or directory (default: none, the built-in defaults)")
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    add_output_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -39,16 +36,13 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.group_prefix <= 32:
         raise UsageError(f"--group-prefix: {args.group_prefix} is not between 0 and 32")
     pods = cidr_flag("--pod-range", args.pod_range)
-    options = options_from_args(args)
-    config = load_policy_config(args, options)
-    for warning in config.warnings:
-        print(f"ipmasq audit: warning: {warning}", file=sys.stderr)
-    policy = Policy(config, options)
+    policy = load_policy(args, "audit")
     bits = {Family.V4: args.group_prefix, Family.V6: 128 if args.group_prefix == 32 else args.group_prefix + 96}
+    if args.flowlogs.count("-") > 1:
+        raise UsageError("- (standard input) can be given once")
     report = audit(count_flows(args.flowlogs, pods), policy, group_bits=bits)
     if args.output == "json":
-        json.dump(as_dict(report), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(as_dict(report))
     else:
         print(f"{report.records} flow records ({report.skipped} without addresses skipped); {report.pod_flows} from "
               f"pod addresses, to {len(report.groups)} destination(s)")
