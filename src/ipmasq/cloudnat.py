@@ -52,7 +52,10 @@ class PathResult:
 
 def is_internet(destination: str) -> bool:
     """Traffic to globally routable addresses leaves through the NAT gateway; private ones stay in the VPC."""
-    return ipaddress.ip_address(destination).is_global
+    address = ipaddress.ip_address(destination)
+    if address.version == 6 and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # the IPv4 packet an IPv6 socket shows as ::ffff:a.b.c.d
+    return address.is_global
 
 
 def follow_path(verdict: Verdict, *, pod_ip: str | None, node_ip: str | None,

@@ -105,12 +105,16 @@ def parse_cidr(text: str) -> Prefix:
 
 
 def parse_address(text: str) -> tuple[Family, int]:
-    """An IP address (no prefix length) as (family, integer); ValueError when it is not one."""
+    """An IP address (no prefix length) as (family, integer), an IPv4-mapped IPv6 address as the IPv4 address it
+    maps; ValueError when it is not an address."""
     try:  # fast path: explain answers hundreds of thousands of destinations a second
         return Family.V4, _from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
     except OSError:
         pass
     ip = ipaddress.ip_address(text.strip())
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        # ::ffff:a.b.c.d is how an IPv6 socket shows an IPv4 peer: the packet on the wire is IPv4
+        return Family.V4, int(ip.ipv4_mapped)
     return (Family.V4 if ip.version == 4 else Family.V6), int(ip)
 
 

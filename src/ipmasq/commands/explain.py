@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from ipmasq.cloudnat import CloudNat, CloudNatMode, follow_path
-from ipmasq.commands.common import add_policy_flags, address_flag, cidr_flag, load_policy_config, options_from_args
-from ipmasq.errors import UsageError
+from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, load_policy, print_json
+from ipmasq.errors import UsageError, excerpt
 from ipmasq.policy import Policy, Reason, Verdict
 from ipmasq.prefix import parse_address
 
@@ -34,7 +32,7 @@ def register(subparsers: Any) -> None:
     add_policy_flags(parser, config_help="config file or directory (default: none, the built-in defaults)")
     parser.add_argument("--source", metavar="POD_IP", help="the pod's IP (shown as the source when not masqueraded)")
     parser.add_argument("--node-ip", metavar="NODE_IP", help="the node's IP (shown as the source when masqueraded)")
-    nat = parser.add_argument_group("second NAT layer (seed 002: Cloud NAT behind the node)")
+    nat = parser.add_argument_group("second NAT layer (Cloud NAT behind the node)")
     nat.add_argument("--pod-range", action="append", default=[], metavar="CIDR",
                      help="the secondary range pods take their IPs from (repeatable)")
     nat.add_argument("--node-range", action="append", default=[], metavar="CIDR",
@@ -42,7 +40,7 @@ def register(subparsers: Any) -> None:
     nat.add_argument("--cloud-nat", choices=[m.value for m in CloudNatMode], metavar="MODE",
                      help="Cloud NAT's source ranges: ALL_IP_RANGES, PRIMARY_IP_RANGE or LIST_OF_SECONDARY_IP_RANGES")
     nat.add_argument("--nat-ip", metavar="IP", help="the Cloud NAT gateway's public address")
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    add_output_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -62,24 +60,24 @@ def run(args: argparse.Namespace) -> int:
     for flag, text in (("--source", args.source), ("--node-ip", args.node_ip)):
         if text is not None:
             address_flag(flag, text)
-    options = options_from_args(args)
-    config = load_policy_config(args, options)
-    for warning in config.warnings:
-        print(f"ipmasq explain: warning: {warning}", file=sys.stderr)
-    policy = Policy(config, options)
+    policy = load_policy(args, "explain")
     cloud_nat = _cloud_nat(args)
     results = []
     for destination in args.destinations:
         try:
-            verdict = policy.verdict(destination)
+            family, address = parse_address(destination)
         except ValueError:
-            raise UsageError(f"{destination!r} is not an IP address") from None
-        if args.node_ip is not None and parse_address(args.node_ip) == parse_address(destination):
+            raise UsageError(f"{excerpt(repr(destination))} is not an IP address") from None
+        for flag, text in (("--source", args.source), ("--node-ip", args.node_ip)):
+            if text is not None and parse_address(text)[0] is not family:
+                raise UsageError(f"{flag} {text} is IPv{parse_address(text)[0].value} and the destination "
+                                 f"{destination} is IPv{family.value}: a packet has one family")
+        verdict = policy.verdict_for(family, address, text=destination)
+        if args.node_ip is not None and parse_address(args.node_ip) == (family, address):
             verdict = Verdict(verdict.destination, verdict.family, False, Reason.LOCAL, None)
         results.append(_as_dict(verdict, policy, args, cloud_nat))
     if args.output == "json":
-        json.dump(results, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(results)
     else:
         for r in results:
             print(_as_text(r))
