@@ -9,8 +9,9 @@ import pytest
 
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
-from ipmasq.diagnose.check import FindingId, Severity, check_iptables, check_nft
+from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
 from ipmasq.diagnose.sources import family_of_dump
+from ipmasq.findings import Finding, Severity
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, parse_cidr
@@ -29,7 +30,7 @@ def _policy(text: str, options: PolicyOptions) -> Policy:
     return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
 
 
-def _ids(name: str, policy: Policy, **kw: object) -> dict[FindingId, object]:
+def _ids(name: str, policy: Policy, **kw: object) -> dict[str, Finding]:
     table = parse_save((DUMPS / name).read_text())
     report = check_iptables(policy, table, Family.V4, **kw)  # type: ignore[arg-type]
     return {f.id: f for f in report.findings}
@@ -50,9 +51,9 @@ def test_seed000_chain_against_the_incident_fix_lists_the_exact_extra_destinatio
     found = _ids("seed000-gke.save", _policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n", GKE))
     assert set(found) == {FindingId.RULES_DIFFER}
     differ = found[FindingId.RULES_DIFFER]
-    assert differ.missing == ()  # type: ignore[attr-defined]
-    assert "-d 172.16.0.0/12 -j RETURN" in differ.extra  # type: ignore[attr-defined]
-    assert len(differ.extra) == 10  # type: ignore[attr-defined]
+    assert differ.missing == ()
+    assert "-d 172.16.0.0/12 -j RETURN" in differ.extra
+    assert len(differ.extra) == 10
 
 
 def test_config_not_applied() -> None:
@@ -64,16 +65,16 @@ def test_kubenet_rule_is_foreign_masquerade_with_its_destinations() -> None:
     found = _ids("gke-kubenet.save", _policy("", GKE))
     assert set(found) == {FindingId.FOREIGN_MASQUERADE}
     finding = found[FindingId.FOREIGN_MASQUERADE]
-    assert "kubenet" in finding.rule  # type: ignore[attr-defined]
-    assert "172.16.0.0/12" in finding.destinations  # type: ignore[attr-defined]
-    assert "10.0.0.0/8" not in finding.destinations  # type: ignore[attr-defined]
-    assert "--non-masquerade-cidr" in finding.hint  # type: ignore[attr-defined]
+    assert finding.rule is not None and "kubenet" in finding.rule
+    assert "172.16.0.0/12" in finding.destinations
+    assert "10.0.0.0/8" not in finding.destinations
+    assert "--non-masquerade-cidr" in finding.hint
 
 
 def test_fix_nat_rule_of_seed001() -> None:
     found = _ids("seed001-fix-nat.save", _policy(TEN, REFERENCE_2_9))
     assert set(found) == {FindingId.FOREIGN_MASQUERADE}
-    assert found[FindingId.FOREIGN_MASQUERADE].destinations == ("10.11.0.0/24",)  # type: ignore[attr-defined]
+    assert found[FindingId.FOREIGN_MASQUERADE].destinations == ("10.11.0.0/24",)
     # the same intent said in the config: the rule no longer changes an outcome
     intent = _policy(TEN + "masqueradeCIDRs: [10.11.0.0/24]\n", REFERENCE_2_9)
     assert set(_ids("seed001-fix-nat.save", intent)) == {FindingId.RULES_DIFFER}
@@ -84,7 +85,7 @@ def test_seed003_rule_needs_the_pod_range() -> None:
     assert set(_ids("seed003-manual.save", policy)) == {FindingId.UNSUPPORTED}
     found = _ids("seed003-manual.save", policy, pod_ranges=(parse_cidr("100.64.0.0/16"),))
     assert set(found) == {FindingId.FOREIGN_MASQUERADE}
-    assert found[FindingId.FOREIGN_MASQUERADE].destinations == ("10.1.2.100/32",)  # type: ignore[attr-defined]
+    assert found[FindingId.FOREIGN_MASQUERADE].destinations == ("10.1.2.100/32",)
     # pods elsewhere: the rule never applies to them
     assert _ids("seed003-manual.save", policy, pod_ranges=(parse_cidr("10.44.0.0/14"),)) == {}
 
@@ -92,10 +93,18 @@ def test_seed003_rule_needs_the_pod_range() -> None:
 def test_renamed_chain_is_stale() -> None:
     found = _ids("renamed-chain.save", _policy(TEN, REFERENCE_2_9))
     assert set(found) == {FindingId.STALE_CHAIN}
-    assert found[FindingId.STALE_CHAIN].severity is Severity.ERROR  # type: ignore[attr-defined]
+    assert found[FindingId.STALE_CHAIN].severity is Severity.ERROR
+
+
+
+def test_a_node_running_another_chain_name_is_not_told_to_delete_it() -> None:
+    # a GKE node (chain IP-MASQ) checked without --masq-chain=IP-MASQ: its live chain is not stale, and advising
+    # `iptables -X IP-MASQ` would tear down the node's working rules
     missing = _ids("seed000-gke.save", _policy("", PolicyOptions(nomasq_all_reserved_ranges=True)))
-    assert set(missing) == {FindingId.STALE_CHAIN, FindingId.CHAIN_MISSING}
-    assert "--masq-chain=IP-MASQ" in missing[FindingId.CHAIN_MISSING].hint  # type: ignore[attr-defined]
+    assert set(missing) == {FindingId.CHAIN_MISSING}
+    assert "this node uses chain IP-MASQ" in missing[FindingId.CHAIN_MISSING].message
+    assert "--masq-chain=IP-MASQ" in missing[FindingId.CHAIN_MISSING].hint
+    assert "-X" not in missing[FindingId.CHAIN_MISSING].hint + missing[FindingId.CHAIN_MISSING].message
 
 
 def test_jump_missing() -> None:
@@ -109,19 +118,20 @@ def test_jump_missing() -> None:
 def test_jump_shadowed() -> None:
     found = _ids("shadowed-jump.save", _policy(TEN, REFERENCE_2_9))
     assert set(found) == {FindingId.JUMP_SHADOWED}
-    assert found[FindingId.JUMP_SHADOWED].destinations == ("172.30.0.0/16",)  # type: ignore[attr-defined]
+    assert found[FindingId.JUMP_SHADOWED].destinations == ("172.30.0.0/16",)
 
 
 def test_unsupported_quotes_the_rule() -> None:
     policy = _policy(TEN, REFERENCE_2_9)
     found = _ids("unsupported.save", policy, pod_ranges=(parse_cidr("10.44.0.0/14"),))
     assert set(found) == {FindingId.UNSUPPORTED}
-    assert "--dport 5432" in found[FindingId.UNSUPPORTED].rule  # type: ignore[attr-defined]
+    unsupported = found[FindingId.UNSUPPORTED].rule
+    assert unsupported is not None and "--dport 5432" in unsupported
 
 
 def test_random_fully_only_is_a_warning() -> None:
     found = _ids("seed001-fix-nat.save", _policy(TEN + "masqueradeCIDRs: [10.11.0.0/24]\n", PolicyOptions()))
-    assert found[FindingId.RULES_DIFFER].severity is Severity.ERROR  # type: ignore[attr-defined]
+    assert found[FindingId.RULES_DIFFER].severity is Severity.ERROR
     policy = _policy(TEN, PolicyOptions())
     table = parse_save((DUMPS / "seed001-fix-nat.save").read_text().replace(
         '-A POSTROUTING -d 10.11.0.0/24 -m comment --comment "NAT-VPN: SNAT for outbound traffic through VPN" '

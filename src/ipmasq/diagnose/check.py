@@ -7,29 +7,41 @@ interval of destinations that every rule and the policy treat alike, and compare
 policy's verdict: a foreign rule that changes it is foreign-masquerade (it NATs) or jump-shadowed (it lets
 the packet go before our chain sees it); a rule the tracer cannot evaluate is unsupported, quoted.
 
-Pure: tables and policies in, findings out (ipmasq.diagnose.sources reads the tables).
+Pure: tables and policies in, findings (ipmasq.findings) out (ipmasq.diagnose.sources reads the tables).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
+from functools import lru_cache
 
 from ipmasq.diagnose.trace import Outcome, Packet, Tracer
+from ipmasq.findings import Finding, Severity, has_errors
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, Prefix, PrefixError, parse_cidr
 from ipmasq.ranges import Span, append_span, subtract, to_prefixes
-from ipmasq.rules.iptables import NatTable, Rule, canonical, chain_rules, jump_rule, our_chains, parse_rule
+from ipmasq.rules.iptables import (
+    NatTable,
+    canonical,
+    chain_rules,
+    jump_rule,
+    our_chains,
+    parse_rule,
+    rule_target,
+)
 from ipmasq.rules.nft import CHAIN, SET_NAMES, TABLE, TABLE_FAMILY, NftTable, desired_table
 
-__all__ = ["CheckReport", "Finding", "FindingId", "NodeRules", "Severity", "check_iptables", "check_nft", "check_node"]
+__all__ = ["CheckReport", "FindingId", "NodeRules", "check_iptables", "check_nft", "check_node"]
 
 # How many destinations a message quotes before "and N more" (the JSON field has them all).
 _QUOTED = 6
 
 
-class FindingId(Enum):
+class FindingId(StrEnum):
+    """check's stable ids: Finding.id holds the member itself, so `f.id is FindingId.X` and `f.id == "x"` both hold."""
+
     CHAIN_MISSING = "chain-missing"
     JUMP_MISSING = "jump-missing"
     CONFIG_NOT_APPLIED = "config-not-applied"
@@ -40,39 +52,13 @@ class FindingId(Enum):
     UNSUPPORTED = "unsupported"
 
 
-class Severity(Enum):
-    ERROR = "error"  # pod traffic is (or may be) treated differently from the config
-    WARNING = "warning"  # something to look at that does not change an outcome check could decide
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    id: FindingId
-    severity: Severity
-    message: str
-    hint: str
-    rule: str | None = None  # the rule the finding is about, quoted as iptables-save prints it
-    missing: tuple[str, ...] = ()  # rules-differ: destinations (or rules) the config wants and the node lacks
-    extra: tuple[str, ...] = ()  # rules-differ: what the node has and the config does not want
-    destinations: tuple[str, ...] = ()  # the prefixes whose outcome the finding changes
-
-    def as_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {"id": self.id.value, "severity": self.severity.value, "message": self.message,
-                                  "hint": self.hint}
-        for name in ("rule", "missing", "extra", "destinations"):
-            value = getattr(self, name)
-            if value:
-                out[name] = list(value) if isinstance(value, tuple) else value
-        return out
-
-
 @dataclass(frozen=True, slots=True)
 class CheckReport:
     findings: tuple[Finding, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
-        return not any(f.severity is Severity.ERROR for f in self.findings)
+        return not has_errors(self.findings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +109,18 @@ def check_iptables(policy: Policy, table: NatTable, family: Family, *, pod_range
     stale = [c for c in ours if c != chain]
     want_jump = canonical(jump_rule(chain))
     postrouting = table.rules_of("POSTROUTING")
+    chain_present = chain in table.chains
+    live = [name for name in stale if any(rule_target(r) == name for r in postrouting)]
+    if not chain_present and len(live) == 1:
+        # Not a stale chain: the agent on this node runs under another --masq-chain (GKE's IP-MASQ). Advising to
+        # delete it would tear down the node's working rules; the comparison needs the node's chain name.
+        return CheckReport((Finding(
+            FindingId.CHAIN_MISSING, Severity.ERROR,
+            f"this node uses chain {live[0]}, not {chain}: pass --masq-chain={live[0]} (and the agent's other flags, "
+            "e.g. --nomasq-all-reserved-ranges on GKE) to compare its rules with the config",
+            f"ipmasq check --masq-chain={live[0]} ... ; nothing on the node needs to change for this"),))
     for name in stale:
         findings.append(_stale(name, postrouting, chain))
-    chain_present = chain in table.chains
     if not chain_present:
         hint = ("is the agent running on this node? `kubectl -n kube-system get pods -l k8s-app=ip-masq-agent` "
                 "and its logs")
@@ -148,7 +143,7 @@ def check_iptables(policy: Policy, table: NatTable, family: Family, *, pod_range
     if chain_present:
         findings.extend(_compare_chain(policy, table, family, chain))
     if chain_present and jump_present:
-        findings.extend(_semantic(policy, table, family, set(ours), want_jump, pod_ranges, local_addresses))
+        findings.extend(_semantic(policy, table, family, set(ours), pod_ranges, local_addresses))
     return CheckReport(tuple(findings))
 
 
@@ -222,11 +217,12 @@ def _boundaries(tracer: Tracer, policy: Policy, family: Family, local: tuple[int
     return sorted(p for p in points if p <= family.max_address)
 
 
-def _is_nat(rule: Rule) -> bool:
-    return rule.target in ("MASQUERADE", "SNAT")
+@lru_cache(maxsize=1024)  # the same few foreign rules decide thousands of destination intervals
+def _nat_rule(text: str) -> bool:
+    return parse_rule(text, already_canonical=True).target in ("MASQUERADE", "SNAT")
 
 
-def _semantic(policy: Policy, table: NatTable, family: Family, ours: set[str], want_jump: str,
+def _semantic(policy: Policy, table: NatTable, family: Family, ours: set[str],
               pod_ranges: tuple[Prefix, ...], local: tuple[int, ...]) -> list[Finding]:
     tracer = Tracer(table)
     points = _boundaries(tracer, policy, family, local)
@@ -240,7 +236,7 @@ def _semantic(policy: Policy, table: NatTable, family: Family, ours: set[str], w
         if start in local or loopback.contains(start):
             continue  # node-local destinations never reach our chain (! --dst-type LOCAL), by design
         packet = Packet(family, start, sources, local_addresses=local)
-        result = tracer.trace(packet)
+        result = tracer.trace(packet, record_steps=False)
         if result.outcome is Outcome.UNDECIDED:
             rule = result.decided_by or "(dump)"
             reasons[rule] = result.undecided_reason or ""
@@ -253,8 +249,8 @@ def _semantic(policy: Policy, table: NatTable, family: Family, ours: set[str], w
         decider = result.decided_by
         if result.decided_in in ours:
             continue  # our own chain decided: rules-differ or stale-chain already says why
-        reached_ours = any(s.rule == want_jump and s.matched for s in result.steps)
-        if decider is not None and actual and _is_nat(parse_rule(decider)):
+        reached_ours = policy.options.masq_chain in result.chains
+        if decider is not None and actual and _nat_rule(decider):
             _add(wrong, (FindingId.FOREIGN_MASQUERADE, decider), start, end)
         elif not reached_ours:
             _add(wrong, (FindingId.JUMP_SHADOWED, decider or "(POSTROUTING policy)"), start, end)
