@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from ipmasq.cli import main
-from ipmasq.lint import HINTS, Expectations, Severity, lint_config, lint_source
+from ipmasq.findings import Severity
+from ipmasq.lint import HINTS, Expectations, lint_config, lint_source
 from ipmasq.lint.manifest import configmap_config
 from ipmasq.options import PolicyOptions
 from ipmasq.prefix import parse_cidr

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ipmasq.lint import HINTS, Finding, lint_source
+from ipmasq.findings import Finding
+from ipmasq.lint import HINTS, lint_source
 from tests.conftest import ROOT
 
 CORPUS = sorted((ROOT / "tests" / "lint_corpus").glob("*.yaml"))

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.commands.common import add_policy_flags, address_flag, cidr_flag, load_policy_config, options_from_args
+from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, load_policy, print_json
 from ipmasq.diagnose.check import check_node
 from ipmasq.diagnose.sources import read_dump_file, read_live_rules, rules_from_dump
-from ipmasq.policy import Policy
 
 __all__ = ["register", "run"]
 
@@ -33,30 +30,26 @@ def register(subparsers: Any) -> None:
                         help="the pods' address range, so that rules testing -s can be evaluated (repeatable)")
     parser.add_argument("--local-address", action="append", default=[], metavar="IP",
                         help="an address of the node (node-local destinations are never masqueraded; repeatable)")
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    add_output_flag(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    options = options_from_args(args)
-    config = load_policy_config(args, options)
-    for warning in config.warnings:
-        print(f"ipmasq check: warning: {warning}", file=sys.stderr)
-    policy = Policy(config, options)
+    policy = load_policy(args, "check")
     pods = cidr_flag("--pod-range", args.pod_range)
     local = tuple(address_flag("--local-address", t) for t in args.local_address)
     if args.from_dump is not None:
         path, text = read_dump_file(args.from_dump)
         rules = rules_from_dump(text, path)
     else:
-        rules = read_live_rules(SubprocessRunner(), policy.families, chain=options.masq_chain, backend=args.backend)
+        rules = read_live_rules(SubprocessRunner(), policy.families, chain=policy.options.masq_chain,
+                                backend=args.backend)
     report = check_node(policy, rules, pod_ranges=pods, local_addresses=local)
     if args.output == "json":
-        json.dump({"ok": report.ok, "findings": [f.as_dict() for f in report.findings]}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json({"ok": report.ok, "findings": [f.as_dict() for f in report.findings]})
     else:
         for f in report.findings:
-            print(f"{f.severity.value.upper()} {f.id.value}: {f.message}\n    fix: {f.hint}")
+            print(f.as_text())
         print("ok: the node's rules match the config" if report.ok and not report.findings
               else ("ok (warnings only)" if report.ok else "NOT OK"))
     return 0 if report.ok else 1

@@ -9,7 +9,13 @@ import sys
 from typing import Any
 
 from ipmasq.baselines import BASELINES, baseline_policy
-from ipmasq.commands.common import add_policy_flags, load_config_or_manifest, options_from_args
+from ipmasq.commands.common import (
+    add_output_flag,
+    add_policy_flags,
+    load_config_or_manifest,
+    options_from_args,
+    print_config_warnings,
+)
 from ipmasq.diff import DiffResult, diff_policies, parse_probe
 from ipmasq.errors import UsageError
 from ipmasq.options import PolicyOptions
@@ -30,7 +36,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--probe", action="append", default=[], metavar="DEST",
                         help="a destination address or CIDR that must not flip; repeatable")
     add_policy_flags(parser, config_help=None)
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    add_output_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -41,8 +47,7 @@ def _policy(spec: str, options: PolicyOptions) -> Policy:
     if spec != "-" and not os.path.exists(spec):
         raise UsageError(f"{spec!r} is neither a file nor a named set ({', '.join(BASELINES)})")
     config = load_config_or_manifest(spec, options)
-    for warning in config.warnings:
-        print(f"ipmasq diff: warning: {warning}", file=sys.stderr)
+    print_config_warnings("diff", config)
     return Policy(config, options)
 
 

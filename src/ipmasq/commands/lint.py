@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
-from ipmasq.commands.common import add_policy_flags, cidr_flag, options_from_args
-from ipmasq.lint import Expectations, Finding, Severity, lint_source
+from ipmasq.commands.common import add_output_flag, add_policy_flags, cidr_flag, options_from_args, print_json
+from ipmasq.findings import Finding, Severity, count
+from ipmasq.lint import Expectations, lint_source
 
 __all__ = ["register", "run"]
 
@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--must-preserve", action="append", default=[], metavar="CIDR",
                         help="a range that must see the pod IP; repeatable")
     add_policy_flags(parser, config_help=None)
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    add_output_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -63,13 +63,11 @@ def run(args: argparse.Namespace) -> int:
             unreadable = True
             continue
         findings += lint_source(name, data, options=options, expect=expect)
-    errors = sum(f.severity is Severity.ERROR for f in findings)
+    errors = count(findings, Severity.ERROR)
     if args.output == "json":
-        json.dump([f.as_dict() for f in findings], sys.stdout, indent=2, ensure_ascii=False)
-        sys.stdout.write("\n")
+        print_json([f.as_dict() for f in findings], ensure_ascii=False)
     else:
         for f in findings:
             print(f.as_text())
-        warnings = len(findings) - errors
-        print(f"{errors} error(s), {warnings} warning(s)", file=sys.stderr)
+        print(f"{errors} error(s), {count(findings, Severity.WARNING)} warning(s)", file=sys.stderr)
     return 1 if errors or unreadable else 0

@@ -6,9 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from ipmasq.commands.common import add_policy_flags, load_policy_config, options_from_args
+from ipmasq.commands.common import add_policy_flags, load_policy
 from ipmasq.errors import UsageError
-from ipmasq.policy import Policy
 from ipmasq.prefix import Family
 from ipmasq.rules.iptables import render_restore
 
@@ -30,14 +29,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    options = options_from_args(args)
     family = Family(int(args.family))
-    if family is Family.V6 and not options.enable_ipv6:
+    if family is Family.V6 and not args.enable_ipv6:  # a usage error before any config error
         raise UsageError("--family 6 needs --enable-ipv6 (without it the agent writes no IPv6 rules)")
-    config = load_policy_config(args, options)
-    for warning in config.warnings:
-        print(f"ipmasq render: warning: {warning}", file=sys.stderr)
-    policy = Policy(config, options)
+    policy = load_policy(args, "render")
     if args.backend == "nftables":
         from ipmasq.rules.nft import render_script
 

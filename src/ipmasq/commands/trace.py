@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from ipmasq.backends.runner import SubprocessRunner
+from ipmasq.commands.common import add_output_flag, print_json
 from ipmasq.diagnose.sources import parse_save_dump, read_dump_file, read_nat_save
 from ipmasq.diagnose.trace import Outcome, Packet, TraceResult, trace
 from ipmasq.errors import UsageError
@@ -40,7 +39,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--in-interface", metavar="NAME", help="the interface the packet came in by (for -i)")
     parser.add_argument("--protocol", default="tcp", metavar="PROTO", help="tcp, udp, icmp... (default tcp)")
     parser.add_argument("--mark", default="0", metavar="N", help="the packet's fwmark (default 0)")
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    add_output_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -70,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
     masquerade_address = args.local_address[0] if args.local_address else None
     document = as_dict(result, packet, masquerade_address=masquerade_address)
     if args.output == "json":
-        json.dump(document, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(document)
     else:
         print(as_text(document))
     return 1 if result.outcome is Outcome.UNDECIDED else 0

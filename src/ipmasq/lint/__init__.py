@@ -1,7 +1,7 @@
-"""`ipmasq lint`'s pure core: findings for config files and ip-masq-agent ConfigMap manifests."""
+"""`ipmasq lint`'s pure core: findings (ipmasq.findings) for config files and ip-masq-agent ConfigMap manifests."""
 
 from ipmasq.lint.config import Expectations, Placement, lint_config
-from ipmasq.lint.finding import HINTS, Finding, Severity
+from ipmasq.lint.hints import HINTS
 from ipmasq.lint.manifest import AGENT_CONFIGMAP, AGENT_NAMESPACE, lint_source
 
 __all__ = [
@@ -9,9 +9,7 @@ __all__ = [
     "AGENT_NAMESPACE",
     "HINTS",
     "Expectations",
-    "Finding",
     "Placement",
-    "Severity",
     "lint_config",
     "lint_source",
 ]

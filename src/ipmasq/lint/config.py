@@ -22,7 +22,8 @@ from ipmasq.config.validate import (
     settings_from_document,
 )
 from ipmasq.errors import ConfigError
-from ipmasq.lint.finding import Finding, Severity
+from ipmasq.findings import Finding, Severity
+from ipmasq.lint.hints import lint_finding
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, Prefix
@@ -63,7 +64,7 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Expectations:
-    """Ranges the operator declares must be masqueraded (a VPN, seed 000) or must keep the pod IP."""
+    """Ranges the operator declares must be masqueraded (a VPN peer that allows node IPs) or must keep the pod IP."""
 
     must_masquerade: tuple[Prefix, ...] = ()
     must_preserve: tuple[Prefix, ...] = ()
@@ -93,7 +94,7 @@ class _Linter:
 
     def add(self, id_: str, severity: Severity, message: str, line: int | None, column: int | None = None) -> None:
         mapped_line, mapped_column = self.placement.map(line, column)
-        self.findings.append(Finding(self.source, mapped_line, mapped_column, id_, severity, message))
+        self.findings.append(lint_finding(self.source, mapped_line, mapped_column, id_, severity, message))
 
     def error(self, exc: ConfigError, fallback: str) -> None:
         self.add(exc.code or fallback, Severity.ERROR, exc.message, exc.line, exc.column)

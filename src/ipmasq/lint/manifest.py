@@ -13,8 +13,9 @@ from typing import Any
 import yaml
 
 from ipmasq.config.validate import KNOWN_KEYS
+from ipmasq.findings import Finding, Severity
 from ipmasq.lint.config import Expectations, Placement, is_indentation_problem, lint_config
-from ipmasq.lint.finding import Finding, Severity
+from ipmasq.lint.hints import lint_finding
 from ipmasq.lint.text import scan_lookalikes
 from ipmasq.options import PolicyOptions
 
@@ -41,16 +42,16 @@ def lint_source(source: str, data: bytes, *, options: PolicyOptions | None = Non
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        return [Finding(source, line, None, "yaml-syntax", Severity.ERROR,
-                        f"not UTF-8 text (byte {exc.start}); the API server and the agent reject it")]
+        return [lint_finding(source, line, None, "yaml-syntax", Severity.ERROR,
+                             f"not UTF-8 text (byte {exc.start}); the API server and the agent reject it")]
     if text.startswith("\ufeff"):
         text = text[1:]  # a leading byte-order mark is harmless; elsewhere it is a lookalike
     findings = scan_lookalikes(text, source)
     try:
         findings += _lint_text(text, source, options, expect)
     except RecursionError:
-        findings.append(Finding(source, None, None, "yaml-syntax", Severity.ERROR,
-                                "nested too deeply to be a config or a ConfigMap"))
+        findings.append(lint_finding(source, None, None, "yaml-syntax", Severity.ERROR,
+                                     "nested too deeply to be a config or a ConfigMap"))
     return sorted(findings, key=Finding.sort_key)
 
 
@@ -71,14 +72,14 @@ def _lint_text(text: str, source: str, options: PolicyOptions, expect: Expectati
         line = mark.line + 1 if mark is not None else None
         problem = exc.problem or exc.context or "invalid YAML"
         id_ = "indentation" if is_indentation_problem(problem, text, line) else "yaml-syntax"
-        return [Finding(source, line, mark.column + 1 if mark is not None else None, id_, Severity.ERROR,
-                        f"YAML syntax error: {problem}")]
+        column = mark.column + 1 if mark is not None else None
+        return [lint_finding(source, line, column, id_, Severity.ERROR, f"YAML syntax error: {problem}")]
     except yaml.YAMLError as exc:
         # the reader's errors (control characters) carry a position but no mark
         position = getattr(exc, "position", None)
         line = text.count("\n", 0, position) + 1 if isinstance(position, int) else None
         first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        return [Finding(source, line, None, "yaml-syntax", Severity.ERROR, f"YAML error: {first}")]
+        return [lint_finding(source, line, None, "yaml-syntax", Severity.ERROR, f"YAML error: {first}")]
     if not any(_is_object(_plain(d)) for d in documents):
         return lint_config(text, source=source, options=options, expect=expect)
     return _lint_manifests(documents, text, source, options, expect)
@@ -203,8 +204,8 @@ def _lint_manifests(documents: list[yaml.Node], text: str, source: str, options:
     candidates = [o for o in configmaps if _is_candidate(o)]
     if not candidates:
         looked = f"{len(configmaps)} ConfigMap(s)" if configmaps else "no ConfigMap at all"
-        findings.append(Finding(source, 1, 1, "no-configmap", Severity.WARNING,
-                                f"no ip-masq-agent ConfigMap found ({looked}), so nothing was linted"))
+        findings.append(lint_finding(source, 1, 1, "no-configmap", Severity.WARNING,
+                                     f"no ip-masq-agent ConfigMap found ({looked}), so nothing was linted"))
     lines = text.splitlines()
     for obj in candidates:
         findings += _lint_configmap(obj, lines, source, options, expect)
@@ -217,7 +218,7 @@ def _lint_configmap(obj: yaml.MappingNode, lines: list[str], source: str, option
 
     def add(id_: str, severity: Severity, message: str, node: yaml.Node) -> None:
         line, column = _pos(node)
-        out.append(Finding(source, line, column, id_, severity, message))
+        out.append(lint_finding(source, line, column, id_, severity, message))
 
     metadata = _get(obj, "metadata")
     name_entry = _get(metadata[1], "name") if metadata else None

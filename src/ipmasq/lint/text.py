@@ -1,10 +1,11 @@
-"""Character-level checks on the raw text: lookalikes that copy-pasted documentation carries (seed 003)."""
+"""Character-level checks on the raw text: lookalikes that copy-pasted documentation carries."""
 
 from __future__ import annotations
 
 import unicodedata
 
-from ipmasq.lint.finding import Finding, Severity
+from ipmasq.findings import Finding, Severity
+from ipmasq.lint.hints import lint_finding
 
 __all__ = ["LOOKALIKES", "scan_lookalikes"]
 
@@ -72,6 +73,6 @@ def scan_lookalikes(text: str, source: str, *, first_line: int = 1) -> list[Find
                            "YAML and the agent read a different character")
             else:
                 message = f"invisible {name} (U+{ord(char):04X}){where}: delete it, it becomes part of the value"
-            findings.append(Finding(source, number, index + 1, "lookalike-character",
-                                    Severity.WARNING if comment else Severity.ERROR, message))
+            findings.append(lint_finding(source, number, index + 1, "lookalike-character",
+                                         Severity.WARNING if comment else Severity.ERROR, message))
     return findings

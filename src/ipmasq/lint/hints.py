@@ -1,17 +1,10 @@
-"""What lint reports: a finding with its place, a stable id, a severity, a message and a fix hint."""
+"""lint's finding ids, each with its fix hint, and the one way lint makes a finding: at a place in a file."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import Enum
-from typing import Any
+from ipmasq.findings import Finding, Severity
 
-__all__ = ["HINTS", "Finding", "Severity"]
-
-
-class Severity(Enum):
-    ERROR = "error"  # the agent rejects the config, never sees it, or it does the opposite of what was declared
-    WARNING = "warning"  # it works, but not as the reader of the file probably thinks
+__all__ = ["HINTS", "lint_finding"]
 
 
 # One fix hint per id; the ids are stable (scripts match on them), the messages are not.
@@ -41,37 +34,7 @@ HINTS: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Finding:
-    file: str
-    line: int | None
-    column: int | None
-    id: str
-    severity: Severity
-    message: str
-
-    @property
-    def hint(self) -> str:
-        return HINTS[self.id]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "line": self.line,
-            "column": self.column,
-            "id": self.id,
-            "severity": self.severity.value,
-            "message": self.message,
-            "hint": self.hint,
-        }
-
-    def as_text(self) -> str:
-        where = self.file
-        if self.line is not None:
-            where += f":{self.line}"
-            if self.column is not None:
-                where += f":{self.column}"
-        return f"{where}: {self.severity.value} [{self.id}] {self.message} (fix: {self.hint})"
-
-    def sort_key(self) -> tuple[str, int, int, str]:
-        return (self.file, self.line or 0, self.column or 0, self.id)
+def lint_finding(file: str, line: int | None, column: int | None, id_: str, severity: Severity,
+                 message: str) -> Finding:
+    """A finding at FILE:LINE:COLUMN, with the fix hint of its id."""
+    return Finding(id_, severity, message, HINTS[id_], file=file, line=line, column=column)

@@ -1,0 +1,77 @@
+"""What lint and check report: a finding with a stable id, a severity, a message and a fix hint.
+
+A lint finding sits at a place in a file (file, line, column). A check finding is about the node's rules, not a
+file: it may quote the rule it is about, the rules or destinations that differ, and the destinations whose
+outcome it changes. One model for both, so that scripts read the same keys and the CLI prints them one way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import KW_ONLY, dataclass
+from enum import Enum
+
+__all__ = ["Finding", "Severity", "count", "has_errors"]
+
+
+class Severity(Enum):
+    # lint: the agent rejects the config, never sees it, or does the opposite of what was declared;
+    # check: pod traffic is (or may be) treated differently from the config
+    ERROR = "error"
+    # lint: it works, but not as the reader of the file probably thinks;
+    # check: something to look at that does not change an outcome check could decide
+    WARNING = "warning"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    id: str  # stable: scripts match on it; the message is not
+    severity: Severity
+    message: str
+    hint: str  # how to fix it
+    _: KW_ONLY
+    file: str | None = None  # lint: where the finding is; None for a finding about the node's rules
+    line: int | None = None
+    column: int | None = None
+    rule: str | None = None  # check: the rule the finding is about, quoted as iptables-save prints it
+    missing: tuple[str, ...] = ()  # rules-differ: destinations (or rules) the config wants and the node lacks
+    extra: tuple[str, ...] = ()  # rules-differ: what the node has and the config does not want
+    destinations: tuple[str, ...] = ()  # the prefixes whose outcome the finding changes
+
+    def as_dict(self) -> dict[str, object]:
+        """The JSON object: file, line and column (all three, null when unknown) for a finding in a file, then id,
+        severity, message and hint, then rule, missing, extra and destinations only when set."""
+        out: dict[str, object] = {}
+        if self.file is not None:
+            out.update(file=self.file, line=self.line, column=self.column)
+        out.update(id=str(self.id), severity=self.severity.value, message=self.message, hint=self.hint)
+        if self.rule:
+            out["rule"] = self.rule
+        for name, values in (("missing", self.missing), ("extra", self.extra), ("destinations", self.destinations)):
+            if values:
+                out[name] = list(values)
+        return out
+
+    def as_text(self) -> str:
+        """A finding in a file: one compiler-style line (`FILE:LINE:COL: severity [id] message (fix: hint)`) that
+        editors and grep jump to. A finding about the node: the severity up front, the fix on its own line."""
+        if self.file is None:
+            return f"{self.severity.value.upper()} {self.id}: {self.message}\n    fix: {self.hint}"
+        where = self.file
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        return f"{where}: {self.severity.value} [{self.id}] {self.message} (fix: {self.hint})"
+
+    def sort_key(self) -> tuple[str, int, int, str]:
+        """Reading order: by file, line, column, then id."""
+        return (self.file or "", self.line or 0, self.column or 0, str(self.id))
+
+
+def count(findings: Iterable[Finding], severity: Severity) -> int:
+    return sum(f.severity is severity for f in findings)
+
+
+def has_errors(findings: Iterable[Finding]) -> bool:
+    return any(f.severity is Severity.ERROR for f in findings)
