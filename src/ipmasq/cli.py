@@ -1,6 +1,8 @@
 """The `ipmasq` command: argparse subcommands, each in ipmasq.commands.<name>; errors become one line and an exit code.
 
-Exit codes: 0 ok, 1 the input is wrong or a finding, 2 usage.
+Exit codes: 0 ok, 1 the input is wrong or a finding, 2 usage. Every usage error, argparse's own (unknown flag,
+invalid choice, missing argument) or a flag value a command checks (ipmasq.options, commands.common), is one line
+on stderr, `ipmasq COMMAND: message`, never argparse's usage block: a DaemonSet's log or a CI step shows one line.
 """
 
 from __future__ import annotations
@@ -9,20 +11,37 @@ import argparse
 import sys
 from collections.abc import Sequence
 from importlib import import_module
+from typing import Any, NoReturn
 
 from ipmasq import __version__
 from ipmasq.errors import ConfigError, IpmasqError, UsageError
 
-__all__ = ["main"]
+__all__ = ["ArgumentParser", "main"]
 
 # Each module has `register(subparsers)`, which sets `func=run(args) -> int` on its parser.
 COMMANDS = ("render", "explain", "agent", "uninstall", "lab", "lint", "diff", "trace", "check", "audit", "health")
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, but a mistake raises UsageError (main prints it as one line, exit 2) instead of printing
+    the usage block and exiting. Subparsers are made of the parser's own class, so every command gets it.
+
+    No abbreviated long flags: Go's flag package (the reference agent's) has none, and `--enable` silently standing
+    for `--enable-ipv6` would take the next word as its value, a form boolean flags do not have.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or with `only` just that subcommand: each command module imports what it needs, so a
     node agent's start (`agent --once` runs on every pod start and in benchmarks) does not pay for the toolkit."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="ipmasq",
         description="Pod SNAT for Kubernetes nodes: a drop-in ip-masq-agent and the tools to see, check and prove it.",
     )
@@ -36,22 +55,28 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from ipmasq.commands.common import normalise_go_flags
 
-    args_list = normalise_go_flags(list(sys.argv[1:] if argv is None else argv))
-    parser = build_parser(args_list[0] if args_list and args_list[0] in COMMANDS else None)
-    args = parser.parse_args(args_list)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    command = raw[0] if raw and raw[0] in COMMANDS else None
+    who = f"ipmasq {command}" if command is not None else "ipmasq"
     try:
+        args = build_parser(command).parse_args(normalise_go_flags(raw))
         code: int = args.func(args)
         return code
     except UsageError as exc:
-        print(f"ipmasq {args.command}: {exc}", file=sys.stderr)
+        print(f"{who}: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except ConfigError as exc:
-        print(f"ipmasq {args.command}: config error: {exc}", file=sys.stderr)
+        print(f"{who}: config error: {exc}", file=sys.stderr)
         return 1
     except IpmasqError as exc:
-        print(f"ipmasq {args.command}: {exc}", file=sys.stderr)
+        print(f"{who}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 0
+
+
+def _one_line(message: str) -> str:
+    # a value typed on the command line may hold a newline; the message stays one line
+    return message.replace("\r", "\\r").replace("\n", "\\n")

@@ -1,13 +1,17 @@
-"""The agent's command-line policy flags, as values (the reference agent's flags plus ours)."""
+"""The agent's command-line policy flags, as values (the reference agent's flags plus ours).
+
+A bad flag value is a UsageError (exit 2, one line): it is the command line that is wrong, not a config file.
+"""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
-from ipmasq.errors import ConfigError
+from ipmasq.errors import UsageError
 
-__all__ = ["DEFAULT_CHAIN", "PolicyOptions", "PortRange", "parse_to_ports"]
+__all__ = ["DEFAULT_CHAIN", "PolicyOptions", "PortRange", "check_chain_name", "parse_to_ports", "quoted"]
 
 DEFAULT_CHAIN = "IP-MASQ-AGENT"
 
@@ -37,6 +41,16 @@ _PORT_RANGE = re.compile(r"(\d{1,5})(?:-(\d{1,5}))?\Z")
 _CHAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,28}\Z")
 
 
+# How much of a bad flag value an error quotes: enough to recognise it, never a screenful.
+QUOTED_CHARS = 60
+
+
+def quoted(value: str) -> str:
+    """A flag value for a one-line error: in double quotes, escaped (a newline stays on the line), truncated."""
+    shown = value if len(value) <= QUOTED_CHARS else value[:QUOTED_CHARS] + "…"
+    return json.dumps(shown, ensure_ascii=False)
+
+
 def parse_to_ports(text: str) -> tuple[PortRange, ...]:
     """`--to-ports 32768-60999,61000-65535`: comma-separated ports or port ranges."""
     if not text.strip():
@@ -45,18 +59,17 @@ def parse_to_ports(text: str) -> tuple[PortRange, ...]:
     for part in text.split(","):
         m = _PORT_RANGE.match(part.strip())
         if m is None:
-            raise ConfigError(f'--to-ports: "{part}" is not a port or a port range like 32768-65535', source="flag")
+            raise UsageError(f"--to-ports: {quoted(part)} is not a port or a port range like 32768-65535")
         low = int(m.group(1))
         high = int(m.group(2) or low)
         if not 1 <= low <= high <= 65535:
-            raise ConfigError(f'--to-ports: "{part}" must be ports between 1 and 65535, low before high', source="flag")
+            raise UsageError(f"--to-ports: {quoted(part)} must be ports between 1 and 65535, low before high")
         ranges.append(PortRange(low, high))
     return tuple(ranges)
 
 
 def check_chain_name(name: str) -> str:
     if _CHAIN_NAME.match(name) is None or name in {"POSTROUTING", "PREROUTING", "INPUT", "OUTPUT", "FORWARD"}:
-        raise ConfigError(
-            f'--masq-chain: "{name}" is not a usable chain name (1-28 letters, digits, "-", "_", ".")', source="flag"
-        )
+        raise UsageError(f'--masq-chain: {quoted(name)} is not a usable chain name (1-28 letters, digits, "-", "_", '
+                         '"."; not a built-in chain)')
     return name

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ipmasq.cli import main
+from ipmasq.cli import COMMANDS, main
 from ipmasq.commands.common import normalise_go_flags
 from tests.conftest import PYTHON
 
@@ -58,9 +58,91 @@ def test_bad_config_is_one_line_naming_file_line_and_value(capsys: pytest.Captur
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "explain", "not-an-ip")[0] == 2
     assert run(capsys, "render", "--family", "6")[0] == 2
-    with pytest.raises(SystemExit) as raised:
-        main(["render", "--bogus"])
-    assert raised.value.code == 2
+    assert run(capsys, "render", "--bogus") == (2, "", "ipmasq render: unrecognized arguments: --bogus\n")
+
+
+def one_usage_line(capsys: pytest.CaptureFixture[str], command: str, *argv: str) -> str:
+    """Runs `ipmasq COMMAND ARGV`, checks it is a usage error told in one line, returns the message."""
+    code, out, err = run(capsys, command, *argv)
+    assert (code, out) == (2, ""), err
+    assert err.endswith("\n") and err.count("\n") == 1, err  # one line, no usage block
+    assert err.startswith(f"ipmasq {command}: ") and "usage:" not in err
+    return err[len(f"ipmasq {command}: "):-1]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_unknown_flag_is_one_line_for_every_command(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    message = one_usage_line(capsys, command, "--no-such-flag")
+    # commands with required arguments name those first, as argparse checks them before unknown flags
+    assert message == "unrecognized arguments: --no-such-flag" or message.startswith(
+        "the following arguments are required: ")
+
+
+@pytest.mark.parametrize(("command", "argv", "message"), [
+    ("render", ["--enable-ipv6=maybe"],
+     '--enable-ipv6: invalid boolean value "maybe" (use --enable-ipv6, --enable-ipv6=true or --enable-ipv6=false)'),
+    ("agent", ["--random-fully=maybe"],
+     '--random-fully: invalid boolean value "maybe" (use --random-fully, --random-fully=true or --random-fully=false)'),
+    ("agent", ["-flush-conntrack=yes"], '--flush-conntrack: invalid boolean value "yes" (use --flush-conntrack, '
+                                        '--flush-conntrack=true or --flush-conntrack=false)'),
+    ("render", ["--masq-chain", ""],
+     '--masq-chain: "" is not a usable chain name (1-28 letters, digits, "-", "_", "."; not a built-in chain)'),
+    ("agent", ["--masq-chain="],
+     '--masq-chain: "" is not a usable chain name (1-28 letters, digits, "-", "_", "."; not a built-in chain)'),
+    ("uninstall", ["--masq-chain=POSTROUTING"], '--masq-chain: "POSTROUTING" is not a usable chain name (1-28 '
+                                                'letters, digits, "-", "_", "."; not a built-in chain)'),
+    ("render", ["--to-ports", "abc"], '--to-ports: "abc" is not a port or a port range like 32768-65535'),
+    ("agent", ["--once", "--to-ports=70000"],
+     '--to-ports: "70000" must be ports between 1 and 65535, low before high'),
+    ("explain", ["8.8.8.8", "-o", "yaml"], "argument -o/--output: invalid choice: 'yaml' (choose from 'text', 'json')"),
+    ("lint", ["-", "--output=yaml"], "argument -o/--output: invalid choice: 'yaml' (choose from 'text', 'json')"),
+    ("agent", ["--log-format", "yaml"], "argument --log-format: invalid choice: 'yaml' (choose from 'text', 'json')"),
+    ("health", ["--timeout", "soon"], "argument --timeout: invalid float value: 'soon'"),
+    ("render", ["--enable"], "unrecognized arguments: --enable"),  # no abbreviations, as in Go
+])
+def test_bad_flag_values_are_usage_errors(capsys: pytest.CaptureFixture[str], command: str, argv: list[str],
+                                          message: str) -> None:
+    assert one_usage_line(capsys, command, *argv) == message
+
+
+@pytest.mark.parametrize(("command", "argv", "flag", "value"), [
+    ("render", ["--enable-ipv6", "false"], "enable-ipv6", "false"),
+    ("explain", ["-enable-ipv6", "false", "8.8.8.8"], "enable-ipv6", "false"),  # else "false" is a destination
+    ("lint", ["--nomasq-all-reserved-ranges", "true", "-"], "nomasq-all-reserved-ranges", "true"),  # ... a file
+    ("agent", ["--once", "--random-fully", "0"], "random-fully", "0"),  # ... or --random-fully silently stays on
+])
+def test_a_boolean_flag_does_not_take_the_next_word(capsys: pytest.CaptureFixture[str], command: str,
+                                                   argv: list[str], flag: str, value: str) -> None:
+    assert one_usage_line(capsys, command, *argv) == (
+        f'--{flag} {value}: a boolean flag takes its value after "=" (--{flag}={value}); alone, --{flag} means true')
+
+
+def test_boolean_flags_take_go_forms(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--enable-ipv6"], ["--enable-ipv6=true"], ["-enable-ipv6=1"], ["-enable-ipv6"]):
+        code, out, _ = run(capsys, "render", "--family", "6", *argv)
+        assert code == 0 and out.startswith("*nat\n"), argv
+    assert run(capsys, "render", "--family", "6", "-enable-ipv6=false")[0] == 2  # no IPv6 rules to render
+    # after "--" nothing is a flag
+    assert normalise_go_flags(["--", "--enable-ipv6", "false"]) == ["--", "--enable-ipv6", "false"]
+
+
+def test_without_or_with_an_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys) == (2, "", "ipmasq: the following arguments are required: COMMAND\n")
+    code, out, err = run(capsys, "bogus")
+    assert (code, out) == (2, "") and err.startswith("ipmasq: argument COMMAND: invalid choice: 'bogus'")
+    assert err.count("\n") == 1
+
+
+def test_a_newline_in_a_flag_value_stays_on_the_line(capsys: pytest.CaptureFixture[str]) -> None:
+    message = one_usage_line(capsys, "render", "--masq-chain", "IP\nMASQ" + "X" * 200)
+    assert message.startswith('--masq-chain: "IP\\nMASQXXX') and "…" in message and len(message) < 200
+
+
+def test_the_installed_entry_point_says_one_line() -> None:
+    result = subprocess.run([PYTHON, "-m", "ipmasq", "check", "--backend=bogus"], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == ("ipmasq check: argument --backend: invalid choice: 'bogus' (choose from 'iptables', "
+                             "'nftables', 'auto')\n")
 
 
 def test_explain_json_contract(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipmasq.config import ConfigInput, config_from_bytes
-from ipmasq.errors import ConfigError
+from ipmasq.errors import UsageError
 from ipmasq.options import PolicyOptions, PortRange, parse_to_ports
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
@@ -66,7 +66,7 @@ def test_to_ports_splits_each_protocol_across_ranges() -> None:
 def test_to_ports_parsing() -> None:
     assert parse_to_ports("32768-60999, 61000") == (PortRange(32768, 60999), PortRange(61000, 61000))
     for bad in ("0-10", "10-5", "abc", "70000", "1-2-3"):
-        with pytest.raises(ConfigError):
+        with pytest.raises(UsageError, match="--to-ports: "):
             parse_to_ports(bad)
 
 

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 from ipmasq.backends.base import BACKEND_NAMES
 from ipmasq.backends.iptables import Variant
 from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes, load_config, read_config_input
 from ipmasq.errors import ConfigError, UsageError
-from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse_to_ports
-from ipmasq.policy import Policy
+from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse_to_ports, quoted
 from ipmasq.prefix import Family, Prefix, PrefixError, parse_address, parse_cidr
 
 __all__ = ["add_backend_flags", "add_policy_flags", "load_policy_config", "normalise_go_flags", "options_from_args"]
@@ -30,11 +27,15 @@ _FALSE = {"0", "f", "F", "false", "FALSE", "False"}
 
 
 def normalise_go_flags(argv: list[str]) -> list[str]:
-    """Rewrite Go-style flags into argparse's: `-flag=v` -> `--flag=v`; a bare bool flag -> `--flag=true`."""
+    """Rewrite Go-style flags into argparse's: `-flag=v` -> `--flag=v`; a bare bool flag -> `--flag=true`.
+
+    A boolean flag's value only ever follows "=": `--flag false` would set the flag and leave "false" behind as an
+    argument (what Go's flag package does, silently), so it is a UsageError here, as is a value that is no boolean.
+    """
     out: list[str] = []
-    for arg in argv:
+    for index, arg in enumerate(argv):
         if arg == "--":
-            out.extend(argv[len(out):])
+            out.extend(argv[index:])
             break
         if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
             name = arg[1:].split("=", 1)[0]
@@ -44,9 +45,14 @@ def normalise_go_flags(argv: list[str]) -> list[str]:
             name, eq, value = arg[2:].partition("=")
             if name in BOOL_FLAGS:
                 if not eq:
+                    following = argv[index + 1] if index + 1 < len(argv) else None
+                    if following in _TRUE | _FALSE:
+                        raise UsageError(f"--{name} {following}: a boolean flag takes its value after \"=\" "
+                                         f"(--{name}={following}); alone, --{name} means true")
                     arg = f"--{name}=true"
                 elif value not in _TRUE | _FALSE:
-                    raise SystemExit(f"ipmasq: invalid boolean value {value!r} for --{name} (use true or false)")
+                    raise UsageError(f"--{name}: invalid boolean value {quoted(value)} (use --{name}, "
+                                     f"--{name}=true or --{name}=false)")
         out.append(arg)
     return out
 
@@ -139,29 +145,3 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iptables-variant", choices=["auto", *(v.value for v in Variant)], default="auto",
                         help="iptables variant; auto: the one the node's rules use, as kube-proxy's wrapper "
                              "detects it (default %(default)s)")
-
-
-# --- what the offline tools share: the policy from the flags, and text or JSON on standard output -------------
-
-
-def load_policy(args: argparse.Namespace, command: str) -> Policy:
-    """The policy of the policy flags and --config, the config's warnings said on stderr as `ipmasq COMMAND: ...`."""
-    options = options_from_args(args)
-    config = load_policy_config(args, options)
-    print_config_warnings(command, config)
-    return Policy(config, options)
-
-
-def print_config_warnings(command: str, config: MasqConfig) -> None:
-    for warning in config.warnings:
-        print(f"ipmasq {command}: warning: {warning}", file=sys.stderr)
-
-
-def add_output_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
-
-
-def print_json(document: object, *, ensure_ascii: bool = True) -> None:
-    """The JSON document on standard output, indented, with a final newline."""
-    json.dump(document, sys.stdout, indent=2, ensure_ascii=ensure_ascii)
-    sys.stdout.write("\n")

@@ -28,8 +28,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    chain = check_chain_name(args.masq_chain)  # a usage error before anything runs
     runner = SubprocessRunner()
-    chain = check_chain_name(args.masq_chain)
     backends: list[Removable] = [IptablesBackend(runner, chain=chain, variant=v, families=(Family.V4, Family.V6))
                                  for v in Variant]
     backends.append(NftablesBackend(runner))
