@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 from ipmasq.backends.base import BACKEND_NAMES
 from ipmasq.backends.iptables import Variant
@@ -10,6 +12,7 @@ from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes, load_config, read_config_input
 from ipmasq.errors import ConfigError, UsageError
 from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse_to_ports, quoted
+from ipmasq.policy import Policy
 from ipmasq.prefix import Family, Prefix, PrefixError, parse_address, parse_cidr
 
 __all__ = ["add_backend_flags", "add_policy_flags", "load_policy_config", "normalise_go_flags", "options_from_args"]
@@ -145,3 +148,29 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iptables-variant", choices=["auto", *(v.value for v in Variant)], default="auto",
                         help="iptables variant; auto: the one the node's rules use, as kube-proxy's wrapper "
                              "detects it (default %(default)s)")
+
+
+# --- what the offline tools share: the policy from the flags, and text or JSON on standard output -------------
+
+
+def load_policy(args: argparse.Namespace, command: str) -> Policy:
+    """The policy of the policy flags and --config, the config's warnings said on stderr as `ipmasq COMMAND: ...`."""
+    options = options_from_args(args)
+    config = load_policy_config(args, options)
+    print_config_warnings(command, config)
+    return Policy(config, options)
+
+
+def print_config_warnings(command: str, config: MasqConfig) -> None:
+    for warning in config.warnings:
+        print(f"ipmasq {command}: warning: {warning}", file=sys.stderr)
+
+
+def add_output_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+
+
+def print_json(document: object, *, ensure_ascii: bool = True) -> None:
+    """The JSON document on standard output, indented, with a final newline."""
+    json.dump(document, sys.stdout, indent=2, ensure_ascii=ensure_ascii)
+    sys.stdout.write("\n")
