@@ -14,7 +14,7 @@ import hashlib
 
 from ipmasq.policy import Policy
 
-__all__ = ["POLICY_HASH_VERSION", "policy_hash"]
+__all__ = ["CONFIG_HASH_CHARS", "POLICY_HASH_VERSION", "config_hash", "policy_hash"]
 
 # Part of the hashed text: bump it when the canonical rendering changes, so old and new hashes never collide.
 POLICY_HASH_VERSION = "ipmasq-policy-v1"
@@ -40,3 +40,13 @@ def canonical_policy(policy: Policy) -> str:
 def policy_hash(policy: Policy) -> str:
     """sha256 (hex) of canonical_policy: the same effective policy gives the same value in any process."""
     return hashlib.sha256(canonical_policy(policy).encode()).hexdigest()
+
+
+# The config identity operators compare across a fleet (the metrics' config_hash label, `ipmasq render --print-hash`):
+# a prefix of the sha256, like a short git commit id; 64 bits make a collision among a cluster's configs negligible.
+CONFIG_HASH_CHARS = 16
+
+
+def config_hash(policy_hash_hex: str) -> str:
+    """The short form of a policy_hash, as metrics and `ipmasq render --print-hash` show it."""
+    return policy_hash_hex[:CONFIG_HASH_CHARS]

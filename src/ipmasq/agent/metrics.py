@@ -18,6 +18,8 @@ Metrics (all prefixed `ipmasq_`):
     set_elements{family}                 our nftables set elements (0 with iptables)
     ready                                1 when the kernel matches the current, good config
     config_valid                         0 while the current config is bad
+    enforced_config_info{config_hash}    1, labelled with the short policy hash the kernel was last verified to hold
+    resync_interval_seconds              the enforced config's resync interval
     build_info{version,backend}          always 1
 
 and the process's: process_resident_memory_bytes, process_virtual_memory_bytes, process_cpu_seconds_total,
@@ -38,6 +40,7 @@ from functools import cache
 from ipmasq.agent import exposition
 from ipmasq.agent.exposition import MetricFamily
 from ipmasq.agent.reconcile import ConfigReport, PassReport, SyncResult
+from ipmasq.policy_hash import config_hash
 
 __all__ = ["DURATION_BUCKETS", "LIVENESS_GRACE_SECONDS", "AgentStatus", "Check", "Snapshot", "metric_families",
            "process_metric_families", "render_metrics"]
@@ -75,6 +78,8 @@ class Snapshot:
     set_elements: dict[int, int]
     ready: bool
     config_valid: bool
+    enforced_config_hash: str | None  # short policy hash of the config the kernel was last verified to hold
+    resync_interval: float
 
 
 @dataclass
@@ -107,6 +112,7 @@ class AgentStatus:
         self._elements: dict[int, int] = {}
         self._ready = Check(False, "not ready: starting, no reconcile yet")
         self._config_valid = True
+        self._enforced_hash: str | None = None
 
     # ---- hooks, called by the loop's thread ----
 
@@ -144,6 +150,8 @@ class AgentStatus:
             if report.result.verified:
                 self._last_success = self._clock()
                 self._last_success_unix = self._wall()
+                if report.policy_hash is not None:
+                    self._enforced_hash = config_hash(report.policy_hash)
             self._rules = {count.family.value: count.rules for count in report.objects}
             self._elements = {count.family.value: count.set_elements for count in report.objects}
             self._resync_interval = report.resync_interval
@@ -179,6 +187,7 @@ class AgentStatus:
                 drift_repairs=c.drift_repairs, seconds_since_last_success=since,
                 last_success_unix=self._last_success_unix, rules=dict(self._rules),
                 set_elements=dict(self._elements), ready=self._ready.ok, config_valid=self._config_valid,
+                enforced_config_hash=self._enforced_hash, resync_interval=self._resync_interval,
             )
 
 
@@ -209,6 +218,11 @@ def metric_families(s: Snapshot) -> Iterator[MetricFamily]:
                            (({"family": f"ipv{family}"}, s.set_elements[family]) for family in families))
     yield exposition.gauge("ipmasq_ready", "1 when the kernel matches the current, good config.", int(s.ready))
     yield exposition.gauge("ipmasq_config_valid", "0 while the current config does not load.", int(s.config_valid))
+    yield exposition.gauge("ipmasq_enforced_config_info", "The config the kernel was last verified to enforce, by its "
+                           "short policy hash (`ipmasq render --print-hash` prints the same for a config file).",
+                           [] if s.enforced_config_hash is None else [({"config_hash": s.enforced_config_hash}, 1)])
+    yield exposition.gauge("ipmasq_resync_interval_seconds", "The resync interval of the enforced config: the "
+                           "longest the kernel can differ from it unnoticed.", s.resync_interval)
     yield exposition.info("ipmasq_build", "The agent's version and backend.",
                           {"version": s.version, "backend": s.backend})
 

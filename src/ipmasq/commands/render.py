@@ -8,6 +8,7 @@ from typing import Any
 
 from ipmasq.commands.common import add_policy_flags, load_policy
 from ipmasq.errors import UsageError
+from ipmasq.policy_hash import config_hash, policy_hash
 from ipmasq.prefix import Family
 from ipmasq.rules.iptables import render_restore
 
@@ -25,6 +26,9 @@ def register(subparsers: Any) -> None:
                         help="whose payload (default %(default)s)")
     parser.add_argument("--family", choices=["4", "6"], default="4",
                         help="IP family of the iptables payload (6 needs --enable-ipv6); the nft script holds both")
+    parser.add_argument("--print-hash", action="store_true",
+                        help="print only the config's identity, the short policy hash the agent exports as "
+                             "ipmasq_enforced_config_info{config_hash=...} once the kernel enforces it")
     parser.set_defaults(func=run)
 
 
@@ -33,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
     if family is Family.V6 and not args.enable_ipv6:  # a usage error before any config error
         raise UsageError("--family 6 needs --enable-ipv6 (without it the agent writes no IPv6 rules)")
     policy = load_policy(args, "render")
+    if args.print_hash:
+        print(config_hash(policy_hash(policy)))
+        return 0
     if args.backend == "nftables":
         from ipmasq.rules.nft import render_script
 
