@@ -1,5 +1,6 @@
-"""Switching backends over the stateful fakes: the agent removes the other backend's objects once, before its
-first write, and never anything that is not ours; `make_backend` wires --backend (auto included)."""
+"""Switching backends and iptables variants over the stateful fakes: every pass, once its own rules are verified,
+the agent removes our objects from every other backend and variant, and never anything that is not ours;
+`make_backend` wires --backend (auto included)."""
 
 from __future__ import annotations
 
@@ -29,29 +30,40 @@ KUBE_PROXY = ("table ip kube-proxy {\n\tchain nat-postrouting {\n"
               "\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t\tmasquerade\n\t}\n}\n")
 CONFIG = ConfigInput((("/etc/config/ip-masq-agent", b"nonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\n"),))
 DUAL = PolicyOptions(enable_ipv6=True)
+V4_ONLY = ConfigInput((("/etc/config/ip-masq-agent", b"nonMasqueradeCIDRs: [10.0.0.0/8]\n"),))
 
 
 class Node:
-    """One node's kernel: nft and every iptables tool, each answered by its stateful fake."""
+    """One node's kernel: nft and both iptables variants, each its own stateful fake (the plain `iptables-save`
+    is the nft variant, as on today's Debian)."""
 
     def __init__(self) -> None:
         self.nft = FakeNft()
-        self.iptables = FakeIptables()
+        self.legacy = FakeIptables()
+        self.iptables = FakeIptables()  # the nft variant
         self.missing: set[str] = set()
+        self.log: list[tuple[str, ...]] = []  # every write, in order: (tool, first line of what it was given)
 
     def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result:
         if argv[0] in self.missing:
             raise BackendError(f"cannot run {argv[0]}: No such file or directory", argv=tuple(argv))
-        return self.nft(argv, stdin) if argv[0] == "nft" else self.iptables(argv, stdin)
+        if stdin is not None:
+            self.log.append((argv[0], *[line for line in stdin.splitlines() if line.startswith(("-D", "delete"))]))
+        if argv[0] == "nft":
+            return self.nft(argv, stdin)
+        return (self.legacy if "-legacy-" in argv[0] else self.iptables)(argv, stdin)
 
-    def ours_in_iptables(self) -> list[str]:
-        return [line for tool in ("iptables", "ip6tables") for line in self.iptables.save(tool, "nat").splitlines()
-                if "ip-masq-agent" in line or "IP-MASQ" in line]
+    def ours_in_iptables(self, variant: FakeIptables | None = None) -> list[str]:
+        fakes = (self.legacy, self.iptables) if variant is None else (variant,)
+        return [line for fake in fakes for tool in ("iptables", "ip6tables") for line in fake.save(tool, "nat")
+                .splitlines() if "ip-masq-agent" in line or "IP-MASQ" in line]
 
 
-def iptables_pass(node: Node, options: PolicyOptions = DUAL) -> None:
-    rec = Reconciler(IptablesBackend(node, chain=options.masq_chain, variant=Variant.NFT), options, log=LOG)
-    rec.observe(CONFIG)
+def iptables_pass(node: Node, options: PolicyOptions = DUAL, *, variant: Variant = Variant.NFT,
+                  config: ConfigInput = CONFIG) -> None:
+    """What an earlier agent (no node lock, no look at the other variant) left behind."""
+    rec = Reconciler(IptablesBackend(node, chain=options.masq_chain, variant=variant), options, log=LOG)
+    rec.observe(config)
     assert rec.reconcile().result is SyncResult.APPLIED
 
 
@@ -69,10 +81,12 @@ def node() -> Node:
     return n
 
 
-def test_nftables_removes_an_earlier_iptables_run_once(node: Node, caplog: pytest.LogCaptureFixture) -> None:
-    # an earlier run under GKE's chain name, both families
-    iptables_pass(node, PolicyOptions(enable_ipv6=True, masq_chain="IP-MASQ"))
-    assert any(":IP-MASQ" in line for line in node.ours_in_iptables())
+def test_nftables_removes_both_iptables_variants_on_every_pass(node: Node, caplog: pytest.LogCaptureFixture) -> None:
+    # earlier runs under GKE's chain name, both families, in both variants
+    for variant in Variant:
+        iptables_pass(node, PolicyOptions(enable_ipv6=True, masq_chain="IP-MASQ"), variant=variant)
+    assert any(":IP-MASQ" in line for line in node.ours_in_iptables(node.legacy))
+    assert any(":IP-MASQ" in line for line in node.ours_in_iptables(node.iptables))
     foreign_before = node.iptables.save("iptables", "nat")
     backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
@@ -80,19 +94,25 @@ def test_nftables_removes_an_earlier_iptables_run_once(node: Node, caplog: pytes
     with caplog.at_level(logging.INFO):
         report = rec.reconcile()
     assert report.result is SyncResult.APPLIED
-    # one removal: the fake answers both iptables variants from one table, so the first variant checked holds it
-    assert report.removed_leftovers == ("iptables (legacy)",)
+    assert report.removed_leftovers == ("iptables (legacy)", "iptables (nft)") and report.leftovers == ()
     assert node.ours_in_iptables() == []
     # what is left of the nat table is exactly the foreign part
     left = node.iptables.save("iptables", "nat")
     assert [line for line in left.splitlines() if "KUBE" in line] == \
            [line for line in foreign_before.splitlines() if "KUBE" in line]
     assert ("inet", "ip-masq-agent") in node.nft.tables and ("ip", "kube-proxy") in node.nft.tables
-    assert sum("left by an earlier run" in r.message for r in caplog.records) == 1
-    # once: later passes do not look at iptables again, and an idle pass writes nothing
-    calls, writes = len(node.iptables.calls), node.nft.transactions
+    assert sum("removed the objects of" in r.message for r in caplog.records) == 2
+    # every pass looks again, cheaply: one save per variant and family, and an idle pass writes nothing
+    reads = len(node.legacy.calls) + len(node.iptables.calls)
+    writes = (node.legacy.writes, node.iptables.writes, node.nft.transactions)
     assert rec.reconcile().result is SyncResult.IN_SYNC
-    assert len(node.iptables.calls) == calls and node.nft.transactions == writes
+    assert len(node.legacy.calls) + len(node.iptables.calls) - reads == 4
+    assert (node.legacy.writes, node.iptables.writes, node.nft.transactions) == writes
+    # an old agent re-creates its chain: the next pass finds and removes it again
+    iptables_pass(node, variant=Variant.LEGACY)
+    report = rec.reconcile()
+    assert report.result is SyncResult.IN_SYNC and report.removed_leftovers == ("iptables (legacy)",)
+    assert node.ours_in_iptables() == [] and report.readiness.ready
 
 
 def test_iptables_removes_an_earlier_nftables_table_and_only_it(node: Node) -> None:
@@ -128,17 +148,73 @@ def test_a_missing_tool_holds_no_leftovers(node: Node) -> None:
     assert not NftablesBackend(node).present()
 
 
-def test_a_failing_removal_is_retried_before_any_write(node: Node) -> None:
+def test_the_new_backend_is_installed_before_the_old_one_is_removed(node: Node) -> None:
+    iptables_pass(node)
+    node.log.clear()
+    backend, others = make_backend("nftables", DUAL, node, variant="nft")
+    rec = Reconciler(backend, DUAL, log=LOG, others=others)
+    rec.observe(CONFIG)
+    assert rec.reconcile().result is SyncResult.APPLIED
+    # make before break: our table first (the only write to nft), then the removal of the iptables objects
+    assert [entry[0] for entry in node.log] == ["nft", "iptables-nft-restore", "ip6tables-nft-restore"]
+    assert all(line.startswith("-D POSTROUTING") for entry in node.log[1:] for line in entry[1:])
+
+
+def test_a_failing_install_leaves_the_old_rules_in_place(node: Node) -> None:
+    iptables_pass(node)
+    before = node.ours_in_iptables()
+    backend, others = make_backend("nftables", DUAL, node, variant="nft")
+    rec = Reconciler(backend, DUAL, log=LOG, others=others)
+    rec.observe(CONFIG)
+    node.missing = {"nft"}
+    report = rec.reconcile()
+    assert report.result is SyncResult.FAILED and not report.readiness.ready
+    assert node.ours_in_iptables() == before  # never a moment without rules
+    node.missing = set()
+    assert rec.reconcile().result is SyncResult.APPLIED
+    assert node.ours_in_iptables() == []
+
+
+def test_a_failing_removal_is_named_keeps_the_agent_not_ready_and_is_retried(node: Node) -> None:
     iptables_pass(node)
     node.iptables.reject = "-X IP-MASQ-AGENT"
     backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
     rec.observe(CONFIG)
-    assert rec.reconcile().result is SyncResult.FAILED
-    assert ("inet", "ip-masq-agent") not in node.nft.tables  # never two sets of our rules at once
+    report = rec.reconcile()
+    assert report.result is SyncResult.FAILED
+    assert ("inet", "ip-masq-agent") in node.nft.tables  # ours are in place: the same policy decides in both
+    assert report.leftovers == ("iptables (nft)",) and report.removed_leftovers == ()
+    assert not report.readiness.ready
+    assert "our objects are still in iptables (nft)" in report.readiness.why
+    assert "simulated rejection" in report.readiness.why
     node.iptables.reject = None
-    assert rec.reconcile().result is SyncResult.APPLIED
-    assert node.ours_in_iptables() == [] and ("inet", "ip-masq-agent") in node.nft.tables
+    report = rec.reconcile()
+    assert report.result is SyncResult.IN_SYNC and report.removed_leftovers == ("iptables (nft)",)
+    assert report.leftovers == () and report.readiness.ready
+    assert node.ours_in_iptables() == []
+
+
+def test_a_changed_variant_removes_the_old_variants_chain(node: Node) -> None:
+    """A node moved from iptables-legacy to iptables-nft: the legacy chain masqueraded 8.8.8.0/24 forever."""
+    iptables_pass(node, PolicyOptions(), variant=Variant.LEGACY, config=V4_ONLY)
+    assert any("-j MASQUERADE" in line for line in node.ours_in_iptables(node.legacy))
+    options = PolicyOptions()
+    backend, others = make_backend("iptables", options, node, variant="nft")
+    assert [o.name for o in others] == ["iptables (legacy)", "nftables"]
+    rec = Reconciler(backend, options, log=LOG, others=others)
+    rec.observe(ConfigInput((("/etc/config/ip-masq-agent", b"nonMasqueradeCIDRs: [10.0.0.0/8, 8.8.8.0/24]\n"),)))
+    report = rec.reconcile()
+    assert report.result is SyncResult.APPLIED and report.removed_leftovers == ("iptables (legacy)",)
+    assert node.ours_in_iptables(node.legacy) == []
+    assert any("8.8.8.0/24" in line for line in node.ours_in_iptables(node.iptables))
+    # and the other way round: an agent told to use legacy removes what the nft variant holds
+    backend, others = make_backend("iptables", options, node, variant="legacy")
+    assert [o.name for o in others] == ["iptables (nft)", "nftables"]
+    rec = Reconciler(backend, options, log=LOG, others=others)
+    rec.observe(V4_ONLY)
+    assert rec.reconcile().removed_leftovers == ("iptables (nft)",)
+    assert node.ours_in_iptables(node.iptables) == [] and node.ours_in_iptables(node.legacy)
 
 
 def test_auto_follows_the_node(node: Node) -> None:
@@ -147,7 +223,7 @@ def test_auto_follows_the_node(node: Node) -> None:
     del node.nft.tables[("ip", "kube-proxy")]
     backend, others = make_backend("auto", DUAL, node, variant="nft")
     assert backend.name == "iptables (nft)"  # the KUBE-POSTROUTING rules: the drop-in choice
-    assert [o.name for o in others] == ["nftables"]
+    assert [o.name for o in others] == ["iptables (legacy)", "nftables"]
     plain = Node()
     backend, _ = make_backend("auto", PolicyOptions(), plain, variant="nft")
     assert backend.name == "nftables"

@@ -4,8 +4,12 @@ The Reconciler keeps the last good Policy: a bad config is logged once per chang
 not-ready, while the last good config keeps being enforced (drift repaired). Until a first good config is
 seen the kernel is left untouched. It performs no I/O of its own beyond the injected backend and logger.
 
-`others` are the backends not chosen: before its first write the Reconciler removes whatever they left (an agent
-that ran with the other backend before), once, so that two sets of our rules never decide the same packet.
+`others` are every place our objects can be that the agent does not write: the other backend, and the other
+iptables variant (a node moved from iptables-legacy to iptables-nft, a changed --iptables-variant). EVERY pass looks
+at each of them (one cheap read: `present()`) and removes what it holds, but only AFTER this backend's objects were
+applied and verified: make before break, so a switch never leaves the node without rules, even if the agent dies in
+between. While both are installed both hold our rules, so the same policy decides. Anything that stays (a failed
+removal) is named in the PassReport's `leftovers` and keeps the agent not ready.
 
 What happened is handed out as values, never as the Reconciler itself: `observe` returns a ConfigReport (what one
 read of the config did), `reconcile` a PassReport (what one pass found, wrote and verified). Metrics, health and
@@ -91,7 +95,8 @@ class PassReport:
     backend_error: str | None  # the backend's error when result is FAILED
     drift_repair: bool  # the kernel differed although the config verified before had not changed: someone else wrote
     writes: tuple[FamilyWrite, ...]  # the transactions this pass wrote (a FAILED pass may have written some)
-    removed_leftovers: tuple[str, ...]  # the other backends whose objects this pass removed
+    removed_leftovers: tuple[str, ...]  # the other backends/variants whose objects this pass removed
+    leftovers: tuple[str, ...]  # the other backends/variants still holding our objects after this pass
     policy_hash: str | None  # policy_hash of the policy this pass enforced (None: no good config yet)
     objects: tuple[ObjectCount, ...]  # per family, of the policy the kernel was last verified to hold
     resync_interval: float
@@ -123,7 +128,7 @@ class Reconciler:
         self._enforced: Policy | None = None  # the policy the kernel was last verified to hold
         self._objects: tuple[ObjectCount, ...] = ()  # counted from _enforced's desired States
         self.others = tuple(others)
-        self._others_checked = not self.others
+        self._leftovers: tuple[str, ...] = ()  # others found holding our objects that could not be removed
         self.options = options
         self.log = log
         self.policy: Policy | None = None  # the last good policy, enforced even while the config is bad
@@ -142,6 +147,10 @@ class Reconciler:
             return Readiness(False, f"not ready: config error: {self.config_error}")
         if self.policy is None:
             return Readiness(False, "not ready: no config loaded yet")
+        if self._leftovers:
+            detail = f" ({self.backend_error})" if self.backend_error is not None else ""
+            return Readiness(False, f"not ready: our objects are still in {', '.join(self._leftovers)}, which this "
+                                    f"agent does not use (it uses {self.backend.name}){detail}")
         if self.backend_error is not None:
             return Readiness(False, f"not ready: {self.backend.name}: {self.backend_error}")
         if self._enforced is not self.policy:
@@ -195,11 +204,8 @@ class Reconciler:
         # the kernel was verified to hold this very config before: a difference now is someone else's doing
         drift = self._enforced is not None and self._enforced.config == policy.config
         writes: list[FamilyWrite] = []
-        removed: list[str] = []
         wanted: list[State] = []
         try:
-            if not self._others_checked:
-                self._remove_others(removed)
             for family in policy.families:
                 current = self.backend.read(family)
                 want = self.backend.desired(policy, family)
@@ -216,38 +222,60 @@ class Reconciler:
                 self.log.info("applied IPv%d rules with %s (%s)", family.value, self.backend.name,
                               _describe(write, len(want.objects), drift=drift))
         except IpmasqError as exc:
-            message = str(exc)
-            if message != self.backend_error:
-                self.log.error("%s: %s (will retry)", self.backend.name, message)
-            self.backend_error = message
-            return self._pass_report(SyncResult.FAILED, writes=writes, removed=removed)
-        if self.backend_error is not None:
-            self.log.info("%s: recovered", self.backend.name)
-        self.backend_error = None
+            self._backend_failed(str(exc))
+            return self._pass_report(SyncResult.FAILED, writes=writes)
         previous, self._enforced = self._enforced, policy
         if previous is not policy:
             # counted once per policy, from the desired States just verified (equal to what the kernel holds)
             self._objects = tuple(ObjectCount(want.family, *count_objects(want)) for want in wanted)
         if previous is not None and previous is not policy and self.on_policy_change is not None:
             self.on_policy_change(previous, policy)
+        # only now, with ours verified in place, do the other places' objects go (make before break)
+        removed, error = self._remove_others()
+        if error is not None:
+            self._backend_failed(error)
+            return self._pass_report(SyncResult.FAILED, writes=writes, removed=removed)
+        if self.backend_error is not None:
+            self.log.info("%s: recovered", self.backend.name)
+        self.backend_error = None
         result = SyncResult.APPLIED if writes else SyncResult.IN_SYNC
         return self._pass_report(result, writes=writes, removed=removed, drift_repair=drift and bool(writes))
+
+    def _backend_failed(self, message: str) -> None:
+        if message != self.backend_error:
+            self.log.error("%s: %s (will retry)", self.backend.name, message)
+        self.backend_error = message
 
     def _pass_report(self, result: SyncResult, *, writes: Sequence[FamilyWrite] = (), removed: Sequence[str] = (),
                      drift_repair: bool = False) -> PassReport:
         return PassReport(result=result, config_error=self.config_error, backend_error=self.backend_error,
                           drift_repair=drift_repair, writes=tuple(writes), removed_leftovers=tuple(removed),
+                          leftovers=self._leftovers,
                           policy_hash=self._policy_hash, objects=self._objects,
                           resync_interval=self.resync_interval, readiness=self.readiness())
 
-    def _remove_others(self, removed: list[str]) -> None:
+    def _remove_others(self) -> tuple[list[str], str | None]:
+        """Look at every other place (one read each) and remove our objects there; (removed, first error).
+
+        Each place is handled on its own: one that cannot be read or cleaned does not keep the others' objects.
+        """
+        removed: list[str] = []
+        left: list[str] = []
+        error: str | None = None
         for other in self.others:
-            if other.present():
+            try:
+                if not other.present():
+                    continue
                 other.remove_all()
-                removed.append(other.name)
-                self.log.info("removed the objects of %s left by an earlier run (this agent uses %s)", other.name,
-                              self.backend.name)
-        self._others_checked = True  # only once all are gone: a failure is retried with the next pass
+            except IpmasqError as exc:
+                left.append(other.name)
+                error = error or f"removing our objects from {other.name}: {exc}"
+                continue
+            removed.append(other.name)
+            self.log.info("removed the objects of %s (left by an earlier run or another agent; this agent uses %s)",
+                          other.name, self.backend.name)
+        self._leftovers = tuple(left)
+        return removed, error
 
 
 def _family_write(family: Family, before: State, after: State) -> FamilyWrite:

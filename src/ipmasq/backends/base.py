@@ -8,8 +8,9 @@
                 apply(policy, family, current)     ONE atomic transaction turning `current` into `desired`
                                                    (including removing stale objects `current` holds)
                 remove_all()                       uninstall: our objects gone, both families; nothing else touched
-    Removable   name, present(), remove_all()      the other backends' objects, which must not stay once one backend
-                                                   is chosen (the Reconciler removes them once, before its first write)
+    Removable   name, present(), remove_all()      our objects in the other backend or iptables variant, which must not
+                                                   stay once one is chosen (every pass looks with present(), a cheap
+                                                   read, and removes them after its own rules are verified)
 
 The loop (ipmasq.agent) is backend-agnostic: for each family of the policy it does
 ``current = read(f); want = desired(policy, f)``; if ``current != want`` it calls ``apply(policy, f, current)``,
@@ -85,7 +86,7 @@ class Backend(Protocol):
 
 
 class Removable(Protocol):
-    """Objects of a backend that is not the chosen one (left by an earlier run with the other backend)."""
+    """Our objects in a backend or variant that is not the chosen one (an earlier run, or an older agent)."""
 
     @property
     def name(self) -> str: ...

@@ -1,5 +1,6 @@
 """Which backend the agent uses: `--backend auto` (nftables when the node already uses it for NAT or has no iptables
-nat rules, else iptables), and the chosen backend built with the others whose leftovers it removes.
+nat rules, else iptables), and the chosen backend built with every other place our objects can be (the other
+backend and the other iptables variant), which the agent looks at and cleans on every pass.
 
 iptables stays the drop-in choice wherever something (kube-proxy in iptables mode, a CNI) writes iptables nat
 rules: our rules then sit in the same framework as theirs. Our own objects never count in the decision, so the
@@ -93,8 +94,10 @@ def detect(run: Runner) -> Choice:
 
 def make_backend(name: str, options: PolicyOptions, run: Runner, *, variant: str = "auto",
                  log: logging.Logger | None = None) -> tuple[Backend, tuple[Removable, ...]]:
-    """The backend `--backend NAME` asks for (auto: `detect`), and the other backends whose leftovers the agent
-    removes before its first write; `variant`: the iptables variant (auto: the one the node's rules use)."""
+    """The backend `--backend NAME` asks for (auto: `detect`), and every other place our objects can be: the other
+    backend and, with iptables, the other variant (a node moved from iptables-legacy to iptables-nft keeps the old
+    variant's chain, which would go on deciding packets). `variant`: the iptables variant (auto: the one the node's
+    rules use)."""
     if name == "auto":
         choice = detect(run)
         name = choice.backend
@@ -106,4 +109,7 @@ def make_backend(name: str, options: PolicyOptions, run: Runner, *, variant: str
         return NftablesBackend(run), others
     families = both if options.enable_ipv6 else (Family.V4,)
     chosen = detect_variant(run) if variant == "auto" else Variant(variant)
-    return IptablesBackend(run, chain=options.masq_chain, variant=chosen, families=families), (NftablesBackend(run),)
+    other_variants = tuple(IptablesBackend(run, chain=options.masq_chain, variant=v, families=both)
+                           for v in Variant if v is not chosen)
+    backend = IptablesBackend(run, chain=options.masq_chain, variant=chosen, families=families)
+    return backend, (*other_variants, NftablesBackend(run))

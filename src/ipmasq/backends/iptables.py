@@ -71,7 +71,10 @@ def detect_variant(run: Runner) -> Variant:
     for variant in Variant:
         text = []
         for family in Family:
-            result = run([tools(variant, family).save])
+            try:
+                result = run([tools(variant, family).save])
+            except BackendError:
+                continue  # the variant's tools are not installed: it holds no rules of the node
             if result.returncode == 0:  # a variant whose tables cannot be read holds no rules of the node
                 text.append(result.stdout)
         dumps[variant] = "".join(text)
