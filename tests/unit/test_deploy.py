@@ -69,6 +69,20 @@ def test_daemonset_is_least_privilege_and_drop_in() -> None:
     assert container["image"] == "ipmasq/ipmasq:0.1.0"
 
 
+def test_agents_of_one_node_share_the_node_lock_directory() -> None:
+    """During a rolling update the old and the new pod must see one lock file: a host directory, at the default."""
+    from ipmasq.agent.nodelock import DEFAULT_LOCK_DIRECTORY
+
+    for path in (DEPLOY, DEPLOY / "overlays" / "gke"):
+        pod = daemonset(kustomize(path))["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["node-lock"]["hostPath"] == {"path": DEFAULT_LOCK_DIRECTORY, "type": "DirectoryOrCreate"}
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        assert mounts["node-lock"]["mountPath"] == DEFAULT_LOCK_DIRECTORY and not mounts["node-lock"].get("readOnly")
+        assert not any(arg.startswith("--lock-file") for arg in container["args"])  # the default, under the mount
+
+
 def test_gke_overlay_runs_what_gke_runs() -> None:
     args = daemonset(kustomize(DEPLOY / "overlays" / "gke"))["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--masq-chain=IP-MASQ" in args and "--nomasq-all-reserved-ranges" in args

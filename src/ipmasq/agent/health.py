@@ -13,8 +13,11 @@ Bodies are one line, the reason, so `ipmasq health` can print it as is.
 
 from __future__ import annotations
 
+import errno
 import http.client
+import logging
 import os
+import select
 import selectors
 import socket
 import threading
@@ -30,6 +33,8 @@ __all__ = ["DEFAULT_METRICS_ADDRESS", "StatusServer", "parse_listen_address", "q
 # Not 9253 (NodeLocal DNSCache's metrics port on every GKE node, also php-fpm_exporter's), nor 9100 (node-exporter),
 # 9099 (calico), 9153 (CoreDNS), 9808 (CSI livenessprobe), 9962-9965 (cilium), 10248-10259 (kubelet, kube-proxy).
 DEFAULT_METRICS_ADDRESS = "127.0.0.1:9847"
+# A port in use (the agent being replaced still serves it during a rolling update) is tried again this often.
+BIND_RETRY_SECONDS = 1.0
 
 
 def parse_listen_address(text: str) -> tuple[str, int]:
@@ -83,7 +88,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class StatusServer:
-    """The endpoints on a daemon thread; `start()` binds (raising UsageError when it cannot) and serves."""
+    """The endpoints on a daemon thread; `start()` binds (raising IpmasqError when it cannot) and serves.
+
+    With `wait_if_in_use`, a port another process holds (the old agent, during a rolling update on a hostNetwork
+    node) is not fatal: the thread tries again every BIND_RETRY_SECONDS until it binds or the server is stopped.
+    """
 
     def __init__(self, status: AgentStatus, address: str) -> None:
         self.status = status
@@ -92,16 +101,40 @@ class StatusServer:
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
 
-    def start(self) -> None:
+    def _bind(self) -> _Server:
         host, port = parse_listen_address(self.address)
-        try:
-            server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
-        except OSError as exc:
-            raise IpmasqError(f"cannot listen on {self.address} (--metrics-address): {exc.strerror or exc}") from None
+        server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
         server.status = self.status
+        return server
+
+    def start(self, *, wait_if_in_use: bool = False, log: logging.Logger | None = None) -> None:
+        try:
+            server = self._bind()
+        except OSError as exc:
+            if not (wait_if_in_use and exc.errno == errno.EADDRINUSE):
+                raise IpmasqError(f"cannot listen on {self.address} (--metrics-address): "
+                                  f"{exc.strerror or exc}") from None
+            if log is not None:
+                log.warning("cannot listen on %s (--metrics-address): %s (another agent during an update?); "
+                            "trying again every %gs", self.address, exc.strerror or exc, BIND_RETRY_SECONDS)
+            self._thread = threading.Thread(target=self._bind_later, args=(log,), name="ipmasq-status", daemon=True)
+            self._thread.start()
+            return
         self._server = server
         self._thread = threading.Thread(target=self._serve, args=(server,), name="ipmasq-status", daemon=True)
         self._thread.start()
+
+    def _bind_later(self, log: logging.Logger | None) -> None:
+        while not select.select([self._wake_r], [], [], BIND_RETRY_SECONDS)[0]:
+            try:
+                server = self._bind()
+            except OSError:
+                continue
+            self._server = server
+            if log is not None:
+                log.info("serving /metrics, /healthz and /readyz on %s", self.address)
+            self._serve(server)
+            return
 
     def _serve(self, server: _Server) -> None:
         # Not serve_forever: it wakes every poll_interval to check for shutdown (an idle agent should not wake at
@@ -120,10 +153,16 @@ class StatusServer:
         assert self._server is not None
         return int(self._server.server_address[1])
 
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
     def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
+        if self._thread is not None:
             os.write(self._wake_w, b"x")
             self._thread.join(5)
+            self._thread = None
+        if self._server is not None:
             self._server.server_close()
             self._server = None
         os.close(self._wake_r)

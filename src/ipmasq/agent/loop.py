@@ -4,6 +4,12 @@ Triggers: a config change (ConfigWatcher), the resync timer (the last good confi
 repair), SIGHUP (`resync_now`), and the retry timer after a backend error (exponential backoff). `stop` (set by
 SIGTERM/SIGINT) ends the loop at once and leaves the rules in place: traffic keeps flowing during an upgrade.
 Logs: one line per event, nothing per idle tick.
+
+Nothing ends the loop but `stop`: an unexpected exception in an iteration (a bug, a tool printing what no parser
+expected) is logged once per distinct error (type and message, no traceback), counted, makes the agent not ready,
+and the iteration is retried with the same backoff as a failing tool.
+
+Before the loop, `wait_for_node_lock` makes sure this agent is the node's only writer (ipmasq.agent.nodelock).
 """
 
 from __future__ import annotations
@@ -18,12 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ipmasq.agent.nodelock import NodeLock
 from ipmasq.agent.reconcile import ConfigReport, PassReport, Reconciler, SyncResult
 from ipmasq.agent.watch import ConfigWatcher
 from ipmasq.config.source import ConfigInput, read_config_input
 from ipmasq.errors import ConfigError
 
-__all__ = ["Agent", "LoopObserver", "LoopSettings", "Wakeup"]
+__all__ = ["LOCK_POLL_SECONDS", "Agent", "LoopObserver", "LoopSettings", "Wakeup", "wait_for_node_lock"]
+
+# How often a waiting agent tries the node lock: the takeover delay once the holder exits.
+LOCK_POLL_SECONDS = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +89,10 @@ class LoopObserver(Protocol):
 
     def reconciled(self, report: PassReport, seconds: float) -> None: ...
 
+    def waiting(self, why: str) -> None: ...
+
+    def failed(self, why: str) -> None: ...
+
 
 class _Unobserved:
     def heartbeat(self) -> None:
@@ -89,6 +103,58 @@ class _Unobserved:
 
     def reconciled(self, report: PassReport, seconds: float) -> None:
         pass
+
+    def waiting(self, why: str) -> None:
+        pass
+
+    def failed(self, why: str) -> None:
+        pass
+
+
+def wait_for_node_lock(lock: NodeLock, wakeup: Wakeup, *, log: logging.Logger,
+                       observer: LoopObserver | None = None, poll: float = LOCK_POLL_SECONDS) -> bool:
+    """Return once this process holds the node lock (True), or when stop was requested first (False).
+
+    While waiting the agent writes nothing, stays alive (heartbeats) and not ready, and says for whom it waits.
+    """
+    watcher: LoopObserver = observer if observer is not None else _Unobserved()
+    if lock.try_acquire():
+        return True
+    announced: str | None = None  # the holder last logged
+    while not wakeup.stop.is_set():
+        holder = lock.holder()
+        who = f"pid {holder}" if holder is not None else "another process"
+        watcher.heartbeat()
+        watcher.waiting(f"not ready: waiting for the node lock held by {who} ({lock.path}; another agent runs on "
+                        "this node, e.g. during a rolling update)")
+        if who != announced:
+            log.info("waiting for the node lock %s held by %s: writing nothing until it exits", lock.path, who)
+            announced = who
+        select.select([wakeup.read_fd], [], [], poll)
+        wakeup.drain()
+        if lock.try_acquire():
+            log.info("took the node lock %s: this agent now writes the node's rules", lock.path)
+            return True
+    return False
+
+
+@dataclass
+class _Schedule:
+    """When the loop reconciles next: the resync timer, and the retry timer with its backoff after a failure."""
+
+    next_resync: float
+    backoff: float
+    retry_at: float | None = None
+
+    def failed(self, now: float, settings: LoopSettings) -> None:
+        self.retry_at = now + self.backoff
+        self.backoff = min(self.backoff * 2, settings.backoff_max)
+
+    def succeeded(self, settings: LoopSettings) -> None:
+        self.retry_at, self.backoff = None, settings.backoff_initial
+
+    def deadline(self) -> float:
+        return self.next_resync if self.retry_at is None else min(self.next_resync, self.retry_at)
 
 
 def _read(path: str) -> ConfigInput | ConfigError:
@@ -124,35 +190,53 @@ class Agent:
         self.log.info("agent stopping: rules left in place")
 
     def _loop(self, watcher: ConfigWatcher, wakeup: Wakeup) -> None:
-        backoff = self.settings.backoff_initial
-        retry_at: float | None = None
-        next_resync = self.clock()  # the first pass happens at once
+        schedule = _Schedule(next_resync=self.clock(), backoff=self.settings.backoff_initial)  # first pass at once
+        last_error: str | None = None
         while not wakeup.stop.is_set():
-            self.observer.heartbeat()  # once per wakeup: at least once per resync interval, so liveness can tell
-            seen = self.reconciler.observe(_read(self.settings.config_path))
-            self.observer.observed(seen)
-            now = self.clock()
-            due = (seen.changed or now >= next_resync or wakeup.resync.is_set()
-                   or (retry_at is not None and now >= retry_at))
-            if wakeup.resync.is_set():
-                self.log.info("SIGHUP: resync now")
-                wakeup.resync.clear()
-            if due:
-                started = time.perf_counter()
-                report = self.reconciler.reconcile()
-                self.observer.reconciled(report, time.perf_counter() - started)
-                now = self.clock()
-                next_resync = now + report.resync_interval
-                if report.result is SyncResult.FAILED:
-                    retry_at = now + backoff
-                    backoff = min(backoff * 2, self.settings.backoff_max)
-                else:
-                    retry_at, backoff = None, self.settings.backoff_initial
-            deadline = next_resync if retry_at is None else min(next_resync, retry_at)
-            timeout = max(0.0, deadline - self.clock())
-            if watcher.timeout is not None:
-                timeout = min(timeout, watcher.timeout)
-            ready, _, _ = select.select([*watcher.fds, wakeup.read_fd], [], [], timeout)
-            wakeup.drain()
-            if ready and watcher.drain():
-                watcher.wait_quiet(self.settings.quiet_seconds)
+            try:
+                if self._iteration(wakeup, schedule):
+                    last_error = None  # a pass completed: the same error again is news again
+                self._wait(watcher, wakeup, schedule)
+            except Exception as exc:  # nothing but stop may end the loop
+                error = f"{type(exc).__name__}: {exc}"
+                if error != last_error:
+                    self.log.error("unexpected error in the agent loop: %s (not ready; will retry)", error)
+                last_error = error
+                schedule.failed(self.clock(), self.settings)
+                self.observer.failed(f"not ready: unexpected error in the agent loop: {error}")
+                # the backoff, woken only by stop: nothing here can raise what the iteration raised
+                select.select([wakeup.read_fd], [], [], max(0.0, schedule.deadline() - self.clock()))
+                wakeup.drain()
+
+    def _iteration(self, wakeup: Wakeup, schedule: _Schedule) -> bool:
+        """One wakeup: read the config, reconcile when due; True when a pass ran to its end."""
+        self.observer.heartbeat()  # once per wakeup: at least once per resync interval, so liveness can tell
+        seen = self.reconciler.observe(_read(self.settings.config_path))
+        self.observer.observed(seen)
+        now = self.clock()
+        due = (seen.changed or now >= schedule.next_resync or wakeup.resync.is_set()
+               or (schedule.retry_at is not None and now >= schedule.retry_at))
+        if wakeup.resync.is_set():
+            self.log.info("SIGHUP: resync now")
+            wakeup.resync.clear()
+        if not due:
+            return False
+        started = time.perf_counter()
+        report = self.reconciler.reconcile()
+        self.observer.reconciled(report, time.perf_counter() - started)
+        now = self.clock()
+        schedule.next_resync = now + report.resync_interval
+        if report.result is SyncResult.FAILED:
+            schedule.failed(now, self.settings)
+        else:
+            schedule.succeeded(self.settings)
+        return True
+
+    def _wait(self, watcher: ConfigWatcher, wakeup: Wakeup, schedule: _Schedule) -> None:
+        timeout = max(0.0, schedule.deadline() - self.clock())
+        if watcher.timeout is not None:
+            timeout = min(timeout, watcher.timeout)
+        ready, _, _ = select.select([*watcher.fds, wakeup.read_fd], [], [], timeout)
+        wakeup.drain()
+        if ready and watcher.drain():
+            watcher.wait_quiet(self.settings.quiet_seconds)

@@ -12,6 +12,7 @@ Metrics (all prefixed `ipmasq_`):
     config_load_errors_total             config changes that did not load (bad YAML, CIDR, ...; the last good is kept)
     config_reloads_total                 config changes that loaded (the first load included)
     drift_repairs_total                  passes that rewrote the kernel although the policy had not changed
+    loop_errors_total                    loop iterations ended by an unexpected exception (the loop went on)
     seconds_since_last_successful_sync   computed at scrape; since the agent started while it never synced
     last_successful_sync_timestamp_seconds  unix time of the last in-sync or applied pass (0: never)
     rules{family}                        our rules the kernel was last verified to hold (iptables rules, nft rules)
@@ -42,14 +43,17 @@ from ipmasq.agent.exposition import MetricFamily
 from ipmasq.agent.reconcile import ConfigReport, PassReport, SyncResult
 from ipmasq.policy_hash import config_hash
 
-__all__ = ["DURATION_BUCKETS", "LIVENESS_GRACE_SECONDS", "AgentStatus", "Check", "Snapshot", "metric_families",
-           "process_metric_families", "render_metrics"]
+__all__ = ["DURATION_BUCKETS", "LIVENESS_GRACE_SECONDS", "READINESS_GRACE_SECONDS", "AgentStatus", "Check", "Snapshot",
+           "metric_families", "process_metric_families", "render_metrics"]
 
 # A pass is a few tool runs: milliseconds when idle, seconds with 100,000 CIDRs or a contended xtables lock.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # The loop wakes at least once per resync interval; one pass may wait on a few tool runs (each bounded by the
 # runner's 60 s timeout, e.g. behind kube-proxy's xtables lock), so a beat older than 3 intervals plus this is wedged.
 LIVENESS_GRACE_SECONDS = 120.0
+# Readiness is a claim about now: a pass completes at least once per resync interval (sooner while retrying), so a
+# last completed pass older than 2 intervals plus this (a slow pass: 100,000 CIDRs, a contended lock) is stale.
+READINESS_GRACE_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,7 @@ class Snapshot:
     config_load_errors: int
     config_reloads: int
     drift_repairs: int
+    loop_errors: int
     seconds_since_last_success: float
     last_success_unix: float
     rules: dict[int, int]
@@ -90,6 +95,7 @@ class _Counters:
     config_load_errors: int = 0
     config_reloads: int = 0
     drift_repairs: int = 0
+    loop_errors: int = 0
 
 
 class AgentStatus:
@@ -107,6 +113,7 @@ class AgentStatus:
         self._resync_interval = 60.0
         self._counters = _Counters()
         self._last_success: float | None = None  # monotonic
+        self._last_pass: float | None = None  # monotonic: when the last pass, of any result, completed
         self._last_success_unix = 0.0
         self._rules: dict[int, int] = {}
         self._elements: dict[int, int] = {}
@@ -133,9 +140,21 @@ class AgentStatus:
             self._resync_interval = report.resync_interval
             self._ready = Check(report.readiness.ready, report.readiness.why)
 
+    def waiting(self, why: str) -> None:
+        """The agent waits for the node lock (another agent writes): not ready, for this reason."""
+        with self._lock:
+            self._ready = Check(False, why)
+
+    def failed(self, why: str) -> None:
+        """An iteration of the loop ended in an unexpected exception: counted, not ready until a pass completes."""
+        with self._lock:
+            self._counters.loop_errors += 1
+            self._ready = Check(False, why)
+
     def reconciled(self, report: PassReport, seconds: float) -> None:
         """After one pass; `seconds`: how long it took."""
         with self._lock:
+            self._last_pass = self._clock()
             c = self._counters
             c.syncs[report.result.value] += 1
             c.duration_sum += seconds
@@ -161,7 +180,17 @@ class AgentStatus:
 
     def readiness(self) -> Check:
         with self._lock:
-            return self._ready
+            return self._readiness(self._clock())
+
+    def _readiness(self, now: float) -> Check:
+        """The last pass's verdict, unless that pass is too old to speak for the kernel now (the lock is held)."""
+        if self._last_pass is not None:
+            age = now - self._last_pass
+            limit = 2 * self._resync_interval + READINESS_GRACE_SECONDS
+            if age > limit:
+                return Check(False, f"not ready: stale: the loop's last completed pass was {age:.0f}s ago "
+                                    f"(limit {limit:.0f}s; resync every {self._resync_interval:g}s)")
+        return self._ready
 
     def liveness(self) -> Check:
         with self._lock:
@@ -184,9 +213,9 @@ class AgentStatus:
                 version=self.version, backend=self.backend, syncs=dict(c.syncs),
                 duration_buckets=tuple(cumulative), duration_sum=c.duration_sum,
                 config_load_errors=c.config_load_errors, config_reloads=c.config_reloads,
-                drift_repairs=c.drift_repairs, seconds_since_last_success=since,
+                drift_repairs=c.drift_repairs, loop_errors=c.loop_errors, seconds_since_last_success=since,
                 last_success_unix=self._last_success_unix, rules=dict(self._rules),
-                set_elements=dict(self._elements), ready=self._ready.ok, config_valid=self._config_valid,
+                set_elements=dict(self._elements), ready=self._readiness(now).ok, config_valid=self._config_valid,
                 enforced_config_hash=self._enforced_hash, resync_interval=self._resync_interval,
             )
 
@@ -207,6 +236,8 @@ def metric_families(s: Snapshot) -> Iterator[MetricFamily]:
                              s.config_reloads)
     yield exposition.counter("ipmasq_drift_repairs_total", "Passes that rewrote our rules although the config had "
                              "not changed (someone else changed them).", s.drift_repairs)
+    yield exposition.counter("ipmasq_loop_errors_total", "Loop iterations ended by an unexpected exception (logged "
+                             "once per distinct error; the loop retried with backoff).", s.loop_errors)
     yield exposition.gauge("ipmasq_seconds_since_last_successful_sync", "Seconds since the kernel was last verified "
                            "to match the config (since the agent started, if never).", s.seconds_since_last_success)
     yield exposition.gauge("ipmasq_last_successful_sync_timestamp_seconds", "Unix time of the last successful "
