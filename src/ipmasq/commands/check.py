@@ -7,7 +7,8 @@ from typing import Any
 
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, load_policy, print_json
-from ipmasq.diagnose.check import check_node
+from ipmasq.diagnose.check import CheckReport, check_node
+from ipmasq.diagnose.leftovers import leftover_findings, read_leftovers
 from ipmasq.diagnose.sources import read_dump_file, read_live_rules, rules_from_dump
 
 __all__ = ["register", "run"]
@@ -19,7 +20,7 @@ def register(subparsers: Any) -> None:
         description="Compare the intent (config and flags) with the node's nat rules, read live (iptables-save or "
         "nft -j list ruleset; read-only) or from a file holding either output. Findings: chain-missing, "
         "jump-missing, config-not-applied, rules-differ, foreign-masquerade, jump-shadowed, stale-chain, "
-        "unsupported. Exit 0 when no finding is an error, 1 otherwise.",
+        "unsupported, and live only other-variant-rules. Exit 0 when no finding is an error, 1 otherwise.",
     )
     add_policy_flags(parser, config_help="config file or directory (default: none, the built-in defaults)")
     parser.add_argument("--backend", choices=["iptables", "nftables", "auto"], default="auto",
@@ -45,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
         rules = read_live_rules(SubprocessRunner(), policy.families, chain=policy.options.masq_chain,
                                 backend=args.backend)
     report = check_node(policy, rules, pod_ranges=pods, local_addresses=local)
+    if args.from_dump is None:  # our objects in a variant or backend the compared rules are not in
+        places = read_leftovers(SubprocessRunner(), policy.options, rules.backend)
+        report = CheckReport(report.findings + leftover_findings(places, rules.backend))
     if args.output == "json":
         print_json({"ok": report.ok, "findings": [f.as_dict() for f in report.findings]})
     else:
