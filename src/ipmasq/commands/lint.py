@@ -8,6 +8,8 @@ import sys
 from typing import Any
 
 from ipmasq.commands.common import add_output_flag, add_policy_flags, cidr_flag, options_from_args, print_json
+from ipmasq.config.source import read_config_file, read_config_input
+from ipmasq.errors import ConfigError
 from ipmasq.findings import Finding, Severity, count
 from ipmasq.lint import Expectations, lint_source
 
@@ -31,12 +33,18 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _inputs(paths: list[str]) -> list[tuple[str, bytes | OSError]]:
-    """(name, bytes or the error reading it); a directory contributes its regular, non-hidden files."""
-    out: list[tuple[str, bytes | OSError]] = []
+def _inputs(paths: list[str]) -> list[tuple[str, bytes | OSError | ConfigError]]:
+    """(name, bytes or the error reading it); a directory contributes its regular, non-hidden files.
+
+    Read as the agent reads its config: at most 1 MiB, and never a FIFO or a device (which would block or never end).
+    """
+    out: list[tuple[str, bytes | OSError | ConfigError]] = []
     for path in paths:
         if path == "-":
-            out.append(("<stdin>", sys.stdin.buffer.read()))
+            try:
+                out.append(("<stdin>", read_config_input("-", missing_ok=False).files[0][1]))
+            except ConfigError as exc:
+                out.append(("<stdin>", exc))
             continue
         names = [path]
         if os.path.isdir(path):
@@ -44,9 +52,8 @@ def _inputs(paths: list[str]) -> list[tuple[str, bytes | OSError]]:
                      if not n.startswith(".") and os.path.isfile(os.path.join(path, n))]
         for name in names:
             try:
-                with open(name, "rb") as fh:
-                    out.append((name, fh.read()))
-            except OSError as exc:
+                out.append((name, read_config_file(name)))
+            except (OSError, ConfigError) as exc:
                 out.append((name, exc))
     return out
 
@@ -58,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
     findings: list[Finding] = []
     unreadable = False
     for name, data in _inputs(args.files):
+        if isinstance(data, ConfigError):
+            print(f"ipmasq lint: {data}", file=sys.stderr)
+            unreadable = True
+            continue
         if isinstance(data, OSError):
             print(f"ipmasq lint: {name}: cannot read: {data.strerror}", file=sys.stderr)
             unreadable = True

@@ -3,11 +3,17 @@
 The reference agent converts YAML to JSON (sigs.k8s.io/yaml, YAML 1.1 scalars) and then decodes JSON into its
 struct; a file that starts with "{" is decoded as JSON directly. We do the same, but keep line numbers so that
 every error can point at the line an operator has to change.
+
+Hostile input is refused before it can hurt: nesting deeper than MAX_DEPTH is found before the recursive
+composers see it (the C composer overflows the C stack on 100,000 levels), and YAML aliases may add at most
+MAX_ALIAS_VALUES values (a 456-byte "billion laughs" would otherwise expand past a GiB). The size bound is the
+reader's (config.source): bytes handed in directly, as benchmarks do, are not limited here.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -15,12 +21,34 @@ import yaml
 
 from ipmasq.errors import ConfigError
 
-__all__ = ["Document", "Field", "Node", "parse_document"]
+__all__ = [
+    "MAX_ALIAS_VALUES",
+    "MAX_DEPTH",
+    "YAML_LOADER",
+    "Document",
+    "Field",
+    "Node",
+    "clip",
+    "compose_yaml",
+    "parse_document",
+    "show_value",
+    "yaml_error",
+]
 
 try:  # the C loader is ~10x faster; 100,000-entry configs depend on it
-    _Loader: Any = yaml.CSafeLoader
+    YAML_LOADER: Any = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover - PyYAML built without libyaml
-    _Loader = yaml.SafeLoader
+    YAML_LOADER = yaml.SafeLoader
+
+# A config is a mapping of lists (depth 2), a ConfigMap manifest in a `kind: List` about 6: 64 is far beyond any
+# real input, and far below what the recursive composers survive (~330 levels of Python frames).
+MAX_DEPTH = 64
+# go-yaml (the reference) refuses "excessive aliasing" by a ratio; we need no aliases at all in a config, so a flat
+# budget: a few aliased lists pass, a bomb stops at ~10 MiB of nodes instead of GiBs.
+MAX_ALIAS_VALUES = 100_000
+# The longest value an error message echoes: a CIDR is at most 43 characters; a 10 MB value must not become a
+# 10 MB line in the agent's log.
+CLIP = 60
 
 _STR = "tag:yaml.org,2002:str"
 _SEQ = "tag:yaml.org,2002:seq"
@@ -86,64 +114,178 @@ def parse_document(data: bytes, source: str) -> Document | None:
     if top is None or (top.kind == "scalar" and top.value is None):
         return None
     if top.kind != "map":
-        what = "a list" if top.kind == "list" else f"the value {_show(top.value)}"
+        what = "a list" if top.kind == "list" else f"the value {show_value(top.value)}"
         raise ConfigError(f"the config must be a mapping of keys (nonMasqueradeCIDRs: ...), got {what}",
                           source=source, line=top.line, column=top.column, code="wrong-type")
     return Document(source, top.value, text)
 
 
-def _show(value: object) -> str:
-    return json.dumps(value) if isinstance(value, str) else repr(value)
+# --- showing values in one-line errors ---------------------------------------------------------------------
 
 
-# --- YAML -------------------------------------------------------------------------------------------------
+def clip(text: str, limit: int = CLIP) -> str:
+    """`text`, cut to `limit` characters with an ellipsis: what an error line may echo of a value."""
+    return text if len(text) <= limit else text[:limit] + "\u2026"
+
+
+def show_value(value: object) -> str:
+    """A value as error messages show it: a string quoted as JSON, anything else as Python prints it; clipped."""
+    if isinstance(value, str):
+        if len(value) <= CLIP:
+            return json.dumps(value)
+        return json.dumps(value[:CLIP])[:-1] + '\u2026"'  # the ellipsis inside the quotes: the value goes on
+    return clip(repr(value))
+
+
+def _too_deep(source: str, line: int | None, column: int | None) -> ConfigError:
+    return ConfigError(f"nested deeper than {MAX_DEPTH} levels; a config is a mapping of lists", source=source,
+                       line=line, column=column, code="yaml-syntax")
+
+
+# --- YAML ---------------------------------------------------------------------------------------------------
+
+
+def yaml_error(exc: yaml.YAMLError, text: str, source: str, *, lint: bool = False) -> ConfigError:
+    """PyYAML's error as ours, located: the one translation, for the config loader and for lint.
+
+    lint=True keeps lint's wording: a key that lacks its colon (`data` for `data:`) is reported at the key rather
+    than on the next line, the column is a field of the finding rather than part of the message, and a
+    character the reader refuses is reported in PyYAML's words.
+    """
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        if lint and exc.context == "while scanning a simple key" and exc.context_mark is not None:
+            mark = exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        column = mark.column + 1 if mark is not None else None
+        problem = clip(exc.problem or exc.context or "invalid YAML", 4 * CLIP)
+        where = "" if lint or column is None else f" (column {column})"
+        return ConfigError(f"YAML syntax error: {problem}{where}", source=source, line=line, column=column,
+                           code="yaml-syntax")
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text.count("\n", 0, exc.position) + 1
+        if lint:
+            return ConfigError(f"YAML error: {_first_line(exc)}", source=source, line=line, code="yaml-syntax")
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        return ConfigError(f"YAML syntax error: unacceptable character #x{exc.character:04x} ({exc.reason})",
+                           source=source, line=line, column=column, code="yaml-syntax")
+    return ConfigError(f"YAML error: {_first_line(exc)}", source=source, code="yaml-syntax")
+
+
+def _first_line(exc: yaml.YAMLError) -> str:
+    text = str(exc)
+    return clip(text.splitlines()[0], 4 * CLIP) if text else "invalid YAML"
+
+
+def compose_yaml(text: str, source: str) -> list[yaml.Node]:
+    """The non-empty documents of a YAML stream, composed by the C loader once their nesting is known to be safe.
+
+    Raises yaml.YAMLError (turn it into ours with yaml_error) or ConfigError (nested deeper than MAX_DEPTH).
+    Aliases come back shared, as the composer makes them: whoever expands them must budget (see _FromYaml).
+    """
+    if _depth_bound(text) > MAX_DEPTH:
+        _check_yaml_depth(text, source)
+    return [d for d in yaml.compose_all(text, Loader=YAML_LOADER) if d is not None]
+
+
+# What may precede a block collection on its line: indentation, then compact indicators (`- - a`, `? - a`,
+# `: - b`), document markers and node properties (anchors, tags), which YAML rejects there but cost nothing here.
+_BLOCK_PREFIX = re.compile(r"^[ ]*(?:(?:---|[-?:]|[&!][^ \t\n]*)[ \t]+)*", re.MULTILINE)
+
+
+def _depth_bound(text: str) -> int:
+    """An upper bound of the nesting depth, ~4x cheaper than the parser's events.
+
+    A block collection nested in another starts at a greater column, except a sequence that is a mapping's value
+    (same column; its own children are deeper again): block depth <= 2 x (the widest line prefix + 1). Every flow
+    level opens with a bracket.
+    """
+    flow = text.count("[") + text.count("{")
+    if flow > MAX_DEPTH:
+        return flow
+    return flow + 2 * (max(map(len, _BLOCK_PREFIX.findall(text)), default=0) + 1)
+
+
+def _check_yaml_depth(text: str, source: str) -> None:
+    """The exact depth, from the parser's events (libyaml's parser keeps its own stack: no recursion)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=YAML_LOADER):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = event.start_mark
+                raise _too_deep(source, mark.line + 1 if mark else None, mark.column + 1 if mark else None)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
 
 
 def _parse_yaml(text: str, source: str) -> Node | None:
     try:
-        documents = list(yaml.compose_all(text, Loader=_Loader))
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        column = f" (column {mark.column + 1})" if mark is not None else ""
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise ConfigError(f"YAML syntax error: {problem}{column}", source=source, line=line,
-                          column=mark.column + 1 if mark is not None else None, code="yaml-syntax") from None
-    except yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1
-        column_number = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
-        raise ConfigError(f"YAML syntax error: unacceptable character #x{exc.character:04x} ({exc.reason})",
-                          source=source, line=line, column=column_number, code="yaml-syntax") from None
+        documents = compose_yaml(text, source)
     except yaml.YAMLError as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        raise ConfigError(f"YAML error: {first_line}", source=source, code="yaml-syntax") from None
-    documents = [d for d in documents if d is not None]
+        raise yaml_error(exc, text, source) from None
     if not documents:
         return None
     # go-yaml decodes only the first document of a stream; so do we (lint reports the others)
-    return _from_yaml(documents[0], source)
+    return _FromYaml(source).node(documents[0], 1)
 
 
-def _from_yaml(node: yaml.Node, source: str) -> Node:
-    line = node.start_mark.line + 1
-    if isinstance(node, yaml.SequenceNode):
-        return Node([_plain_string(item) or _from_yaml(item, source) for item in node.value], line, kind="list",
+class _FromYaml:
+    """Composed YAML -> Node, expanding aliases within MAX_ALIAS_VALUES and MAX_DEPTH.
+
+    The composer hands an alias back as the very node its anchor names, so a collection met a second time is an
+    alias's copy: its values count against the budget. A collection met again while still open is an alias to
+    the value that contains it, which would never end.
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.converted: set[int] = set()  # ids of the collections converted once (an alias's target)
+        self.open: set[int] = set()
+        self.alias_values = 0
+
+    def node(self, node: yaml.Node, depth: int) -> Node:
+        if node.__class__ is yaml.ScalarNode:
+            return self._scalar_node(node)
+        mark = node.start_mark
+        line, column = mark.line + 1, mark.column + 1
+        self._enter(node, depth, line, column)
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                return Node([_plain_string(item) or self.node(item, depth + 1) for item in node.value], line,
+                            kind="list", column=column)
+            assert isinstance(node, yaml.MappingNode)
+            return Node([self._field(key_node, value_node, depth) for key_node, value_node in node.value], line,
+                        kind="map", column=column)
+        finally:
+            self.open.discard(id(node))
+
+    def _enter(self, node: yaml.Node, depth: int, line: int, column: int) -> None:
+        if depth > MAX_DEPTH:
+            raise _too_deep(self.source, line, column)
+        key = id(node)
+        if key in self.open:
+            raise ConfigError("a YAML alias refers to the value that contains it", source=self.source, line=line,
+                              column=column, code="yaml-syntax")
+        if key in self.converted:
+            self.alias_values += len(node.value) * (2 if isinstance(node, yaml.MappingNode) else 1)
+            if self.alias_values > MAX_ALIAS_VALUES:
+                raise ConfigError(f"YAML aliases repeat this value past {MAX_ALIAS_VALUES:,} values; write the "
+                                  "values out", source=self.source, line=line, column=column, code="yaml-syntax")
+        self.converted.add(key)
+        self.open.add(key)
+
+    def _field(self, key_node: yaml.Node, value_node: yaml.Node, depth: int) -> Field:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise ConfigError("a key must be a plain word, not a list or mapping", source=self.source,
+                              line=key_node.start_mark.line + 1, column=key_node.start_mark.column + 1,
+                              code="wrong-type")
+        return Field(str(key_node.value), key_node.start_mark.line + 1, self.node(value_node, depth + 1),
+                     key_node.start_mark.column + 1)
+
+    def _scalar_node(self, node: yaml.ScalarNode) -> Node:
+        return Node(_scalar(node, self.source), node.start_mark.line + 1, quoted=node.style in ("'", '"', "|", ">"),
                     column=node.start_mark.column + 1)
-    if isinstance(node, yaml.MappingNode):
-        fields = []
-        for key_node, value_node in node.value:
-            if isinstance(key_node, yaml.ScalarNode):
-                key = str(key_node.value)
-            else:
-                raise ConfigError("a key must be a plain word, not a list or mapping", source=source,
-                                  line=key_node.start_mark.line + 1, column=key_node.start_mark.column + 1,
-                                  code="wrong-type")
-            fields.append(Field(key, key_node.start_mark.line + 1, _from_yaml(value_node, source),
-                                key_node.start_mark.column + 1))
-        return Node(fields, line, kind="map", column=node.start_mark.column + 1)
-    assert isinstance(node, yaml.ScalarNode)
-    return Node(_scalar(node, source), line, quoted=node.style in ("'", '"', "|", ">"),
-                column=node.start_mark.column + 1)
 
 
 def _plain_string(node: yaml.Node) -> Node | None:
@@ -169,23 +311,47 @@ def _scalar(node: yaml.ScalarNode, source: str) -> Any:
         try:
             return yaml.constructor.SafeConstructor().construct_object(node)
         except (ValueError, yaml.YAMLError):
-            return text
+            return text  # e.g. an integer of more than 4,300 digits: Python refuses to convert it
     if tag.startswith("tag:yaml.org,2002:"):
         return text  # timestamps, binary, ...: go-yaml would hand these on as strings
-    raise ConfigError(f"unsupported YAML tag {tag}", source=source, line=node.start_mark.line + 1,
+    raise ConfigError(f"unsupported YAML tag {clip(tag)}", source=source, line=node.start_mark.line + 1,
                       column=node.start_mark.column + 1, code="wrong-type")
 
 
 # --- JSON -------------------------------------------------------------------------------------------------
 
+# A string (brackets inside it do not nest) or a bracket; unterminated strings fall apart into brackets, which
+# only overestimates the depth of a file that is broken anyway.
+_JSON_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|[\[\]{}]')
+
 
 def _parse_json(text: str, source: str) -> Node:
+    _check_json_depth(text, source)
     try:
         raw = json.loads(text, object_pairs_hook=lambda pairs: ("__map__", pairs))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"JSON syntax error: {exc.msg} (column {exc.colno})", source=source, line=exc.lineno,
                           column=exc.colno, code="yaml-syntax") from None
+    except ValueError as exc:  # a number of more than 4,300 digits: Python refuses to convert it
+        raise ConfigError(f"JSON error: {clip(str(exc).split(':')[0], 4 * CLIP)}", source=source,
+                          code="yaml-syntax") from None
     return _from_json(raw, 1 if "\n" not in text.strip() else None)
+
+
+def _check_json_depth(text: str, source: str) -> None:
+    """Refuse deep nesting before json's recursive decoder and _from_json meet it."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return  # every config: a mapping of short lists
+    depth = 0
+    for token in _JSON_TOKEN.finditer(text):
+        bracket = token.group()
+        if bracket == "[" or bracket == "{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                start = token.start()
+                raise _too_deep(source, text.count("\n", 0, start) + 1, start - (text.rfind("\n", 0, start) + 1) + 1)
+        elif bracket == "]" or bracket == "}":
+            depth -= 1
 
 
 def _from_json(value: Any, line: int | None) -> Node:

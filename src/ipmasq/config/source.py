@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,9 +19,23 @@ from ipmasq.config.validate import FileSettings, merge_settings, settings_from_d
 from ipmasq.errors import ConfigError
 from ipmasq.options import PolicyOptions
 
-__all__ = ["CONFIG_PREFIX", "ConfigInput", "config_from_bytes", "load_config", "read_config_input"]
+__all__ = [
+    "CONFIG_PREFIX",
+    "MAX_CONFIG_BYTES",
+    "ConfigInput",
+    "config_from_bytes",
+    "load_config",
+    "read_config_file",
+    "read_config_input",
+]
 
 CONFIG_PREFIX = "ip-masq"
+# A ConfigMap holds at most 1 MiB, so no real config file is larger; reading a bigger one (a 50 MB file, /dev/zero)
+# would only cost the agent its memory. Larger policies come as a directory of several files.
+MAX_CONFIG_BYTES = 1 << 20
+
+_FILE_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+               (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,29 +46,80 @@ class ConfigInput:
 
 
 def read_config_input(path: str, *, missing_ok: bool) -> ConfigInput:
-    """Read a config path. Missing: defaults when missing_ok (the agent, like the reference), else an error."""
+    """Read a config path: a file, a directory of `ip-masq*` files, or - (standard input).
+
+    Missing (or a directory without an `ip-masq*` file): the defaults when missing_ok (the agent, like the
+    reference), else an error (the offline tools, which would otherwise silently show the defaults).
+    """
     if path == "-":
         import sys
 
-        return ConfigInput((("<stdin>", sys.stdin.buffer.read()),))
+        return ConfigInput((("<stdin>", _bounded(sys.stdin.buffer.read(MAX_CONFIG_BYTES + 1), "<stdin>")),))
     try:
         if os.path.isdir(path):
             names = sorted(n for n in os.listdir(path) if n.startswith(CONFIG_PREFIX))
             files = []
             for name in names:
                 full = os.path.join(path, name)
-                if os.path.isfile(full):  # follows kubelet's symlinks; skips ..data and directories
-                    with open(full, "rb") as fh:
-                        files.append((full, fh.read()))
+                if os.path.isfile(full):  # follows kubelet's symlinks; skips ..data, directories, FIFOs, devices
+                    files.append((full, read_config_file(full)))
+            if not files and not missing_ok:
+                raise ConfigError(f"no {CONFIG_PREFIX}* file in this directory (the agent would run with its "
+                                  "defaults)", source=path)
             return ConfigInput(tuple(files))
-        with open(path, "rb") as fh:
-            return ConfigInput(((path, fh.read()),))
+        return ConfigInput(((path, read_config_file(path)),))
     except FileNotFoundError:
         if missing_ok:
             return ConfigInput(())
         raise ConfigError("no such file or directory", source=path) from None
+    except OSError as exc:  # listing the directory
+        raise ConfigError(f"cannot read: {exc.strerror}", source=path) from None
+
+
+def read_config_file(path: str) -> bytes:
+    """The bytes of one regular file of at most MAX_CONFIG_BYTES; ConfigError otherwise, never blocking.
+
+    A FIFO or a device is refused by its stat, before it is opened (opening a FIFO blocks until a writer comes;
+    opening some devices acts). O_NONBLOCK and a second stat of what was opened cover a swap in between.
+    Raises FileNotFoundError for a missing path, so that callers decide whether that means the defaults.
+    """
+    try:
+        _check_regular(os.stat(path).st_mode, path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", source=path) from None
+    try:
+        status = os.fstat(fd)
+        _check_regular(status.st_mode, path)
+        if status.st_size > MAX_CONFIG_BYTES:
+            raise _too_large(path, status.st_size)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return _bounded(fh.read(MAX_CONFIG_BYTES + 1), path)  # +1: a file that grew since its stat
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", source=path) from None
+    finally:
+        os.close(fd)
+
+
+def _check_regular(mode: int, path: str) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+        raise ConfigError(f"{kind}, not a regular file: not read (reading it could block or never end)",
+                          source=path)
+
+
+def _bounded(data: bytes, source: str) -> bytes:
+    """`data`, read with a limit of one byte more than allowed: that byte means "too large"."""
+    if len(data) > MAX_CONFIG_BYTES:
+        raise _too_large(source, None)
+    return data
+
+
+def _too_large(source: str, size: int | None) -> ConfigError:
+    shown = f"{size:,} bytes" if size is not None else f"more than {MAX_CONFIG_BYTES:,} bytes"
+    return ConfigError(f"{shown}, too large: a config is at most 1 MiB (what a ConfigMap holds)", source=source)
 
 
 def config_from_bytes(config_input: ConfigInput, options: PolicyOptions) -> MasqConfig:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipmasq.config.document import Document, Field, Node
+from ipmasq.config.document import Document, Field, Node, clip, show_value
 from ipmasq.config.model import (
     DEFAULT_CIDR_LIMIT,
     DEFAULT_RESYNC_SECONDS,
@@ -69,7 +69,7 @@ def settings_from_document(doc: Document, *, enable_ipv6: bool) -> FileSettings:
     for f in doc.fields:
         canonical = KNOWN_KEYS.get(f.key.lower())
         if canonical is None:
-            settings.warnings.append(f"{doc.source}:{f.line}: unknown key {f.key!r} ignored")
+            settings.warnings.append(f"{doc.source}:{f.line}: unknown key {clip(f.key)!r} ignored")
             continue
         if canonical in seen:
             settings.warnings.append(
@@ -116,8 +116,8 @@ def _describe(node: Node) -> str:
     if isinstance(v, bool):
         return f"the boolean {str(v).lower()}"
     if isinstance(v, int | float):
-        return f"the number {v}"
-    return f"the string {json.dumps(v)}"
+        return f"the number {clip(str(v))}"
+    return f"the string {show_value(v)}"
 
 
 def _apply_field(settings: FileSettings, key: str, f: Field, doc: Document, *, enable_ipv6: bool) -> None:
@@ -148,7 +148,10 @@ def _apply_field(settings: FileSettings, key: str, f: Field, doc: Document, *, e
     elif key == "resyncInterval":
         if node.kind != "scalar" or not isinstance(node.value, str):
             # The reference's own words (its Duration decoder accepts only JSON strings).
-            shown = "null" if node.value is None else (json.dumps(node.value) if node.kind == "scalar" else node.kind)
+            if node.kind != "scalar":
+                shown = node.kind
+            else:
+                shown = "null" if node.value is None else clip(json.dumps(node.value))
             if isinstance(node.value, bool):
                 shown = str(node.value).lower()
             message = f'expected string value for unmarshal to field of type Duration, got "{shown}"'
@@ -159,7 +162,7 @@ def _apply_field(settings: FileSettings, key: str, f: Field, doc: Document, *, e
             raise _error(doc, node, node.value, f"resyncInterval: {exc}", "bad-duration") from None
         if seconds <= 0:
             raise _error(doc, node, node.value,
-                         f'resyncInterval must be above zero, got "{node.value}" (the reference would busy-loop)',
+                         f'resyncInterval must be above zero, got "{clip(node.value)}" (the reference would busy-loop)',
                          "bad-duration")
         settings.resync_interval = seconds
 
@@ -185,7 +188,9 @@ def cidr_entry(doc: Document, key: str, item: Node, *, enable_ipv6: bool) -> Ent
         prefix = parse_cidr(text)
     except PrefixError as exc:
         code = "misaligned-cidr" if "not aligned" in str(exc) else "invalid-cidr"
-        raise _error(doc, item, text, str(exc), code) from None
+        clipped = clip(text)
+        message = str(exc) if clipped == text else str(exc).replace(text, clipped)
+        raise _error(doc, item, text, message, code) from None
     if prefix.family is Family.V6 and not enable_ipv6:
         raise _error(doc, item, text,
                      f"ipv6 is not enabled, but ipv6 cidr {text} provided. "
@@ -198,11 +203,14 @@ def cidr_entry(doc: Document, key: str, item: Node, *, enable_ipv6: bool) -> Ent
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_PART = re.compile(r"(\d*\.?\d*)([^\d.]*)")
+# Go's Duration is int64 nanoseconds: at most 2562047h47m16.854775807s (~292 years); longer is an overflow, which
+# time.ParseDuration reports as an invalid duration (and Python's select() as an OverflowError, much later).
+_MAX_DURATION_SECONDS = (2**63 - 1) / 1e9
 
 
 def parse_go_duration(text: str) -> float:
     """Go's time.ParseDuration, in seconds; ValueError with Go's message otherwise."""
-    quoted = json.dumps(text)
+    quoted = show_value(text)
     s = text
     sign = 1.0
     if s[:1] in "+-" and s:
@@ -222,9 +230,11 @@ def parse_go_duration(text: str) -> float:
         if not unit:
             raise ValueError(f"time: missing unit in duration {quoted}")
         if unit not in _UNITS:
-            raise ValueError(f'time: unknown unit "{unit}" in duration {quoted}')
+            raise ValueError(f'time: unknown unit "{clip(unit)}" in duration {quoted}')
         total += float(number) * _UNITS[unit]
         pos = m.end()
+    if not total <= _MAX_DURATION_SECONDS:  # `not`: also NaN-proof, and inf from a 400-digit number
+        raise ValueError(f"time: invalid duration {quoted}")
     return sign * total
 
 
@@ -239,8 +249,8 @@ def _scalar_from(files: list[FileSettings], attr: str, key: str, default: Any) -
             continue
         if chosen is not None and getattr(chosen, attr) != value:
             raise ConfigError(
-                f"{key} conflicts: {chosen.source}:{chosen.lines.get(key)} sets {getattr(chosen, attr)!r}, "
-                f"{s.source}:{s.lines.get(key)} sets {value!r}",
+                f"{key} conflicts: {chosen.source}:{chosen.lines.get(key)} sets {clip(repr(getattr(chosen, attr)))}, "
+                f"{s.source}:{s.lines.get(key)} sets {clip(repr(value))}",
                 source=s.source, line=s.lines.get(key),
             )
         chosen = s
@@ -261,8 +271,10 @@ def merge_settings(files: list[FileSettings], *, all_reserved: bool, enable_ipv6
     message = cidr_limit_message(len(non_masq), len(masquerade), cidr_limit)
     if message is not None:
         holder = next((s for s in reversed(files) if s.non_masquerade is not None or s.masquerade), None)
+        # the default list over a cidrLimit set too low: the file that set it is the one to change
+        holder = holder or next((s for s in reversed(files) if s.cidr_limit is not None), None)
         where = holder.source if holder else None
-        line = holder.lines.get("nonMasqueradeCIDRs") if holder else None
+        line = (holder.lines.get("nonMasqueradeCIDRs") or holder.lines.get("cidrLimit")) if holder else None
         raise ConfigError(message, source=where, line=line, code="too-many-cidrs")
     _check_conflicts(non_masq, masquerade)
     warnings = [w for s in files for w in s.warnings]

@@ -12,7 +12,9 @@ from typing import Any
 
 import yaml
 
+from ipmasq.config.document import compose_yaml, yaml_error
 from ipmasq.config.validate import KNOWN_KEYS
+from ipmasq.errors import ConfigError
 from ipmasq.findings import Finding, Severity
 from ipmasq.lint.config import Expectations, Placement, is_indentation_problem, lint_config
 from ipmasq.lint.hints import lint_finding
@@ -24,11 +26,6 @@ __all__ = ["AGENT_CONFIGMAP", "AGENT_NAMESPACE", "configmap_config", "lint_sourc
 AGENT_CONFIGMAP = "ip-masq-agent"
 AGENT_NAMESPACE = "kube-system"
 CONFIG_KEY = "config"  # the upstream DaemonSet mounts data.config as /etc/config/ip-masq-agent
-
-try:  # the C loader, as config.document uses
-    _Loader: Any = yaml.CSafeLoader
-except AttributeError:  # pragma: no cover - PyYAML built without libyaml
-    _Loader = yaml.SafeLoader
 
 _BLOCK_HEADER = re.compile(r"[|>]([1-9])?[+-]?([1-9])?")
 
@@ -59,27 +56,18 @@ def _lint_text(text: str, source: str, options: PolicyOptions, expect: Expectati
     if text.lstrip().startswith("{"):
         try:
             is_manifest = _is_object(json.loads(text))
-        except ValueError:
-            is_manifest = False  # lint_config reports the JSON error with its line
+        except (ValueError, RecursionError):
+            is_manifest = False  # lint_config reports the JSON error (or the nesting) with its line
         if not is_manifest:
             return lint_config(text, source=source, options=options, expect=expect)
     try:
-        documents = [d for d in yaml.compose_all(text, Loader=_Loader) if d is not None]
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        if exc.context == "while scanning a simple key" and exc.context_mark is not None:
-            mark = exc.context_mark  # the key that lacks its colon (`data` instead of `data:`), not the next line
-        line = mark.line + 1 if mark is not None else None
-        problem = exc.problem or exc.context or "invalid YAML"
-        id_ = "indentation" if is_indentation_problem(problem, text, line) else "yaml-syntax"
-        column = mark.column + 1 if mark is not None else None
-        return [lint_finding(source, line, column, id_, Severity.ERROR, f"YAML syntax error: {problem}")]
+        documents = compose_yaml(text, source)
     except yaml.YAMLError as exc:
-        # the reader's errors (control characters) carry a position but no mark
-        position = getattr(exc, "position", None)
-        line = text.count("\n", 0, position) + 1 if isinstance(position, int) else None
-        first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        return [lint_finding(source, line, None, "yaml-syntax", Severity.ERROR, f"YAML error: {first}")]
+        error = yaml_error(exc, text, source, lint=True)
+        id_ = "indentation" if is_indentation_problem(error.message, text, error.line) else "yaml-syntax"
+        return [lint_finding(source, error.line, error.column, id_, Severity.ERROR, error.message)]
+    except ConfigError as exc:  # nested too deeply
+        return [lint_finding(source, exc.line, exc.column, exc.code or "yaml-syntax", Severity.ERROR, exc.message)]
     if not any(_is_object(_plain(d)) for d in documents):
         return lint_config(text, source=source, options=options, expect=expect)
     return _lint_manifests(documents, text, source, options, expect)
@@ -99,8 +87,8 @@ def configmap_config(text: str) -> str | None:
     elif not head.startswith(("apiVersion", "kind", "---", "#", "items", "metadata", "data")):
         return None
     try:
-        documents = [d for d in yaml.compose_all(text, Loader=_Loader) if d is not None]
-    except yaml.YAMLError:
+        documents = compose_yaml(text, "<manifest>")
+    except (yaml.YAMLError, ConfigError):
         return None  # not YAML we can navigate: the config loader reports the error with its line
     if not any(_is_object(_plain(d)) for d in documents):
         return None
