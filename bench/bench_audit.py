@@ -5,7 +5,7 @@ json.loads of every line), and the ratio is printed, because absolute times on a
 
     .venv/bin/python bench/bench_audit.py [--records 1000000] [--out bench/out]
 
-Target (issue 6): at least 300,000 flow records per second, parsing included.
+Target: at least 300,000 flow records per second, parsing included.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ load that a ratio of two medians still feels.
 
     sudo .venv/bin/python bench/bench_backends.py [--sizes 0,1000,10000,100000] [--repeats 5] [--seconds 1]
 
-Targets (issue 4): with 10,000 CIDRs the nftables rate is >= 0.9x its rate with none; a once-run applies 10,000
+Targets: with 10,000 CIDRs the nftables rate is >= 0.9x its rate with none; a once-run applies 10,000
 CIDRs in < 0.5 s and 100,000 from a YAML config directory in < 2.5 s.
 """
 
@@ -203,7 +203,7 @@ def main() -> None:
         checks.append((("nftables", -1), "paired", ">=", 0.9,
                        f"nftables rate at {args.pair_size:,} CIDRs / rate at 0, paired"))
         by[("nftables", -1)] = {"paired": statistics.median(paired["nftables"])}
-    print("\nissue 4 targets (medians of", args.repeats, "rounds):")
+    print("\ntargets (medians of", args.repeats, "rounds):")
     for key, field, op, bound, label in checks:
         if key in by:
             value = float(by[key][field])

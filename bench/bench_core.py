@@ -5,7 +5,7 @@ Figures are measured side by side in one run and reported as ratios against the 
 
     .venv/bin/python bench/bench_core.py [--out bench/out]
 
-Targets (issue 2): 100,000 CIDRs load+render under 1 s from JSON and under 2 s from YAML; explain answers at
+Targets: 100,000 CIDRs load+render under 1 s from JSON and under 2 s from YAML; explain answers at
 least 200,000 destinations per second against 10,000 CIDRs.
 """
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_diff.py [--n 100000]
 
-Target (issue 5): diffing two 100,000-CIDR configs takes under 1 s. Printed: the pure diff (policies built from
+Target: diffing two 100,000-CIDR configs takes under 1 s. Printed: the pure diff (policies built from
 loaded configs: interval tables, flipped ranges, minimal CIDRs), loading each format, and the whole command
 in-process (read, load both, diff, write JSON), with the ratio to the 1 s target. The two configs share half
 their CIDRs, so the diff is large (about 100,000 flipped CIDRs), the worst case for output.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: set everything up, then reproduce the seed-000 incident in the lab — real network namespaces,
+# The main job: set everything up, then reproduce the GKE 1.14 upgrade outage in the lab — real network namespaces,
 # the real agent, real TCP: GKE 1.14's defaults send the pod IP to the AWS VPC (172.30.0.0/16), whose firewall
 # rejects it; publishing nonMasqueradeCIDRs: [10.0.0.0/8] (the way kubelet updates a ConfigMap) fixes it.
 # Needs root (namespaces); without root it shows the same incident with render and explain only.

@@ -2,6 +2,5 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
-VECTORS = SHARED / "vectors"
+VECTORS = ROOT / "tests" / "vectors"  # the reference agent's measured behaviour, see its README
 PYTHON = sys.executable

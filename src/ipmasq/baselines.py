@@ -7,9 +7,9 @@ Each set says exactly which destinations keep the pod IP, and where that comes f
 - ``reference-all-reserved``: the same agent with ``--nomasq-all-reserved-ranges``: also 100.64/10,
   192.0.0/24, 192.0.2/24, 192.88.99/24, 198.18/15, 198.51.100/24, 203.0.113/24, 240/4
   (vectors/expected/16-no-file-all-reserved.out).
-- ``gke``: what the GKE 1.14 node of seed 000 ran (its IP-MASQ chain, copied in the seed): all reserved ranges
-  and link-local preserved, everything else masqueraded (vectors/expected/17-gke-chain.out).
-- ``kubenet``: before 1.14 (seeds 000 and 001), kubenet's one rule
+- ``gke``: what a GKE node runs since 1.14 (its IP-MASQ chain, as read from a node after the upgrade): all reserved
+  ranges and link-local preserved, everything else masqueraded (vectors/expected/17-gke-chain.out).
+- ``kubenet``: before 1.14, kubenet's one rule
   ``-A POSTROUTING ! -d 10.0.0.0/8 -m addrtype ! --dst-type LOCAL -j MASQUERADE``: only 10.0.0.0/8 keeps the
   pod IP; link-local is masqueraded too (the rule has no exemption for it); IPv6 is not touched (iptables only).
 - ``cilium``: Cilium's BPF ip-masq-agent with an empty config: ``defaultNonMasqCIDRs`` in cilium/cilium
@@ -52,9 +52,9 @@ BASELINES: dict[str, Baseline] = {b.name: b for b in (
              DEFAULT_NON_MASQUERADE),
     Baseline("reference-all-reserved", "ip-masq-agent --nomasq-all-reserved-ranges without a config",
              _ALL_RESERVED),
-    Baseline("gke", "a GKE node since 1.14 (seed 000): all reserved ranges and link-local keep the pod IP",
+    Baseline("gke", "a GKE node since 1.14: all reserved ranges and link-local keep the pod IP",
              _ALL_RESERVED),
-    Baseline("kubenet", "kubenet before GKE 1.14 (seeds 000, 001): only 10.0.0.0/8 keeps the pod IP",
+    Baseline("kubenet", "kubenet before GKE 1.14: only 10.0.0.0/8 keeps the pod IP",
              ("10.0.0.0/8",), masq_link_local=True, ipv6=False),
     Baseline("cilium", "Cilium's ip-masq-agent without a config: its defaultNonMasqCIDRs and link-local",
              _ALL_RESERVED),

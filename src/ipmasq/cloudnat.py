@@ -1,9 +1,9 @@
 """The second translation layer: what a destination sees after the node's SNAT *and* a Cloud NAT gateway.
 
-Seed 002's double SNAT: pod IP (secondary range) --[ip-masq-agent]--> node IP (primary range) --[Cloud NAT]-->
-public IP. Cloud NAT translates only the source ranges it is configured for and drops other private sources, so
-"secondary ranges only" fails silently while the agent is up (it already rewrote the pod IP to the node IP).
-Pure: the lab proves it against real namespaces.
+Two translations behind Cloud NAT: pod IP (secondary range) --[ip-masq-agent]--> node IP (primary range)
+--[Cloud NAT]--> public IP. Cloud NAT translates only the source ranges it is configured for and drops other
+private sources, so "secondary ranges only" fails silently while the agent is up (it already rewrote the pod IP
+to the node IP). Pure: the lab proves it against real namespaces.
 """
 
 from __future__ import annotations

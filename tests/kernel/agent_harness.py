@@ -14,7 +14,7 @@ from pathlib import Path
 from ipmasq.lab.netns import Namespace, Network, stop_process
 
 POD, POD_GW, NODE, PEER_GW = "10.44.14.15", "10.44.14.1", "10.142.15.203", "10.142.0.1"
-AWS_DB, ONPREM = "172.30.12.110", "10.2.1.100"  # seed 000's AWS VPC host; an on-prem host inside 10/8
+AWS_DB, ONPREM = "172.30.12.110", "10.2.1.100"  # the AWS VPC host behind the VPN; an on-prem host inside 10/8
 POD6, POD6_GW, NODE6, PEER6_GW, PEER6_FAR = "fd44::15", "fd44::1", "fd42::203", "fd42::1", "2001:db8:ff::10"
 PORT = 8080
 BUILTIN = (":PREROUTING", ":INPUT", ":OUTPUT", ":POSTROUTING")

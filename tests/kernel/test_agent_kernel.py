@@ -43,7 +43,7 @@ backends = pytest.mark.parametrize("flavor", FLAVORS, ids=str)
 
 
 @backends
-def test_seed_000_outage_then_fixed_by_a_kubelet_update_while_running(net: Network, tmp_path: Path,
+def test_gke_upgrade_outage_then_fixed_by_a_kubelet_update_while_running(net: Network, tmp_path: Path,
                                                                       flavor: Flavor) -> None:
     config_dir = tmp_path / "config"
     config_dir.mkdir()  # the ConfigMap volume, with no ConfigMap yet: GKE's defaults

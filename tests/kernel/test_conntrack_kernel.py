@@ -1,8 +1,8 @@
 """A failing connection keeps its NAT decision after a config fix unless its conntrack entry is deleted.
 
-pod (10.44.14.15) -> node -> peer (172.30.12.110), the peer with no route back to the pod range (seed 000: the
-AWS side cannot answer a pod IP). With the reference defaults, 172.16.0.0/12 is not masqueraded: the SYN leaves
-with the pod IP and gets no answer; the client retransmits. The fix (nonMasqueradeCIDRs [10.0.0.0/8]) is
+pod (10.44.14.15) -> node -> peer (172.30.12.110), the peer with no route back to the pod range (the GKE upgrade
+outage: the AWS side cannot answer a pod IP). With the reference defaults, 172.16.0.0/12 is not masqueraded: the SYN
+leaves with the pod IP and gets no answer; the client retransmits. The fix (nonMasqueradeCIDRs [10.0.0.0/8]) is
 applied while the client waits. Its next SYN retransmission (about 1 s after the first) succeeds only when the
 stale entries were deleted; otherwise it matches the old entry, keeps the pod IP, and the connect times out.
 """
@@ -75,7 +75,7 @@ def _wait_for_entry(node: Namespace, timeout: float = 2.0) -> None:
 @pytest.mark.parametrize("flush", [True, False], ids=["flush", "no-flush"])
 def test_retransmitted_syn_sees_the_fix_only_after_flush(net: Network, flush: bool) -> None:
     before = _policy("")  # reference defaults: 172.16.0.0/12 keeps the pod IP
-    after = _policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n")  # the seed-000 fix
+    after = _policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n")  # the GKE upgrade fix
     pod, node = _topology(net)
     node.run(["iptables-restore", "--noflush", "-w"], stdin=render_restore(before, Family.V4))
     client = pod.popen([sys.executable, "-m", "ipmasq.lab.probe", "connect", PEER, str(PORT), str(CONNECT_TIMEOUT)],
@@ -124,7 +124,7 @@ def test_agent_flush_conntrack_flag(net: Network, flag: str, tmp_path: Path) -> 
         client = pod.popen([sys.executable, "-m", "ipmasq.lab.probe", "connect", PEER, str(PORT),
                             str(CONNECT_TIMEOUT)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         _wait_for_entry(node)
-        publish(config_dir, "nonMasqueradeCIDRs: [10.0.0.0/8]\n")  # the seed-000 fix, while the SYNs retry
+        publish(config_dir, "nonMasqueradeCIDRs: [10.0.0.0/8]\n")  # the GKE upgrade fix, while the SYNs retry
         out, _ = client.communicate(timeout=CONNECT_TIMEOUT + 5)
     finally:
         if client is not None:

@@ -1,4 +1,4 @@
-"""The lab in CI: every seed scenario, and explain's model proven against the kernel on random cases."""
+"""The lab in CI: every scenario, and explain's model proven against the kernel on random cases."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ BACKENDS = ("iptables", "nftables")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_every_scenario_behaves_as_the_seeds_describe(backend: str) -> None:
+def test_every_scenario_behaves_as_the_outage_it_reproduces(backend: str) -> None:
     result = subprocess.run([PYTHON, "-m", "ipmasq", "lab", "--backend", backend, "-o", "json"],
                             capture_output=True, text=True, timeout=300)
     report = json.loads(result.stdout)
@@ -31,13 +31,13 @@ def test_every_scenario_behaves_as_the_seeds_describe(backend: str) -> None:
               for s in report["scenarios"]}
     assert set(phases) == {"incident-gke-1.14", "vpn-inside-10-8", "private-endpoint", "cloud-nat-ranges",
                            "agent-down"}
-    # seed 000: the outage (pod IP, rejected by the AWS side) and the fix (node IP, accepted)
+    # GKE 1.14 upgrade: the outage (pod IP, rejected by the AWS side) and the fix (node IP, accepted)
     incident = phases["incident-gke-1.14"]
     before, after = incident["GKE 1.14 defaults, no ConfigMap"], incident[
         "ConfigMap nonMasqueradeCIDRs: [10.0.0.0/8] published"]
     assert (before[ADDR.aws_db]["seen_source"], before[ADDR.aws_db]["connected"]) == (ADDR.pod, False)
     assert (after[ADDR.aws_db]["seen_source"], after[ADDR.aws_db]["connected"]) == (ADDR.node, True)
-    # seed 002: secondary-only Cloud NAT silently drops internet traffic while the agent is up
+    # Cloud NAT: secondary-only Cloud NAT silently drops internet traffic while the agent is up
     nat = phases["cloud-nat-ranges"]
     assert nat["agent up, Cloud NAT LIST_OF_SECONDARY_IP_RANGES"][ADDR.internet]["connected"] is False
     assert nat["agent down, Cloud NAT PRIMARY_IP_RANGE"][ADDR.internet]["connected"] is False

@@ -132,7 +132,7 @@ def test_traffic_follows_the_policy(path: Path3) -> None:
     for d in destinations:
         masquerade = policy.verdict(d).masquerade
         assert after[d] == ((NODE6 if ":" in d else NODE) if masquerade else (POD6 if ":" in d else POD)), d
-    assert after["10.11.0.5"] == NODE and after["10.2.1.100"] == POD  # seed 001's exception, by construction
+    assert after["10.11.0.5"] == NODE and after["10.2.1.100"] == POD  # the VPN range's exception, by construction
 
 
 def test_without_enable_ipv6_ipv6_leaves_with_the_pod_ip(path: Path3) -> None:

@@ -1,7 +1,8 @@
-"""trace's outcome against the source a real peer saw, on a node holding the agent's rules and the seeds' foreign ones.
+"""trace's outcome against the source a real peer saw, on a node holding the agent's rules and the foreign ones of
+real outages.
 
-pod (100.64.0.50) -> node (applies `render` output, kubenet's rule, seed 001's fix-nat rule and seed 003's
-hand-written SNAT) -> peer answering on every seed destination. For each destination: a real TCP connection
+pod (100.64.0.50) -> node (applies `render` output, kubenet's rule, the fix-nat DaemonSet's rule and an
+operator's hand-written SNAT) -> peer answering on every destination. For each destination: a real TCP connection
 from the pod, the source the peer's kernel delivered, and `trace` over the node's own iptables-save output must
 agree; `check` on the same dump names each foreign rule with the destinations it changes.
 """
@@ -29,9 +30,9 @@ from ipmasq.rules.iptables import parse_save, render_restore
 POD, NODE_POD_SIDE, NODE, PEER_SIDE = "100.64.0.50", "100.64.0.1", "10.142.15.203", "10.142.15.1"
 PORT = 8080
 DESTINATIONS = {
-    "172.30.12.110": NODE,  # seed 000's AWS VPC: kept by the chain (172.16.0.0/12), then kubenet masquerades it
-    "10.11.0.5": NODE,  # seed 001's VPN: kept by the chain (10.0.0.0/8), then fix-nat masquerades it
-    "10.2.1.100": NODE,  # seed 003's endpoint: the hand-written rule above our jump masquerades it
+    "172.30.12.110": NODE,  # the AWS VPC behind the VPN: kept by the chain (172.16.0.0/12), then kubenet masquerades it
+    "10.11.0.5": NODE,  # the VPN range inside 10/8: kept by the chain (10.0.0.0/8), then fix-nat masquerades it
+    "10.2.1.100": NODE,  # the private endpoint: the hand-written rule above our jump masquerades it
     "10.130.0.6": POD,  # an ordinary VPC address: the pod IP, as the config says
     "34.120.0.10": NODE,  # the internet: our catch-all
 }
@@ -78,7 +79,7 @@ def test_trace_agrees_with_what_the_peer_saw(net: Network, capsys: pytest.Captur
         dump = Path(tmp, "node.save")
         dump.write_text(dump_text)
 
-        assert seen == DESTINATIONS, result.stdout  # the kernel did what the seeds say
+        assert seen == DESTINATIONS, result.stdout  # the kernel did what the outages describe
         table = parse_save(dump_text)
         for destination, peer_saw in seen.items():
             packet = Packet.of(destination, source=POD, local_addresses=[NODE, NODE_POD_SIDE], out_interface="v2a")
@@ -93,9 +94,9 @@ def test_trace_agrees_with_what_the_peer_saw(net: Network, capsys: pytest.Captur
     report = check_iptables(policy, table, Family.V4, pod_ranges=(parse_cidr("100.64.0.0/16"),))
     foreign = {f.rule: f.destinations for f in report.findings if f.id is FindingId.FOREIGN_MASQUERADE}
     assert not report.ok
-    by_comment = {("kubenet" if "kubenet" in r else "fix-nat" if "NAT-VPN" in r else "seed003"): d
+    by_comment = {("kubenet" if "kubenet" in r else "fix-nat" if "NAT-VPN" in r else "hand-written"): d
                   for r, d in foreign.items() if r is not None}
     assert by_comment["fix-nat"] == ("10.11.0.0/24",)
-    assert by_comment["seed003"] == ("10.2.1.100/32",)
+    assert by_comment["hand-written"] == ("10.2.1.100/32",)
     assert "172.16.0.0/12" in by_comment["kubenet"]
     assert {f.id for f in report.findings} == {FindingId.FOREIGN_MASQUERADE}  # our own rules read back exactly

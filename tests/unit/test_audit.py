@@ -1,4 +1,4 @@
-"""audit: the seed-000 REJECT lines surface with what the config does to them now; formats and bad input."""
+"""audit: the GKE upgrade outage's REJECT lines surface with what the config does to them now; formats and bad input."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ipmasq.prefix import parse_cidr
 
 FLOWLOGS = Path(__file__).resolve().parent.parent / "flowlogs"
 PODS = (parse_cidr("10.44.0.0/14"),)
-SEED_FIX = "nonMasqueradeCIDRs: [10.0.0.0/8]\n"
+UPGRADE_FIX = "nonMasqueradeCIDRs: [10.0.0.0/8]\n"
 
 
 def _policy(text: str, options: PolicyOptions | None = None) -> Policy:
@@ -25,18 +25,19 @@ def _policy(text: str, options: PolicyOptions | None = None) -> Policy:
     return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
 
 
-def test_seed000_reject_lines_with_the_fix(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_upgrade_reject_lines_with_the_fix(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     config = tmp_path / "config"
-    config.write_text(SEED_FIX)
-    code = main(["audit", str(FLOWLOGS / "seed000-aws.log"), "--pod-range", "10.44.0.0/14", "--config", str(config)])
+    config.write_text(UPGRADE_FIX)
+    code = main(["audit", str(FLOWLOGS / "aws-vpc-rejects-pod-ips.log"), "--pod-range", "10.44.0.0/14",
+                 "--config", str(config)])
     out = capsys.readouterr().out
     assert "172.30.12.110: pod source, rejected; with this config: masqueraded" in out
     assert "10.142.15.203" not in out  # the node's own flow is not a pod flow
     assert code == 0  # every rejected pod flow would now be masqueraded
 
 
-def test_seed000_reject_lines_with_gke_defaults_still_fail(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["audit", str(FLOWLOGS / "seed000-aws.log.gz"), "--pod-range", "10.44.0.0/14",
+def test_upgrade_reject_lines_with_gke_defaults_still_fail(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["audit", str(FLOWLOGS / "aws-vpc-rejects-pod-ips.log.gz"), "--pod-range", "10.44.0.0/14",
                  "--nomasq-all-reserved-ranges", "-o", "json"])
     document = json.loads(capsys.readouterr().out)
     assert code == 1
@@ -47,8 +48,8 @@ def test_seed000_reject_lines_with_gke_defaults_still_fail(capsys: pytest.Captur
 
 
 def test_counts_and_grouping() -> None:
-    raw = count_flows([str(FLOWLOGS / "seed000-aws.log")], PODS)
-    report = audit(raw, _policy(SEED_FIX), group_bits={parse_cidr("0.0.0.0/0").family: 16})
+    raw = count_flows([str(FLOWLOGS / "aws-vpc-rejects-pod-ips.log")], PODS)
+    report = audit(raw, _policy(UPGRADE_FIX), group_bits={parse_cidr("0.0.0.0/0").family: 16})
     groups = {str(g.destination): g for g in report.groups}
     assert set(groups) == {"172.30.0.0/16", "10.142.0.0/16"}
     aws = groups["172.30.0.0/16"]
@@ -57,7 +58,7 @@ def test_counts_and_grouping() -> None:
 
 
 def test_mixed_verdict_inside_a_group() -> None:
-    raw = count_flows([str(FLOWLOGS / "seed000-aws.log")], PODS)
+    raw = count_flows([str(FLOWLOGS / "aws-vpc-rejects-pod-ips.log")], PODS)
     policy = _policy("nonMasqueradeCIDRs: [10.0.0.0/8, 172.30.0.0/16]\nmasqueradeCIDRs: [172.30.12.0/24]\n")
     report = audit(raw, policy, group_bits={parse_cidr("0.0.0.0/0").family: 16})
     aws = next(g for g in report.groups if str(g.destination) == "172.30.0.0/16")
@@ -85,13 +86,13 @@ def test_custom_format_header_and_cloudwatch_timestamp(tmp_path: Path) -> None:
 
 
 def test_gzip_equals_plain(tmp_path: Path) -> None:
-    text = (FLOWLOGS / "seed000-aws.log").read_bytes()
+    text = (FLOWLOGS / "aws-vpc-rejects-pod-ips.log").read_bytes()
     packed = tmp_path / "x.gz"
     packed.write_bytes(gzip.compress(text))
     def counted(path: str) -> dict[tuple[str, str, str], tuple[int, int]]:
         return {k: (v[0], v[2]) for k, v in count_flows([path], PODS).counts.items()}  # (flows, first line)
 
-    assert counted(str(packed)) == counted(str(FLOWLOGS / "seed000-aws.log"))
+    assert counted(str(packed)) == counted(str(FLOWLOGS / "aws-vpc-rejects-pod-ips.log"))
 
 
 @pytest.mark.parametrize(("content", "needle"), [

@@ -43,12 +43,12 @@ def test_agent_output_is_ok() -> None:
     assert report.ok and report.findings == ()
 
 
-def test_seed000_chain_is_ok_for_gke_flags() -> None:
-    assert _ids("seed000-gke.save", _policy("", GKE)) == {}
+def test_gke_1_14_chain_is_ok_for_gke_flags() -> None:
+    assert _ids("gke-1.14-aws-vpn.save", _policy("", GKE)) == {}
 
 
-def test_seed000_chain_against_the_incident_fix_lists_the_exact_extra_destinations() -> None:
-    found = _ids("seed000-gke.save", _policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n", GKE))
+def test_gke_1_14_chain_against_the_upgrade_fix_lists_the_exact_extra_destinations() -> None:
+    found = _ids("gke-1.14-aws-vpn.save", _policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n", GKE))
     assert set(found) == {FindingId.RULES_DIFFER}
     differ = found[FindingId.RULES_DIFFER]
     assert differ.missing == ()
@@ -71,23 +71,23 @@ def test_kubenet_rule_is_foreign_masquerade_with_its_destinations() -> None:
     assert "--non-masquerade-cidr" in finding.hint
 
 
-def test_fix_nat_rule_of_seed001() -> None:
-    found = _ids("seed001-fix-nat.save", _policy(TEN, REFERENCE_2_9))
+def test_fix_nat_daemonset_rule() -> None:
+    found = _ids("fix-nat-daemonset.save", _policy(TEN, REFERENCE_2_9))
     assert set(found) == {FindingId.FOREIGN_MASQUERADE}
     assert found[FindingId.FOREIGN_MASQUERADE].destinations == ("10.11.0.0/24",)
     # the same intent said in the config: the rule no longer changes an outcome
     intent = _policy(TEN + "masqueradeCIDRs: [10.11.0.0/24]\n", REFERENCE_2_9)
-    assert set(_ids("seed001-fix-nat.save", intent)) == {FindingId.RULES_DIFFER}
+    assert set(_ids("fix-nat-daemonset.save", intent)) == {FindingId.RULES_DIFFER}
 
 
-def test_seed003_rule_needs_the_pod_range() -> None:
+def test_hand_written_snat_rule_needs_the_pod_range() -> None:
     policy = _policy("", GKE)
-    assert set(_ids("seed003-manual.save", policy)) == {FindingId.UNSUPPORTED}
-    found = _ids("seed003-manual.save", policy, pod_ranges=(parse_cidr("100.64.0.0/16"),))
+    assert set(_ids("manual-private-endpoint.save", policy)) == {FindingId.UNSUPPORTED}
+    found = _ids("manual-private-endpoint.save", policy, pod_ranges=(parse_cidr("100.64.0.0/16"),))
     assert set(found) == {FindingId.FOREIGN_MASQUERADE}
     assert found[FindingId.FOREIGN_MASQUERADE].destinations == ("10.1.2.100/32",)
     # pods elsewhere: the rule never applies to them
-    assert _ids("seed003-manual.save", policy, pod_ranges=(parse_cidr("10.44.0.0/14"),)) == {}
+    assert _ids("manual-private-endpoint.save", policy, pod_ranges=(parse_cidr("10.44.0.0/14"),)) == {}
 
 
 def test_renamed_chain_is_stale() -> None:
@@ -100,7 +100,7 @@ def test_renamed_chain_is_stale() -> None:
 def test_a_node_running_another_chain_name_is_not_told_to_delete_it() -> None:
     # a GKE node (chain IP-MASQ) checked without --masq-chain=IP-MASQ: its live chain is not stale, and advising
     # `iptables -X IP-MASQ` would tear down the node's working rules
-    missing = _ids("seed000-gke.save", _policy("", PolicyOptions(nomasq_all_reserved_ranges=True)))
+    missing = _ids("gke-1.14-aws-vpn.save", _policy("", PolicyOptions(nomasq_all_reserved_ranges=True)))
     assert set(missing) == {FindingId.CHAIN_MISSING}
     assert "this node uses chain IP-MASQ" in missing[FindingId.CHAIN_MISSING].message
     assert "--masq-chain=IP-MASQ" in missing[FindingId.CHAIN_MISSING].hint
@@ -130,10 +130,10 @@ def test_unsupported_quotes_the_rule() -> None:
 
 
 def test_random_fully_only_is_a_warning() -> None:
-    found = _ids("seed001-fix-nat.save", _policy(TEN + "masqueradeCIDRs: [10.11.0.0/24]\n", PolicyOptions()))
+    found = _ids("fix-nat-daemonset.save", _policy(TEN + "masqueradeCIDRs: [10.11.0.0/24]\n", PolicyOptions()))
     assert found[FindingId.RULES_DIFFER].severity is Severity.ERROR
     policy = _policy(TEN, PolicyOptions())
-    table = parse_save((DUMPS / "seed001-fix-nat.save").read_text().replace(
+    table = parse_save((DUMPS / "fix-nat-daemonset.save").read_text().replace(
         '-A POSTROUTING -d 10.11.0.0/24 -m comment --comment "NAT-VPN: SNAT for outbound traffic through VPN" '
         '-m addrtype ! --dst-type LOCAL -j MASQUERADE\n', ""))
     report = check_iptables(policy, table, Family.V4)
@@ -142,7 +142,7 @@ def test_random_fully_only_is_a_warning() -> None:
 
 def test_family_of_dump() -> None:
     assert family_of_dump(parse_save("*nat\n:X - [0:0]\n-A X -d fd00::/8 -j RETURN\nCOMMIT\n")) is Family.V6
-    assert family_of_dump(parse_save((DUMPS / "seed000-gke.save").read_text())) is Family.V4
+    assert family_of_dump(parse_save((DUMPS / "gke-1.14-aws-vpn.save").read_text())) is Family.V4
 
 
 def test_nft_table_against_policy() -> None:
@@ -157,7 +157,7 @@ def test_nft_table_against_policy() -> None:
 
 
 def test_cli_json_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
-    ok = main(["check", "--from-dump", str(DUMPS / "seed000-gke.save"), "--masq-chain=IP-MASQ",
+    ok = main(["check", "--from-dump", str(DUMPS / "gke-1.14-aws-vpn.save"), "--masq-chain=IP-MASQ",
                "--nomasq-all-reserved-ranges", "--random-fully=false", "-o", "json"])
     assert ok == 0 and json.loads(capsys.readouterr().out) == {"ok": True, "findings": []}
     bad = main(["check", "--from-dump", str(DUMPS / "gke-kubenet.save"), "--masq-chain=IP-MASQ",

@@ -201,7 +201,7 @@ def test_cloud_nat_needs_its_ranges(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_offline_tools_read_the_config_inside_a_configmap_manifest(capsys: pytest.CaptureFixture[str]) -> None:
     # read as a raw config the manifest's keys would be ignored and the defaults would silently stand in
-    manifest = "deploy/examples/seed-001-vpn-inside-10-8.yaml"
+    manifest = "deploy/examples/vpn-range-inside-10-8.yaml"
     _, out, err = run(capsys, "explain", "10.11.0.5", "10.2.0.9", "--config", manifest, "-o", "json")
     vpn, other = json.loads(out)
     assert (vpn["reason"], vpn["defined_at"]) == ("exception", f"{manifest}:13")  # the manifest's own line

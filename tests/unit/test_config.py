@@ -1,4 +1,4 @@
-"""The reference agent's config semantics (DESIGN.md §3) and our extensions (§4)."""
+"""The reference agent's config semantics and our extensions (masqueradeCIDRs, config directories, limits)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ class FakeConntrack:
         return Result(0 if deleted else 1, "", message)
 
 
-def test_seed000_fix_makes_172_16_stale() -> None:
+def test_gke_upgrade_fix_makes_172_16_stale() -> None:
     stale = stale_destinations(_policy(""), _policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
     assert [(s.family, [str(p) for p in s.prefixes]) for s in stale] == \
         [(Family.V4, ["172.16.0.0/12", "192.168.0.0/16"])]

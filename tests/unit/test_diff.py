@@ -96,7 +96,7 @@ def test_flip_prefixes_are_minimal_and_symmetric(before: MasqConfig, after: Masq
     assert sorted((f.prefix, f.after) for f in backward) == sorted((f.prefix, f.before) for f in forward)
 
 
-def test_seed_000_kubenet_to_gke() -> None:
+def test_gke_1_14_upgrade_kubenet_to_gke() -> None:
     options = PolicyOptions()
     result = diff_policies(baseline_policy("kubenet", options), baseline_policy("gke", options),
                            ("172.30.12.110", "10.44.14.15", "8.8.8.8"))
@@ -138,7 +138,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     return code, out, err
 
 
-def test_cli_seed_000(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_gke_1_14_upgrade(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "diff", "kubenet", "gke", "--probe", "172.30.12.110", "-o", "json")
     assert code == 1
     data = json.loads(out)
@@ -152,11 +152,11 @@ def test_cli_seed_000(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_files_manifests_and_usage(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     fix = tmp_path / "fix.yaml"
     fix.write_text("nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n")
-    # the seed-000 fix restores kubenet's behaviour except for link-local, which the agent keeps exempt
+    # the upgrade's fix restores kubenet's behaviour except for link-local, which the agent keeps exempt
     code, out, _ = run_cli(capsys, "diff", "kubenet", str(fix), "--probe", "172.30.12.110", "-o", "json")
     assert code == 0
     assert json.loads(out)["flips"] == [{"range": "169.254.0.0/16", "before": "masquerade", "after": "preserve"}]
-    manifest = ROOT / "deploy" / "examples" / "seed-003-private-endpoint.yaml"
+    manifest = ROOT / "deploy" / "examples" / "private-endpoint-needs-snat.yaml"
     code, out, _ = run_cli(capsys, "diff", "gke", str(manifest), "--probe", "10.2.1.100")
     assert code == 1 and "10.2.1.100/32  preserve -> masquerade" in out
     assert f"{manifest}:23)" in out  # the line of the entry in the manifest, not in the embedded config

@@ -86,7 +86,7 @@ def test_check_cli_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[0].startswith("ERROR foreign-masquerade: a rule outside IP-MASQ NATs pod traffic")
     assert lines[1].startswith("    fix: kubenet masquerades everything outside kubelet's --non-masquerade-cidr")
     assert lines[2:] == ["NOT OK"]
-    assert main(["check", "--from-dump", str(DUMPS / "seed000-gke.save"), "--masq-chain=IP-MASQ",
+    assert main(["check", "--from-dump", str(DUMPS / "gke-1.14-aws-vpn.save"), "--masq-chain=IP-MASQ",
                  "--nomasq-all-reserved-ranges", "--random-fully=false"]) == 0
     assert capsys.readouterr().out == "ok: the node's rules match the config\n"
 

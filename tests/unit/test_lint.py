@@ -90,7 +90,7 @@ def test_configmap_without_namespace_and_no_configmap() -> None:
 
 
 def test_must_masquerade_against_the_defaults_names_the_default_entry() -> None:
-    # seed 000: GKE's defaults preserve 172.16.0.0/12, which holds the AWS VPC 172.30.0.0/16
+    # the GKE 1.14 upgrade: GKE's defaults preserve 172.16.0.0/12, which holds the AWS VPC 172.30.0.0/16
     findings = lint_config("", source="f", options=PolicyOptions(nomasq_all_reserved_ranges=True),
                            expect=Expectations(must_masquerade=(parse_cidr("172.30.0.0/16"),)))
     [finding] = findings
@@ -142,7 +142,7 @@ def test_cli_flags_and_usage(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_stdin_and_one_line_errors() -> None:
-    text = (CORPUS / "seed-003.yaml").read_text()
+    text = (CORPUS / "private-endpoint.yaml").read_text()
     result = subprocess.run([PYTHON, "-m", "ipmasq", "lint", "-"], input=text, capture_output=True, text=True)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr

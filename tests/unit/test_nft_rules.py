@@ -48,7 +48,7 @@ def test_default_policy_script() -> None:
 
 
 def test_exceptions_are_resolved_into_the_set() -> None:
-    # seed 001: the VPN 10.11.0.0/24 inside 10.0.0.0/8 is masqueraded; no rule of its own is needed
+    # the VPN range inside 10/8: the VPN 10.11.0.0/24 inside 10.0.0.0/8 is masqueraded; no rule of its own is needed
     p = policy("nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.11.0.0/24]\n")
     (nomasq,) = desired_table(p).sets
     texts = [format_element(Family.V4, a, b) for a, b in nomasq.elements]

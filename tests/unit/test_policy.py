@@ -22,7 +22,7 @@ def policy(text: str, options: PolicyOptions = V4) -> Policy:
     return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
 
 
-def test_seed_000_gke_defaults_preserve_the_aws_vpc_and_the_fix_masquerades_it() -> None:
+def test_gke_1_14_defaults_preserve_the_aws_vpc_and_the_fix_masquerades_it() -> None:
     gke = PolicyOptions(masq_chain="IP-MASQ", nomasq_all_reserved_ranges=True)
     before = Policy(load_config(None, gke), gke).verdict("172.30.12.110")
     assert (before.masquerade, str(before.matched), before.reason) == (False, "172.16.0.0/12", Reason.DEFAULT)
@@ -35,7 +35,7 @@ def test_link_local() -> None:
     assert policy("masqLinkLocal: true\nnonMasqueradeCIDRs: []\n").verdict("169.254.169.254").masquerade
 
 
-def test_seed_001_vpn_inside_10_8_with_an_exception() -> None:
+def test_vpn_inside_10_8_with_an_exception() -> None:
     p = policy("nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.11.0.0/24]\n")
     vpn = p.verdict("10.11.0.7")
     assert (vpn.masquerade, str(vpn.matched), vpn.reason) == (True, "10.11.0.0/24", Reason.EXCEPTION)

@@ -1,4 +1,4 @@
-"""trace: the walk through POSTROUTING over the seeds' dumps, and "cannot decide" instead of a guess."""
+"""trace: the walk through POSTROUTING over dumps of real nodes, and "cannot decide" instead of a guess."""
 
 from __future__ import annotations
 
@@ -25,14 +25,14 @@ def _trace(name: str, dest: str, **kw: object) -> tuple[Outcome, str | None, str
     return result.outcome, result.decided_by, result.source_seen(packet, masquerade_address=NODE)
 
 
-def test_seed000_gke_chain_keeps_the_pod_ip_for_the_aws_vpc() -> None:
-    outcome, rule, seen = _trace("seed000-gke.save", "172.30.12.110")
+def test_gke_1_14_chain_keeps_the_pod_ip_for_the_aws_vpc() -> None:
+    outcome, rule, seen = _trace("gke-1.14-aws-vpn.save", "172.30.12.110")
     assert outcome is Outcome.UNCHANGED and seen == POD
     assert rule is not None and "-d 172.16.0.0/12" in rule and "-j RETURN" in rule  # the RETURN, then the policy
 
 
 def test_catch_all_masquerades_the_internet() -> None:
-    outcome, rule, seen = _trace("seed000-gke.save", "8.8.8.8")
+    outcome, rule, seen = _trace("gke-1.14-aws-vpn.save", "8.8.8.8")
     assert outcome is Outcome.MASQUERADE and seen == NODE
     assert rule is not None and rule.startswith("-A IP-MASQ -m comment")
 
@@ -45,7 +45,7 @@ def test_kubenet_rule_after_our_return_masquerades() -> None:
 
 def test_node_local_destination_skips_our_chain() -> None:
     packet = Packet.of(NODE, source=POD, local_addresses=[NODE])
-    result = trace(parse_save(_dump("seed000-gke.save")), packet)
+    result = trace(parse_save(_dump("gke-1.14-aws-vpn.save")), packet)
     assert result.outcome is Outcome.UNCHANGED
     assert [s.matched for s in result.steps] == [False]  # the jump's ! --dst-type LOCAL fails
 
@@ -56,15 +56,15 @@ def test_kube_proxy_mark_and_return() -> None:
     assert outcome is Outcome.MASQUERADE and rule is not None and "KUBE-POSTROUTING" in rule
 
 
-def test_fix_nat_rule_of_seed001() -> None:
-    assert _trace("seed001-fix-nat.save", "10.11.0.5")[0] is Outcome.MASQUERADE
-    assert _trace("seed001-fix-nat.save", "10.12.0.5")[0] is Outcome.UNCHANGED
+def test_fix_nat_daemonset_rule() -> None:
+    assert _trace("fix-nat-daemonset.save", "10.11.0.5")[0] is Outcome.MASQUERADE
+    assert _trace("fix-nat-daemonset.save", "10.12.0.5")[0] is Outcome.UNCHANGED
 
 
-def test_seed003_source_condition() -> None:
-    assert _trace("seed003-manual.save", "10.1.2.100", source="100.64.3.4")[0] is Outcome.MASQUERADE
+def test_hand_written_rule_source_condition() -> None:
+    assert _trace("manual-private-endpoint.save", "10.1.2.100", source="100.64.3.4")[0] is Outcome.MASQUERADE
     # same destination, a source outside -s 100.64.0.0/16: GKE's chain keeps it (10.0.0.0/8)
-    assert _trace("seed003-manual.save", "10.1.2.100", source=POD)[0] is Outcome.UNCHANGED
+    assert _trace("manual-private-endpoint.save", "10.1.2.100", source=POD)[0] is Outcome.UNCHANGED
 
 
 def test_snat_target() -> None:

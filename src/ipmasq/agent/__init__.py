@@ -1,1 +1,1 @@
-"""The node agent: the reconcile loop of DESIGN.md §5 (backend-agnostic), its triggers and signals."""
+"""The node agent: the backend-agnostic reconcile loop, its triggers, signals, metrics and health endpoints."""

@@ -1,4 +1,4 @@
-"""`ipmasq lab`: the seeds' outages and fixes, reproduced with real namespaces, TCP and the real agent."""
+"""`ipmasq lab`: real outages and their fixes, reproduced with real namespaces, TCP and the real agent."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def register(subparsers: Any) -> None:
     from ipmasq.lab.scenarios import SCENARIOS
 
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "lab", help="reproduce the seed scenarios in throwaway network namespaces (root)",
+        "lab", help="reproduce real outages and their fixes in throwaway network namespaces (root)",
         description="Build pod -> node -> VPC -> VPN peers / Cloud NAT -> internet in throwaway namespaces, run the "
         "real agent on the node, and show for every probe what explain predicts and what the peer really saw. "
         f"Scenarios: {', '.join(SCENARIOS)}.",

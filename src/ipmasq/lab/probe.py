@@ -6,8 +6,8 @@
 
 The server accepts on every local address (with an AnyIP route, on *any* address), appends one line per
 connection to the log file, `<ACCEPT|REJECT> <destination> <source>`, and answers the client with the source it saw.
-`--allow` makes it behave like the firewalls of the seeds (seed 000's AWS VPC admitting only node IPs): a source
-outside the allowed ranges is logged, then reset, so the client sees the connection fail exactly as a REJECT.
+`--allow` makes it behave like the firewalls of the outages it reproduces (the AWS VPC admitting only node IPs): a
+source outside the allowed ranges is logged, then reset, so the client sees the connection fail exactly as a REJECT.
 `connect` prints the source the server saw (or FAILED); `connect-many` prints one line per target,
 `<target> <seen source|FAILED>`, making many probes with one process.
 """

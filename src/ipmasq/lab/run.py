@@ -1,4 +1,4 @@
-"""Run the seed scenarios in the lab: the real `ipmasq agent` on the node, configs published like kubelet does.
+"""Run the lab's scenarios: the real `ipmasq agent` on the node, configs published like kubelet does.
 
 The lab waits for the node's kernel to hold what the agent should have written (read through the same backend
 code the agent uses, from outside the agent), then probes; it never waits by sleeping and hoping.

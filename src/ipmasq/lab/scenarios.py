@@ -1,4 +1,5 @@
-"""The seed scenarios, each a sequence of phases; every probe compares explain's prediction with the kernel.
+"""The lab's scenarios: real outages, each a sequence of phases; every probe compares explain's prediction with
+the kernel.
 
 A phase sets the world up (the agent's config published the way kubelet does, the agent stopped, Cloud NAT's
 mode), waits until the node's kernel holds what the agent should have written, then probes with real TCP. The
@@ -117,8 +118,9 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario(
             "incident-gke-1.14",
-            "Seed 000: GKE 1.14 preserves pod IPs for 172.16.0.0/12; the AWS VPC (172.30.0.0/16) behind the VPN "
-            "admits only node IPs and rejects the pods. Publishing nonMasqueradeCIDRs: [10.0.0.0/8] fixes it.",
+            "GKE 1.14 default change cuts an AWS VPC behind a VPN: GKE 1.14 preserves pod IPs for 172.16.0.0/12; "
+            "the AWS VPC (172.30.0.0/16) behind the VPN admits only node IPs and rejects the pods. Publishing "
+            "nonMasqueradeCIDRs: [10.0.0.0/8] fixes it.",
             GKE_FLAGS,
             (
                 Phase("GKE 1.14 defaults, no ConfigMap", None, GKE_OPTIONS, (AWS, VPC_VM, INTERNET)),
@@ -128,8 +130,8 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "vpn-inside-10-8",
-            "Seed 001: a VPN range 10.11.0.0/24 inside 10.0.0.0/8 needs the node IP while the rest of 10/8 keeps "
-            "pod IPs; masqueradeCIDRs replaces the fix-nat DaemonSet.",
+            "A VPN range inside 10.0.0.0/8 must be masqueraded: 10.11.0.0/24 needs the node IP while the rest of "
+            "10/8 keeps pod IPs; masqueradeCIDRs replaces the fix-nat DaemonSet.",
             (),
             (
                 Phase("nonMasqueradeCIDRs: [10.0.0.0/8]", BEFORE_001, REFERENCE_OPTIONS, (VPN, VPC_VM)),
@@ -138,7 +140,8 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "private-endpoint",
-            "Seed 003: an on-prem private endpoint 10.2.1.100:443 inside 10.0.0.0/8 admits only node IPs.",
+            "A private endpoint needs SNAT: an on-prem private endpoint 10.2.1.100:443 inside 10.0.0.0/8 admits "
+            "only node IPs.",
             GKE_FLAGS,
             (
                 Phase("GKE defaults", None, GKE_OPTIONS, (ONPREM, VPC_VM)),
@@ -147,7 +150,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "cloud-nat-ranges",
-            "Seed 002: Cloud NAT translates only the source ranges it is told to; with the agent up, "
+            "Cloud NAT translates only some source ranges, the ones it is told to: with the agent up, "
             "LIST_OF_SECONDARY_IP_RANGES silently drops internet traffic, with the agent down PRIMARY_IP_RANGE does.",
             (),
             tuple(
@@ -160,10 +163,10 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "agent-down",
             "The agent stops (an upgrade): the rules stay and traffic keeps flowing; a node whose rules are gone "
-            "sends pod IPs everywhere (seed 002: 'only MASQUERADE missing = ConfigMap not applied').",
+            "sends pod IPs everywhere (the runbook's 'only MASQUERADE visible = ConfigMap not applied').",
             GKE_FLAGS,
             (
-                Phase("agent running with the seed-000 fix", FIX_000, GKE_OPTIONS, (AWS, INTERNET)),
+                Phase("agent running with the 10.0.0.0/8 fix", FIX_000, GKE_OPTIONS, (AWS, INTERNET)),
                 Phase("agent stopped (SIGTERM): rules kept", FIX_000, GKE_OPTIONS, (AWS, INTERNET), agent="stopped"),
                 Phase("no agent rules on the node", FIX_000, GKE_OPTIONS, (AWS, INTERNET), agent="uninstalled"),
             ),

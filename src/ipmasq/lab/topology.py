@@ -1,10 +1,10 @@
-"""The seeds' world as namespaces: pod -> node -> VPC router -> {VPN/on-prem peers, Cloud NAT -> internet}.
+"""The outages' world as namespaces: pod -> node -> VPC router -> {VPN/on-prem peers, Cloud NAT -> internet}.
 
     pod (10.44.14.15, secondary range 10.44.0.0/14)
      └─ node (10.142.15.203, primary range 10.142.0.0/20; runs the agent)
          └─ router (the VPC: routes pod ranges natively, like GKE's alias IPs)
-             ├─ peers: AWS VPC db 172.30.12.110 (seed 000), on-prem endpoint 10.2.1.100 (seed 003),
-             │         VPN host 10.11.0.5 in 10.11.0.0/24 (seed 001) -- all behind firewalls admitting only
+             ├─ peers: AWS VPC db 172.30.12.110 (GKE upgrade), on-prem endpoint 10.2.1.100 (SNAT),
+             │         VPN host 10.11.0.5 in 10.11.0.0/24 (VPN in 10/8) -- all behind firewalls admitting only
              │         the node range 10.128.0.0/9 --, and a VPC VM 10.130.0.6 that admits anyone
              └─ cloudnat (translates the configured source ranges to 35.199.0.71, drops other private sources)
                  └─ internet (34.120.0.10)
@@ -36,7 +36,7 @@ class _Addresses:
     node_range: str = "10.142.0.0/20"
     node: str = "10.142.15.203"
     router: str = "10.142.0.1"
-    firewall_allows: str = "10.128.0.0/9"  # seed 000: the AWS side admits only GCP's primary ranges
+    firewall_allows: str = "10.128.0.0/9"  # the AWS side admits only GCP's primary ranges (node IPs)
     aws_db: str = "172.30.12.110"
     onprem_endpoint: str = "10.2.1.100"
     vpn_host: str = "10.11.0.5"
