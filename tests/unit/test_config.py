@@ -219,3 +219,60 @@ def test_missing_path_is_an_error_for_offline_tools_but_defaults_for_the_agent(t
 def test_binary_garbage_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="not UTF-8"):
         config_from_bytes(ConfigInput((("/x", b"\xff\xfe\x00bad"),)), V4)
+
+
+# --- hostile input: one place for YAML errors, clipped values, Go's duration range -------------------------------
+
+
+def test_yaml_errors_are_translated_in_one_place_for_the_loader_and_for_lint() -> None:
+    import yaml
+
+    from ipmasq.config.document import yaml_error
+
+    def both(text: str) -> tuple[ConfigError, ConfigError]:
+        with pytest.raises(yaml.YAMLError) as raised:
+            list(yaml.compose_all(text, Loader=yaml.CSafeLoader))
+        return yaml_error(raised.value, text, "f.yaml"), yaml_error(raised.value, text, "f.yaml", lint=True)
+
+    loader, lint = both("metadata:\n  name: x\ndata\n  config: |\n")
+    assert (str(loader), loader.line, loader.column) == (
+        "f.yaml:4: YAML syntax error: could not find expected ':' (column 9)", 4, 9)
+    assert (lint.message, lint.line, lint.column) == ("YAML syntax error: could not find expected ':'", 3, 1)
+    loader, lint = both("a: b\x07\n")
+    assert (str(loader), loader.column) == (
+        "f.yaml:1: YAML syntax error: unacceptable character #x0007 (control characters are not allowed)", 5)
+    assert (lint.message, lint.line, lint.column) == (
+        "YAML error: unacceptable character #x0007: control characters are not allowed", 1, None)
+    assert loader.code == lint.code == "yaml-syntax"
+
+
+def test_values_in_messages_are_clipped() -> None:
+    from ipmasq.config.document import clip, show_value
+
+    assert show_value("10.0.0.0/8") == '"10.0.0.0/8"'
+    assert show_value("x" * 61) == '"' + "x" * 60 + '\u2026"'
+    assert show_value("\u00e9" * 100) == '"' + "\\u00e9" * 60 + '\u2026"'  # an escape is never cut in half
+    assert clip("y" * 1000) == "y" * 60 + "\u2026"
+    long_cidr = "10.0.0.0/8" + "0" * 100
+    message = error_of(f"nonMasqueradeCIDRs: [{long_cidr}]\n")
+    assert message == (f'/etc/config/ip-masq-agent:1: CIDR "{clip(long_cidr)}" could not be parsed, invalid CIDR '
+                       f"address: {clip(long_cidr)}")
+
+
+def test_resync_interval_within_go_duration_range() -> None:
+    assert parse_go_duration("2562047h") == 2562047 * 3600.0  # the longest whole-hour Go duration
+    for text in ("2562048h", "1000000000h", "-2562048h", "1" * 400 + "s"):
+        with pytest.raises(ValueError, match=r"^time: invalid duration \""):
+            parse_go_duration(text)
+    assert error_of("resyncInterval: 1000000000h\n") == (
+        '/etc/config/ip-masq-agent:1: resyncInterval: time: invalid duration "1000000000h"')
+
+
+def test_a_cidr_limit_below_the_default_list_names_the_file_that_set_it() -> None:
+    assert error_of("masqLinkLocal: true\ncidrLimit: 0\n").startswith(
+        "/etc/config/ip-masq-agent:2: the daemon can only accept up to 0 CIDRs")
+
+
+def test_a_json_number_too_long_for_python_is_a_config_error() -> None:
+    assert error_of('{\n"cidrLimit": ' + "9" * 5000 + "}") == (
+        "/etc/config/ip-masq-agent:2: JSON error: a number of more than 4,300 digits")

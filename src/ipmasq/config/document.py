@@ -332,8 +332,10 @@ def _parse_json(text: str, source: str) -> Node:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"JSON syntax error: {exc.msg} (column {exc.colno})", source=source, line=exc.lineno,
                           column=exc.colno, code="yaml-syntax") from None
-    except ValueError as exc:  # a number of more than 4,300 digits: Python refuses to convert it
-        raise ConfigError(f"JSON error: {clip(str(exc).split(':')[0], 4 * CLIP)}", source=source,
+    except ValueError:  # a number of more than 4,300 digits: Python refuses to convert it (json has no position)
+        digits = re.search(r"\d{4301,}", text)
+        line = text.count("\n", 0, digits.start()) + 1 if digits else None
+        raise ConfigError("JSON error: a number of more than 4,300 digits", source=source, line=line,
                           code="yaml-syntax") from None
     return _from_json(raw, 1 if "\n" not in text.strip() else None)
 
