@@ -21,6 +21,7 @@ from pathlib import Path
 
 from bench_core import cidrs  # type: ignore[import-not-found]
 from ipmasq.config import ConfigInput, config_from_bytes
+from ipmasq.config.source import MAX_CONFIG_BYTES
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
@@ -42,6 +43,16 @@ def timed(argv: list[str]) -> tuple[float, int]:
     return time.perf_counter() - start, done.returncode
 
 
+def config_directory(directory: Path, entries: list[str], files: int = 4) -> Path:
+    """The same config as `files` ip-masq-agent-N files, which the commands merge (the kubelet/ConfigMap layout)."""
+    directory.mkdir()
+    share = -(-len(entries) // files)
+    for i in range(files):
+        body = {"nonMasqueradeCIDRs": entries[i * share:(i + 1) * share], "cidrLimit": len(entries)}
+        Path(directory, f"ip-masq-agent-{i}").write_text(json.dumps(body))
+    return directory
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1000,10000,100000")
@@ -54,6 +65,8 @@ def main() -> None:
             config.write_text(json.dumps({"nonMasqueradeCIDRs": cidrs(n), "cidrLimit": n}))
             options = PolicyOptions()
             policy = Policy(config_from_bytes(ConfigInput(((str(config), config.read_bytes()),)), options), options)
+            if config.stat().st_size > MAX_CONFIG_BYTES:  # a config file holds at most 1 MiB, as a ConfigMap does:
+                config = config_directory(Path(tmp, f"config-{n}"), cidrs(n))  # larger ones come as a directory
             payload = render_restore(policy, Family.V4)
             dump = Path(tmp, f"dump-{n}.save")
             dump.write_text(payload.replace("*nat\n", "*nat\n:POSTROUTING ACCEPT [0:0]\n" + FOREIGN, 1))

@@ -22,6 +22,7 @@ from pathlib import Path
 from bench_core import best_of, cidrs  # type: ignore[import-not-found]
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
+from ipmasq.config.source import MAX_CONFIG_BYTES
 from ipmasq.diff import diff_policies
 from ipmasq.lint import lint_source
 from ipmasq.options import PolicyOptions
@@ -35,6 +36,18 @@ def two_configs(n: int) -> tuple[list[str], list[str]]:
     rng = random.Random(3)
     rng.shuffle(pool)
     return pool[:n], pool[n // 2: n + n // 2]
+
+
+def config_directory(directory: Path, entries: list[str], limit: int, fmt: str, files: int = 4) -> Path:
+    """The same config as `files` ip-masq-agent-N files, which the commands merge (the kubelet/ConfigMap layout)."""
+    directory.mkdir()
+    share = -(-len(entries) // files)
+    for i in range(files):
+        part = entries[i * share:(i + 1) * share]
+        body = (json.dumps({"nonMasqueradeCIDRs": part, "cidrLimit": limit}) if fmt == "json" else
+                f"cidrLimit: {limit}\nnonMasqueradeCIDRs:\n" + "".join(f"  - {c}\n" for c in part))
+        Path(directory, f"ip-masq-agent-{i}").write_text(body)
+    return directory
 
 
 def main_bench() -> None:
@@ -65,10 +78,15 @@ def main_bench() -> None:
             # fresh policies: building their interval tables is part of the diff
             return diff_policies(Policy(before.config, options), Policy(after.config, options), ("10.1.2.3",))
 
+        # a config file holds at most 1 MiB, as a ConfigMap does: larger ones come as a directory of files
+        specs = {(name, fmt): path if path.stat().st_size <= MAX_CONFIG_BYTES else
+                 config_directory(Path(tmp, f"{name}-{fmt}"), items, n, fmt)
+                 for (name, fmt), path in files.items() for items in [old if name == "old" else new]}
+
         def command(fmt: str) -> Callable[[], object]:
             def run() -> object:
                 with contextlib.redirect_stdout(io.StringIO()):
-                    return main(["diff", str(files["old", fmt]), str(files["new", fmt]), "--probe", "10.1.2.3",
+                    return main(["diff", str(specs["old", fmt]), str(specs["new", fmt]), "--probe", "10.1.2.3",
                                  "-o", "json"])
             return run
 
@@ -77,8 +95,8 @@ def main_bench() -> None:
             ("diff, pure (2 policies built + flips + CIDRs)", best_of(3, pure)),
             ("load one config, JSON", best_of(3, lambda: load("old", "json"))),
             ("load one config, YAML", best_of(3, lambda: load("old", "yaml"))),
-            ("ipmasq diff OLD.json NEW.json -o json", best_of(3, command("json"))),
-            ("ipmasq diff OLD.yaml NEW.yaml -o json", best_of(1, command("yaml"))),
+            ("ipmasq diff OLD NEW -o json (JSON files)", best_of(3, command("json"))),
+            ("ipmasq diff OLD NEW -o json (YAML files)", best_of(1, command("yaml"))),
             ("lint one config, YAML", best_of(1, lambda: lint_source("old.yaml", yaml_bytes))),
         ]
     print(f"two configs of {n:,} CIDRs sharing half of them: {flips:,} flipped CIDRs")
