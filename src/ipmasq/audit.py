@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import IO, Any
 
-from ipmasq.errors import IpmasqError, excerpt
+from ipmasq.errors import IpmasqError, clip
 from ipmasq.policy import Policy, Reason
 from ipmasq.prefix import Family, Prefix, format_address, parse_address
 
@@ -86,7 +86,7 @@ class _PodSources:
         try:
             family, address = parse_address(text)
         except ValueError:
-            raise FlowLogError(f"{path}:{number}: source {excerpt(repr(text))} is not an IP address") from None
+            raise FlowLogError(f"{path}:{number}: source {clip(repr(text))} is not an IP address") from None
         pod = self.known[text] = _in_ranges(family, address, self.ranges)
         return pod
 
@@ -148,7 +148,7 @@ def _count_aws(path: str, first: tuple[int, str], fh: IO[str], raw: RawCounts, p
         if len(parts) == fmt.width + 1 and "T" in parts[0] and ":" in parts[0]:
             return parts[1:]  # CloudWatch prints the event's timestamp first
         raise FlowLogError(f"{path}:{number}: not an AWS flow log record ({fmt.width} fields: "
-                           f"{' '.join(fmt.fields[:5])} ...): {excerpt(repr(' '.join(parts)))}")
+                           f"{' '.join(fmt.fields[:5])} ...): {clip(repr(' '.join(parts)))}")
 
     for line in _prepend(first[1], fh):
         number += 1
@@ -213,7 +213,7 @@ def _count_gcp(path: str, first: tuple[int, str], fh: IO[str], raw: RawCounts, p
             key = (src, dst, str(payload.get("disposition", "-")))
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # orjson's errors are ValueErrors
             raise FlowLogError(f"{path}:{number}: not a GCP VPC flow log JSON record with "
-                               f"connection.src_ip/dest_ip strings: {excerpt(repr(line.strip()))}") from None
+                               f"connection.src_ip/dest_ip strings: {clip(repr(line.strip()))}") from None
         raw.records += 1
         pod = known.get(src)
         if pod is None:
@@ -304,10 +304,10 @@ def audit(raw: RawCounts, policy: Policy, *, group_bits: dict[Family, int] | Non
             try:
                 parsed = destinations[dst] = parse_address(dst)
             except ValueError:
-                raise FlowLogError(f"{path}:{number}: destination {excerpt(repr(dst))} is not an IP address") from None
+                raise FlowLogError(f"{path}:{number}: destination {clip(repr(dst))} is not an IP address") from None
         action = _ACTIONS.get(action_text.upper())
         if action is None:
-            raise FlowLogError(f"{path}:{number}: action {excerpt(repr(action_text))} is not ACCEPT or REJECT")
+            raise FlowLogError(f"{path}:{number}: action {clip(repr(action_text))} is not ACCEPT or REJECT")
         family, address = parsed
         length = bits[family]
         network = address & ~((1 << (family.bits - length)) - 1)

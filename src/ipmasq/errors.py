@@ -11,17 +11,15 @@ The CLI maps ConfigError to exit 1, UsageError to exit 2; everything is printed 
 
 from __future__ import annotations
 
-__all__ = ["BackendError", "ConfigError", "IpmasqError", "LockBusyError", "UsageError", "excerpt"]
+__all__ = ["BackendError", "ConfigError", "IpmasqError", "LockBusyError", "UsageError", "clip"]
 
 # How much of an offending value a one-line error quotes: enough to recognise it, never a 10 MB line.
-EXCERPT_CHARS = 80
+CLIP_CHARS = 60
 
 
-def excerpt(value: str, limit: int = EXCERPT_CHARS) -> str:
-    """`value` cut to `limit` characters for an error line, saying how much was left out."""
-    if len(value) <= limit:
-        return value
-    return f"{value[:limit]}… ({len(value) - limit} more characters)"
+def clip(text: str, limit: int = CLIP_CHARS) -> str:
+    """`text` cut to `limit` characters with an ellipsis: what an error line may echo of a value."""
+    return text if len(text) <= limit else text[:limit] + "\u2026"
 
 
 class IpmasqError(Exception):

@@ -9,7 +9,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from ipmasq.errors import UsageError
+from ipmasq.errors import UsageError, clip
 
 __all__ = ["DEFAULT_CHAIN", "PolicyOptions", "PortRange", "check_chain_name", "parse_to_ports", "quoted"]
 
@@ -41,14 +41,9 @@ _PORT_RANGE = re.compile(r"(\d{1,5})(?:-(\d{1,5}))?\Z")
 _CHAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,28}\Z")
 
 
-# How much of a bad flag value an error quotes: enough to recognise it, never a screenful.
-QUOTED_CHARS = 60
-
-
 def quoted(value: str) -> str:
     """A flag value for a one-line error: in double quotes, escaped (a newline stays on the line), truncated."""
-    shown = value if len(value) <= QUOTED_CHARS else value[:QUOTED_CHARS] + "…"
-    return json.dumps(shown, ensure_ascii=False)
+    return json.dumps(clip(value), ensure_ascii=False)
 
 
 def parse_to_ports(text: str) -> tuple[PortRange, ...]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ipmasq.cloudnat import CloudNat, CloudNatMode, follow_path
 from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, load_policy, print_json
-from ipmasq.errors import UsageError, excerpt
+from ipmasq.errors import UsageError, clip
 from ipmasq.policy import Policy, Reason, Verdict
 from ipmasq.prefix import parse_address
 
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             family, address = parse_address(destination)
         except ValueError:
-            raise UsageError(f"{excerpt(repr(destination))} is not an IP address") from None
+            raise UsageError(f"{clip(repr(destination))} is not an IP address") from None
         for flag, text in (("--source", args.source), ("--node-ip", args.node_ip)):
             if text is not None and parse_address(text)[0] is not family:
                 raise UsageError(f"{flag} {text} is IPv{parse_address(text)[0].value} and the destination "

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from ipmasq.errors import ConfigError
+from ipmasq.errors import CLIP_CHARS, ConfigError, clip
 
 __all__ = [
     "MAX_ALIAS_VALUES",
@@ -46,9 +46,8 @@ MAX_DEPTH = 64
 # go-yaml (the reference) refuses "excessive aliasing" by a ratio; we need no aliases at all in a config, so a flat
 # budget: a few aliased lists pass, a bomb stops at ~10 MiB of nodes instead of GiBs.
 MAX_ALIAS_VALUES = 100_000
-# The longest value an error message echoes: a CIDR is at most 43 characters; a 10 MB value must not become a
-# 10 MB line in the agent's log.
-CLIP = 60
+# An error message echoes at most CLIP_CHARS of a value (ipmasq.errors.clip): a CIDR is at most 43 characters; a
+# 10 MB value must not become a 10 MB line in the agent's log.
 
 _STR = "tag:yaml.org,2002:str"
 _SEQ = "tag:yaml.org,2002:seq"
@@ -123,17 +122,12 @@ def parse_document(data: bytes, source: str) -> Document | None:
 # --- showing values in one-line errors ---------------------------------------------------------------------
 
 
-def clip(text: str, limit: int = CLIP) -> str:
-    """`text`, cut to `limit` characters with an ellipsis: what an error line may echo of a value."""
-    return text if len(text) <= limit else text[:limit] + "\u2026"
-
-
 def show_value(value: object) -> str:
     """A value as error messages show it: a string quoted as JSON, anything else as Python prints it; clipped."""
     if isinstance(value, str):
-        if len(value) <= CLIP:
+        if len(value) <= CLIP_CHARS:
             return json.dumps(value)
-        return json.dumps(value[:CLIP])[:-1] + '\u2026"'  # the ellipsis inside the quotes: the value goes on
+        return json.dumps(value[:CLIP_CHARS])[:-1] + '\u2026"'  # the ellipsis inside the quotes: the value goes on
     return clip(repr(value))
 
 
@@ -158,7 +152,7 @@ def yaml_error(exc: yaml.YAMLError, text: str, source: str, *, lint: bool = Fals
             mark = exc.context_mark
         line = mark.line + 1 if mark is not None else None
         column = mark.column + 1 if mark is not None else None
-        problem = clip(exc.problem or exc.context or "invalid YAML", 4 * CLIP)
+        problem = clip(exc.problem or exc.context or "invalid YAML", 4 * CLIP_CHARS)
         where = "" if lint or column is None else f" (column {column})"
         return ConfigError(f"YAML syntax error: {problem}{where}", source=source, line=line, column=column,
                            code="yaml-syntax")
@@ -174,7 +168,7 @@ def yaml_error(exc: yaml.YAMLError, text: str, source: str, *, lint: bool = Fals
 
 def _first_line(exc: yaml.YAMLError) -> str:
     text = str(exc)
-    return clip(text.splitlines()[0], 4 * CLIP) if text else "invalid YAML"
+    return clip(text.splitlines()[0], 4 * CLIP_CHARS) if text else "invalid YAML"
 
 
 def compose_yaml(text: str, source: str) -> list[yaml.Node]:

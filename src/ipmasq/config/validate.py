@@ -1,4 +1,4 @@
-"""Document -> MasqConfig, with the reference agent's rules (DESIGN.md §3) and our extensions (§4).
+"""Document -> MasqConfig, with the reference agent's rules and our extensions (masqueradeCIDRs, config directories).
 
 Every error names the file, the line where known, and the offending value, in one line.
 """

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ipmasq.errors import IpmasqError, excerpt
+from ipmasq.errors import IpmasqError, clip
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
@@ -238,7 +238,7 @@ def _address(text: str) -> tuple[Family, int]:
     try:
         return Family.V6, int.from_bytes(socket.inet_pton(socket.AF_INET6, text), "big")
     except OSError:
-        raise NftParseError(f"not an address in a set: {excerpt(repr(text))}") from None
+        raise NftParseError(f"not an address in a set: {clip(repr(text))}") from None
 
 
 def parse_address_element(element: Any) -> tuple[int, int]:
@@ -302,14 +302,14 @@ def parse_list_json(text: str, *, table: str = TABLE, family: str = TABLE_FAMILY
         document = json.loads(text)
         items = document["nftables"]
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise NftParseError(f"nft -j output is not an nftables JSON listing: {excerpt(str(exc))}") from None
+        raise NftParseError(f"nft -j output is not an nftables JSON listing: {clip(str(exc))}") from None
     if not isinstance(items, list):
         raise NftParseError(f'"nftables" holds {_shown(items)}, not a list of objects')
     try:
         return _table_from_items(items, table=table, family=family, table_listed=table_listed)
     except (KeyError, TypeError, ValueError, AttributeError, StopIteration) as exc:
         raise NftParseError(f"nft -j output has an object of an unexpected shape ({type(exc).__name__}: "
-                            f"{excerpt(str(exc))})") from None
+                            f"{clip(str(exc))})") from None
 
 
 def _table_from_items(items: list[Any], *, table: str, family: str, table_listed: bool) -> NftTable | None:
@@ -360,7 +360,7 @@ def _table_from_items(items: list[Any], *, table: str, family: str, table_listed
 def _shown(value: Any) -> str:
     """A JSON value for an error line: cut short, and never an error of its own (deep nesting)."""
     try:
-        return excerpt(json.dumps(value))
+        return clip(json.dumps(value))
     except (ValueError, TypeError, RecursionError):
         return "(a value too deeply nested to show)"
 
