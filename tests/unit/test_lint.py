@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from ipmasq.cli import main
-from ipmasq.findings import Severity
+from ipmasq.findings import Finding, Severity
 from ipmasq.lint import HINTS, Expectations, lint_config, lint_source
 from ipmasq.lint.manifest import configmap_config
 from ipmasq.options import PolicyOptions
@@ -48,11 +49,17 @@ def test_corpus_covers_every_issue_id() -> None:
     wanted = {"configmap-name", "configmap-namespace", "missing-config-key", "yaml-syntax", "indentation",
               "invalid-cidr", "misaligned-cidr", "unknown-key", "key-case", "wrong-type", "duplicate-cidr",
               "shadowed-cidr", "too-many-cidrs", "ipv6-disabled", "bad-duration", "lookalike-character",
-              "must-masquerade", "must-preserve"}
+              "must-masquerade", "must-preserve", "duplicate-configmap", "ignored-document", "empty-config",
+              "empty-non-masquerade", "short-resync-interval"}
     covered = {item.split("@")[0] for path in CASES for item in _expected(path)[0]}
     assert wanted <= covered
     assert wanted <= set(HINTS)
     assert any(_expected(p)[0] == [] for p in CASES)
+
+
+def test_every_finding_id_has_a_kebab_case_name_and_a_hint() -> None:
+    for id_, hint in HINTS.items():
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", id_) and hint, id_
 
 
 def test_positions_inside_the_embedded_config() -> None:
@@ -151,3 +158,132 @@ def test_cli_stdin_and_one_line_errors() -> None:
                             capture_output=True)
     assert result.returncode == 1 and json.loads(result.stdout)[0]["id"] == "yaml-syntax"
 
+
+
+# --- what lint used to pass silently: two ConfigMaps, ignored documents, empty configs, busy resyncs ----------
+
+CONFIGMAP = ("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ip-masq-agent\n  namespace: kube-system\n"
+             "data:\n  config: |\n    nonMasqueradeCIDRs: [{cidrs}]\n")
+
+
+def test_two_configmaps_with_different_configs_are_an_error_as_render_refuses_them(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "cm.yaml"
+    path.write_text(CONFIGMAP.format(cidrs="10.0.0.0/8") + "---\n"
+                    + CONFIGMAP.format(cidrs="10.0.0.0/8, 100.64.0.0/10"))
+    [finding] = lint_source("cm.yaml", path.read_bytes())
+    assert (finding.id, finding.severity, finding.line, finding.column) == (
+        "duplicate-configmap", Severity.ERROR, 13, 9)
+    assert "kube-system/ip-masq-agent" in finding.message and "line 4" in finding.message
+    assert run_cli(capsys, "lint", str(path))[0] == 1
+    assert main(["render", "--config", str(path)]) == 1
+    assert "with different configs" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"2 ip-masq-agent ConfigMaps holding data\.config with different configs"):
+        configmap_config(path.read_text())
+
+
+def test_the_same_configmap_twice_is_a_warning_and_the_tools_read_it(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "cm.yaml"
+    path.write_text(CONFIGMAP.format(cidrs="10.0.0.0/8") + "---\n" + CONFIGMAP.format(cidrs="10.0.0.0/8"))
+    [finding] = lint_source("cm.yaml", path.read_bytes())
+    assert (finding.id, finding.severity, finding.line) == ("duplicate-configmap", Severity.WARNING, 13)
+    embedded = configmap_config(path.read_text())
+    # the last one's lines (its config starts on line 17), as `kubectl apply` keeps the last one
+    assert embedded is not None and embedded.splitlines()[16] == "nonMasqueradeCIDRs: [10.0.0.0/8]"
+    assert main(["render", "--config", str(path)]) == 0
+    assert "-d 10.0.0.0/8 -j RETURN" in capsys.readouterr().out
+
+
+def test_configmaps_of_other_names_or_namespaces_are_not_duplicates() -> None:
+    other = CONFIGMAP.format(cidrs="10.0.0.0/8").replace("kube-system", "default")
+    findings = lint_source("f", (CONFIGMAP.format(cidrs="10.0.0.0/8") + "---\n" + other).encode())
+    assert [f.id for f in findings] == ["configmap-namespace"]
+
+
+def test_ignored_documents() -> None:
+    config = "nonMasqueradeCIDRs: [10.0.0.0/8]\n---\nnonMasqueradeCIDRs: [11.0.0.0/8]\n---\ncidrLimit: 3\n"
+    [finding] = lint_config(config, source="f")
+    assert (finding.id, finding.severity, finding.line) == ("ignored-document", Severity.WARNING, 2)
+    assert "this document and 1 more after it are ignored" in finding.message
+    # a leading marker, a trailing one, an end marker and an empty or comment-only document are one document
+    for one in ("---\nnonMasqueradeCIDRs: [10.0.0.0/8]\n", "nonMasqueradeCIDRs: [10.0.0.0/8]\n---\n",
+                "# head\n---\nnonMasqueradeCIDRs: [10.0.0.0/8]\n...\n",
+                "nonMasqueradeCIDRs: [10.0.0.0/8]\n---\n# nothing here\n"):
+        assert "ignored-document" not in [f.id for f in lint_config(one, source="f")], one
+    findings = lint_config("---\n---\nnonMasqueradeCIDRs: [10.0.0.0/8]\n", source="f", whole_file=True)
+    [empty_first, ignored] = sorted(findings, key=Finding.sort_key)
+    assert (empty_first.id, ignored.id, ignored.line) == ("empty-config", "ignored-document", 2)
+    assert "the first document is empty, so the agent runs with its built-in defaults" in ignored.message
+
+
+def test_ignored_document_inside_a_configmap_is_placed_in_the_manifest() -> None:
+    text = CONFIGMAP.format(cidrs="10.0.0.0/8") + "    ---\n    nonMasqueradeCIDRs: [11.0.0.0/8]\n"
+    [finding] = lint_source("f", text.encode())
+    assert (finding.id, finding.line) == ("ignored-document", 9)
+
+
+def test_a_file_that_sets_nothing_runs_the_defaults() -> None:
+    for text, what in (("", "it is empty"), ("# just a comment\n", "only comments"), ("{}\n", "an empty mapping"),
+                       ("\n\n", "it is empty")):
+        [finding] = lint_source("f", text.encode())
+        assert (finding.id, finding.severity, finding.line) == ("empty-config", Severity.WARNING, 1), text
+        assert what in finding.message
+        assert "10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 and link-local 169.254.0.0/16 keep the pod IP" in \
+            finding.message
+    [gke] = lint_source("f", b"", options=PolicyOptions(nomasq_all_reserved_ranges=True))
+    assert "RFC 1918 and the other reserved ranges of --nomasq-all-reserved-ranges" in gke.message
+    # inside a ConfigMap, `config: ''` is written on purpose: no finding (see the namespace test above)
+    assert lint_config("", source="f") == []
+
+
+def test_an_empty_non_masquerade_list_says_what_is_masqueraded() -> None:
+    [null] = lint_config("nonMasqueradeCIDRs:\n", source="f")
+    assert (null.id, null.severity, null.line, null.column) == ("empty-non-masquerade", Severity.WARNING, 1, 1)
+    assert "(null): every destination but link-local 169.254.0.0/16 is masqueraded" in null.message
+    [listed] = lint_config("nonMasqueradeCIDRs: []\nmasqLinkLocal: true\n", source="f")
+    assert "([]): every destination, link-local included, is masqueraded" in listed.message
+    [v6] = lint_config("nonMasqueradeCIDRs: []\n", source="f", options=PolicyOptions(enable_ipv6=True))
+    assert "but link-local 169.254.0.0/16 and fe80::/10 is masqueraded" in v6.message
+    # one entry is not empty, even a bad one; the key absent means the defaults
+    assert [f.id for f in lint_config("nonMasqueradeCIDRs: [10.0.0.1/8]\n", source="f")] == ["misaligned-cidr"]
+    assert lint_config("masqLinkLocal: true\n", source="f") == []
+
+
+@pytest.mark.parametrize(("interval", "ids"), [
+    ("1ns", ["short-resync-interval"]), ("999ms", ["short-resync-interval"]), ("0.5s", ["short-resync-interval"]),
+    ("1s", []), ("60s", []), ("0s", ["bad-duration"]), ("-1ns", ["bad-duration"]), ("1 ns", ["bad-duration"]),
+])
+def test_resync_interval_below_a_second(interval: str, ids: list[str]) -> None:
+    findings = lint_config(f"resyncInterval: {interval}\n", source="f")
+    assert [f.id for f in findings] == ids
+    if ids == ["short-resync-interval"]:
+        assert findings[0].severity is Severity.WARNING and "continuously" in findings[0].message
+        assert "60s" in findings[0].hint
+
+
+def test_lint_reads_a_directory_as_the_agent_does(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "ip-masq-agent").write_text("nonMasqueradeCIDRs: [10.0.0.1/8]\n")
+    (tmp_path / "notes.yaml").write_text("not: [a, config\n")  # the agent never reads it, nor does lint
+    code, out = run_cli(capsys, "lint", str(tmp_path), "-o", "json")
+    assert code == 1 and [(f["file"], f["id"]) for f in json.loads(out)] == [
+        (str(tmp_path / "ip-masq-agent"), "misaligned-cidr")]
+
+
+def test_lint_of_a_directory_without_a_config_file_lints_nothing_and_says_so(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("nonMasqueradeCIDRs: [10.0.0.0/8]\n")  # not named ip-masq*
+    (tmp_path / "ip-masq-agent").mkdir()  # not a file
+    code, out = run_cli(capsys, "lint", str(tmp_path), "-o", "json")
+    [finding] = json.loads(out)
+    assert code == 1
+    assert (finding["file"], finding["line"], finding["id"], finding["severity"]) == (
+        str(tmp_path), None, "no-config-file", "error")
+    assert "holds 2 other entries" in finding["message"] and "built-in defaults" in finding["message"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code = main(["lint", str(empty)])
+    captured = capsys.readouterr()
+    assert code == 1 and captured.out.startswith(f"{empty}: error [no-config-file] no ip-masq* file in this directory "
+                                                 "(it is empty), so nothing was linted")
+    assert captured.err == "1 error(s), 0 warning(s)\n"

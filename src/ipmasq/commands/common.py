@@ -10,7 +10,7 @@ from ipmasq.backends.base import BACKEND_NAMES
 from ipmasq.backends.iptables import Variant
 from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes, load_config, read_config_input
-from ipmasq.errors import ConfigError, UsageError
+from ipmasq.errors import ConfigError, IpmasqError, UsageError
 from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse_to_ports, quoted
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, Prefix, PrefixError, parse_address, parse_cidr
@@ -174,3 +174,46 @@ def print_json(document: object, *, ensure_ascii: bool = True) -> None:
     """The JSON document on standard output, indented, with a final newline."""
     json.dump(document, sys.stdout, indent=2, ensure_ascii=ensure_ascii)
     sys.stdout.write("\n")
+
+
+# --- standard input: `-` wherever an input may come from it, one input at most -------------------------------
+
+STDIN = "-"
+STDIN_NAME = "<stdin>"  # how messages, findings and reports name standard input
+
+
+def at_most_one_stdin(*inputs: tuple[str, str | None]) -> None:
+    """Refuse two inputs given as `-` ((label, value) pairs, e.g. ("--config", args.config)), before any is read.
+
+    Standard input holds one input: the first reader would take all of it and the second would find it empty,
+    reported as an error in the wrong input (an empty dump, a config of defaults).
+    """
+    readers = [label for label, value in inputs if value == STDIN]
+    if len(readers) < 2:
+        return
+    labels = list(dict.fromkeys(readers))  # FILE given twice is said once
+    detail = ""
+    if len(labels) > 1:
+        detail = f": {', '.join(labels[:-1])} and {labels[-1]} {'both' if len(labels) == 2 else 'all'} ask for it"
+    raise UsageError(f"- (standard input) can be given once{detail}")
+
+
+def shown_input(path: str) -> str:
+    """How a report names an input given on the command line: `-` is <stdin>."""
+    return STDIN_NAME if path == STDIN else path
+
+
+def read_dump_input(path: str) -> tuple[str, str]:
+    """(name shown in messages, text) of a dump of the node's rules: a file, or `-` for standard input.
+
+    Standard input is read as bytes and decoded here, so that a stream that is not UTF-8 is the same one-line
+    error as such a file, whatever the locale makes of sys.stdin.
+    """
+    from ipmasq.diagnose.sources import read_dump_file  # check and trace only
+
+    if path != STDIN:
+        return read_dump_file(path)
+    try:
+        return STDIN_NAME, sys.stdin.buffer.read().decode("utf-8")
+    except UnicodeDecodeError:
+        raise IpmasqError(f"{STDIN_NAME}: not a text file (expected iptables-save or nft -j output)") from None

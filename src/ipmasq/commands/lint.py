@@ -7,11 +7,20 @@ import os
 import sys
 from typing import Any
 
-from ipmasq.commands.common import add_output_flag, add_policy_flags, cidr_flag, options_from_args, print_json
-from ipmasq.config.source import read_config_file, read_config_input
+from ipmasq.commands.common import (
+    STDIN,
+    STDIN_NAME,
+    add_output_flag,
+    add_policy_flags,
+    at_most_one_stdin,
+    cidr_flag,
+    options_from_args,
+    print_json,
+)
+from ipmasq.config.source import CONFIG_PREFIX, read_config_file, read_config_input
 from ipmasq.errors import ConfigError
 from ipmasq.findings import Finding, Severity, count
-from ipmasq.lint import Expectations, lint_source
+from ipmasq.lint import Expectations, lint_source, nothing_to_lint
 
 __all__ = ["register", "run"]
 
@@ -20,10 +29,12 @@ def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "lint", help="find the mistakes that make a config or ConfigMap silently not apply",
         description="Lint ip-masq-agent config files (YAML/JSON) and Kubernetes manifests holding the "
-        "ip-masq-agent ConfigMap (multi-document YAML, kind: List, JSON). Exit 1 when any error is found.",
+        "ip-masq-agent ConfigMap (multi-document YAML, kind: List, JSON). A directory is read as the agent reads "
+        f"its config directory: its {CONFIG_PREFIX}* files. Exit 1 when any error is found.",
     )
     parser.add_argument("files", nargs="+", metavar="FILE",
-                        help="config file, manifest, directory of them, or - for standard input")
+                        help=f"config file, manifest, config directory (its {CONFIG_PREFIX}* files), or - for "
+                        "standard input (once)")
     parser.add_argument("--must-masquerade", action="append", default=[], metavar="CIDR",
                         help="a range that must see the node IP (a VPN peer, a firewalled endpoint); repeatable")
     parser.add_argument("--must-preserve", action="append", default=[], metavar="CIDR",
@@ -33,23 +44,31 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _inputs(paths: list[str]) -> list[tuple[str, bytes | OSError | ConfigError]]:
-    """(name, bytes or the error reading it); a directory contributes its regular, non-hidden files.
+def _inputs(paths: list[str]) -> list[tuple[str, bytes | OSError | ConfigError | Finding]]:
+    """(name, bytes, the error reading it, or the finding that a directory holds nothing to lint).
 
-    Read as the agent reads its config: at most 1 MiB, and never a FIFO or a device (which would block or never end).
+    Read as the agent reads its config: a directory's regular `ip-masq*` files (what `--config DIR` means to the
+    agent and the other tools), each at most 1 MiB, and never a FIFO or a device (which would block or never end).
     """
-    out: list[tuple[str, bytes | OSError | ConfigError]] = []
+    out: list[tuple[str, bytes | OSError | ConfigError | Finding]] = []
     for path in paths:
-        if path == "-":
+        if path == STDIN:
             try:
-                out.append(("<stdin>", read_config_input("-", missing_ok=False).files[0][1]))
+                out.append((STDIN_NAME, read_config_input(STDIN, missing_ok=False).files[0][1]))
             except ConfigError as exc:
-                out.append(("<stdin>", exc))
+                out.append((STDIN_NAME, exc))
             continue
         names = [path]
         if os.path.isdir(path):
-            names = [os.path.join(path, n) for n in sorted(os.listdir(path))
-                     if not n.startswith(".") and os.path.isfile(os.path.join(path, n))]
+            try:
+                listed = sorted(os.listdir(path))
+            except OSError as exc:
+                out.append((path, exc))
+                continue
+            names = [os.path.join(path, n) for n in listed
+                     if n.startswith(CONFIG_PREFIX) and os.path.isfile(os.path.join(path, n))]
+            if not names:
+                out.append((path, nothing_to_lint(path, others=len(listed))))
         for name in names:
             try:
                 out.append((name, read_config_file(name)))
@@ -59,6 +78,7 @@ def _inputs(paths: list[str]) -> list[tuple[str, bytes | OSError | ConfigError]]
 
 
 def run(args: argparse.Namespace) -> int:
+    at_most_one_stdin(*(("FILE", path) for path in args.files))
     options = options_from_args(args)
     expect = Expectations(cidr_flag("--must-masquerade", args.must_masquerade),
                           cidr_flag("--must-preserve", args.must_preserve))
@@ -72,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(data, OSError):
             print(f"ipmasq lint: {name}: cannot read: {data.strerror}", file=sys.stderr)
             unreadable = True
+            continue
+        if isinstance(data, Finding):
+            findings.append(data)
             continue
         findings += lint_source(name, data, options=options, expect=expect)
     errors = count(findings, Severity.ERROR)

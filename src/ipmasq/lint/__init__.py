@@ -2,7 +2,7 @@
 
 from ipmasq.lint.config import Expectations, Placement, lint_config
 from ipmasq.lint.hints import HINTS
-from ipmasq.lint.manifest import AGENT_CONFIGMAP, AGENT_NAMESPACE, lint_source
+from ipmasq.lint.manifest import AGENT_CONFIGMAP, AGENT_NAMESPACE, lint_source, nothing_to_lint
 
 __all__ = [
     "AGENT_CONFIGMAP",
@@ -12,4 +12,5 @@ __all__ = [
     "Placement",
     "lint_config",
     "lint_source",
+    "nothing_to_lint",
 ]

@@ -7,21 +7,33 @@ keeps going after the first problem.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from difflib import get_close_matches
 
-from ipmasq.config.document import Document, Field, Node, parse_document
-from ipmasq.config.model import DEFAULT_CIDR_LIMIT, DEFAULT_NON_MASQUERADE, RESERVED_NON_MASQUERADE, Entry, Origin
+import yaml
+
+from ipmasq.config.document import YAML_LOADER, Document, Field, Node, parse_document
+from ipmasq.config.model import (
+    DEFAULT_CIDR_LIMIT,
+    DEFAULT_NON_MASQUERADE,
+    LINK_LOCAL_V4,
+    LINK_LOCAL_V6,
+    RESERVED_NON_MASQUERADE,
+    Entry,
+    Origin,
+)
 from ipmasq.config.validate import (
     KNOWN_KEYS,
     cidr_entry,
     cidr_limit_message,
     field_errors,
     merge_settings,
+    parse_go_duration,
     settings_from_document,
 )
-from ipmasq.errors import ConfigError
+from ipmasq.errors import ConfigError, clip
 from ipmasq.findings import Finding, Severity
 from ipmasq.lint.hints import lint_finding
 from ipmasq.options import PolicyOptions
@@ -36,6 +48,11 @@ _CIDR_KEYS = ("nonMasqueradeCIDRs", "masqueradeCIDRs")
 _INDENT_PROBLEMS = ("did not find expected key", "did not find expected '-' indicator", "expected <block end>",
                     "bad indentation")
 _MAX_CULPRITS = 5  # per declared range: a /0 against 100,000 entries must not print 100,000 findings
+# Below this, the agent's resync loop (re-reading the kernel's rules and repairing drift) runs all the time.
+_SHORT_RESYNC_SECONDS = 1.0
+# A line that starts or ends a YAML document; without one past the text's start there is a single document.
+_DOCUMENT_MARKER = re.compile(r"^(?:---|\.\.\.)(?=[ \t\r\n]|$)", re.MULTILINE)
+_COMMENTS_ONLY = re.compile(r"(?:[ \t]*(?:#[^\n]*)?\r?\n)*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +122,13 @@ class _Linter:
 
 
 def lint_config(text: str, *, source: str, placement: Placement | None = None,
-                options: PolicyOptions | None = None, expect: Expectations | None = None) -> list[Finding]:
-    """Every finding for one config text; pure (no I/O)."""
+                options: PolicyOptions | None = None, expect: Expectations | None = None,
+                whole_file: bool = False) -> list[Finding]:
+    """Every finding for one config text; pure (no I/O).
+
+    whole_file: the text is a config file of its own (not a ConfigMap's data.config), so a file that sets nothing
+    is reported: the agent would run with its built-in defaults, which is rarely what a file was written for.
+    """
     linter = _Linter(text, source, placement or Placement(), options or PolicyOptions())
     try:
         doc = parse_document(text.encode("utf-8", "surrogatepass"), source)
@@ -119,14 +141,112 @@ def lint_config(text: str, *, source: str, placement: Placement | None = None,
         linter.add("yaml-syntax", Severity.ERROR, "the config is nested too deeply to be an ip-masq-agent config",
                    None)
         return linter.findings
+    _check_documents(linter)
+    if whole_file and (doc is None or not doc.fields):
+        _report_empty(linter, doc)
     seen = _check_keys(linter, doc)
     lists, good_fields = _check_fields(linter, doc, seen) if doc is not None else ({}, [])
+    _check_settings(linter, seen)
     _check_overlaps(linter, lists)
     _check_limit(linter, seen, lists)
     policy = _lenient_policy(doc, good_fields, lists, linter.options)
     if policy is not None and expect is not None:
         _check_expectations(linter, policy, expect, seen)
     return linter.findings
+
+
+def _default_ranges(options: PolicyOptions) -> str:
+    """The agent's default non-masquerade list, as the flags choose it."""
+    if options.nomasq_all_reserved_ranges:
+        return "RFC 1918 and the other reserved ranges of --nomasq-all-reserved-ranges"
+    return ", ".join(DEFAULT_NON_MASQUERADE)
+
+
+def _report_empty(linter: _Linter, doc: Document | None) -> None:
+    what = "holds no settings (it is empty, only comments, or an empty first document)" if doc is None \
+        else "is an empty mapping"
+    linter.add("empty-config", Severity.WARNING,
+               f"the file {what}: the agent runs with its built-in defaults ({_default_ranges(linter.options)} and "
+               f"link-local {LINK_LOCAL_V4} keep the pod IP, everything else is masqueraded)", 1)
+
+
+def _document_starts(text: str) -> list[tuple[int, bool]]:
+    """(line, holds something) of each YAML document in the text; [] when it can only be one document.
+
+    The loader, like go-yaml's Unmarshal in the reference, reads the first document only. The event parser runs
+    only when a document marker follows the text's start: a 100,000-entry config is never parsed twice.
+    """
+    if text.lstrip().startswith("{"):
+        return []  # JSON: one value
+    markers = list(_DOCUMENT_MARKER.finditer(text))
+    if not markers or (len(markers) == 1 and markers[0].group() == "---"
+                       and _COMMENTS_ONLY.fullmatch(text, 0, markers[0].start())):
+        return []
+    starts: list[tuple[int, bool]] = []
+    first_event = False
+    try:
+        for event in yaml.parse(text, Loader=YAML_LOADER):
+            if isinstance(event, yaml.DocumentStartEvent):
+                mark = event.start_mark
+                starts.append((mark.line + 1 if mark is not None else 1, False))
+                first_event = True
+            elif first_event:
+                first_event = False
+                # an empty document is one plain, untagged, empty scalar (`---` followed by nothing or comments)
+                empty = (isinstance(event, yaml.ScalarEvent) and event.value == "" and event.implicit[0]
+                         and event.anchor is None)
+                starts[-1] = (starts[-1][0], not empty)
+    except yaml.YAMLError:
+        return []  # not reached: the loader parsed this text already
+    return starts
+
+
+def _check_documents(linter: _Linter) -> None:
+    starts = _document_starts(linter.text)
+    ignored = [line for line, holds_something in starts[1:] if holds_something]
+    if not ignored:
+        return
+    more = f" and {len(ignored) - 1} more after it are" if len(ignored) > 1 else " is"
+    first = "" if starts[0][1] else " (the first document is empty, so the agent runs with its built-in defaults)"
+    linter.add("ignored-document", Severity.WARNING,
+               f"the agent reads only the first YAML document of its config; this document{more} ignored{first}",
+               ignored[0])
+
+
+def _is_empty_list(node: Node) -> bool:
+    """`[]`, or `null` (nothing after the key), which the agent reads as an empty list."""
+    if node.kind == "list":
+        return not node.value
+    return node.kind == "scalar" and node.value is None
+
+
+def _check_settings(linter: _Linter, seen: dict[str, Field]) -> None:
+    """Values the agent accepts that make it do something its reader rarely wants."""
+    non_masq = seen.get("nonMasqueradeCIDRs")
+    if non_masq is not None and _is_empty_list(non_masq.value):
+        written = "[]" if non_masq.value.kind == "list" else "null"
+        masq_link_local = seen.get("masqLinkLocal")
+        kept = [] if masq_link_local is not None and masq_link_local.value.value is True else [str(LINK_LOCAL_V4)]
+        masq_link_local_v6 = seen.get("masqLinkLocalIPv6")
+        if linter.options.enable_ipv6 and not (masq_link_local_v6 is not None
+                                               and masq_link_local_v6.value.value is True):
+            kept.append(str(LINK_LOCAL_V6))
+        but = f" but link-local {' and '.join(kept)}" if kept else ", link-local included,"
+        linter.add("empty-non-masquerade", Severity.WARNING,
+                   f"nonMasqueradeCIDRs is empty ({written}): every destination{but} is masqueraded. Only an absent "
+                   f"key brings back the defaults ({_default_ranges(linter.options)})",
+                   non_masq.line, non_masq.column)
+    resync = seen.get("resyncInterval")
+    if resync is not None and isinstance(resync.value.value, str) and resync.value.kind == "scalar":
+        try:
+            seconds = parse_go_duration(resync.value.value)
+        except ValueError:
+            return  # bad-duration, reported with the field's errors
+        if 0 < seconds < _SHORT_RESYNC_SECONDS:
+            linter.add("short-resync-interval", Severity.WARNING,
+                       f"resyncInterval {clip(resync.value.value)} is under {_SHORT_RESYNC_SECONDS:g}s: the agent "
+                       "re-reads and re-checks the kernel's rules continuously, spending a CPU on it",
+                       resync.value.line, resync.value.column)
 
 
 def _check_keys(linter: _Linter, doc: Document | None) -> dict[str, Field]:

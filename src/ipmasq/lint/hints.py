@@ -29,6 +29,17 @@ HINTS: dict[str, str] = {
     "lookalike-character": "retype the character in plain ASCII; copy-pasted documentation carries lookalikes",
     "block-style": "use `config: |` (literal): `>` folds lines and can join two keys into one",
     "no-configmap": "lint the ip-masq-agent ConfigMap, or the config file itself",
+    "duplicate-configmap": "keep one ip-masq-agent ConfigMap in the file: `kubectl apply` applies each in turn and "
+                           "the last one wins",
+    "ignored-document": "move these settings into the first document and delete the `---` line: the agent reads "
+                        "only the first YAML document",
+    "empty-config": "write the settings the node needs (nonMasqueradeCIDRs: ...); if the defaults are meant, list "
+                    "them, so that the file says what the node does",
+    "no-config-file": "name the config file ip-masq-agent (the agent reads only the ip-masq* files of its config "
+                      "directory), or lint the file itself",
+    "empty-non-masquerade": "list the ranges that must keep the pod IP, or delete the key to get the defaults; an "
+                            "empty list is right only when every destination must see the node IP",
+    "short-resync-interval": "use 60s, the default: drift is still repaired within a minute, without the CPU",
     "must-masquerade": "add the range to masqueradeCIDRs, or narrow the non-masquerade entry that covers it",
     "must-preserve": "add the range to nonMasqueradeCIDRs, or narrow the masqueradeCIDRs entry that covers it",
 }

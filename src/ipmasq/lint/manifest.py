@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from ipmasq.config.document import compose_yaml, yaml_error
+from ipmasq.config.source import CONFIG_PREFIX
 from ipmasq.config.validate import KNOWN_KEYS
 from ipmasq.errors import ConfigError
 from ipmasq.findings import Finding, Severity
@@ -21,7 +22,7 @@ from ipmasq.lint.hints import lint_finding
 from ipmasq.lint.text import scan_lookalikes
 from ipmasq.options import PolicyOptions
 
-__all__ = ["AGENT_CONFIGMAP", "AGENT_NAMESPACE", "configmap_config", "lint_source"]
+__all__ = ["AGENT_CONFIGMAP", "AGENT_NAMESPACE", "configmap_config", "lint_source", "nothing_to_lint"]
 
 AGENT_CONFIGMAP = "ip-masq-agent"
 AGENT_NAMESPACE = "kube-system"
@@ -52,6 +53,14 @@ def lint_source(source: str, data: bytes, *, options: PolicyOptions | None = Non
     return sorted(findings, key=Finding.sort_key)
 
 
+def nothing_to_lint(directory: str, *, others: int) -> Finding:
+    """The finding for a directory holding no config file: `lint DIR` reads it as the agent reads --config DIR."""
+    held = f"it holds {others} other entr{'y' if others == 1 else 'ies'}" if others else "it is empty"
+    return lint_finding(directory, None, None, "no-config-file", Severity.ERROR,
+                        f"no {CONFIG_PREFIX}* file in this directory ({held}), so nothing was linted; as its config "
+                        "directory, the agent would run with its built-in defaults")
+
+
 def _lint_text(text: str, source: str, options: PolicyOptions, expect: Expectations) -> list[Finding]:
     if text.lstrip().startswith("{"):
         try:
@@ -59,7 +68,7 @@ def _lint_text(text: str, source: str, options: PolicyOptions, expect: Expectati
         except (ValueError, RecursionError):
             is_manifest = False  # lint_config reports the JSON error (or the nesting) with its line
         if not is_manifest:
-            return lint_config(text, source=source, options=options, expect=expect)
+            return lint_config(text, source=source, options=options, expect=expect, whole_file=True)
     try:
         documents = compose_yaml(text, source)
     except yaml.YAMLError as exc:
@@ -69,7 +78,7 @@ def _lint_text(text: str, source: str, options: PolicyOptions, expect: Expectati
     except ConfigError as exc:  # nested too deeply
         return [lint_finding(source, exc.line, exc.column, exc.code or "yaml-syntax", Severity.ERROR, exc.message)]
     if not any(_is_object(_plain(d)) for d in documents):
-        return lint_config(text, source=source, options=options, expect=expect)
+        return lint_config(text, source=source, options=options, expect=expect, whole_file=True)
     return _lint_manifests(documents, text, source, options, expect)
 
 
@@ -92,21 +101,30 @@ def configmap_config(text: str) -> str | None:
         return None  # not YAML we can navigate: the config loader reports the error with its line
     if not any(_is_object(_plain(d)) for d in documents):
         return None
-    found = []
+    found: list[yaml.ScalarNode] = []
     for obj in (o for d in documents for o in _objects(d)):
         if _scalar((_get(obj, "kind") or (None, None))[1]) != "ConfigMap" or not _is_candidate(obj):
             continue
-        data = _get(obj, "data")
-        config = _get(data[1], CONFIG_KEY) if data else None
-        if config is not None and isinstance(config[1], yaml.ScalarNode):
-            value = config[1]
-            # blank lines in front keep the loader's line numbers those of the manifest (literal blocks only)
-            padding = "\n" * (value.start_mark.line + 1) if value.style == "|" else ""
-            found.append(padding + value.value)
-    if len(found) != 1:
-        raise ValueError(f"a manifest with {len(found)} ip-masq-agent ConfigMaps holding data.{CONFIG_KEY}; "
-                         "run ipmasq lint on it")
-    return str(found[0])
+        value = _config_value(obj)
+        if value is not None:
+            found.append(value)
+    # The same config twice is what `kubectl apply` makes of it too; two different ones leave the reader guessing
+    # which one is meant (lint: duplicate-configmap)
+    if len({v.value for v in found}) != 1:
+        differing = " with different configs" if found else ""
+        raise ValueError(f"a manifest with {len(found)} ip-masq-agent ConfigMaps holding data.{CONFIG_KEY}"
+                         f"{differing}; run ipmasq lint on it")
+    value = found[-1]  # kubectl applies them in turn: the last one stays, and its line numbers are reported
+    # blank lines in front keep the loader's line numbers those of the manifest (literal blocks only)
+    padding = "\n" * (value.start_mark.line + 1) if value.style == "|" else ""
+    return padding + str(value.value)
+
+
+def _config_value(obj: yaml.MappingNode) -> yaml.ScalarNode | None:
+    """The string node of a ConfigMap's data.config; None when there is none (or it is not a string)."""
+    data = _get(obj, "data")
+    config = _get(data[1], CONFIG_KEY) if data else None
+    return config[1] if config is not None and isinstance(config[1], yaml.ScalarNode) else None
 
 
 # --- navigating composed YAML ------------------------------------------------------------------------------
@@ -197,6 +215,44 @@ def _lint_manifests(documents: list[yaml.Node], text: str, source: str, options:
     lines = text.splitlines()
     for obj in candidates:
         findings += _lint_configmap(obj, lines, source, options, expect)
+    findings += _duplicate_configmaps(candidates, source)
+    return findings
+
+
+def _identity(obj: yaml.MappingNode) -> tuple[str | None, str | None, yaml.Node]:
+    """(name, namespace, the node to report at) of an object."""
+    metadata = _get(obj, "metadata")
+    name_entry = _get(metadata[1], "name") if metadata else None
+    namespace_entry = _get(metadata[1], "namespace") if metadata else None
+    name = _scalar(name_entry[1]) if name_entry else None
+    namespace = _scalar(namespace_entry[1]) if namespace_entry else None
+    return name, namespace, name_entry[1] if name_entry else obj
+
+
+def _duplicate_configmaps(candidates: list[yaml.MappingNode], source: str) -> list[Finding]:
+    """The same ConfigMap (name and namespace) twice in one file: `kubectl apply` keeps the last one; the offline
+    tools refuse to guess when their configs differ."""
+    findings: list[Finding] = []
+    first: dict[tuple[str | None, str | None], tuple[yaml.Node, str | None]] = {}
+    for obj in candidates:
+        name, namespace, at = _identity(obj)
+        value = _config_value(obj)
+        config = value.value if value is not None else None
+        earlier = first.setdefault((name, namespace), (at, config))
+        if earlier[0] is at:
+            continue
+        line, column = _pos(at)
+        label = f"{namespace or '(no namespace)'}/{name or '(no name)'}"
+        if earlier[1] == config:
+            findings.append(lint_finding(source, line, column, "duplicate-configmap", Severity.WARNING,
+                                         f"ConfigMap {label} repeats the one at line {_pos(earlier[0])[0]} with the "
+                                         "same config"))
+        else:
+            findings.append(lint_finding(source, line, column, "duplicate-configmap", Severity.ERROR,
+                                         f"ConfigMap {label} again, with a different config than the one at line "
+                                         f"{_pos(earlier[0])[0]}: `kubectl apply` keeps only this last one, and "
+                                         "render, explain, check and diff refuse the file"))
+        first[(name, namespace)] = (at, config)
     return findings
 
 
