@@ -6,7 +6,14 @@ import argparse
 from typing import Any
 
 from ipmasq.audit import AuditReport, Group, audit, count_flows
-from ipmasq.commands.common import add_output_flag, add_policy_flags, cidr_flag, load_policy, print_json
+from ipmasq.commands.common import (
+    add_output_flag,
+    add_policy_flags,
+    at_most_one_stdin,
+    cidr_flag,
+    load_policy,
+    print_json,
+)
 from ipmasq.errors import UsageError
 from ipmasq.prefix import Family
 
@@ -35,11 +42,10 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.group_prefix <= 32:
         raise UsageError(f"--group-prefix: {args.group_prefix} is not between 0 and 32")
+    at_most_one_stdin(*(("FLOWLOG", path) for path in args.flowlogs), ("--config", args.config))
     pods = cidr_flag("--pod-range", args.pod_range)
     policy = load_policy(args, "audit")
     bits = {Family.V4: args.group_prefix, Family.V6: 128 if args.group_prefix == 32 else args.group_prefix + 96}
-    if args.flowlogs.count("-") > 1:
-        raise UsageError("- (standard input) can be given once")
     report = audit(count_flows(args.flowlogs, pods), policy, group_bits=bits)
     if args.output == "json":
         print_json(as_dict(report))

@@ -6,10 +6,19 @@ import argparse
 from typing import Any
 
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, load_policy, print_json
+from ipmasq.commands.common import (
+    add_output_flag,
+    add_policy_flags,
+    address_flag,
+    at_most_one_stdin,
+    cidr_flag,
+    load_policy,
+    print_json,
+    read_dump_input,
+)
 from ipmasq.diagnose.check import CheckReport, check_node
 from ipmasq.diagnose.leftovers import leftover_findings, read_leftovers
-from ipmasq.diagnose.sources import read_dump_file, read_live_rules, rules_from_dump
+from ipmasq.diagnose.sources import read_live_rules, rules_from_dump
 
 __all__ = ["register", "run"]
 
@@ -22,11 +31,13 @@ def register(subparsers: Any) -> None:
         "jump-missing, config-not-applied, rules-differ, foreign-masquerade, jump-shadowed, stale-chain, "
         "unsupported, and live only other-variant-rules. Exit 0 when no finding is an error, 1 otherwise.",
     )
-    add_policy_flags(parser, config_help="config file or directory (default: none, the built-in defaults)")
+    add_policy_flags(parser, config_help="config file or directory, ConfigMap manifest, or - for standard input "
+                                         "(default: none, the built-in defaults)")
     parser.add_argument("--backend", choices=["iptables", "nftables", "auto"], default="auto",
                         help="live mode: which rules to read (default auto: as the agent chooses)")
     parser.add_argument("--from-dump", metavar="FILE",
-                        help="iptables-save (or ip6tables-save) output, or nft -j list ruleset output; - for stdin")
+                        help="iptables-save (or ip6tables-save) output, or nft -j list ruleset output; - for "
+                        "standard input (then --config cannot be -)")
     parser.add_argument("--pod-range", action="append", default=[], metavar="CIDR",
                         help="the pods' address range, so that rules testing -s can be evaluated (repeatable)")
     parser.add_argument("--local-address", action="append", default=[], metavar="IP",
@@ -36,11 +47,12 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    at_most_one_stdin(("--config", args.config), ("--from-dump", args.from_dump))
     policy = load_policy(args, "check")
     pods = cidr_flag("--pod-range", args.pod_range)
     local = tuple(address_flag("--local-address", t) for t in args.local_address)
     if args.from_dump is not None:
-        path, text = read_dump_file(args.from_dump)
+        path, text = read_dump_input(args.from_dump)
         rules = rules_from_dump(text, path)
     else:
         rules = read_live_rules(SubprocessRunner(), policy.families, chain=policy.options.masq_chain,

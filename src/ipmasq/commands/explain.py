@@ -29,7 +29,8 @@ def register(subparsers: Any) -> None:
         "and the source IP the destination sees.",
     )
     parser.add_argument("destinations", nargs="+", metavar="DEST", help="destination IP address")
-    add_policy_flags(parser, config_help="config file or directory (default: none, the built-in defaults)")
+    add_policy_flags(parser, config_help="config file or directory, ConfigMap manifest, or - for standard input "
+                                         "(default: none, the built-in defaults)")
     parser.add_argument("--source", metavar="POD_IP", help="the pod's IP (shown as the source when not masqueraded)")
     parser.add_argument("--node-ip", metavar="NODE_IP", help="the node's IP (shown as the source when masqueraded)")
     nat = parser.add_argument_group("second NAT layer (Cloud NAT behind the node)")

@@ -20,8 +20,8 @@ def register(subparsers: Any) -> None:
         "(iptables-restore text including the POSTROUTING jump, or the nft script that replaces our table "
         "`inet ip-masq-agent`, every family at once). Needs no root.",
     )
-    add_policy_flags(parser, config_help="config file or directory, or - for standard input (default: none, "
-                                         "the built-in defaults)")
+    add_policy_flags(parser, config_help="config file or directory, ConfigMap manifest, or - for standard input "
+                                         "(default: none, the built-in defaults)")
     parser.add_argument("--backend", choices=["iptables", "nftables"], default="iptables",
                         help="whose payload (default %(default)s)")
     parser.add_argument("--family", choices=["4", "6"], default="4",

@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.commands.common import add_output_flag, print_json
-from ipmasq.diagnose.sources import parse_save_dump, read_dump_file, read_nat_save
+from ipmasq.commands.common import add_output_flag, print_json, read_dump_input
+from ipmasq.diagnose.sources import parse_save_dump, read_nat_save
 from ipmasq.diagnose.trace import Outcome, Packet, TraceResult, trace
 from ipmasq.errors import UsageError
 from ipmasq.rules.iptables import parse_save
@@ -31,7 +31,8 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("destination", metavar="DEST", help="destination IP address")
     parser.add_argument("--source", required=True, metavar="IP", help="the packet's source (the pod's IP)")
-    parser.add_argument("--dump", metavar="FILE", help="iptables-save output (default: read the live node)")
+    parser.add_argument("--dump", metavar="FILE",
+                        help="iptables-save output, - for standard input (default: read the live node)")
     parser.add_argument("--local-address", action="append", default=[], metavar="IP",
                         help="an address of the node (for -m addrtype LOCAL); the first is taken as the out "
                         "interface's address when the packet is masqueraded (repeatable)")
@@ -61,7 +62,7 @@ def _packet(args: argparse.Namespace) -> Packet:
 def run(args: argparse.Namespace) -> int:
     packet = _packet(args)
     if args.dump is not None:
-        path, text = read_dump_file(args.dump)
+        path, text = read_dump_input(args.dump)
         table = parse_save_dump(text, path)
     else:
         table = parse_save(read_nat_save(SubprocessRunner(), packet.family))
