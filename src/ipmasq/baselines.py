@@ -29,11 +29,15 @@ from ipmasq.config.model import (
     MasqConfig,
     Origin,
 )
+from ipmasq.errors import clip
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import parse_cidr
 
-__all__ = ["BASELINES", "Baseline", "baseline_policy"]
+__all__ = ["BASELINES", "BUILTIN_PREFIX", "Baseline", "baseline_policy", "builtin_set"]
+
+# `builtin:gke` always names the set, whatever files the current directory holds.
+BUILTIN_PREFIX = "builtin:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +75,29 @@ def baseline_policy(name: str, options: PolicyOptions) -> Policy:
     options = replace(options, nomasq_all_reserved_ranges=False,
                       enable_ipv6=options.enable_ipv6 and baseline.ipv6)
     return Policy(config, options)
+
+
+def builtin_set(spec: str, *, path_exists: bool) -> str | None:
+    """The built-in set an OLD or NEW argument names, or None when it names a file (or `-`, standard input).
+
+    `builtin:NAME` is always the set; a path with a "/" always the file; a bare NAME is the set, or the file when
+    no set has that name. A bare name that is both an existing path and a set is ambiguous, and neither reading is
+    taken silently: ValueError, naming both spellings, as it does for a name that is neither.
+    """
+    names = ", ".join(BASELINES)
+    if spec.startswith(BUILTIN_PREFIX):
+        name = spec[len(BUILTIN_PREFIX):]
+        if name not in BASELINES:
+            raise ValueError(f"{clip(repr(spec))}: no built-in set {clip(repr(name))} (sets: {names})")
+        return name
+    if spec == "-" or "/" in spec:
+        return None
+    if spec in BASELINES:
+        if path_exists:
+            raise ValueError(f"{spec!r} is both a path here and a built-in set: write ./{spec} for the file or "
+                             f"{BUILTIN_PREFIX}{spec} for the set")
+        return spec
+    if not path_exists:
+        raise ValueError(f"{clip(repr(spec))} is neither a file nor a built-in set ({names}; "
+                         f"{BUILTIN_PREFIX}NAME always means the set)")
+    return None

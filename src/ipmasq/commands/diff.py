@@ -8,13 +8,16 @@ import os
 import sys
 from typing import Any
 
-from ipmasq.baselines import BASELINES, baseline_policy
+from ipmasq.baselines import BASELINES, BUILTIN_PREFIX, baseline_policy, builtin_set
 from ipmasq.commands.common import (
+    STDIN,
     add_output_flag,
     add_policy_flags,
+    at_most_one_stdin,
     load_config_or_manifest,
     options_from_args,
     print_config_warnings,
+    shown_input,
 )
 from ipmasq.diff import DiffResult, diff_policies, parse_probe
 from ipmasq.errors import UsageError
@@ -29,10 +32,14 @@ def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "diff", help="which destinations flip between two configs or default sets",
         description="Print the fewest CIDRs whose verdict (masquerade or preserve the pod IP) differs between OLD "
-        f"and NEW, and whether each probe flips. Exit 1 when a probe flips. Named sets: {sets}.",
+        f"and NEW, and whether each probe flips. Exit 1 when a probe flips. Built-in sets: {sets}. "
+        f"{BUILTIN_PREFIX}NAME always means the set and a path with a / always the file; a bare NAME that is both "
+        "a file here and a set is a usage error.",
     )
-    parser.add_argument("old", metavar="OLD", help="config file or directory, - for standard input, or a named set")
-    parser.add_argument("new", metavar="NEW", help="config file or directory, - for standard input, or a named set")
+    what = (f"config file or directory, ConfigMap manifest, - for standard input (one of OLD and NEW), or a "
+            f"built-in set (NAME, or {BUILTIN_PREFIX}NAME)")
+    parser.add_argument("old", metavar="OLD", help=what)
+    parser.add_argument("new", metavar="NEW", help=what)
     parser.add_argument("--probe", action="append", default=[], metavar="DEST",
                         help="a destination address or CIDR that must not flip; repeatable")
     add_policy_flags(parser, config_help=None)
@@ -40,31 +47,37 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _policy(spec: str, options: PolicyOptions) -> Policy:
-    # an existing path wins, so that a file that happens to be called "gke" is still read
-    if spec != "-" and not os.path.exists(spec) and spec in BASELINES:
-        return baseline_policy(spec, options)
-    if spec != "-" and not os.path.exists(spec):
-        raise UsageError(f"{spec!r} is neither a file nor a named set ({', '.join(BASELINES)})")
+def _builtin_set(spec: str) -> str | None:
+    """The set OLD or NEW names, or None for a file; a name that could be either is a usage error."""
+    try:
+        return builtin_set(spec, path_exists=spec != STDIN and os.path.lexists(spec))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _policy(spec: str, name: str | None, options: PolicyOptions) -> Policy:
+    if name is not None:
+        return baseline_policy(name, options)
     config = load_config_or_manifest(spec, options)
     print_config_warnings("diff", config)
     return Policy(config, options)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.old == "-" and args.new == "-":
-        raise UsageError("only one of OLD and NEW can be standard input")
+    at_most_one_stdin(("OLD", args.old), ("NEW", args.new))
+    old_set, new_set = _builtin_set(args.old), _builtin_set(args.new)  # both usage errors before any reading
     for probe in args.probe:
         try:
             parse_probe(probe)
         except ValueError:
             raise UsageError(f"--probe: {probe!r} is not an IP address or CIDR") from None
     options = options_from_args(args)
-    result = diff_policies(_policy(args.old, options), _policy(args.new, options), tuple(args.probe))
+    result = diff_policies(_policy(args.old, old_set, options), _policy(args.new, new_set, options),
+                           tuple(args.probe))
     if args.output == "json":
         sys.stdout.write(_as_json(result))
     else:
-        sys.stdout.write(_as_text(result, args.old, args.new))
+        sys.stdout.write(_as_text(result, shown_input(args.old), shown_input(args.new)))
     return 1 if result.probe_flipped else 0
 
 
