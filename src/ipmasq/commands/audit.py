@@ -1,4 +1,9 @@
-"""`ipmasq audit`: pod-source flows in VPC flow logs, grouped by destination, and what a config does to them."""
+"""`ipmasq audit`: find pod-source flows in VPC flow logs.
+
+Read VPC flow logs (AWS default/v2 format or GCP JSON lines; gzip too), keep the flows whose source is a pod address
+(traffic that left a node unmasqueraded), group them by destination, and say what the given config does to each
+group now. Exit 1 when rejected pod-source flows would still leave with the pod IP under this config, 0 otherwise.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,7 @@ import argparse
 from typing import Any
 
 from ipmasq.audit import AuditReport, Group, audit, count_flows
-from ipmasq.commands.common import (
-    add_output_flag,
-    add_policy_flags,
-    at_most_one_stdin,
-    cidr_flag,
-    load_policy,
-    print_json,
-)
+from ipmasq.commands import common
 from ipmasq.errors import UsageError
 from ipmasq.prefix import Family
 
@@ -21,34 +19,28 @@ __all__ = ["register", "run"]
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "audit", help="find pod-source flows in VPC flow logs",
-        description="Read VPC flow logs (AWS default/v2 format or GCP JSON lines; gzip too), keep the flows whose "
-        "source is a pod address (traffic that left a node unmasqueraded), group them by destination, and say what "
-        "the given config does to each group now. Exit 1 when rejected pod-source flows would still leave "
-        "with the pod IP under this config, 0 otherwise.",
-    )
+    parser = common.command_parser(subparsers, __doc__)
     parser.add_argument("flowlogs", nargs="+", metavar="FLOWLOG", help="flow log file (plain or .gz)")
     parser.add_argument("--pod-range", action="append", required=True, metavar="CIDR",
                         help="the pods' address range (repeatable)")
     parser.add_argument("--group-prefix", type=int, default=32, metavar="BITS",
                         help="group IPv4 destinations by this prefix length (default 32: one group per address; "
                         "IPv6 uses /128, or BITS+96 when BITS < 32)")
-    add_policy_flags(parser, config_help="config file or directory (default: none, the built-in defaults)")
-    add_output_flag(parser)
+    common.add_policy_flags(parser, config_help="config file or directory (default: none, the built-in defaults)")
+    common.add_output_flag(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.group_prefix <= 32:
         raise UsageError(f"--group-prefix: {args.group_prefix} is not between 0 and 32")
-    at_most_one_stdin(*(("FLOWLOG", path) for path in args.flowlogs), ("--config", args.config))
-    pods = cidr_flag("--pod-range", args.pod_range)
-    policy = load_policy(args, "audit")
+    common.at_most_one_stdin(*(("FLOWLOG", path) for path in args.flowlogs), ("--config", args.config))
+    pods = common.cidr_flag("--pod-range", args.pod_range)
+    policy = common.load_policy(args, "audit")
     bits = {Family.V4: args.group_prefix, Family.V6: 128 if args.group_prefix == 32 else args.group_prefix + 96}
     report = audit(count_flows(args.flowlogs, pods), policy, group_bits=bits)
     if args.output == "json":
-        print_json(as_dict(report))
+        common.print_json(as_dict(report))
     else:
         print(f"{report.records} flow records ({report.skipped} without addresses skipped); {report.pod_flows} from "
               f"pod addresses, to {len(report.groups)} destination(s)")

@@ -1,4 +1,10 @@
-"""`ipmasq check`: the config against the node's real nat rules (live, or a dump file), as findings."""
+"""`ipmasq check`: compare the config with the node's real nat rules.
+
+Compare the intent (config and flags) with the node's nat rules, read live (iptables-save or nft -j list ruleset;
+read-only) or from a file holding either output. Findings: chain-missing, jump-missing, config-not-applied,
+rules-differ, foreign-masquerade, jump-shadowed, stale-chain, unsupported, and live only other-variant-rules. Exit 0
+when no finding is an error, 1 otherwise.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +12,7 @@ import argparse
 from typing import Any
 
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.commands.common import (
-    add_output_flag,
-    add_policy_flags,
-    address_flag,
-    at_most_one_stdin,
-    cidr_flag,
-    load_policy,
-    print_json,
-    read_dump_input,
-)
+from ipmasq.commands import common
 from ipmasq.diagnose.check import CheckReport, check_node
 from ipmasq.diagnose.leftovers import leftover_findings, read_leftovers
 from ipmasq.diagnose.sources import read_live_rules, rules_from_dump
@@ -24,14 +21,8 @@ __all__ = ["register", "run"]
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "check", help="compare the config with the node's real nat rules",
-        description="Compare the intent (config and flags) with the node's nat rules, read live (iptables-save or "
-        "nft -j list ruleset; read-only) or from a file holding either output. Findings: chain-missing, "
-        "jump-missing, config-not-applied, rules-differ, foreign-masquerade, jump-shadowed, stale-chain, "
-        "unsupported, and live only other-variant-rules. Exit 0 when no finding is an error, 1 otherwise.",
-    )
-    add_policy_flags(parser, config_help="config file or directory, ConfigMap manifest, or - for standard input "
+    parser = common.command_parser(subparsers, __doc__)
+    common.add_policy_flags(parser, config_help="config file or directory, ConfigMap manifest, or - for standard input "
                                          "(default: none, the built-in defaults)")
     parser.add_argument("--backend", choices=["iptables", "nftables", "auto"], default="auto",
                         help="live mode: which rules to read (default auto: as the agent chooses)")
@@ -42,17 +33,17 @@ def register(subparsers: Any) -> None:
                         help="the pods' address range, so that rules testing -s can be evaluated (repeatable)")
     parser.add_argument("--local-address", action="append", default=[], metavar="IP",
                         help="an address of the node (node-local destinations are never masqueraded; repeatable)")
-    add_output_flag(parser)
+    common.add_output_flag(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    at_most_one_stdin(("--config", args.config), ("--from-dump", args.from_dump))
-    policy = load_policy(args, "check")
-    pods = cidr_flag("--pod-range", args.pod_range)
-    local = tuple(address_flag("--local-address", t) for t in args.local_address)
+    common.at_most_one_stdin(("--config", args.config), ("--from-dump", args.from_dump))
+    policy = common.load_policy(args, "check")
+    pods = common.cidr_flag("--pod-range", args.pod_range)
+    local = tuple(common.address_flag("--local-address", t) for t in args.local_address)
     if args.from_dump is not None:
-        path, text = read_dump_input(args.from_dump)
+        path, text = common.read_dump_input(args.from_dump)
         rules = rules_from_dump(text, path)
     else:
         rules = read_live_rules(SubprocessRunner(), policy.families, chain=policy.options.masq_chain,
@@ -62,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         places = read_leftovers(SubprocessRunner(), policy.options, rules.backend)
         report = CheckReport(report.findings + leftover_findings(places, rules.backend))
     if args.output == "json":
-        print_json({"ok": report.ok, "findings": [f.as_dict() for f in report.findings]})
+        common.print_json({"ok": report.ok, "findings": [f.as_dict() for f in report.findings]})
     else:
         for f in report.findings:
             print(f.as_text())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from ipmasq.backends.base import BACKEND_NAMES
 from ipmasq.backends.iptables import Variant
@@ -217,3 +218,14 @@ def read_dump_input(path: str) -> tuple[str, str]:
         return STDIN_NAME, sys.stdin.buffer.read().decode("utf-8")
     except UnicodeDecodeError:
         raise IpmasqError(f"{STDIN_NAME}: not a text file (expected iptables-save or nft -j output)") from None
+
+
+def command_parser(subparsers: Any, doc: str | None) -> argparse.ArgumentParser:
+    """A subcommand's parser from its module's docstring, the one place its help lives: the first line,
+    "`ipmasq NAME`: summary.", names it and gives its line in `ipmasq --help`; the rest is its own --help text."""
+    assert doc is not None, "a command module documents itself"
+    head, _, rest = doc.strip().partition("\n")
+    name, _, summary = head.partition(": ")
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name.strip("`").removeprefix("ipmasq "), help=summary.rstrip("."), description=" ".join(rest.split()))
+    return parser

@@ -9,16 +9,7 @@ import sys
 from typing import Any
 
 from ipmasq.baselines import BASELINES, BUILTIN_PREFIX, baseline_policy, builtin_set
-from ipmasq.commands.common import (
-    STDIN,
-    add_output_flag,
-    add_policy_flags,
-    at_most_one_stdin,
-    load_config_or_manifest,
-    options_from_args,
-    print_config_warnings,
-    shown_input,
-)
+from ipmasq.commands import common
 from ipmasq.diff import DiffResult, diff_policies, parse_probe
 from ipmasq.errors import UsageError
 from ipmasq.options import PolicyOptions
@@ -42,15 +33,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument("new", metavar="NEW", help=what)
     parser.add_argument("--probe", action="append", default=[], metavar="DEST",
                         help="a destination address or CIDR that must not flip; repeatable")
-    add_policy_flags(parser, config_help=None)
-    add_output_flag(parser)
+    common.add_policy_flags(parser, config_help=None)
+    common.add_output_flag(parser)
     parser.set_defaults(func=run)
 
 
 def _builtin_set(spec: str) -> str | None:
     """The set OLD or NEW names, or None for a file; a name that could be either is a usage error."""
     try:
-        return builtin_set(spec, path_exists=spec != STDIN and os.path.lexists(spec))
+        return builtin_set(spec, path_exists=spec != common.STDIN and os.path.lexists(spec))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -58,26 +49,26 @@ def _builtin_set(spec: str) -> str | None:
 def _policy(spec: str, name: str | None, options: PolicyOptions) -> Policy:
     if name is not None:
         return baseline_policy(name, options)
-    config = load_config_or_manifest(spec, options)
-    print_config_warnings("diff", config)
+    config = common.load_config_or_manifest(spec, options)
+    common.print_config_warnings("diff", config)
     return Policy(config, options)
 
 
 def run(args: argparse.Namespace) -> int:
-    at_most_one_stdin(("OLD", args.old), ("NEW", args.new))
+    common.at_most_one_stdin(("OLD", args.old), ("NEW", args.new))
     old_set, new_set = _builtin_set(args.old), _builtin_set(args.new)  # both usage errors before any reading
     for probe in args.probe:
         try:
             parse_probe(probe)
         except ValueError:
             raise UsageError(f"--probe: {probe!r} is not an IP address or CIDR") from None
-    options = options_from_args(args)
+    options = common.options_from_args(args)
     result = diff_policies(_policy(args.old, old_set, options), _policy(args.new, new_set, options),
                            tuple(args.probe))
     if args.output == "json":
         sys.stdout.write(_as_json(result))
     else:
-        sys.stdout.write(_as_text(result, shown_input(args.old), shown_input(args.new)))
+        sys.stdout.write(_as_text(result, common.shown_input(args.old), common.shown_input(args.new)))
     return 1 if result.probe_flipped else 0
 
 

@@ -1,4 +1,9 @@
-"""`ipmasq lint`: config files and ConfigMap manifests, every pitfall with its file, line and a fix."""
+"""`ipmasq lint`: find the mistakes that make a config or ConfigMap silently not apply.
+
+Lint ip-masq-agent config files (YAML/JSON) and Kubernetes manifests holding the ip-masq-agent ConfigMap
+(multi-document YAML, kind: List, JSON): every pitfall with its file, line and a fix. A directory is read as the agent
+reads its config directory: its ip-masq* files. Exit 1 when any error is found.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,7 @@ import os
 import sys
 from typing import Any
 
-from ipmasq.commands.common import (
-    STDIN,
-    STDIN_NAME,
-    add_output_flag,
-    add_policy_flags,
-    at_most_one_stdin,
-    cidr_flag,
-    options_from_args,
-    print_json,
-)
+from ipmasq.commands import common
 from ipmasq.config.source import CONFIG_PREFIX, read_config_file, read_config_input
 from ipmasq.errors import ConfigError
 from ipmasq.findings import Finding, Severity, count
@@ -26,12 +22,7 @@ __all__ = ["register", "run"]
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "lint", help="find the mistakes that make a config or ConfigMap silently not apply",
-        description="Lint ip-masq-agent config files (YAML/JSON) and Kubernetes manifests holding the "
-        "ip-masq-agent ConfigMap (multi-document YAML, kind: List, JSON). A directory is read as the agent reads "
-        f"its config directory: its {CONFIG_PREFIX}* files. Exit 1 when any error is found.",
-    )
+    parser = common.command_parser(subparsers, __doc__)
     parser.add_argument("files", nargs="+", metavar="FILE",
                         help=f"config file, manifest, config directory (its {CONFIG_PREFIX}* files), or - for "
                         "standard input (once)")
@@ -39,8 +30,8 @@ def register(subparsers: Any) -> None:
                         help="a range that must see the node IP (a VPN peer, a firewalled endpoint); repeatable")
     parser.add_argument("--must-preserve", action="append", default=[], metavar="CIDR",
                         help="a range that must see the pod IP; repeatable")
-    add_policy_flags(parser, config_help=None)
-    add_output_flag(parser)
+    common.add_policy_flags(parser, config_help=None)
+    common.add_output_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -52,11 +43,11 @@ def _inputs(paths: list[str]) -> list[tuple[str, bytes | OSError | ConfigError |
     """
     out: list[tuple[str, bytes | OSError | ConfigError | Finding]] = []
     for path in paths:
-        if path == STDIN:
+        if path == common.STDIN:
             try:
-                out.append((STDIN_NAME, read_config_input(STDIN, missing_ok=False).files[0][1]))
+                out.append((common.STDIN_NAME, read_config_input(common.STDIN, missing_ok=False).files[0][1]))
             except ConfigError as exc:
-                out.append((STDIN_NAME, exc))
+                out.append((common.STDIN_NAME, exc))
             continue
         names = [path]
         if os.path.isdir(path):
@@ -78,10 +69,10 @@ def _inputs(paths: list[str]) -> list[tuple[str, bytes | OSError | ConfigError |
 
 
 def run(args: argparse.Namespace) -> int:
-    at_most_one_stdin(*(("FILE", path) for path in args.files))
-    options = options_from_args(args)
-    expect = Expectations(cidr_flag("--must-masquerade", args.must_masquerade),
-                          cidr_flag("--must-preserve", args.must_preserve))
+    common.at_most_one_stdin(*(("FILE", path) for path in args.files))
+    options = common.options_from_args(args)
+    expect = Expectations(common.cidr_flag("--must-masquerade", args.must_masquerade),
+                          common.cidr_flag("--must-preserve", args.must_preserve))
     findings: list[Finding] = []
     unreadable = False
     for name, data in _inputs(args.files):
@@ -99,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         findings += lint_source(name, data, options=options, expect=expect)
     errors = count(findings, Severity.ERROR)
     if args.output == "json":
-        print_json([f.as_dict() for f in findings], ensure_ascii=False)
+        common.print_json([f.as_dict() for f in findings], ensure_ascii=False)
     else:
         for f in findings:
             print(f.as_text())

@@ -1,4 +1,9 @@
-"""`ipmasq render`: print exactly the payload the agent would apply on a node that has none of our rules yet."""
+"""`ipmasq render`: print the exact rules the agent would apply.
+
+Print exactly the payload the agent would apply on a node that has none of our rules yet (iptables-restore text
+including the POSTROUTING jump, or the nft script that replaces our table `inet ip-masq-agent`, every family at
+once). Needs no root.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from ipmasq.commands.common import add_policy_flags, load_policy
+from ipmasq.commands.common import add_policy_flags, command_parser, load_policy
 from ipmasq.errors import UsageError
 from ipmasq.policy_hash import config_hash, policy_hash
 from ipmasq.prefix import Family
@@ -14,12 +19,7 @@ from ipmasq.rules.iptables import render_restore
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "render", help="print the exact rules the agent would apply",
-        description="Print exactly the payload the agent would apply on a node that has none of our rules yet "
-        "(iptables-restore text including the POSTROUTING jump, or the nft script that replaces our table "
-        "`inet ip-masq-agent`, every family at once). Needs no root.",
-    )
+    parser = command_parser(subparsers, __doc__)
     add_policy_flags(parser, config_help="config file or directory, ConfigMap manifest, or - for standard input "
                                          "(default: none, the built-in defaults)")
     parser.add_argument("--backend", choices=["iptables", "nftables"], default="iptables",

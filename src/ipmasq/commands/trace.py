@@ -1,4 +1,9 @@
-"""`ipmasq trace`: one packet through the nat table's POSTROUTING of a dump or the live node, rule by rule."""
+"""`ipmasq trace`: walk a packet through the node's nat POSTROUTING.
+
+Walk a new connection's first packet through POSTROUTING of the nat table (an iptables-save dump, or the live node
+read with iptables-save), following jumps and returns; print every rule it met and the outcome. A rule it cannot
+evaluate stops the trace: it never guesses.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import argparse
 from typing import Any
 
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.commands.common import add_output_flag, print_json, read_dump_input
+from ipmasq.commands.common import add_output_flag, command_parser, print_json, read_dump_input
 from ipmasq.diagnose.sources import parse_save_dump, read_nat_save
 from ipmasq.diagnose.trace import Outcome, Packet, TraceResult, trace
 from ipmasq.errors import UsageError
@@ -23,12 +28,7 @@ _OUTCOME_TEXT = {
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "trace", help="walk a packet through the node's nat POSTROUTING",
-        description="Walk a new connection's first packet through POSTROUTING of the nat table (an iptables-save "
-        "dump, or the live node read with iptables-save), following jumps and returns; print every rule it met "
-        "and the outcome. A rule it cannot evaluate stops the trace: it never guesses.",
-    )
+    parser = command_parser(subparsers, __doc__)
     parser.add_argument("destination", metavar="DEST", help="destination IP address")
     parser.add_argument("--source", required=True, metavar="IP", help="the packet's source (the pod's IP)")
     parser.add_argument("--dump", metavar="FILE",

@@ -1,4 +1,9 @@
-"""`ipmasq uninstall`: remove every object of ours, both backends, both families; nothing else is touched."""
+"""`ipmasq uninstall`: remove the agent's rules (both backends, both families).
+
+Remove our nat chain and POSTROUTING jump for IPv4 and IPv6 (in both iptables variants, including chains left under
+an earlier --masq-chain, found by the agent's comments) and our nftables table `inet ip-masq-agent`. Other rules and
+tables are not touched.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +14,13 @@ from ipmasq.backends.base import Removable
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.commands.common import add_backend_flags
+from ipmasq.commands.common import add_backend_flags, command_parser
 from ipmasq.options import DEFAULT_CHAIN, check_chain_name
 from ipmasq.prefix import Family
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "uninstall", help="remove the agent's rules (both backends, both families)",
-        description="Remove our nat chain and POSTROUTING jump for IPv4 and IPv6 (in both iptables variants, "
-        "including chains left under an earlier --masq-chain, found by the agent's comments) and our nftables "
-        "table `inet ip-masq-agent`. Other rules and tables are not touched.",
-    )
+    parser = command_parser(subparsers, __doc__)
     parser.add_argument("--masq-chain", default=DEFAULT_CHAIN, metavar="NAME", help="our chain (default %(default)s)")
     # accepted for symmetry with the agent's flags; whatever they say, every backend's objects are removed
     add_backend_flags(parser)
