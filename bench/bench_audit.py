@@ -28,9 +28,9 @@ from ipmasq.prefix import parse_cidr
 TARGET = 300_000
 
 
-def aws_lines(n: int, seed: int = 1) -> list[str]:
+def aws_lines(n: int, variant: int = 1) -> list[str]:
     """A node pool's day: 2,000 pods and 200 nodes talking to 5,000 destinations, a fifth of flows rejected."""
-    rng = random.Random(seed)
+    rng = random.Random(variant)
     pods = [f"10.44.{rng.randrange(256)}.{rng.randrange(1, 255)}" for _ in range(2000)]
     nodes = [f"10.142.{rng.randrange(16)}.{rng.randrange(1, 255)}" for _ in range(200)]
     dests = [f"172.30.{rng.randrange(256)}.{rng.randrange(1, 255)}" for _ in range(2500)]

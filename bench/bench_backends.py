@@ -15,8 +15,8 @@ each backend and CIDR count, from a node without our objects:
 
 Noise control: every measurement is repeated (--repeats) in rounds; each round visits every (backend, size) in a
 rotated order, so a slow spell of the machine hits all configurations alike; the figures are medians. The rate
-ratio the issue targets is also measured paired (--pairs): short samples with N CIDRs and with none taken back to
-back (ABBA order), one ratio per pair, and the median of those ratios, which cancels slow drifts in the machine's
+ratio of the first target below is also measured paired (--pairs): short samples with N CIDRs and with none taken back
+to back (ABBA order), one ratio per pair, and the median of those ratios, which cancels slow drifts in the machine's
 load that a ratio of two medians still feels.
 
     sudo .venv/bin/python bench/bench_backends.py [--sizes 0,1000,10000,100000] [--repeats 5] [--seconds 1]
@@ -71,10 +71,10 @@ print(n / (time.perf_counter() - start))
 """
 
 
-def cidrs(n: int, seed: int = 1) -> list[str]:
+def cidrs(n: int, variant: int = 1) -> list[str]:
     """n disjoint, non-adjacent /28s in 10.0.0.0/8: n set elements, n iptables rules."""
     out = []
-    for b in random.Random(seed).sample(range(1 << 19), n):
+    for b in random.Random(variant).sample(range(1 << 19), n):
         a = (10 << 24) + b * 32
         out.append(f"{a >> 24}.{(a >> 16) & 255}.{(a >> 8) & 255}.{a & 255}/28")
     return out

@@ -29,9 +29,9 @@ from ipmasq.rules.iptables import render_restore
 SIZES = (10, 1_000, 10_000, 100_000)
 
 
-def cidrs(n: int, seed: int = 1) -> list[str]:
+def cidrs(n: int, variant: int = 1) -> list[str]:
     """n distinct /24s (and /28s past 65,536) spread over 10.0.0.0/8 and 100.64.0.0/10."""
-    rng = random.Random(seed)
+    rng = random.Random(variant)
     blocks = rng.sample(range(1 << 16), min(n, 1 << 16))
     out = [f"10.{b >> 8}.{b & 255}.0/24" for b in blocks]
     extra = n - len(out)

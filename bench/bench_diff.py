@@ -32,7 +32,7 @@ TARGET_S = 1.0
 
 
 def two_configs(n: int) -> tuple[list[str], list[str]]:
-    pool = cidrs(n + n // 2, seed=7)
+    pool = cidrs(n + n // 2, variant=7)
     rng = random.Random(3)
     rng.shuffle(pool)
     return pool[:n], pool[n // 2: n + n // 2]

@@ -81,8 +81,8 @@ def _random_case(rng: random.Random) -> tuple[str, list[str]]:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_explain_predicts_the_source_every_peer_sees(net: Network, backend: str, tmp_path: object) -> None:
     """300 random (config, destination) cases: the source the peer saw equals explain's prediction."""
-    seed = 20261121 + BACKENDS.index(backend)
-    rng = random.Random(seed)
+    rng_start = 20261121 + BACKENDS.index(backend)  # fixed, so a failure names a case that can be replayed
+    rng = random.Random(rng_start)
     lab = build_lab(net, anyip_peers=True)
     options = PolicyOptions()
     config_dir = f"{lab.workdir}/config"
@@ -101,9 +101,9 @@ def test_explain_predicts_the_source_every_peer_sees(net: Network, backend: str,
             for result in results:
                 verdict = policy.verdict(result.probe.destination)
                 predicted = follow_path(verdict, pod_ip=ADDR.pod, node_ip=ADDR.node, cloud_nat=None).source_seen
-                assert result.connected, f"seed {seed} case {case}: {result} (config {config!r})"
+                assert result.connected, f"random.Random({rng_start}) case {case}: {result} (config {config!r})"
                 assert result.seen_source == predicted, (
-                    f"seed {seed} case {case}: {result.probe.destination} predicted {predicted} "
+                    f"random.Random({rng_start}) case {case}: {result.probe.destination} predicted {predicted} "
                     f"({verdict.reason.value}, {verdict.matched}) but the peer saw {result.seen_source}; "
                     f"config {config!r}")
                 checked += 1

@@ -45,7 +45,7 @@ def test_corpus(path: Path) -> None:
     assert sorted(f"{f.id}@{f.line}" for f in findings) == expected, [f.as_text() for f in findings]
 
 
-def test_corpus_covers_every_issue_id() -> None:
+def test_corpus_covers_every_finding_id() -> None:
     wanted = {"configmap-name", "configmap-namespace", "missing-config-key", "yaml-syntax", "indentation",
               "invalid-cidr", "misaligned-cidr", "unknown-key", "key-case", "wrong-type", "duplicate-cidr",
               "shadowed-cidr", "too-many-cidrs", "ipv6-disabled", "bad-duration", "lookalike-character",

@@ -73,5 +73,5 @@ def test_the_same_in_another_process() -> None:
               "print(policy_hash(Policy(c, o)))\n")
     text = BASE.replace("[10.0.0.0/8", "[10.0.0.0/8, 'fd00::/8'")
     seen = {subprocess.run([PYTHON, "-c", script], input=text, capture_output=True, text=True, check=True,
-                           env={"PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2", "random")}
+                           env={"PYTHONHASHSEED": salt}).stdout.strip() for salt in ("1", "2", "random")}
     assert seen == {hash_of(text, PolicyOptions(enable_ipv6=True))}

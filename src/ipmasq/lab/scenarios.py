@@ -33,12 +33,15 @@ ONPREM = Probe(ADDR.onprem_endpoint, STRICT_PORT)
 VPN = Probe(ADDR.vpn_host, STRICT_PORT)
 INTERNET = Probe(ADDR.internet, OPEN_PORT)
 
-FIX_000 = "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\nresyncInterval: 60s\n"
-BEFORE_001 = "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n"
-FIX_001 = "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\nmasqueradeCIDRs:\n  - 10.11.0.0/24\n"
-FIX_003 = ("nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10, 192.0.0.0/24, "
-           "192.0.2.0/24, 192.88.99.0/24, 198.18.0.0/15, 198.51.100.0/24, 203.0.113.0/24, 240.0.0.0/4]\n"
-           "masqueradeCIDRs: [10.2.1.100/32]\n")
+# The ConfigMaps of the scenarios: the fix that ended the GKE 1.14 outage, a VPN range before and after it is
+# carved out of 10/8, and GKE's non-masquerade ranges with one private endpoint carved out.
+PRESERVE_ONLY_10_8 = "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\nresyncInterval: 60s\n"
+VPN_RANGE_PRESERVED = "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n"
+VPN_RANGE_MASQUERADED = "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\nmasqueradeCIDRs:\n  - 10.11.0.0/24\n"
+PRIVATE_ENDPOINT_MASQUERADED = (
+    "nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10, 192.0.0.0/24, "
+    "192.0.2.0/24, 192.88.99.0/24, 198.18.0.0/15, 198.51.100.0/24, 203.0.113.0/24, 240.0.0.0/4]\n"
+    "masqueradeCIDRs: [10.2.1.100/32]\n")
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,7 @@ SCENARIOS: dict[str, Scenario] = {
             GKE_FLAGS,
             (
                 Phase("GKE 1.14 defaults, no ConfigMap", None, GKE_OPTIONS, (AWS, VPC_VM, INTERNET)),
-                Phase("ConfigMap nonMasqueradeCIDRs: [10.0.0.0/8] published", FIX_000, GKE_OPTIONS,
+                Phase("ConfigMap nonMasqueradeCIDRs: [10.0.0.0/8] published", PRESERVE_ONLY_10_8, GKE_OPTIONS,
                       (AWS, VPC_VM, INTERNET)),
             ),
         ),
@@ -134,8 +137,9 @@ SCENARIOS: dict[str, Scenario] = {
             "10/8 keeps pod IPs; masqueradeCIDRs replaces the fix-nat DaemonSet.",
             (),
             (
-                Phase("nonMasqueradeCIDRs: [10.0.0.0/8]", BEFORE_001, REFERENCE_OPTIONS, (VPN, VPC_VM)),
-                Phase("plus masqueradeCIDRs: [10.11.0.0/24]", FIX_001, REFERENCE_OPTIONS, (VPN, VPC_VM)),
+                Phase("nonMasqueradeCIDRs: [10.0.0.0/8]", VPN_RANGE_PRESERVED, REFERENCE_OPTIONS, (VPN, VPC_VM)),
+                Phase("plus masqueradeCIDRs: [10.11.0.0/24]", VPN_RANGE_MASQUERADED, REFERENCE_OPTIONS,
+                      (VPN, VPC_VM)),
             ),
         ),
         Scenario(
@@ -145,7 +149,8 @@ SCENARIOS: dict[str, Scenario] = {
             GKE_FLAGS,
             (
                 Phase("GKE defaults", None, GKE_OPTIONS, (ONPREM, VPC_VM)),
-                Phase("masqueradeCIDRs: [10.2.1.100/32]", FIX_003, GKE_OPTIONS, (ONPREM, VPC_VM)),
+                Phase("masqueradeCIDRs: [10.2.1.100/32]", PRIVATE_ENDPOINT_MASQUERADED, GKE_OPTIONS,
+                      (ONPREM, VPC_VM)),
             ),
         ),
         Scenario(
@@ -166,9 +171,11 @@ SCENARIOS: dict[str, Scenario] = {
             "sends pod IPs everywhere (the runbook's 'only MASQUERADE visible = ConfigMap not applied').",
             GKE_FLAGS,
             (
-                Phase("agent running with the 10.0.0.0/8 fix", FIX_000, GKE_OPTIONS, (AWS, INTERNET)),
-                Phase("agent stopped (SIGTERM): rules kept", FIX_000, GKE_OPTIONS, (AWS, INTERNET), agent="stopped"),
-                Phase("no agent rules on the node", FIX_000, GKE_OPTIONS, (AWS, INTERNET), agent="uninstalled"),
+                Phase("agent running with the 10.0.0.0/8 fix", PRESERVE_ONLY_10_8, GKE_OPTIONS, (AWS, INTERNET)),
+                Phase("agent stopped (SIGTERM): rules kept", PRESERVE_ONLY_10_8, GKE_OPTIONS, (AWS, INTERNET),
+                      agent="stopped"),
+                Phase("no agent rules on the node", PRESERVE_ONLY_10_8, GKE_OPTIONS, (AWS, INTERNET),
+                      agent="uninstalled"),
             ),
         ),
     )
