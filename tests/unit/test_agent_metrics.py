@@ -255,6 +255,7 @@ def test_every_family_has_its_type_and_help(fake: FakeIptables) -> None:
         "ipmasq_last_successful_sync_timestamp_seconds": "gauge", "ipmasq_rules": "gauge",
         "ipmasq_set_elements": "gauge", "ipmasq_ready": "gauge", "ipmasq_config_valid": "gauge",
         "ipmasq_enforced_config_info": "gauge", "ipmasq_resync_interval_seconds": "gauge",
+        "ipmasq_foreign_masquerade_rules": "gauge",
         "ipmasq_build_info": "gauge",
         "process_virtual_memory_bytes": "gauge", "process_resident_memory_bytes": "gauge",
         "process_start_time_seconds": "gauge", "process_cpu_seconds": "counter", "process_open_fds": "gauge",

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ipmasq.agent.metrics import AgentStatus, render_metrics
-from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reconcile import FOREIGN_RECOUNT_PASSES, Reconciler
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput
@@ -63,3 +63,62 @@ def test_the_hash_ignores_spelling_but_not_meaning(tmp_path: Path, capsys: pytes
     spelled = "# a comment\nnonmasqueradecidrs:\n  - 10.0.0.0/8\nresyncInterval: 0.5m\n"
     assert _printed_hash(tmp_path, spelled, capsys) == _printed_hash(tmp_path, GOOD, capsys)
     assert _printed_hash(tmp_path, GOOD.replace("30s", "31s"), capsys) != _printed_hash(tmp_path, GOOD, capsys)
+
+
+_JUMP = ('-A POSTROUTING -m comment --comment "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL '
+         'destination traffic to our custom IP-MASQ-AGENT chain" -m addrtype ! --dst-type LOCAL -j IP-MASQ-AGENT')
+KUBENET_SAVE = "\n".join([
+    "*nat", ":POSTROUTING ACCEPT [0:0]", ":IP-MASQ-AGENT - [0:0]", _JUMP,
+    '-A POSTROUTING ! -d 10.0.0.0/8 -m comment --comment "kubenet: SNAT for outbound traffic from cluster" '
+    "-m addrtype ! --dst-type LOCAL -j MASQUERADE",
+    "-A POSTROUTING -s 100.64.0.0/16 -d 10.1.2.100/32 -j SNAT --to-source 10.142.0.50",
+    '-A IP-MASQ-AGENT -d 10.0.0.0/8 -m comment --comment "ip-masq-agent: local traffic is not subject to MASQUERADE" '
+    "-j RETURN",
+    '-A IP-MASQ-AGENT -m comment --comment "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last '
+    'in chain)" -j MASQUERADE',
+    "COMMIT", "*filter", "-A FORWARD -j MASQUERADE-LOOKALIKE", "COMMIT", "",
+])
+
+NFT_RULESET = """table inet ip-masq-agent {
+	chain postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		masquerade fully-random
+	}
+}
+table ip nat {
+	chain POSTROUTING {
+		counter masquerade
+	}
+}
+table ip kube-proxy {
+	chain nat-postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		meta mark 0x4000 masquerade fully-random
+		ip saddr 10.4.0.0/14 snat to 10.142.0.9
+	}
+}
+"""
+
+
+def test_foreign_nat_rules_are_counted_ours_and_iptables_nft_tables_aside() -> None:
+    from ipmasq.rules.iptables import count_foreign_nat as count_iptables
+    from ipmasq.rules.nft import count_foreign_nat as count_nft
+
+    assert count_iptables(KUBENET_SAVE) == 2  # kubenet's MASQUERADE and the hand-written SNAT; not ours, not filter
+    assert count_nft(NFT_RULESET) == 2  # kube-proxy's masquerade and snat; not our table, not iptables-nft's nat
+
+
+def test_foreign_masquerade_metric_follows_the_counter() -> None:
+    counted = iter([3, 1])
+    rec = Reconciler(IptablesBackend(FakeIptables(), chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(),
+                     log=logging.getLogger("test.fleet"), count_foreign=lambda: next(counted))
+    status = AgentStatus(version="0", backend="iptables (nft)")
+    assert _samples(status, "ipmasq_foreign_masquerade_rules") == []  # not counted yet: absent, not 0
+    status.observed(rec.observe(ConfigInput((("/etc/config/ip-masq-agent", GOOD.encode()),))))
+    status.reconciled(rec.reconcile(), 0.01)  # the first pass installs our rules: counted
+    assert _samples(status, "ipmasq_foreign_masquerade_rules") == [({}, 3.0)]
+    for _ in range(FOREIGN_RECOUNT_PASSES - 1):  # idle passes do not re-read the whole nat table every time
+        status.reconciled(rec.reconcile(), 0.01)
+        assert _samples(status, "ipmasq_foreign_masquerade_rules") == [({}, 3.0)]
+    status.reconciled(rec.reconcile(), 0.01)
+    assert _samples(status, "ipmasq_foreign_masquerade_rules") == [({}, 1.0)]

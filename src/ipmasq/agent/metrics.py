@@ -21,6 +21,8 @@ Metrics (all prefixed `ipmasq_`):
     config_valid                         0 while the current config is bad
     enforced_config_info{config_hash}    1, labelled with the short policy hash the kernel was last verified to hold
     resync_interval_seconds              the enforced config's resync interval
+    foreign_masquerade_rules             NAT rules not ours that masquerade or SNAT (recounted on change, and every
+                                         few passes)
     build_info{version,backend}          always 1
 
 and the process's: process_resident_memory_bytes, process_virtual_memory_bytes, process_cpu_seconds_total,
@@ -85,6 +87,7 @@ class Snapshot:
     config_valid: bool
     enforced_config_hash: str | None  # short policy hash of the config the kernel was last verified to hold
     resync_interval: float
+    foreign_masquerade_rules: int | None
 
 
 @dataclass
@@ -120,6 +123,7 @@ class AgentStatus:
         self._ready = Check(False, "not ready: starting, no reconcile yet")
         self._config_valid = True
         self._enforced_hash: str | None = None
+        self._foreign: int | None = None
 
     # ---- hooks, called by the loop's thread ----
 
@@ -171,6 +175,8 @@ class AgentStatus:
                 self._last_success_unix = self._wall()
                 if report.policy_hash is not None:
                     self._enforced_hash = config_hash(report.policy_hash)
+            if report.foreign_masquerade_rules is not None:
+                self._foreign = report.foreign_masquerade_rules
             self._rules = {count.family.value: count.rules for count in report.objects}
             self._elements = {count.family.value: count.set_elements for count in report.objects}
             self._resync_interval = report.resync_interval
@@ -217,6 +223,7 @@ class AgentStatus:
                 last_success_unix=self._last_success_unix, rules=dict(self._rules),
                 set_elements=dict(self._elements), ready=self._readiness(now).ok, config_valid=self._config_valid,
                 enforced_config_hash=self._enforced_hash, resync_interval=self._resync_interval,
+                foreign_masquerade_rules=self._foreign,
             )
 
 
@@ -252,6 +259,9 @@ def metric_families(s: Snapshot) -> Iterator[MetricFamily]:
     yield exposition.gauge("ipmasq_enforced_config_info", "The config the kernel was last verified to enforce, by its "
                            "short policy hash (`ipmasq render --print-hash` prints the same for a config file).",
                            [] if s.enforced_config_hash is None else [({"config_hash": s.enforced_config_hash}, 1)])
+    yield exposition.gauge("ipmasq_foreign_masquerade_rules", "NAT rules on the node that are not ours and masquerade "
+                           "or SNAT (they can override the config); absent until first counted.",
+                           [] if s.foreign_masquerade_rules is None else [({}, s.foreign_masquerade_rules)])
     yield exposition.gauge("ipmasq_resync_interval_seconds", "The resync interval of the enforced config: the "
                            "longest the kernel can differ from it unnoticed.", s.resync_interval)
     yield exposition.info("ipmasq_build", "The agent's version and backend.",

@@ -36,6 +36,10 @@ __all__ = ["ConfigReport", "FamilyWrite", "ObjectCount", "PassReport", "Readines
            "count_objects"]
 
 
+# An idle pass recounts the node's foreign NAT rules only this often (a change by this agent recounts at once).
+FOREIGN_RECOUNT_PASSES = 10
+
+
 class SyncResult(Enum):
     IN_SYNC = "in-sync"  # the kernel already matched: nothing written
     APPLIED = "applied"  # one transaction written per differing family, and verified
@@ -101,6 +105,7 @@ class PassReport:
     objects: tuple[ObjectCount, ...]  # per family, of the policy the kernel was last verified to hold
     resync_interval: float
     readiness: Readiness
+    foreign_masquerade_rules: int | None = None  # NAT rules not ours that masquerade/SNAT (None: not counted yet)
 
 
 def count_objects(state: State) -> tuple[int, int]:
@@ -121,8 +126,13 @@ class _Seen:
 class Reconciler:
     def __init__(self, backend: Backend, options: PolicyOptions, *, log: logging.Logger,
                  others: Sequence[Removable] = (),
-                 on_policy_change: Callable[[Policy, Policy], None] | None = None) -> None:
+                 on_policy_change: Callable[[Policy, Policy], None] | None = None,
+                 count_foreign: Callable[[], int] | None = None) -> None:
         self.backend = backend
+        # read-only count of the node's NAT rules that are not ours and masquerade/SNAT (the fleet's alert)
+        self.count_foreign = count_foreign
+        self._foreign: int | None = None
+        self._passes_since_count = 0
         # called after the kernel was verified to hold a new policy, with the one it replaced (conntrack cleanup)
         self.on_policy_change = on_policy_change
         self._enforced: Policy | None = None  # the policy the kernel was last verified to hold
@@ -239,7 +249,22 @@ class Reconciler:
             self.log.info("%s: recovered", self.backend.name)
         self.backend_error = None
         result = SyncResult.APPLIED if writes else SyncResult.IN_SYNC
+        self._count_foreign(changed=bool(writes or removed))
         return self._pass_report(result, writes=writes, removed=removed, drift_repair=drift and bool(writes))
+
+    def _count_foreign(self, *, changed: bool) -> None:
+        """Recount the foreign NAT rules when this pass changed the kernel, at the first pass, and every
+        FOREIGN_RECOUNT_PASSES passes otherwise: a full read of the node's nat rules is not an idle pass's cost."""
+        if self.count_foreign is None:
+            return
+        self._passes_since_count += 1
+        if not changed and self._foreign is not None and self._passes_since_count < FOREIGN_RECOUNT_PASSES:
+            return
+        self._passes_since_count = 0
+        try:
+            self._foreign = self.count_foreign()
+        except IpmasqError as exc:
+            self.log.warning("counting foreign NAT rules failed: %s", exc)
 
     def _backend_failed(self, message: str) -> None:
         if message != self.backend_error:
@@ -252,7 +277,8 @@ class Reconciler:
                           drift_repair=drift_repair, writes=tuple(writes), removed_leftovers=tuple(removed),
                           leftovers=self._leftovers,
                           policy_hash=self._policy_hash, objects=self._objects,
-                          resync_interval=self.resync_interval, readiness=self.readiness())
+                          resync_interval=self.resync_interval, readiness=self.readiness(),
+                          foreign_masquerade_rules=self._foreign)
 
     def _remove_others(self) -> tuple[list[str], str | None]:
         """Look at every other place (one read each) and remove our objects there; (removed, first error).

@@ -20,10 +20,12 @@ from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
 from ipmasq.prefix import Family
-from ipmasq.rules.iptables import count_rules
+from ipmasq.rules.iptables import count_foreign_nat, count_rules
 from ipmasq.rules.nft import TABLE, TABLE_FAMILY
+from ipmasq.rules.nft import count_foreign_nat as count_foreign_nft
 
-__all__ = ["Choice", "choose", "detect", "foreign_nat_rules", "make_backend", "nft_nat_tables"]
+__all__ = ["Choice", "choose", "count_foreign_masquerade", "detect", "foreign_nat_rules", "make_backend",
+           "nft_nat_tables"]
 
 # iptables-nft keeps its nat rules in nftables tables of these names; they are iptables rules, not nftables use
 _IPTABLES_NFT_TABLES = {("ip", "nat"), ("ip6", "nat")}
@@ -113,3 +115,23 @@ def make_backend(name: str, options: PolicyOptions, run: Runner, *, variant: str
                            for v in Variant if v is not chosen)
     backend = IptablesBackend(run, chain=options.masq_chain, variant=chosen, families=families)
     return backend, (*other_variants, NftablesBackend(run))
+
+
+def count_foreign_masquerade(run: Runner) -> int:
+    """NAT rules on the node that are not ours and masquerade or SNAT: every iptables variant's nat table (both
+    families) and every nftables table but ours. Read-only; a tool that is missing holds none."""
+    count = 0
+    for tool in SAVE_TOOLS:
+        try:
+            save = run([tool, "-t", "nat"], None)
+        except BackendError:
+            continue
+        if save.returncode == 0:
+            count += count_foreign_nat(save.stdout)
+    try:
+        listing = run(["nft", "list", "ruleset"], None)
+    except BackendError:
+        return count
+    if listing.returncode == 0:
+        count += count_foreign_nft(listing.stdout)
+    return count

@@ -31,6 +31,7 @@ __all__ = [
     "RuleParseError",
     "canonical",
     "chain_rules",
+    "count_foreign_nat",
     "count_rules",
     "is_our_jump",
     "jump_comment",
@@ -289,6 +290,13 @@ def count_rules(text: str, *, table: str | None = None, foreign_only: bool = Fal
     return sum(1 for _, name, line in save_lines(text)
                if line.startswith("-") and (table is None or name == table)
                and not (foreign_only and f'"{OUR_COMMENT}' in line))
+
+
+def count_foreign_nat(text: str) -> int:
+    """Rules of a dump's nat table, not ours, that masquerade or SNAT (they may override what our chain decides)."""
+    return sum(1 for _, name, line in save_lines(text)
+               if name == "nat" and line.startswith("-A ") and f'"{OUR_COMMENT}' not in line
+               and (" -j MASQUERADE" in line or " -j SNAT" in line))
 
 
 # --- which objects are ours ---------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ __all__ = [
     "NftParseError",
     "NftSet",
     "NftTable",
+    "count_foreign_nat",
     "delete_script",
     "desired_table",
     "format_element",
@@ -449,3 +450,18 @@ def rule_from_json(rule: dict[str, Any]) -> str:
     if "comment" in rule:
         text += f' comment "{rule["comment"]}"'
     return text
+
+
+def count_foreign_nat(ruleset_text: str) -> int:
+    """Rules in `nft list ruleset` text, outside our table, that masquerade or SNAT. iptables-nft's own tables are
+    left out: the iptables reading counts those rules in iptables' terms."""
+    count = 0
+    table = ""
+    for raw in ruleset_text.splitlines():
+        line = raw.strip()
+        if line.startswith("table "):
+            table = line.removesuffix("{").strip()
+        elif table not in (f"table {TABLE_FAMILY} {TABLE}", "table ip nat", "table ip6 nat") and (
+                line.endswith(" masquerade") or " masquerade " in line or " snat " in line or line.startswith("snat ")):
+            count += 1
+    return count
