@@ -34,6 +34,7 @@ class PolicyOptions:
     enable_ipv6: bool = False
     random_fully: bool = True
     to_ports: tuple[PortRange, ...] = ()
+    node_name: str | None = None  # selects the config rules that have `nodes`; None: unknown (such a rule is an error)
 
 
 _PORT_RANGE = re.compile(r"(\d{1,5})(?:-(\d{1,5}))?\Z")

@@ -18,6 +18,8 @@ __all__ = [
     "Entry",
     "MasqConfig",
     "Origin",
+    "Rule",
+    "RuleAction",
 ]
 
 
@@ -37,6 +39,40 @@ class Entry(NamedTuple):
     masquerade: bool
     origin: Origin
     source: str | None = None
+    line: int | None = None
+
+    def where(self) -> str:
+        if self.source is None:
+            return "built-in"
+        return self.source if self.line is None else f"{self.source}:{self.line}"
+
+
+class RuleAction(Enum):
+    """What a rule of the `rules` section does to the packets it matches."""
+
+    MASQUERADE = "masquerade"  # the node's address (the kernel picks the outgoing interface's)
+    PRESERVE = "preserve"  # the pod's address, unchanged
+    SNAT = "snat"  # a fixed address (snatTo), e.g. the one a partner's firewall allows
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One entry of `rules`: ordered, the first that matches a packet decides (ahead of the CIDR lists).
+
+    Empty `sources`, `ports` or `nodes`, and a None `protocol`, mean "any". `ports` are inclusive (low, high)
+    destination port ranges; `destinations` and `sources` are of one family, `family`.
+    """
+
+    name: str
+    family: Family
+    destinations: tuple[Prefix, ...]
+    action: RuleAction
+    sources: tuple[Prefix, ...] = ()
+    protocol: str | None = None  # tcp | udp | sctp | icmp | icmpv6
+    ports: tuple[tuple[int, int], ...] = ()
+    nodes: tuple[str, ...] = ()  # node-name globs (fnmatch, case-sensitive)
+    snat_to: str | None = None  # the address SNAT writes, as the kernel prints it; only with RuleAction.SNAT
+    source: str | None = None  # the file
     line: int | None = None
 
     def where(self) -> str:
@@ -77,7 +113,8 @@ class MasqConfig:
     masq_link_local_ipv6: bool = False
     resync_interval: float = DEFAULT_RESYNC_SECONDS
     sources: tuple[str, ...] = ()  # the files this came from; empty: built-in defaults
+    rules: tuple[Rule, ...] = ()  # the `rules` sections of every file, in file-name order
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def families(self) -> set[Family]:
-        return {e.prefix.family for e in self.non_masquerade + self.masquerade}
+        return {e.prefix.family for e in self.non_masquerade + self.masquerade} | {r.family for r in self.rules}

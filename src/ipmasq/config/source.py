@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ipmasq.config.document import parse_document
 from ipmasq.config.model import MasqConfig
-from ipmasq.config.validate import FileSettings, merge_settings, settings_from_document
+from ipmasq.config.validate import FileSettings, check_rules_with_flags, merge_settings, settings_from_document
 from ipmasq.errors import ConfigError
 from ipmasq.options import PolicyOptions
 
@@ -147,7 +147,9 @@ def _config_from_bytes(config_input: ConfigInput, options: PolicyOptions) -> Mas
         if doc is None:
             continue  # an empty file means defaults, as in the reference
         settings.append(settings_from_document(doc, enable_ipv6=options.enable_ipv6))
-    return merge_settings(settings, all_reserved=options.nomasq_all_reserved_ranges, enable_ipv6=options.enable_ipv6)
+    config = merge_settings(settings, all_reserved=options.nomasq_all_reserved_ranges, enable_ipv6=options.enable_ipv6)
+    check_rules_with_flags(config, options)
+    return config
 
 
 def load_config(path: str | None, options: PolicyOptions, *, missing_ok: bool = False) -> MasqConfig:

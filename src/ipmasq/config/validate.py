@@ -18,14 +18,18 @@ from ipmasq.config.model import (
     Entry,
     MasqConfig,
     Origin,
+    Rule,
+    RuleAction,
     default_entries,
 )
 from ipmasq.errors import ConfigError
-from ipmasq.prefix import Family, Prefix, PrefixError, parse_cidr
+from ipmasq.options import PolicyOptions
+from ipmasq.prefix import Family, Prefix, PrefixError, format_address, parse_address, parse_cidr
 
 __all__ = [
     "KNOWN_KEYS",
     "FileSettings",
+    "check_rules_with_flags",
     "cidr_entry",
     "cidr_limit_message",
     "field_errors",
@@ -44,6 +48,7 @@ KNOWN_KEYS = {
         "masqLinkLocal",
         "masqLinkLocalIPv6",
         "resyncInterval",
+        "rules",
     )
 }
 
@@ -59,6 +64,7 @@ class FileSettings:
     masq_link_local: bool | None = None
     masq_link_local_ipv6: bool | None = None
     resync_interval: float | None = None
+    rules: list[Rule] | None = None
     lines: dict[str, int | None] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -165,6 +171,8 @@ def _apply_field(settings: FileSettings, key: str, f: Field, doc: Document, *, e
                          f'resyncInterval must be above zero, got "{clip(node.value)}" (the reference would busy-loop)',
                          "bad-duration")
         settings.resync_interval = seconds
+    elif key == "rules":
+        settings.rules = _rules(doc, f, enable_ipv6=enable_ipv6)
 
 
 def _cidr_list(doc: Document, f: Field, *, masquerade: bool, enable_ipv6: bool) -> list[Entry]:
@@ -197,6 +205,225 @@ def cidr_entry(doc: Document, key: str, item: Node, *, enable_ipv6: bool) -> Ent
                      "Enable ipv6 using --enable-ipv6 agent flag", "ipv6-disabled")
     masquerade = key == "masqueradeCIDRs"
     return Entry(prefix, masquerade, Origin.EXCEPTION if masquerade else Origin.CONFIG, doc.source, item.line)
+
+
+# --- rules: an ordered list that is ours, so every key is known and every mistake is an error -----------------
+
+RULE_KEYS = ("name", "destinations", "sources", "protocol", "ports", "nodes", "action", "snatTo")
+RULE_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?\Z")
+RULE_PROTOCOLS = ("tcp", "udp", "sctp", "icmp", "icmpv6")
+PROTOCOLS_WITH_PORTS = ("tcp", "udp", "sctp")
+_PORT_TEXT = re.compile(r"(\d{1,5})(?:-(\d{1,5}))?\Z")
+
+
+def _rules(doc: Document, f: Field, *, enable_ipv6: bool) -> list[Rule]:
+    node = f.value
+    if node.value is None and node.kind == "scalar":
+        return []
+    if node.kind != "list":
+        raise _error(doc, node, f.key, f"rules must be a list of rules (- name: ...), got {_describe(node)}",
+                     "wrong-type")
+    rules: list[Rule] = []
+    names: dict[str, Rule] = {}
+    for index, item in enumerate(node.value):
+        rule = _rule(doc, index, item, enable_ipv6=enable_ipv6)
+        first = names.setdefault(rule.name, rule)
+        if first is not rule:
+            raise ConfigError(f"rules[{index}]: name {show_value(rule.name)} is used twice (first at {first.where()})",
+                              source=doc.source, line=rule.line, code="duplicate-rule")
+        rules.append(rule)
+    return rules
+
+
+class _RuleFields:
+    """One rule's fields by key, and the way to report a problem with one of them."""
+
+    def __init__(self, doc: Document, index: int, item: Node) -> None:
+        self.doc = doc
+        self.item = item
+        self.label = f"rules[{index}]"
+        self.fields: dict[str, Field] = {}
+        if item.kind != "map":
+            raise _error(doc, item, "-", f"{self.label}: each rule must be a mapping (name: ..., destinations: ...), "
+                         f"got {_describe(item)}", "wrong-type")
+        name = next((f.value.value for f in item.value if f.key == "name"), None)
+        if isinstance(name, str) and RULE_NAME.match(name):
+            self.label = f"rules[{index}] ({name})"  # a rule is known by its name; the index is for a bad one
+        for field_ in item.value:
+            if field_.key not in RULE_KEYS:
+                raise self.error(field_.value, field_.key, f"unknown key {show_value(field_.key)} (known: "
+                                 f"{', '.join(RULE_KEYS)})", line=field_.line)
+            if field_.key in self.fields:
+                raise self.error(field_.value, field_.key, f"{field_.key} is given twice (first on line "
+                                 f"{self.fields[field_.key].line})", line=field_.line)
+            self.fields[field_.key] = field_
+
+    def error(self, node: Node, needle: str, message: str, *, line: int | None = None) -> ConfigError:
+        where = line if line is not None else self.doc.locate(node, needle)
+        return ConfigError(f"{self.label}: {message}", source=self.doc.source, line=where, column=node.column,
+                           code="invalid-rule")
+
+    def get(self, key: str) -> Node | None:
+        field_ = self.fields.get(key)
+        if field_ is None or (field_.value.kind == "scalar" and field_.value.value is None):
+            return None
+        return field_.value
+
+    def string(self, key: str, node: Node) -> str:
+        if node.kind != "scalar" or not isinstance(node.value, str):
+            raise self.error(node, key, f"{key} must be a string, got {_describe(node)}")
+        return node.value
+
+    def items(self, key: str, node: Node) -> list[Node]:
+        if node.kind != "list":
+            raise self.error(node, key, f"{key} must be a list, got {_describe(node)}")
+        items: list[Node] = node.value
+        if not items:
+            raise self.error(node, key, f"{key} is an empty list (leave the key out to mean any)")
+        return items
+
+
+def _rule(doc: Document, index: int, item: Node, *, enable_ipv6: bool) -> Rule:
+    fields = _RuleFields(doc, index, item)
+    name_node = fields.get("name")
+    if name_node is None:
+        raise fields.error(item, "name", "name is required")
+    name = fields.string("name", name_node)
+    if RULE_NAME.match(name) is None:
+        raise fields.error(name_node, name, f"name {show_value(name)} must be 1-40 lower-case letters, digits and "
+                           "'-', starting and ending with a letter or digit")
+    line = fields.fields["name"].line if item.line is None else item.line
+    destinations_node = fields.get("destinations")
+    if destinations_node is None:
+        raise fields.error(item, name, "destinations is required (a list of CIDRs)")
+    destinations = _rule_cidrs(fields, "destinations", destinations_node, enable_ipv6=enable_ipv6)
+    family = destinations[0].family
+    sources_node = fields.get("sources")
+    sources = () if sources_node is None else _rule_cidrs(fields, "sources", sources_node, enable_ipv6=enable_ipv6)
+    for prefix, key in [(p, "sources") for p in sources]:
+        if prefix.family is not family:
+            raise fields.error(sources_node or item, str(prefix), f"{key}: {prefix} is IPv{prefix.family.value} and "
+                               f"destinations are IPv{family.value}: one family per rule")
+    protocol = _rule_protocol(fields, family)
+    ports = _rule_ports(fields, protocol)
+    nodes = _rule_nodes(fields)
+    action, snat_to = _rule_action(fields, family, item)
+    return Rule(name, family, destinations, action, sources, protocol, ports, nodes, snat_to, doc.source, line)
+
+
+def _rule_cidrs(fields: _RuleFields, key: str, node: Node, *, enable_ipv6: bool) -> tuple[Prefix, ...]:
+    prefixes: list[Prefix] = []
+    for item in fields.items(key, node):
+        text = fields.string(key, item)
+        try:
+            prefix = parse_cidr(text)
+        except PrefixError as exc:
+            clipped = clip(text)
+            message = str(exc) if clipped == text else str(exc).replace(text, clipped)
+            raise fields.error(item, text, f"{key}: {message}") from None
+        if prefix.family is Family.V6 and not enable_ipv6:
+            raise fields.error(item, text, f"{key}: ipv6 cidr {text} needs IPv6 enabled (--enable-ipv6)")
+        if prefixes and prefix.family is not prefixes[0].family:
+            raise fields.error(item, text, f"{key}: {text} is IPv{prefix.family.value} and {prefixes[0]} "
+                               f"IPv{prefixes[0].family.value}: one family per rule")
+        prefixes.append(prefix)
+    return tuple(prefixes)
+
+
+def _rule_protocol(fields: _RuleFields, family: Family) -> str | None:
+    node = fields.get("protocol")
+    if node is None:
+        return None
+    protocol = fields.string("protocol", node) if node.kind == "scalar" and isinstance(node.value, str) else None
+    if protocol not in RULE_PROTOCOLS:
+        raise fields.error(node, str(node.value), f"protocol must be one of {', '.join(RULE_PROTOCOLS)}, got "
+                           f"{_describe(node)}")
+    if (protocol == "icmp" and family is Family.V6) or (protocol == "icmpv6" and family is Family.V4):
+        raise fields.error(node, protocol, f"protocol {protocol} is not an IPv{family.value} protocol (the "
+                           "destinations are)")
+    return protocol
+
+
+def _rule_ports(fields: _RuleFields, protocol: str | None) -> tuple[tuple[int, int], ...]:
+    node = fields.get("ports")
+    if node is None:
+        return ()
+    if protocol not in PROTOCOLS_WITH_PORTS:
+        raise fields.error(node, "ports", f"ports need protocol tcp, udp or sctp, got "
+                           f"{'no protocol' if protocol is None else 'protocol ' + protocol}")
+    ranges: list[tuple[int, int]] = []
+    for item in fields.items("ports", node):
+        value = item.value
+        if item.kind == "scalar" and isinstance(value, int) and not isinstance(value, bool) and not item.quoted:
+            low = high = value
+        elif item.kind == "scalar" and isinstance(value, str) and (m := _PORT_TEXT.match(value)) is not None:
+            low, high = int(m.group(1)), int(m.group(2) or m.group(1))
+        else:
+            raise fields.error(item, str(value), "ports: each entry must be a port (443) or a range ('8000-8080'), "
+                               f"got {_describe(item)}")
+        if not 1 <= low <= high <= 65535:
+            raise fields.error(item, str(value), f"ports: {show_value(str(value))} must be ports between 1 and "
+                               "65535, low before high")
+        ranges.append((low, high))
+    return tuple(ranges)
+
+
+def _rule_nodes(fields: _RuleFields) -> tuple[str, ...]:
+    node = fields.get("nodes")
+    if node is None:
+        return ()
+    globs = []
+    for item in fields.items("nodes", node):
+        text = fields.string("nodes", item)
+        if not text or any(c.isspace() for c in text):
+            raise fields.error(item, text or "nodes", f"nodes: {show_value(text)} is not a node-name glob")
+        globs.append(text)
+    return tuple(globs)
+
+
+def _rule_action(fields: _RuleFields, family: Family, item: Node) -> tuple[RuleAction, str | None]:
+    node = fields.get("action")
+    if node is None:
+        raise fields.error(item, "action", "action is required (masquerade, preserve or snat)")
+    text = node.value if node.kind == "scalar" and isinstance(node.value, str) else None
+    action = next((a for a in RuleAction if a.value == text), None)
+    if action is None:
+        raise fields.error(node, str(node.value), f"action must be masquerade, preserve or snat, got "
+                           f"{_describe(node)}")
+    snat_node = fields.get("snatTo")
+    if action is not RuleAction.SNAT:
+        if snat_node is not None:
+            raise fields.error(snat_node, "snatTo", f"snatTo is only for action snat (this rule's action is "
+                               f"{action.value})")
+        return action, None
+    if snat_node is None:
+        raise fields.error(node, "snat", "action snat needs snatTo (the address the destination sees)")
+    address_text = fields.string("snatTo", snat_node)
+    try:
+        if "/" in address_text or address_text != address_text.strip():
+            raise ValueError(address_text)
+        snat_family, address = parse_address(address_text)
+    except ValueError:
+        message = f"snatTo: {show_value(address_text)} is not an IP address"
+        raise fields.error(snat_node, address_text, message) from None
+    if snat_family is not family:
+        raise fields.error(snat_node, address_text, f"snatTo: {address_text} is IPv{snat_family.value} and the "
+                           f"destinations are IPv{family.value}")
+    return action, format_address(family, address)
+
+
+def check_rules_with_flags(config: MasqConfig, options: PolicyOptions) -> None:
+    """What the flags make of the rules: a rule that exists only on some nodes needs this node's name (never a
+    silent skip), and --to-ports is not applied to a rule's own MASQUERADE or SNAT yet (never silently dropped)."""
+    for rule in config.rules:
+        if options.to_ports and rule.action is not RuleAction.PRESERVE:
+            raise ConfigError(f"rule {rule.name}: action {rule.action.value} with --to-ports is not supported yet "
+                              "(only action preserve is)", source=rule.source, line=rule.line,
+                              code="unsupported-rule")
+        if rule.nodes and options.node_name is None:
+            raise ConfigError(f"rule {rule.name} applies only on nodes {', '.join(show_value(n) for n in rule.nodes)}"
+                              ", but the node name is unknown (give --node-name, or set NODE_NAME)",
+                              source=rule.source, line=rule.line, code="node-name-unknown")
 
 
 # --- Go durations -------------------------------------------------------------------------------------------
@@ -277,6 +504,7 @@ def merge_settings(files: list[FileSettings], *, all_reserved: bool, enable_ipv6
         line = (holder.lines.get("nonMasqueradeCIDRs") or holder.lines.get("cidrLimit")) if holder else None
         raise ConfigError(message, source=where, line=line, code="too-many-cidrs")
     _check_conflicts(non_masq, masquerade)
+    rules = _merged_rules(files)
     warnings = [w for s in files for w in s.warnings]
     warnings += _duplicate_warnings(non_masq) + _duplicate_warnings(tuple(masquerade))
     return MasqConfig(
@@ -287,8 +515,24 @@ def merge_settings(files: list[FileSettings], *, all_reserved: bool, enable_ipv6
         masq_link_local_ipv6=_scalar_from(files, "masq_link_local_ipv6", "masqLinkLocalIPv6", False),
         resync_interval=_scalar_from(files, "resync_interval", "resyncInterval", DEFAULT_RESYNC_SECONDS),
         sources=tuple(s.source for s in files),
+        rules=rules,
         warnings=tuple(warnings),
     )
+
+
+def _merged_rules(files: list[FileSettings]) -> tuple[Rule, ...]:
+    """Every file's rules in file-name order (the order files are read); a name is unique across them all."""
+    rules: list[Rule] = []
+    names: dict[str, Rule] = {}
+    for s in files:
+        for rule in s.rules or ():
+            first = names.setdefault(rule.name, rule)
+            if first is not rule:
+                raise ConfigError(f"rule name {show_value(rule.name)} is used in {first.where()} and in "
+                                  f"{rule.where()}; names are unique across all config files",
+                                  source=rule.source, line=rule.line, code="duplicate-rule")
+            rules.append(rule)
+    return tuple(rules)
 
 
 def cidr_limit_message(non_masquerade: int, masquerade: int, cidr_limit: int) -> str | None:
