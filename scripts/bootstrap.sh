@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Set up everything ipmasq needs on a fresh Debian machine: the kernel tools (when missing) and a virtual
+# Set up everything ipmasq needs on a fresh Debian machine: the kernel tools and Prometheus (when missing) and a virtual
 # environment with the package and its development dependencies. Idempotent; safe to run every time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_debian=()
-for tool in iptables:iptables ip6tables:iptables nft:nftables ip:iproute2 conntrack:conntrack kubectl:kubernetes-client; do
+for tool in iptables:iptables ip6tables:iptables nft:nftables ip:iproute2 conntrack:conntrack kubectl:kubernetes-client \
+    promtool:prometheus; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need_debian+=("${tool#*:}")
 done
 if [ ${#need_debian[@]} -gt 0 ]; then
