@@ -1,22 +1,29 @@
-"""The decision: for a destination, is pod traffic masqueraded, by which entry, and why.
+"""The decision: for a packet, is pod traffic masqueraded, by which rule or entry, and why.
 
 A Policy is the config plus the flags, resolved into the ordered rule entries the kernel will see, and into a
 disjoint interval table that answers `verdict` in O(log n) exactly as the kernel's first-match walk would.
+
+The config's `rules` come first: the first one that matches a packet decides, before any CIDR list. A rule may
+test more than the destination (source, protocol, port); asked about a packet whose such fields are unknown (a
+caller that knows only the destination), the answer is the one for packets no such rule matches, and says which
+rules and fields it depends on (`Verdict.depends_on`, `Verdict.conditional`), rather than guessing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from fnmatch import fnmatchcase
 from functools import cached_property
+from typing import NamedTuple
 
-from ipmasq.config.model import LINK_LOCAL_V4, LINK_LOCAL_V6, Entry, MasqConfig, Origin
+from ipmasq.config.model import LINK_LOCAL_V4, LINK_LOCAL_V6, Entry, MasqConfig, Origin, Rule, RuleAction
 from ipmasq.config.source import paused_gc
 from ipmasq.options import PolicyOptions
 from ipmasq.prefix import Family, Prefix, format_address, parse_address
 from ipmasq.ranges import FirstMatchTable, Span, first_match_table, union_of_prefixes
 
-__all__ = ["Policy", "Reason", "Verdict"]
+__all__ = ["PACKET_FIELDS", "Packet", "Policy", "Reason", "Verdict", "rule_match"]
 
 
 class Reason(Enum):
@@ -27,6 +34,7 @@ class Reason(Enum):
     CATCH_ALL = "catch-all"  # matched nothing: the final MASQUERADE
     IPV6_DISABLED = "ipv6-disabled"  # no --enable-ipv6: we write no IPv6 rules, the pod IP leaves unchanged
     LOCAL = "local"  # a node-local destination: our POSTROUTING jump skips it (! --dst-type LOCAL)
+    RULE = "rule"  # a rule of the config's `rules` section matched
 
 
 _REASON_OF_ORIGIN = {
@@ -37,17 +45,65 @@ _REASON_OF_ORIGIN = {
 }
 
 
+PACKET_FIELDS = ("source", "protocol", "port")  # what a rule may test besides the destination
+
+
+class Packet(NamedTuple):
+    """What the rules look at; None: not known (the verdict then says what it depends on)."""
+
+    family: Family
+    destination: int
+    source: int | None = None
+    protocol: str | None = None  # tcp | udp | sctp | icmp | icmpv6 (or any other name: no rule's protocol)
+    port: int | None = None  # the destination port
+
+
+def rule_match(rule: Rule, packet: Packet) -> tuple[str, ...] | None:
+    """None: the rule does not match the packet; (): it matches; else the unknown fields (PACKET_FIELDS) that
+    decide whether it matches. The node was decided when the rule was selected (Policy.rules)."""
+    if rule.family is not packet.family or not any(p.contains(packet.destination) for p in rule.destinations):
+        return None
+    unknown: list[str] = []
+    if rule.sources:
+        if packet.source is None:
+            unknown.append("source")
+        elif not any(p.contains(packet.source) for p in rule.sources):
+            return None
+    if rule.protocol is not None:
+        if packet.protocol is None:
+            unknown.append("protocol")
+        elif packet.protocol != rule.protocol:
+            return None
+    if rule.ports:
+        if packet.port is None:
+            unknown.append("port")
+        elif not any(low <= packet.port <= high for low, high in rule.ports):
+            return None
+    return tuple(unknown)
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     destination: str
     family: Family
-    masquerade: bool
+    masquerade: bool  # the source address is rewritten (to the node's address, or to snat_to)
     reason: Reason
-    entry: Entry | None  # the rule that decided; None for the catch-all and the unmanaged cases
+    entry: Entry | None  # the CIDR entry that decided; None for a rule, the catch-all and the unmanaged cases
+    rule: Rule | None = None  # the config rule that decided (Reason.RULE)
+    snat_to: str | None = None  # the address the destination sees, when a snat rule decided
+    # Earlier rules that match or not depending on fields the caller did not give; the verdict above is for the
+    # packets none of them matches. depends_on: those fields, in PACKET_FIELDS order.
+    conditional: tuple[Rule, ...] = ()
+    depends_on: tuple[str, ...] = ()
 
     @property
     def matched(self) -> Prefix | None:
         return None if self.entry is None else self.entry.prefix
+
+    @property
+    def decided(self) -> bool:
+        """True when the packet's given fields are enough: no earlier rule depends on one not given."""
+        return not self.conditional
 
 
 class Policy:
@@ -58,6 +114,27 @@ class Policy:
     @property
     def families(self) -> tuple[Family, ...]:
         return (Family.V4, Family.V6) if self.options.enable_ipv6 else (Family.V4,)
+
+    @property
+    def node_name(self) -> str | None:
+        return self.options.node_name
+
+    def rules(self, family: Family) -> tuple[Rule, ...]:
+        """The config's rules that exist on this node for a family the policy manages, in order."""
+        return self._rules.get(family, ())
+
+    @cached_property
+    def _rules(self) -> dict[Family, tuple[Rule, ...]]:
+        node = self.options.node_name
+        out: dict[Family, list[Rule]] = {}
+        for rule in self.config.rules:
+            if rule.family not in self.families:
+                continue
+            # a rule with nodes on an unknown node is refused when the config is loaded (check_rules_with_flags)
+            if rule.nodes and (node is None or not any(fnmatchcase(node, glob) for glob in rule.nodes)):
+                continue
+            out.setdefault(rule.family, []).append(rule)
+        return {family: tuple(rules) for family, rules in out.items()}
 
     def rule_entries(self, family: Family) -> tuple[Entry, ...]:
         """Entries in the order the chain holds their rules; the catch-all MASQUERADE follows them."""
@@ -91,15 +168,37 @@ class Policy:
                     for family in self.families}
 
     def verdict(self, destination: str) -> Verdict:
-        """What happens to pod traffic to `destination` (an IP address; ValueError when it is not one)."""
+        """What happens to pod traffic to `destination` (an IP address; ValueError when it is not one), from any
+        source, protocol and port: see Verdict.conditional for the rules that would need those."""
         family, address = parse_address(destination)
         return self.verdict_for(family, address, text=destination)
 
-    def verdict_for(self, family: Family, address: int, *, text: str | None = None) -> Verdict:
+    def verdict_for(self, family: Family, address: int, *, text: str | None = None, source: int | None = None,
+                    protocol: str | None = None, port: int | None = None) -> Verdict:
+        """The verdict for a packet; `source`, `protocol` and `port` None: not known (see Verdict.depends_on)."""
         shown = text if text is not None else format_address(family, address)
         table = self._tables.get(family)
         if table is None:
             return Verdict(shown, family, False, Reason.IPV6_DISABLED, None)
+        rules = self._rules.get(family)
+        if rules:
+            packet = Packet(family, address, source, protocol, port)
+            conditional: list[Rule] = []
+            unknown: set[str] = set()
+            for rule in rules:
+                needs = rule_match(rule, packet)
+                if needs is None:
+                    continue
+                if needs:
+                    conditional.append(rule)
+                    unknown.update(needs)
+                    continue
+                return _rule_verdict(shown, rule, conditional, unknown)
+            if conditional:
+                return _with_conditions(self._list_verdict(table, family, address, shown), conditional, unknown)
+        return self._list_verdict(table, family, address, shown)
+
+    def _list_verdict(self, table: FirstMatchTable, family: Family, address: int, shown: str) -> Verdict:
         label = table.label_at(address)
         if label < 0:
             return Verdict(shown, family, True, Reason.CATCH_ALL, None)
@@ -134,3 +233,17 @@ class Policy:
             else:
                 ranges.append((first, last))
         return ranges
+
+
+def _depends_on(unknown: set[str]) -> tuple[str, ...]:
+    return tuple(f for f in PACKET_FIELDS if f in unknown)
+
+
+def _rule_verdict(shown: str, rule: Rule, conditional: list[Rule], unknown: set[str]) -> Verdict:
+    return Verdict(shown, rule.family, rule.action is not RuleAction.PRESERVE, Reason.RULE, None, rule,
+                   rule.snat_to, tuple(conditional), _depends_on(unknown))
+
+
+def _with_conditions(verdict: Verdict, conditional: list[Rule], unknown: set[str]) -> Verdict:
+    return Verdict(verdict.destination, verdict.family, verdict.masquerade, verdict.reason, verdict.entry,
+                   conditional=tuple(conditional), depends_on=_depends_on(unknown))

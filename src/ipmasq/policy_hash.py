@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 
+from ipmasq.config.model import Rule
 from ipmasq.policy import Policy
 
 __all__ = ["CONFIG_HASH_CHARS", "POLICY_HASH_VERSION", "config_hash", "policy_hash"]
@@ -32,9 +33,17 @@ def canonical_policy(policy: Policy) -> str:
     ]
     for family in policy.families:
         lines.append(f"family {family.value}")
+        # the config's rules on this node, ahead of the entries as in the chain; none: the text (and hash) of before
+        lines.extend(_rule_line(rule) for rule in policy.rules(family))
         lines.extend(f"{entry.prefix} {'masquerade' if entry.masquerade else 'preserve'}"
                      for entry in policy.rule_entries(family))
     return "\n".join(lines) + "\n"
+
+
+def _rule_line(rule: Rule) -> str:
+    ports = ",".join(f"{low}-{high}" for low, high in rule.ports)
+    return (f"rule {rule.name} to {','.join(map(str, rule.destinations))} from {','.join(map(str, rule.sources))} "
+            f"protocol {rule.protocol or ''} ports {ports} {rule.action.value} {rule.snat_to or ''}")
 
 
 def policy_hash(policy: Policy) -> str:
