@@ -12,7 +12,8 @@ import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ipmasq.config.model import Entry
+from ipmasq.config.model import Entry, RuleAction
+from ipmasq.config.model import Rule as ConfigRule
 from ipmasq.errors import IpmasqError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
@@ -23,6 +24,7 @@ __all__ = [
     "MASQ_COMMENT",
     "NON_MASQ_COMMENT",
     "OUR_COMMENT",
+    "RULE_COMMENT_PREFIX",
     "ChainRules",
     "Condition",
     "Match",
@@ -31,6 +33,7 @@ __all__ = [
     "RuleParseError",
     "canonical",
     "chain_rules",
+    "config_rule_lines",
     "count_foreign_nat",
     "count_rules",
     "is_our_jump",
@@ -40,6 +43,7 @@ __all__ = [
     "parse_rule",
     "parse_save",
     "render_restore",
+    "rule_comment",
     "rule_target",
     "save_lines",
 ]
@@ -47,6 +51,7 @@ __all__ = [
 NON_MASQ_COMMENT = "ip-masq-agent: local traffic is not subject to MASQUERADE"
 MASQ_COMMENT = "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)"
 EXCEPTION_COMMENT = "ip-masq-agent: masqueradeCIDRs traffic is subject to MASQUERADE"
+RULE_COMMENT_PREFIX = "ip-masq-agent: rule "
 PROTOCOLS_WITH_PORTS = ("tcp", "udp", "sctp")
 
 
@@ -102,10 +107,58 @@ class ChainRules:
 def chain_rules(policy: Policy, family: Family) -> ChainRules:
     chain = policy.options.masq_chain
     rules: list[str] = []
+    for rule in policy.rules(family):  # the config's rules first: the first that matches decides
+        rules.extend(config_rule_lines(chain, rule, policy.options))
     for entry in policy.rule_entries(family):
         rules.extend(_entry_rules(chain, entry, policy.options))
     rules.extend(_masquerade_rules(chain, policy.options, destination=None, comment=MASQ_COMMENT))
     return ChainRules(chain, family, tuple(rules))
+
+
+def rule_comment(name: str) -> str:
+    """The comment on the lines of a config rule: iptables-save then says which rule a line comes from."""
+    return f"{RULE_COMMENT_PREFIX}{name}"
+
+
+# the names iptables-save prints for -p (ip6tables-save calls ICMPv6 ipv6-icmp)
+_PROTOCOL_NAMES = {"tcp": "tcp", "udp": "udp", "sctp": "sctp", "icmp": "icmp", "icmpv6": "ipv6-icmp"}
+# multiport takes at most 15 ports, a range counting as two
+_MULTIPORT_SLOTS = 15
+
+
+def config_rule_lines(chain: str, rule: ConfigRule, options: PolicyOptions) -> list[str]:
+    """A rule of the config's `rules` as restore lines: one per source, destination and group of at most 15 ports
+    (iptables-save lists a rule with several addresses as that many rules; multiport takes 15)."""
+    head = f"-A {chain} -m comment --comment {_quote(rule_comment(rule.name))}"
+    random_fully = " --random-fully" if options.random_fully else ""
+    if rule.action is RuleAction.PRESERVE:
+        target = "-j RETURN"
+    elif rule.action is RuleAction.SNAT:
+        target = f"-j SNAT --to-source {rule.snat_to}{random_fully}"
+    else:
+        target = f"-j MASQUERADE{random_fully}"
+    protocol = f" -p {_PROTOCOL_NAMES[rule.protocol]}" if rule.protocol is not None else ""
+    port_matches = [f" -m multiport --dports {group}" for group in _port_groups(rule.ports)] or [""]
+    lines = []
+    for source in rule.sources or (None,):
+        from_source = "" if source is None else f" -s {source}"
+        for destination in rule.destinations:
+            for ports in port_matches:
+                lines.append(f"{head}{from_source} -d {destination}{protocol}{ports} {target}")
+    return lines
+
+
+def _port_groups(ports: tuple[tuple[int, int], ...]) -> list[str]:
+    groups: list[list[str]] = []
+    used = _MULTIPORT_SLOTS
+    for low, high in ports:
+        slots = 1 if low == high else 2
+        if used + slots > _MULTIPORT_SLOTS:
+            groups.append([])
+            used = 0
+        groups[-1].append(str(low) if low == high else f"{low}:{high}")
+        used += slots
+    return [",".join(group) for group in groups]
 
 
 def _entry_rules(chain: str, entry: Entry, options: PolicyOptions) -> list[str]:

@@ -19,11 +19,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ipmasq.config.model import Rule as ConfigRule
+from ipmasq.config.model import RuleAction
 from ipmasq.errors import IpmasqError, clip
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
-from ipmasq.prefix import Family
-from ipmasq.rules.iptables import MASQ_COMMENT, NON_MASQ_COMMENT
+from ipmasq.prefix import Family, Prefix
+from ipmasq.ranges import union_of_prefixes
+from ipmasq.rules.iptables import MASQ_COMMENT, NON_MASQ_COMMENT, rule_comment
 
 __all__ = [
     "CHAIN",
@@ -36,6 +39,7 @@ __all__ = [
     "NftParseError",
     "NftSet",
     "NftTable",
+    "config_rule_text",
     "count_foreign_nat",
     "delete_script",
     "desired_table",
@@ -122,6 +126,46 @@ def _masquerade_rules(options: PolicyOptions) -> list[str]:
     return rules
 
 
+def config_rule_text(rule: ConfigRule, options: PolicyOptions) -> str:
+    """A rule of the config's `rules` in the form `nft list` prints it: several addresses or ports become an
+    anonymous set, merged and sorted as nft lists them (it merges `{ 0.0.0.0/1, 128.0.0.0/1 }` to one prefix)."""
+    protocol = "ip" if rule.family is Family.V4 else "ip6"
+    parts = []
+    if rule.sources:
+        parts.append(f"{protocol} saddr {_address_set(rule.family, rule.sources)}")
+    parts.append(f"{protocol} daddr {_address_set(rule.family, rule.destinations)}")
+    if rule.ports:
+        parts.append(f"{rule.protocol} dport {_port_set(rule.ports)}")
+    elif rule.protocol is not None:
+        parts.append(f"meta l4proto {'ipv6-icmp' if rule.protocol == 'icmpv6' else rule.protocol}")
+    random_fully = " fully-random" if options.random_fully else ""
+    if rule.action is RuleAction.PRESERVE:
+        parts.append("return")
+    elif rule.action is RuleAction.SNAT:
+        parts.append(f"snat {protocol} to {rule.snat_to}{random_fully}")
+    else:
+        parts.append(f"masquerade{random_fully}")
+    return " ".join(parts) + _comment(rule_comment(rule.name))
+
+
+def _braced(elements: list[str]) -> str:
+    return elements[0] if len(elements) == 1 else "{ " + ", ".join(elements) + " }"
+
+
+def _address_set(family: Family, prefixes: tuple[Prefix, ...]) -> str:
+    return _braced([format_element(family, a, b) for a, b in union_of_prefixes(list(prefixes), family.bits)])
+
+
+def _port_set(ports: tuple[tuple[int, int], ...]) -> str:
+    merged: list[tuple[int, int]] = []
+    for low, high in sorted(ports):
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(high, merged[-1][1]))
+        else:
+            merged.append((low, high))
+    return _braced([str(low) if low == high else f"{low}-{high}" for low, high in merged])
+
+
 def desired_table(policy: Policy) -> NftTable:
     """Our whole table for a policy (every family it manages)."""
     families = policy.families
@@ -132,6 +176,8 @@ def desired_table(policy: Policy) -> NftTable:
     if Family.V6 not in families:
         # an inet chain sees IPv6 too; without --enable-ipv6 the reference writes no IPv6 rules, so pod IPs stay
         rules.append("meta nfproto ipv6 return" + _comment(V6_UNMANAGED_COMMENT))
+    for family in families:  # the config's rules ahead of the set lookups: the first that matches decides
+        rules.extend(config_rule_text(rule, policy.options) for rule in policy.rules(family))
     for family in families:
         protocol = "ip" if family is Family.V4 else "ip6"
         rules.append(f"{protocol} daddr @{SET_NAMES[family]} return" + _comment(NON_MASQ_COMMENT))
@@ -390,6 +436,11 @@ class _Unrecognised(Exception):
 def _value(right: Any) -> str:
     if isinstance(right, dict) and "set" in right:
         return "{ " + ", ".join(_value(v) for v in right["set"]) + " }"
+    if isinstance(right, dict) and set(right) == {"prefix"}:  # an address prefix (config rules)
+        prefix = right["prefix"]
+        return f"{_value(prefix['addr'])}/{_value(prefix['len'])}"
+    if isinstance(right, dict) and set(right) == {"range"} and len(right["range"]) == 2:  # addresses or ports
+        return f"{_value(right['range'][0])}-{_value(right['range'][1])}"
     if isinstance(right, str | int) and not isinstance(right, bool):
         return str(right)
     raise _Unrecognised
@@ -437,6 +488,12 @@ def _statement(stmt: Any) -> str:
             text += f" {flag}"
         if set(body) - {"port", "flags"}:
             raise _Unrecognised
+        return text
+    if kind == "snat" and isinstance(body, dict) and set(body) <= {"family", "addr", "flags"}:
+        text = f"snat {body['family']} to {_value(body['addr'])}"
+        flags = body.get("flags", [])
+        for flag in [flags] if isinstance(flags, str) else flags:
+            text += f" {flag}"
         return text
     raise _Unrecognised
 

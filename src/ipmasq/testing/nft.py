@@ -160,6 +160,12 @@ _TOKEN = re.compile(r'"[^"]*"|\{[^}]*\}|\S+')
 def _json_value(token: str) -> Any:
     if token.startswith("{"):
         return {"set": [_json_value(t.strip()) for t in token[1:-1].split(",") if t.strip()]}
+    if "/" in token:  # an address prefix, as nft lists one
+        address, _, length = token.partition("/")
+        return {"prefix": {"addr": address, "len": int(length)}}
+    first, dash, last = token.partition("-")
+    if dash and ((first.isdigit() and last.isdigit()) or "." in first or ":" in first):
+        return {"range": [_json_value(first), _json_value(last)]}  # ports or addresses, not a name (ipv6-icmp)
     return int(token) if token.isdigit() else token
 
 
@@ -184,10 +190,24 @@ def rule_to_json(text: str) -> dict[str, Any]:
             flags, result, value = need(4)[1:]
             match_left: dict[str, Any] = {"fib": {"result": result, "flags": flags.split(".")}}
             i += 4
-        elif t in ("ip", "ip6"):
+        elif t in ("ip", "ip6", "tcp", "udp", "sctp"):  # ip daddr, tcp dport, ...
             field, value = need(3)[1:]
             match_left = {"payload": {"protocol": t, "field": field}}
             i += 3
+        elif t == "snat":
+            family, to, address = need(4)[1:]
+            if to != "to" or family not in ("ip", "ip6"):
+                raise NftParseError(f"unsupported snat in {text!r}")
+            i += 4
+            snat: dict[str, Any] = {"family": family, "addr": address}
+            snat_flags: list[str] = []
+            while i < len(tokens) and tokens[i] in ("fully-random", "random", "persistent"):
+                snat_flags.append(tokens[i])
+                i += 1
+            if snat_flags:
+                snat["flags"] = snat_flags[0] if len(snat_flags) == 1 else snat_flags
+            expr.append({"snat": snat})
+            continue
         elif t == "meta":
             key, value = need(3)[1:]
             match_left = {"meta": {"key": key}}
