@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ipmasq.backends.base import Backend, Removable, State
-from ipmasq.config.model import DEFAULT_RESYNC_SECONDS
+from ipmasq.config.model import DEFAULT_RESYNC_SECONDS, MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes
 from ipmasq.errors import BackendError, ConfigError, IpmasqError
 from ipmasq.options import PolicyOptions
@@ -182,6 +182,7 @@ class Reconciler:
             if isinstance(config_input, ConfigError):
                 raise config_input
             config = config_from_bytes(config_input, self.options)
+            self._refuse_unrendered_rules(config)
         except ConfigError as exc:
             self.config_error = exc.located()
             keeping = "keeping the last good config" if self.policy is not None else "leaving the rules untouched"
@@ -201,6 +202,20 @@ class Reconciler:
                           config.resync_interval, self._policy_hash[:12])
         self.config_error = None
         return self._config_report(changed=True)
+
+    def _refuse_unrendered_rules(self, config: MasqConfig) -> None:
+        """A `rules` entry the backend does not write would leave the node deciding otherwise than the config (and
+        explain) say: refuse the config instead, keeping the last good one, until the backend renders every rule
+        (each rule's name appears in the objects it writes)."""
+        if not config.rules:
+            return
+        policy = Policy(config, self.options)
+        written = "\n".join(line for family in policy.families for line in self.backend.desired(policy, family).objects)
+        missing = [rule for rule in config.rules if rule.name not in written]
+        if missing:
+            raise ConfigError(f"rule {missing[0].name}: the {self.backend.name} backend of this version does not "
+                              "write config rules yet; remove the rules section or use a backend that does",
+                              source=config.sources[0] if config.sources else None)
 
     def _config_report(self, *, changed: bool) -> ConfigReport:
         return ConfigReport(changed=changed, config_error=self.config_error, policy_hash=self._policy_hash,
