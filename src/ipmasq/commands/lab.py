@@ -12,6 +12,7 @@ from typing import Any
 from ipmasq.errors import UsageError
 
 BACKENDS = ("iptables", "nftables")
+FLEET_SCENARIO = "fleet-rollout"
 
 
 def register(subparsers: Any) -> None:
@@ -21,7 +22,10 @@ def register(subparsers: Any) -> None:
         "lab", help="reproduce real outages and their fixes in throwaway network namespaces (root)",
         description="Build pod -> node -> VPC -> VPN peers / Cloud NAT -> internet in throwaway namespaces, run the "
         "real agent on the node, and show for every probe what explain predicts and what the peer really saw. "
-        f"Scenarios: {', '.join(SCENARIOS)}.",
+        f"Scenarios: {', '.join(SCENARIOS)}. {FLEET_SCENARIO} (not part of all) builds four nodes in two pools "
+        "with the agent on each and a real Prometheus scraping them (needs prometheus installed): a config rollout "
+        "read from ipmasq_enforced_config_info, a node whose rules keep being deleted, a node given an invalid "
+        "config, with the seconds each node took and the alerts each one raised.",
     )
     parser.add_argument("--scenario", default="all", metavar="NAME", help="a scenario name, or all (default)")
     parser.add_argument("--backend", choices=BACKENDS, default="iptables", help="the agent's backend")
@@ -37,10 +41,12 @@ def run(args: argparse.Namespace) -> int:
     from ipmasq.lab.scenarios import SCENARIOS
     from ipmasq.lab.topology import build_lab
 
-    if args.scenario != "all" and args.scenario not in SCENARIOS:
-        raise UsageError(f"unknown scenario {args.scenario!r} (known: {', '.join(SCENARIOS)}, all)")
+    if args.scenario != "all" and args.scenario not in SCENARIOS and args.scenario != FLEET_SCENARIO:
+        raise UsageError(f"unknown scenario {args.scenario!r} (known: {', '.join(SCENARIOS)}, {FLEET_SCENARIO}, all)")
     if os.geteuid() != 0:
         raise UsageError("the lab creates network namespaces: run it as root")
+    if args.scenario == FLEET_SCENARIO:
+        return _run_fleet(args)
     chosen = list(SCENARIOS.values()) if args.scenario == "all" else [SCENARIOS[args.scenario]]
     # Ctrl-C raises KeyboardInterrupt; make SIGTERM (a killed job, a CI timeout) unwind the same way, so the
     # finally below always deletes the namespaces and stops the agent and the probe servers
@@ -92,3 +98,48 @@ def _print_scenario(result: Any) -> None:
     if result.error:
         print(f"!! {result.error}")
     print()
+
+
+def _run_fleet(args: argparse.Namespace) -> int:
+    from ipmasq.lab.fleet import FleetLab, FleetResult, build_fleet, run_fleet_rollout
+    from ipmasq.lab.netns import Network, cleanup_stale, new_prefix
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    cleanup_stale()
+    net = Network(new_prefix())
+    lab: FleetLab | None = None
+    result: FleetResult | None = None
+    progress = (lambda line: print(f"-- {line}", flush=True)) if args.output == "text" else (lambda _line: None)
+    try:
+        lab = build_fleet(net, args.backend)
+        result = run_fleet_rollout(lab, progress=progress)
+    finally:
+        if args.keep:
+            names = " ".join(ns.name for ns in net.namespaces.values())
+            print(f"kept namespaces: {names}\n  remove all: for n in {names}; do ip netns del $n; done",
+                  file=sys.stderr)
+        else:
+            if lab is not None:
+                lab.close()
+            net.delete()
+    if args.output == "json":
+        json.dump(result.as_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_fleet(result)
+    return 0 if result.ok else 1
+
+
+def _print_fleet(result: Any) -> None:
+    print(f"== fleet-rollout ({result.backend}): initial config {result.initial_hash}, rollout {result.rollout_hash}")
+    print(f"   {'NODE':<34} {'POOL':<13} {'CONFIG HASH':<17} {'CONVERGED':>9}  {'PROBES':<6} ALERTS SEEN")
+    for node in result.nodes:
+        seconds = "-" if node.seconds_to_converge is None else f"{node.seconds_to_converge:.1f}s"
+        print(f"   {node.name:<34} {node.pool:<13} {_show(node.config_hash):<17} {seconds:>9}  "
+              f"{'ok' if node.probes_ok else 'DIFFER':<6} {', '.join(node.alert_list()) or '-'}")
+    for check in result.checks:
+        print(f"   {'ok' if check.ok else 'FAILED':<6} {check.name}{': ' + check.detail if check.detail else ''}")
+    if result.error:
+        print(f"!! {result.error}")
+    print(f"\n{result.verdict}")
