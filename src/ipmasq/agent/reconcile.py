@@ -211,7 +211,8 @@ class Reconciler:
             return
         policy = Policy(config, self.options)
         written = "\n".join(line for family in policy.families for line in self.backend.desired(policy, family).objects)
-        missing = [rule for rule in config.rules if rule.name not in written]
+        # only this node's rules: a rule whose `nodes` do not match this node is rightly absent
+        missing = [rule for family in policy.families for rule in policy.rules(family) if rule.name not in written]
         if missing:
             raise ConfigError(f"rule {missing[0].name}: the {self.backend.name} backend of this version does not "
                               "write config rules yet; remove the rules section or use a backend that does",
