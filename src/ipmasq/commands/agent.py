@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +53,9 @@ def register(subparsers: Any) -> None:
                         help="the node lock: only the agent holding it writes rules, another one waits (a rolling "
                              f"update); default {DEFAULT_LOCK_DIRECTORY}/agent-netns-<inode>.lock, one per network "
                              "namespace (mount the directory from the host)")
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME") or None, metavar="NAME",
+                        help="this node's name, which selects the config rules that have `nodes` (default: "
+                             "$NODE_NAME, which the DaemonSet sets from spec.nodeName)")
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                         help="one line per event, as text or JSON (default %(default)s)")
     parser.add_argument("--version", action="version", version=f"ipmasq {__version__}")

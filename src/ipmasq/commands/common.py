@@ -92,6 +92,7 @@ def options_from_args(args: argparse.Namespace) -> PolicyOptions:
         enable_ipv6=args.enable_ipv6,
         random_fully=args.random_fully,
         to_ports=parse_to_ports(args.to_ports),
+        node_name=getattr(args, "node_name", None),  # only commands that take --node-name (agent, explain)
     )
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
-from ipmasq.cloudnat import CloudNat, CloudNatMode, follow_path
+from ipmasq.cloudnat import CloudNat, CloudNatMode, PathResult, follow_path, is_internet
 from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, load_policy, print_json
+from ipmasq.config.model import Rule, RuleAction
 from ipmasq.errors import UsageError, clip
 from ipmasq.policy import Policy, Reason, Verdict
 from ipmasq.prefix import parse_address
@@ -19,7 +21,10 @@ _REASON_TEXT = {
     Reason.CATCH_ALL: "matches no non-masquerade CIDR, so the final MASQUERADE rule applies",
     Reason.IPV6_DISABLED: "IPv6 without --enable-ipv6: the agent writes no IPv6 rules",
     Reason.LOCAL: "a node-local address: the POSTROUTING jump skips it (! --dst-type LOCAL)",
+    Reason.RULE: "the first rule of the config's rules section that matches the packet decides",
 }
+RULE_PROTOCOLS = ("tcp", "udp", "sctp", "icmp", "icmpv6")
+_ACTION_TEXT = {RuleAction.MASQUERADE: "masquerade", RuleAction.PRESERVE: "preserve", RuleAction.SNAT: "snat"}
 
 
 def register(subparsers: Any) -> None:
@@ -31,7 +36,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("destinations", nargs="+", metavar="DEST", help="destination IP address")
     add_policy_flags(parser, config_help="config file or directory, ConfigMap manifest, or - for standard input "
                                          "(default: none, the built-in defaults)")
-    parser.add_argument("--source", metavar="POD_IP", help="the pod's IP (shown as the source when not masqueraded)")
+    parser.add_argument("--source", metavar="POD_IP",
+                        help="the pod's IP: selects config rules with sources, and is shown when not masqueraded")
+    parser.add_argument("--protocol", choices=RULE_PROTOCOLS, help="the packet's protocol (selects config rules)")
+    parser.add_argument("--port", type=_port, metavar="PORT", help="the destination port (selects config rules)")
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME") or None, metavar="NAME",
+                        help="the node's name: selects config rules with nodes (default: $NODE_NAME)")
     parser.add_argument("--node-ip", metavar="NODE_IP", help="the node's IP (shown as the source when masqueraded)")
     nat = parser.add_argument_group("second NAT layer (Cloud NAT behind the node)")
     nat.add_argument("--pod-range", action="append", default=[], metavar="CIDR",
@@ -43,6 +53,12 @@ def register(subparsers: Any) -> None:
     nat.add_argument("--nat-ip", metavar="IP", help="the Cloud NAT gateway's public address")
     add_output_flag(parser)
     parser.set_defaults(func=run)
+
+
+def _port(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{clip(repr(text))} is not a port (1-65535)")
+    return int(text)
 
 
 def _cloud_nat(args: argparse.Namespace) -> CloudNat | None:
@@ -61,7 +77,10 @@ def run(args: argparse.Namespace) -> int:
     for flag, text in (("--source", args.source), ("--node-ip", args.node_ip)):
         if text is not None:
             address_flag(flag, text)
+    if args.port is not None and args.protocol not in ("tcp", "udp", "sctp"):
+        raise UsageError("--port needs --protocol tcp, udp or sctp")
     policy = load_policy(args, "explain")
+    source = None if args.source is None else parse_address(args.source)
     cloud_nat = _cloud_nat(args)
     results = []
     for destination in args.destinations:
@@ -73,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
             if text is not None and parse_address(text)[0] is not family:
                 raise UsageError(f"{flag} {text} is IPv{parse_address(text)[0].value} and the destination "
                                  f"{destination} is IPv{family.value}: a packet has one family")
-        verdict = policy.verdict_for(family, address, text=destination)
+        verdict = policy.verdict_for(family, address, text=destination, source=None if source is None else source[1],
+                                     protocol=args.protocol, port=args.port)
         if args.node_ip is not None and parse_address(args.node_ip) == (family, address):
             verdict = Verdict(verdict.destination, verdict.family, False, Reason.LOCAL, None)
         results.append(_as_dict(verdict, policy, args, cloud_nat))
@@ -88,30 +108,76 @@ def run(args: argparse.Namespace) -> int:
 def _as_dict(verdict: Verdict, policy: Policy, args: argparse.Namespace, cloud_nat: CloudNat | None) -> dict[str, Any]:
     entry = verdict.entry
     chain = policy.options.masq_chain
-    if entry is None:
+    matched = None if verdict.matched is None else str(verdict.matched)
+    rule: str | None
+    if verdict.rule is not None:
+        rule = f"rule {verdict.rule.name}"
+        matched = next(str(p) for p in verdict.rule.destinations
+                       if p.family is verdict.family and p.contains(parse_address(verdict.destination)[1]))
+    elif entry is None:
         rule = "final MASQUERADE" if verdict.reason is Reason.CATCH_ALL else None
     else:
         target = "MASQUERADE" if entry.masquerade else "RETURN"
         rule = f"-A {chain} -d {entry.prefix} -j {target}"
-    path = follow_path(verdict, pod_ip=args.source, node_ip=args.node_ip, cloud_nat=cloud_nat)
+    path = _path(verdict, args, cloud_nat)
+    defined_at = verdict.rule.where() if verdict.rule is not None else None if entry is None else entry.where()
     return {
         "destination": verdict.destination,
         "masquerade": verdict.masquerade,
-        "matched": None if verdict.matched is None else str(verdict.matched),
+        "matched": matched,
         "reason": verdict.reason.value,
+        "rule_name": None if verdict.rule is None else verdict.rule.name,
+        "action": None if verdict.rule is None else _ACTION_TEXT[verdict.rule.action],
+        "snat_to": verdict.snat_to,
+        "depends_on": list(verdict.depends_on),
+        "if_matched_first": [_conditional(r) for r in verdict.conditional],
         "source_seen": path.source_seen,
         "source_after_node": path.source_after_node,
         "dropped": path.source_seen is None,
         "dropped_because": path.dropped_because,
         "path": list(path.hops),
         "rule": rule,
-        "defined_at": None if entry is None else entry.where(),
+        "defined_at": defined_at,
         "explanation": _REASON_TEXT[verdict.reason],
     }
 
 
+def _conditional(rule: Rule) -> dict[str, Any]:
+    """An earlier rule that decides instead when the fields not given match it."""
+    return {"rule_name": rule.name, "defined_at": rule.where(), "action": _ACTION_TEXT[rule.action],
+            "snat_to": rule.snat_to}
+
+
+def _path(verdict: Verdict, args: argparse.Namespace, cloud_nat: CloudNat | None) -> PathResult:
+    """follow_path, or for a snat rule: the rule's address leaves the node, and a Cloud NAT behind it sees that."""
+    if verdict.snat_to is None:
+        return follow_path(verdict, pod_ip=args.source, node_ip=args.node_ip, cloud_nat=cloud_nat)
+    hops = [f"node: SNAT to {verdict.snat_to} (rule {verdict.rule.name if verdict.rule else '?'})"]
+    if cloud_nat is None or not is_internet(verdict.destination):
+        return PathResult(verdict.snat_to, verdict.snat_to, tuple(hops))
+    if cloud_nat.translates(verdict.snat_to):
+        hops.append(f"Cloud NAT ({cloud_nat.mode.value}): {verdict.snat_to} -> {cloud_nat.nat_ip}")
+        return PathResult(verdict.snat_to, cloud_nat.nat_ip, tuple(hops))
+    hops.append(f"Cloud NAT ({cloud_nat.mode.value}): {verdict.snat_to} not translated -> dropped")
+    return PathResult(verdict.snat_to, None, tuple(hops), f"Cloud NAT is set to {cloud_nat.mode.value}, which does "
+                      f"not translate {verdict.snat_to}; the packet is dropped")
+
+
 def _as_text(r: dict[str, Any]) -> str:
-    action = "MASQUERADED to the node IP" if r["masquerade"] else "NOT masqueraded (keeps the pod IP)"
-    matched = f" matched {r['matched']} ({r['defined_at']})" if r["matched"] else ""
+    if r["snat_to"] is not None:
+        action = f"SNAT to {r['snat_to']}"
+    else:
+        action = "MASQUERADED to the node IP" if r["masquerade"] else "NOT masqueraded (keeps the pod IP)"
     seen = f"the destination sees {r['source_seen']}" if not r["dropped"] else f"DROPPED: {r['dropped_because']}"
-    return f"{r['destination']}: {action}; {seen}.{matched} Why: {r['explanation']}."
+    if r["rule_name"] is not None:
+        matched = f" Rule {r['rule_name']} ({r['defined_at']}) matched {r['matched']}."
+    else:
+        matched = f" matched {r['matched']} ({r['defined_at']})" if r["matched"] else ""
+    text = f"{r['destination']}: {action}; {seen}.{matched} Why: {r['explanation']}."
+    if r["depends_on"]:
+        earlier = "; ".join(f"rule {c['rule_name']} ({c['defined_at']}): "
+                            + (f"snat to {c['snat_to']}" if c["snat_to"] else c["action"])
+                            for c in r["if_matched_first"])
+        text += (f" Depends on {'/'.join(r['depends_on'])} (not given): that answer is for packets that "
+                 f"these earlier rules do not match: {earlier}.")
+    return text
