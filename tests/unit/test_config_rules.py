@@ -167,3 +167,11 @@ def test_to_ports_with_a_rewriting_rule_is_an_error_not_ignored() -> None:
     assert load(one_rule("destinations: [10.1.0.0/16]\naction: preserve"), with_ports).rules
     error = error_of(one_rule("destinations: [10.1.0.0/16]\naction: masquerade"), with_ports)
     assert "--to-ports is not supported yet" in str(error) and error.line == 2
+
+
+def test_enable_ipv6_in_the_config() -> None:
+    assert load("enableIPv6: true\n", V6).rules == ()
+    assert load("enableIPv6: false\n", V4).warnings == ()  # a known key: no "unknown key" warning
+    error = error_of("nonMasqueradeCIDRs: [10.0.0.0/8]\nenableIPv6: true\n", V4)
+    assert error.line == 2 and "needs the --enable-ipv6 flag" in str(error)
+    assert 'got the string "yes"' in str(error_of('enableIPv6: "yes"\n', V6))

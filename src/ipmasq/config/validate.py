@@ -49,6 +49,7 @@ KNOWN_KEYS = {
         "masqLinkLocalIPv6",
         "resyncInterval",
         "rules",
+        "enableIPv6",
     )
 }
 
@@ -173,6 +174,17 @@ def _apply_field(settings: FileSettings, key: str, f: Field, doc: Document, *, e
         settings.resync_interval = seconds
     elif key == "rules":
         settings.rules = _rules(doc, f, enable_ipv6=enable_ipv6)
+    elif key == "enableIPv6":
+        if node.value is None:
+            return
+        if node.kind != "scalar" or not isinstance(node.value, bool) or node.quoted:
+            raise _error(doc, node, f.key, f"enableIPv6 must be true or false (unquoted), got {_describe(node)}",
+                         "wrong-type")
+        if node.value and not enable_ipv6:
+            # IPv6 turned on by the config alone would need the backends to take up a family while running; until
+            # they do, say so rather than ignore the key
+            raise _error(doc, node, f.key, "enableIPv6: true needs the --enable-ipv6 flag in this version (IPv6 "
+                         "from the config alone is not supported yet)", "unsupported-key")
 
 
 def _cidr_list(doc: Document, f: Field, *, masquerade: bool, enable_ipv6: bool) -> list[Entry]:
