@@ -44,6 +44,16 @@ def test_fast_paths_equal_the_general_path(chain: str, comment: str, address: st
     '-A X -m comment --comment "a" -d 10.0.0.0/8 -j MASQUERADE',
     '-A X -m comment --comment "a" ! -d 10.0.0.0/8 -j RETURN',
     '-A X -m comment --comment "a\\"b" -d 10.0.0.0/8 -j RETURN',
+    '-A X -m comment --comment "-o" -d 0.0.0.0 -j RETURN',
+    '-A X -m comment --comment "-m" -d 0.0.0.0 -j RETURN',
 ])
 def test_other_rules_take_the_general_path(line: str) -> None:
     assert iptables.canonical(line) == iptables._canonical(line)
+
+
+@pytest.mark.parametrize("comment", ["-o", "-m", "-j", "-d", "--comment"])
+def test_a_comment_that_reads_like_an_option_stays_a_comment(comment: str) -> None:
+    rule = iptables.parse_rule(f'-A X -s 10.0.0.0/8 -m comment --comment "{comment}" -j MASQUERADE')
+    assert rule.matches == (iptables.Match("comment", ("--comment", comment)),)
+    assert rule.target == "MASQUERADE"
+    assert [c.option for c in rule.conditions] == ["-s"]

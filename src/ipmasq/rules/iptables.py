@@ -261,6 +261,11 @@ def _canonical(line: str) -> str:
     i = 2
     while i < len(tokens):
         t = tokens[i]
+        if t == "--comment" and i + 1 < len(tokens):
+            # a comment is free text: `--comment "-o"` is a value, never an option to move
+            rest.extend(tokens[i:i + 2])
+            i += 2
+            continue
         negated = t == "!" and i + 1 < len(tokens) and tokens[i + 1] in _LEADING
         option = tokens[i + 1] if negated else t
         if option in _LEADING and (negated or t in _LEADING):
@@ -454,6 +459,9 @@ def parse_rule(line: str, *, already_canonical: bool = False) -> Rule:
         token = tokens[i]
         if target is not None:
             target_args.append(token)
+        elif token == "--comment" and current is not None and i + 1 < len(tokens):
+            current[1].extend(tokens[i:i + 2])  # free text, even when it reads like `-m` or `-j`
+            i += 1
         elif token == "-m" and i + 1 < len(tokens):
             if current is not None:
                 matches.append(Match(current[0], tuple(current[1])))
