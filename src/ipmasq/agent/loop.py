@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ipmasq.agent.nodelock import NodeLock
-from ipmasq.agent.reconcile import ConfigReport, PassReport, Reconciler, SyncResult
+from ipmasq.agent.reconcile import ConfigReport, PassReport, Reconciler, StopRequested, SyncResult
 from ipmasq.agent.watch import ConfigWatcher
 from ipmasq.config.source import ConfigInput, read_config_input
 from ipmasq.errors import ConfigError
@@ -197,6 +197,8 @@ class Agent:
                 if self._iteration(wakeup, schedule):
                     last_error = None  # a pass completed: the same error again is news again
                 self._wait(watcher, wakeup, schedule)
+            except StopRequested:
+                return  # SIGTERM while a config was being parsed: stop now, nothing was written
             except Exception as exc:  # nothing but stop may end the loop
                 error = f"{type(exc).__name__}: {exc}"
                 if error != last_error:

@@ -11,6 +11,14 @@ applied and verified: make before break, so a switch never leaves the node witho
 between. While both are installed both hold our rules, so the same policy decides. Anything that stays (a failed
 removal) is named in the PassReport's `leftovers` and keeps the agent not ready.
 
+An idle pass need not read anything: `fingerprint` (ipmasq.backends.generation.node_fingerprint) is a cheap kernel
+fact that changes whenever any NAT rule the pass would read changes (the nf_tables generation, a digest of the
+iptables-legacy nat tables). It is taken at the START of every pass; when a pass read everything, found it equal to
+the policy and wrote nothing, that fingerprint is kept. A later pass whose fingerprint equals the kept one, for the
+same policy, is IN_SYNC without a read: nothing has been written since a read that verified it. Any write by
+anyone (our rules deleted, a foreign rule added, even a no-op transaction) changes the fingerprint, and that pass
+reads everything as before; a fingerprint that cannot be read (None) always means a full read.
+
 What happened is handed out as values, never as the Reconciler itself: `observe` returns a ConfigReport (what one
 read of the config did), `reconcile` a PassReport (what one pass found, wrote and verified). Metrics, health and
 the `--once` exit code only read those; nothing downstream asks the backend again or re-derives a fact.
@@ -19,9 +27,13 @@ the `--once` exit code only read those; nothing downstream asks the backend agai
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import signal
+import threading
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
+from types import FrameType
 
 from ipmasq.backends.base import Backend, Removable, State
 from ipmasq.config.model import DEFAULT_RESYNC_SECONDS, MasqConfig
@@ -32,8 +44,8 @@ from ipmasq.policy import Policy
 from ipmasq.policy_hash import policy_hash
 from ipmasq.prefix import Family
 
-__all__ = ["ConfigReport", "FamilyWrite", "ObjectCount", "PassReport", "Readiness", "Reconciler", "SyncResult",
-           "count_objects"]
+__all__ = ["ConfigReport", "FamilyWrite", "ObjectCount", "PassReport", "Readiness", "Reconciler", "StopRequested",
+           "SyncResult", "count_objects"]
 
 
 # An idle pass recounts the node's foreign NAT rules only this often (a change by this agent recounts at once).
@@ -115,6 +127,42 @@ def count_objects(state: State) -> tuple[int, int]:
     return rules, elements
 
 
+class StopRequested(BaseException):
+    """SIGTERM or SIGINT arrived while a config was being parsed: the process stops now instead of after the parse
+    (seconds for 100,000 CIDRs). Nothing was written: the kernel keeps the rules it had. A BaseException, so that
+    the loop's catch-all for unexpected errors lets it through."""
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def _stop_signals_interrupt() -> Iterator[None]:
+    """While inside, SIGTERM/SIGINT run the handler the process installed (the agent's requests the loop's stop) and
+    then raise StopRequested where the main thread is. Parsing is pure: abandoning it midway leaves nothing
+    half-written. Only the main thread can install handlers; with the default handler the signal kills the process
+    anyway, so nothing is wrapped then."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.getsignal(number) for number in _STOP_SIGNALS}
+
+    def interrupt(number: int, frame: FrameType | None) -> None:
+        handler = previous[signal.Signals(number)]
+        if callable(handler):
+            handler(number, frame)
+        raise StopRequested(signal.Signals(number).name)
+
+    wrapped = [number for number, handler in previous.items() if callable(handler)]
+    for number in wrapped:
+        signal.signal(number, interrupt)
+    try:
+        yield
+    finally:
+        for number in wrapped:
+            signal.signal(number, previous[number])
+
+
 @dataclass(frozen=True, slots=True)
 class _Seen:
     """The last config input observed (or the error reading it), to act once per change."""
@@ -127,8 +175,13 @@ class Reconciler:
     def __init__(self, backend: Backend, options: PolicyOptions, *, log: logging.Logger,
                  others: Sequence[Removable] = (),
                  on_policy_change: Callable[[Policy, Policy], None] | None = None,
-                 count_foreign: Callable[[], int] | None = None) -> None:
+                 count_foreign: Callable[[], int] | None = None,
+                 fingerprint: Callable[[], Hashable | None] | None = None) -> None:
         self.backend = backend
+        # a cheap kernel fact that changes with any NAT rule a pass reads (see the module docstring); None: unknown
+        self.fingerprint = fingerprint
+        self._quiet_fingerprint: Hashable | None = None  # taken at the start of the last pass that read, matched
+        self._count_fingerprint: Hashable | None = None  # taken right before the last count of foreign rules
         # read-only count of the node's NAT rules that are not ours and masquerade/SNAT (the fleet's alert)
         self.count_foreign = count_foreign
         self._foreign: int | None = None
@@ -181,8 +234,9 @@ class Reconciler:
         try:
             if isinstance(config_input, ConfigError):
                 raise config_input
-            config = config_from_bytes(config_input, self.options)
-            self._refuse_unrendered_rules(config)
+            with _stop_signals_interrupt():
+                config = config_from_bytes(config_input, self.options)
+                self._refuse_unrendered_rules(config)
         except ConfigError as exc:
             self.config_error = exc.located()
             keeping = "keeping the last good config" if self.policy is not None else "leaving the rules untouched"
@@ -192,8 +246,10 @@ class Reconciler:
             self.log.warning("config warning: %s", warning)
         changed = self.policy is None or self.policy.config != config
         if changed:  # an equal config keeps its Policy: verified once, it stays verified (and its caches warm)
-            self.policy = Policy(config, self.options)
-            self._policy_hash = policy_hash(self.policy)
+            with _stop_signals_interrupt():
+                policy = Policy(config, self.options)
+                digest = policy_hash(policy)
+            self.policy, self._policy_hash = policy, digest
         assert self._policy_hash is not None
         if self.config_error is not None or changed:
             where = ", ".join(config.sources) if config.sources else "no config file: the built-in defaults"
@@ -227,6 +283,13 @@ class Reconciler:
         policy = self.policy
         if policy is None:
             return self._pass_report(SyncResult.NO_POLICY)
+        fingerprint = self._take_fingerprint()
+        if (fingerprint is not None and fingerprint == self._quiet_fingerprint and self._enforced is policy
+                and self.backend_error is None and not self._leftovers):
+            # nothing was written anywhere since a pass read everything and found it matching: skip the reads
+            self._count_foreign(changed=False, fingerprint=fingerprint)
+            return self._pass_report(SyncResult.IN_SYNC)
+        self._quiet_fingerprint = None
         # the kernel was verified to hold this very config before: a difference now is someone else's doing
         drift = self._enforced is not None and self._enforced.config == policy.config
         writes: list[FamilyWrite] = []
@@ -265,21 +328,39 @@ class Reconciler:
             self.log.info("%s: recovered", self.backend.name)
         self.backend_error = None
         result = SyncResult.APPLIED if writes else SyncResult.IN_SYNC
-        self._count_foreign(changed=bool(writes or removed))
+        if not writes and not removed:
+            self._quiet_fingerprint = fingerprint  # taken before the reads that just verified everything
+        self._count_foreign(changed=bool(writes or removed), fingerprint=fingerprint)
         return self._pass_report(result, writes=writes, removed=removed, drift_repair=drift and bool(writes))
 
-    def _count_foreign(self, *, changed: bool) -> None:
+    def _take_fingerprint(self) -> Hashable | None:
+        if self.fingerprint is None:
+            return None
+        try:
+            return self.fingerprint()
+        except (OSError, IpmasqError) as exc:  # unknown: read everything, as without a fingerprint
+            self.log.debug("reading the kernel's rule fingerprint failed: %s", exc)
+            return None
+
+    def _count_foreign(self, *, changed: bool, fingerprint: Hashable | None) -> None:
         """Recount the foreign NAT rules when this pass changed the kernel, at the first pass, and every
-        FOREIGN_RECOUNT_PASSES passes otherwise: a full read of the node's nat rules is not an idle pass's cost."""
+        FOREIGN_RECOUNT_PASSES passes otherwise: a full read of the node's nat rules is not an idle pass's cost.
+        Never while the kernel's fingerprint equals the one taken right before the last count: no rule changed."""
         if self.count_foreign is None:
+            return
+        if not changed and self._foreign is not None and fingerprint is not None \
+                and fingerprint == self._count_fingerprint:
             return
         self._passes_since_count += 1
         if not changed and self._foreign is not None and self._passes_since_count < FOREIGN_RECOUNT_PASSES:
             return
         self._passes_since_count = 0
+        # taken again now: this pass's own writes came after the pass's first fingerprint
+        self._count_fingerprint = self._take_fingerprint() if changed else fingerprint
         try:
             self._foreign = self.count_foreign()
         except IpmasqError as exc:
+            self._count_fingerprint = None
             self.log.warning("counting foreign NAT rules failed: %s", exc)
 
     def _backend_failed(self, message: str) -> None:
