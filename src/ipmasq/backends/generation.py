@@ -27,7 +27,12 @@ from dataclasses import dataclass
 
 from ipmasq.prefix import Family
 
-__all__ = ["NodeFingerprint", "legacy_nat_digest", "nftables_generation", "node_fingerprint"]
+__all__ = ["LEGACY_DIGEST_MAX_BYTES", "NodeFingerprint", "legacy_nat_digest", "nftables_generation", "node_fingerprint"]
+
+# The legacy nat table is copied whole into this process to be hashed (x_tables keeps no change counter): 100,000
+# commented rules are ~55 MiB and ~0.4 s to walk. Above this size the fingerprint is "unknown" and passes read in
+# full, as before, through iptables-legacy-save (whose copy lives in the child, not in the agent).
+LEGACY_DIGEST_MAX_BYTES = 8 * 1024 * 1024
 
 # linux/netlink.h, linux/netfilter/nfnetlink.h, linux/netfilter/nf_tables.h
 _NETLINK_NETFILTER = 12
@@ -52,6 +57,9 @@ _GET_ENTRIES_HEADER = struct.Struct("=32sI")  # struct ipt_get_entries: name[32]
 # struct ipt_ip, 84 bytes) and struct ip6t_entry (after struct ip6t_ip6, 136 bytes with padding).
 _ENTRY_LAYOUT = {Family.V4: (90, 96), Family.V6: (142, 152)}
 _COUNTERS_SIZE = 16
+_NO_COUNTERS = bytes(_COUNTERS_SIZE)
+_ENTRIES_AT = _GET_ENTRIES_HEADER.size + (-_GET_ENTRIES_HEADER.size) % 8  # the entries hold u64s: 8-aligned
+_U16 = struct.Struct("=H")
 _LEVEL = {Family.V4: socket.IPPROTO_IP, Family.V6: socket.IPPROTO_IPV6}
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _ADDRESS_FAMILY = {Family.V4: socket.AF_INET, Family.V6: socket.AF_INET6}
@@ -118,17 +126,20 @@ def legacy_nat_digest(family: Family) -> bytes | None:
             return b"" if exc.errno in (errno.ENOENT, errno.ENOPROTOOPT) else None
         fields = _GETINFO.unpack(info)
         size = fields[-1]
-        request = _GET_ENTRIES_HEADER.pack(name, size)
+        if size > LEGACY_DIGEST_MAX_BYTES:
+            return None  # the copy would cost more memory than the full read it saves (see LEGACY_DIGEST_MAX_BYTES)
+        request = _GET_ENTRIES_HEADER.pack(name, size) + bytes(_ENTRIES_AT - _GET_ENTRIES_HEADER.size)
         # the table may have been replaced between the two calls: EAGAIN, or a size that no longer fits
         try:
-            blob = _getsockopt(sock, _LEVEL[family], _SO_GET_ENTRIES,
-                               request + bytes(size + (-_GET_ENTRIES_HEADER.size) % 8))
+            blob, length = _getsockopt_buffer(sock, _LEVEL[family], _SO_GET_ENTRIES, request, _ENTRIES_AT + size)
         except OSError:
             return None
     finally:
         sock.close()
-    entries = _entries_without_counters(blob, family)
-    if entries is None:
+    # in place: a table of 100,000 commented rules is tens of MiB, copied once by the kernel and never again
+    entries = memoryview(blob).cast("B")[_ENTRIES_AT:length]
+    if _GET_ENTRIES_HEADER.unpack_from(blob)[1] != size or len(entries) != size \
+            or not _zero_counters(entries, family):
         return None
     digest = hashlib.sha256(info[_TABLE_NAME_LEN:])  # hooks, underflows, entry count and size
     digest.update(entries)
@@ -137,32 +148,38 @@ def legacy_nat_digest(family: Family) -> bytes | None:
 
 def _getsockopt(sock: socket.socket, level: int, option: int, request: bytes) -> bytes:
     """getsockopt(2) with an input buffer (the table's name goes in): Python's socket.getsockopt cannot pass one."""
-    buffer = ctypes.create_string_buffer(request, len(request))
-    length = ctypes.c_uint32(len(request))
+    buffer, length = _getsockopt_buffer(sock, level, option, request, len(request))
+    return buffer.raw[:length]
+
+
+def _getsockopt_buffer(sock: socket.socket, level: int, option: int, request: bytes,
+                       size: int) -> tuple[ctypes.Array[ctypes.c_char], int]:
+    """getsockopt(2) into a buffer of `size` bytes starting with `request`; (the buffer, the length answered)."""
+    buffer = ctypes.create_string_buffer(size)
+    ctypes.memmove(buffer, request, len(request))
+    length = ctypes.c_uint32(size)
     if _LIBC.getsockopt(sock.fileno(), level, option, buffer, ctypes.byref(length)) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
-    return buffer.raw[:length.value]
+    return buffer, length.value
 
 
-def _entries_without_counters(blob: bytes, family: Family) -> bytes | None:
-    """The entries of an IPT_SO_GET_ENTRIES reply with every entry's counters zeroed; None when malformed."""
-    start = _GET_ENTRIES_HEADER.size + (-_GET_ENTRIES_HEADER.size) % 8
-    _name, size = _GET_ENTRIES_HEADER.unpack_from(blob)
-    if start + size > len(blob):
-        return None
-    entries = bytearray(blob[start:start + size])
+def _zero_counters(entries: memoryview, family: Family) -> bool:
+    """Zero every entry's packet and byte counters in place; False when the entries are malformed."""
     next_at, counters_at = _ENTRY_LAYOUT[family]
+    end = counters_at + _COUNTERS_SIZE
+    size = len(entries)
+    read_u16 = _U16.unpack_from
     offset = 0
     while offset < size:
-        if offset + counters_at + _COUNTERS_SIZE > size:
-            return None
-        (next_offset,) = struct.unpack_from("=H", entries, offset + next_at)
-        if next_offset < counters_at + _COUNTERS_SIZE or offset + next_offset > size:
-            return None
-        entries[offset + counters_at:offset + counters_at + _COUNTERS_SIZE] = bytes(_COUNTERS_SIZE)
+        if offset + end > size:
+            return False
+        (next_offset,) = read_u16(entries, offset + next_at)
+        if next_offset < end or offset + next_offset > size:
+            return False
+        entries[offset + counters_at:offset + end] = _NO_COUNTERS
         offset += next_offset
-    return bytes(entries)
+    return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,232 @@
+"""The agent at scale: 100,000 CIDRs on a node holding 40,000 kube-proxy NAT rules, per backend, side by side.
+
+    sudo .venv/bin/python bench/bench_scale.py [--cidrs 100000] [--foreign 40000] [--idle 40]
+                                               [--variants nftables,iptables-nft,iptables-legacy] [--out bench/out]
+
+Each variant runs the real `ipmasq agent` (metrics on, as the DaemonSet runs it) in a throwaway network namespace of
+its own. First the namespace gets the foreign rules, written the way kube-proxy's iptables mode writes them (one
+iptables-restore: per service a KUBE-SERVICES match, a KUBE-SVC chain, a KUBE-SEP chain with its masquerade mark
+and DNAT; kube-proxy's hint chain says which variant the node uses): with iptables-nft for the nftables backend and
+the iptables-nft variant, with iptables-legacy for the legacy variant. The config is a directory of two files (a
+ConfigMap holds at most 1 MiB) with `--cidrs` non-adjacent /24s, so neither backend can merge them.
+
+Figures:
+1. Peak RSS (VmHWM) of the agent once it has applied the config and verified it, and after the idle resyncs.
+2. CPU per idle resync: utime+stime of the agent and its waited-for children (iptables-save, nft) over `--idle`
+   resyncs at resyncInterval 100ms, divided by the delta of its ipmasq_syncs_total (scraped only at both ends).
+3. SIGTERM mid-parse: a second agent is started on the same config; once it logs "agent started" (the loop's first
+   act is reading the config) plus a short delay, and before it logs "config loaded", it gets SIGTERM; the figure is
+   the wall time until it has exited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from ipmasq.lab.netns import network
+
+ADDRESS = "127.0.0.1:9848"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+MEMORY_LIMIT_MIB = 96.0  # deploy/base/daemonset.yaml's limits.memory
+CPU_PER_RESYNC_TARGET_MS = 50.0
+SIGTERM_TARGET_S = 0.2
+VARIANTS = {  # name: (agent flags, the iptables-restore that writes the foreign rules)
+    "nftables": (["--backend=nftables"], "iptables-nft-restore"),
+    "iptables-nft": (["--backend=iptables", "--iptables-variant=nft"], "iptables-nft-restore"),
+    "iptables-legacy": (["--backend=iptables", "--iptables-variant=legacy"], "iptables-legacy-restore"),
+}
+
+
+def cidrs(count: int) -> list[str]:
+    """`count` /24s with a gap after each, so no two merge into a larger prefix or an nftables interval."""
+    return [f"{20 + (2 * i >> 16)}.{(2 * i >> 8) & 255}.{2 * i & 255}.0/24" for i in range(count)]
+
+
+def write_config(directory: Path, count: int, resync: str) -> None:
+    """Two files of the config directory the agent merges, each well under a ConfigMap's 1 MiB."""
+    directory.mkdir(parents=True, exist_ok=True)
+    all_cidrs = cidrs(count)
+    half = (count + 1) // 2
+    for part, chunk in enumerate((all_cidrs[:half], all_cidrs[half:])):
+        head = f"cidrLimit: {count}\nresyncInterval: {resync}\n" if part == 0 else ""
+        body = "nonMasqueradeCIDRs:\n" + "".join(f"- {c}\n" for c in chunk)
+        tmp = directory / f".tmp-{part}"
+        tmp.write_text(head + body)
+        tmp.rename(directory / f"ip-masq-agent-{part}")
+
+
+def kube_proxy_rules(count: int) -> str:
+    """An iptables-restore payload of `count` nat rules shaped like kube-proxy's (4 rules per service)."""
+    services = count // 4
+    lines = ["*nat", ":KUBE-SERVICES - [0:0]", ":KUBE-POSTROUTING - [0:0]", ":KUBE-MARK-MASQ - [0:0]",
+             ":KUBE-IPTABLES-HINT - [0:0]"]
+    lines += [f":KUBE-SVC-{i:012X} - [0:0]" for i in range(services)]
+    lines += [f":KUBE-SEP-{i:012X} - [0:0]" for i in range(services)]
+    for i in range(services):
+        cluster_ip = f"10.96.{i >> 8 & 255}.{i & 255}"
+        pod_ip = f"10.244.{i >> 8 & 255}.{i & 255}"
+        lines += [
+            f'-A KUBE-SERVICES -d {cluster_ip}/32 -p tcp -m comment --comment "ns/svc-{i}:http cluster IP" '
+            f"-m tcp --dport 80 -j KUBE-SVC-{i:012X}",
+            f'-A KUBE-SVC-{i:012X} -m comment --comment "ns/svc-{i}:http -> {pod_ip}:8080" -j KUBE-SEP-{i:012X}',
+            f'-A KUBE-SEP-{i:012X} -s {pod_ip}/32 -m comment --comment "ns/svc-{i}:http" -j KUBE-MARK-MASQ',
+            f'-A KUBE-SEP-{i:012X} -p tcp -m comment --comment "ns/svc-{i}:http" -m tcp '
+            f"-j DNAT --to-destination {pod_ip}:8080",
+        ]
+    lines += ["-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000",
+              "-A KUBE-POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE --random-fully",
+              "-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING",
+              "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES", "COMMIT"]
+    return "\n".join(lines) + "\n"
+
+
+def _syncs() -> int:
+    text = urllib.request.urlopen(f"http://{ADDRESS}/metrics", timeout=5).read().decode()
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("ipmasq_syncs_total{")))
+
+
+def _ready() -> bool:
+    text = urllib.request.urlopen(f"http://{ADDRESS}/metrics", timeout=5).read().decode()
+    return any(line.startswith("ipmasq_ready ") and line.endswith(" 1") for line in text.splitlines())
+
+
+def _hwm_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit("no VmHWM")
+
+
+def _cpu(pid: int) -> float:
+    """utime+stime of the agent and of its waited-for children, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / CLK_TCK
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def inner(variant: str, count: int, foreign: int, idle: int) -> dict[str, object]:
+    """Runs inside the namespace (so the scrapes go to its loopback)."""
+    flags, restore = VARIANTS[variant]
+    subprocess.run([restore, "--noflush"], input=kube_proxy_rules(foreign), text=True, check=True)
+    workdir = Path(tempfile.mkdtemp(prefix="ipmasq-bench-scale-"))
+    config_dir = workdir / "config"
+    write_config(config_dir, count, "100ms")
+    argv = [sys.executable, "-m", "ipmasq", "agent", f"--config={config_dir}", *flags,
+            f"--metrics-address={ADDRESS}", f"--lock-file={workdir}/lock"]
+    log_path = workdir / "agent.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    started = time.monotonic()
+    try:
+        _wait_for(_ready, 300, "the agent to apply the config")
+        first_apply_s = time.monotonic() - started
+        # past the passes that follow the first write (the foreign rules' first count, the pass that reads
+        # everything back and finds it matching): from here on every pass is an idle resync
+        settled = _syncs() + 3
+        _wait_for(lambda: _syncs() >= settled, 300, "the passes after the first write")
+        syncs0, cpu0 = _syncs(), _cpu(proc.pid)
+        _wait_for(lambda: _syncs() >= syncs0 + idle, 600, f"{idle} idle resyncs")
+        cpu1 = _cpu(proc.pid)
+        syncs1 = _syncs()  # counted after the CPU read: the division slightly understates the cost
+        peak = _hwm_mib(proc.pid)
+        ready_at_end = _ready()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    # SIGTERM while the config is being read: a second agent on the same node, the same config
+    log_path2 = workdir / "agent2.log"
+    with log_path2.open("w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(lambda: "agent started" in log_path2.read_text(), 120, "the second agent's loop")
+        time.sleep(0.3)
+        mid_parse = "config loaded" not in log_path2.read_text()
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        exit_s = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return {
+        "variant": variant, "cidrs": count, "foreign_rules": foreign,
+        "first_apply_s": first_apply_s, "peak_rss_mib": peak,
+        "cpu_per_idle_resync_ms": (cpu1 - cpu0) / (syncs1 - syncs0) * 1000, "idle_resyncs": syncs1 - syncs0,
+        "ready_after_idle": ready_at_end,
+        "sigterm_mid_parse_exit_s": exit_s, "sigterm_was_mid_parse": mid_parse, "sigterm_exit_code": proc.returncode,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cidrs", type=int, default=100_000)
+    parser.add_argument("--foreign", type=int, default=40_000)
+    parser.add_argument("--idle", type=int, default=40, help="idle resyncs measured for CPU per resync")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--out", default=str(Path(__file__).parent / "out"))
+    parser.add_argument("--inner", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.inner:
+        print(json.dumps(inner(args.inner, args.cidrs, args.foreign, args.idle)))
+        return 0
+    if os.geteuid() != 0:
+        print("bench_scale: needs root (network namespaces)", file=sys.stderr)
+        return 2
+    results = []
+    for variant in args.variants.split(","):
+        with network() as net:
+            node = net.add("node")  # a namespace of its own per variant: nothing left from the other
+            out = node.run([sys.executable, __file__, "--inner", variant, "--cidrs", str(args.cidrs),
+                            "--foreign", str(args.foreign), "--idle", str(args.idle)], timeout=1200)
+            results.append(json.loads(out.stdout))
+    _print(results)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "scale.json").write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def _print(results: list[dict[str, object]]) -> None:
+    def row(label: str, key: str, fmt: str, target: str = "") -> None:
+        cells = "".join(f"{format(r[key], fmt):>17}" for r in results)
+        print(f"{label:<44}{cells}   {target}")
+
+    first = results[0]
+    print(f"{first['cidrs']:,} CIDRs, {first['foreign_rules']:,} kube-proxy nat rules on the node")
+    print(f"{'':<44}" + "".join(f"{r['variant']!s:>17}" for r in results) + "   target")
+    row("first apply, start to ready (s)", "first_apply_s", ".1f")
+    row("peak RSS, VmHWM (MiB)", "peak_rss_mib", ".1f", f"< {MEMORY_LIMIT_MIB:.0f} (the DaemonSet's limit)")
+    row("CPU per idle resync, agent + tools (ms)", "cpu_per_idle_resync_ms", ".2f",
+        f"<= {CPU_PER_RESYNC_TARGET_MS:.0f}")
+    row("idle resyncs measured", "idle_resyncs", "d")
+    row("ready after the idle resyncs", "ready_after_idle", "")
+    row("SIGTERM mid-parse to exit (s)", "sigterm_mid_parse_exit_s", ".3f", f"<= {SIGTERM_TARGET_S}")
+    row("  SIGTERM landed before 'config loaded'", "sigterm_was_mid_parse", "")
+    row("  exit code after SIGTERM", "sigterm_exit_code", "d", "0")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
