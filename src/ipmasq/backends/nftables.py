@@ -43,6 +43,7 @@ from ipmasq.rules.nft import (
     parse_list_json,
     replace_script,
 )
+from ipmasq.rules.nft_set import parse_set_json
 
 __all__ = ["NFT", "NftablesBackend", "state_from_table"]
 
@@ -140,10 +141,10 @@ class NftablesBackend:
         if result.returncode != 0:
             raise BackendError("reading an nftables set failed", argv=tuple(argv), stderr=result.stderr)
         try:
-            table = parse_list_json(result.stdout, table_listed=False)  # `list set` prints no table object
+            # element by element, never nft's whole JSON tree: 100,000 elements would be the agent's peak memory
+            return parse_set_json(result.stdout, name)
         except NftParseError as exc:
             raise BackendError(f"cannot read nft's listing of set {name}: {exc}", argv=tuple(argv)) from None
-        return None if table is None else table.set_named(name)
 
     def read(self, family: Family) -> State:
         structure = self.read_structure()

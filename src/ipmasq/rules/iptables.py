@@ -306,11 +306,25 @@ class NatTable:
         return [r for r in self.rules if r.startswith(prefix)]
 
 
+# Every line boundary str.splitlines knows, "\r\n" as one.
+_LINE_BREAK = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def iter_lines(text: str) -> Iterator[str]:
+    """text.splitlines(), one line at a time: a dump of 100,000 rules is not held twice (as text and as lines)."""
+    start = 0
+    for match in _LINE_BREAK.finditer(text):
+        yield text[start:match.start()]
+        start = match.end()
+    if start < len(text):
+        yield text[start:]
+
+
 def save_lines(text: str) -> Iterator[tuple[int, str, str]]:
     """The one reader of iptables-save output (or restore input): (line number, table, line) for every `:CHAIN`
     declaration and rule line, blank lines, comments, table headers and COMMIT skipped."""
     current: str | None = None
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(iter_lines(text), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
