@@ -26,14 +26,14 @@ one, the payload line it rejected); a busy xtables lock becomes LockBusyError. T
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
 
-__all__ = ["BACKEND_NAMES", "Backend", "Removable", "Result", "Runner", "State"]
+__all__ = ["BACKEND_NAMES", "Backend", "Removable", "Result", "Runner", "State", "StreamingRunner", "run_chunks"]
 
 # What `--backend` accepts; auto: see ipmasq.backends.choose.
 BACKEND_NAMES: tuple[str, ...] = ("auto", "iptables", "nftables")
@@ -52,6 +52,23 @@ class Runner(Protocol):
     """Runs one program to completion. Raises BackendError only when the program cannot be started at all."""
 
     def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result: ...
+
+
+@runtime_checkable
+class StreamingRunner(Protocol):
+    """A Runner that can also feed a program its input piece by piece (a 100,000-rule restore is never built as one
+    string). Backends use it when the runner has it, and join the pieces for any other runner (the test fakes)."""
+
+    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result: ...
+
+    def stream(self, argv: Sequence[str], chunks: Iterable[str]) -> Result: ...
+
+
+def run_chunks(run: Runner, argv: Sequence[str], chunks: Iterable[str]) -> Result:
+    """`run` with `chunks` as the program's input: streamed where the runner can, joined otherwise."""
+    if isinstance(run, StreamingRunner):
+        return run.stream(argv, chunks)
+    return run(argv, "".join(chunks))
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,11 +11,11 @@ kubelet's/kube-proxy's hint chains first, then whichever variant holds more rule
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 
-from ipmasq.backends.base import Result, Runner, State
+from ipmasq.backends.base import Result, Runner, State, run_chunks
 from ipmasq.errors import BackendError, LockBusyError
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
@@ -99,28 +99,52 @@ def desired_state(policy: Policy, family: Family) -> State:
 
 def restore_payload(policy: Policy, family: Family, current: State) -> str:
     """The one transaction from `current` to the policy: our chain rewritten, our jump ensured, stale ones gone."""
+    return "".join(restore_lines(policy, family, current))
+
+
+def restore_lines(policy: Policy, family: Family, current: State) -> Iterator[str]:
+    """restore_payload's lines (each ending in a newline), made as they are written: 100,000 rules are never one
+    string."""
     rules = chain_rules(policy, family)
     chain = rules.chain
     want_jump = canonical(jump_rule(chain))
     jumps = [o for o in current.objects if o.startswith("-A POSTROUTING ")]
     stale_chains = [o[1:] for o in current.objects if o.startswith(":") and o[1:] != chain]
-    lines = ["*nat"]
+    yield "*nat\n"
     # a stale or duplicate jump goes first: a chain cannot be deleted while a rule still jumps to it
     kept = False
     for jump in jumps:
         if jump == want_jump and not kept:
             kept = True
             continue
-        lines.append(jump.replace("-A POSTROUTING", "-D POSTROUTING", 1))
+        yield jump.replace("-A POSTROUTING", "-D POSTROUTING", 1) + "\n"
     # declaring a chain in a --noflush restore creates it, or flushes it if it exists
-    lines.append(f":{chain} - [0:0]")
+    yield f":{chain} - [0:0]\n"
     for stale in stale_chains:
-        lines.extend((f":{stale} - [0:0]", f"-X {stale}"))
+        yield f":{stale} - [0:0]\n-X {stale}\n"
     if not kept:
-        lines.append(jump_rule(chain))
-    lines.extend(rules.rules)
-    lines.append("COMMIT")
-    return "\n".join(lines) + "\n"
+        yield jump_rule(chain) + "\n"
+    for rule in rules.rules:
+        yield rule + "\n"
+    yield "COMMIT\n"
+
+
+def _once(text: str) -> Callable[[], Iterable[str]]:
+    return lambda: (text,)
+
+
+def _chunks(lines: Iterable[str], size: int = 1 << 16) -> Iterator[str]:
+    """Lines gathered into pieces of about `size` characters: one write per piece, not per line."""
+    piece: list[str] = []
+    length = 0
+    for line in lines:
+        piece.append(line)
+        length += len(line)
+        if length >= size:
+            yield "".join(piece)
+            piece, length = [], 0
+    if piece:
+        yield "".join(piece)
 
 
 def removal_payload(current: State) -> str | None:
@@ -170,14 +194,14 @@ class IptablesBackend:
         return desired_state(policy, family)
 
     def apply(self, policy: Policy, family: Family, current: State) -> None:
-        self._restore(family, restore_payload(policy, family, current))
+        self._restore(family, lambda: restore_lines(policy, family, current))
 
     def remove_all(self) -> None:
         for family in self._families:
             current = self._read_if_runnable(family)
             payload = None if current is None else removal_payload(current)
             if payload is not None:
-                self._restore(family, payload)
+                self._restore(family, _once(payload))
 
     def present(self) -> bool:
         """Whether any family holds an object of ours (read-only; an unreadable variant holds none)."""
@@ -201,15 +225,16 @@ class IptablesBackend:
             raise _error(f"{save} -t nat failed", [save, "-t", "nat"], result)
         return state_from_save(parse_save(result.stdout), self._chain, family)
 
-    def _restore(self, family: Family, payload: str) -> None:
+    def _restore(self, family: Family, payload: Callable[[], Iterable[str]]) -> None:
+        """One iptables-restore of `payload()` (made again, only to name the line it rejected, when it fails)."""
         argv = [tools(self.variant, family).restore, "--noflush", *_LOCK_WAIT]
-        result = self._run(argv, payload)
+        result = run_chunks(self._run, argv, _chunks(payload()))
         if result.returncode == 0:
             return
         if result.returncode == _LOCK_EXIT and "xtables lock" in result.stderr:
             raise LockBusyError(f"{argv[0]}: the xtables lock is held by another program", argv=tuple(argv),
                                 stderr=result.stderr, returncode=result.returncode)
-        rejected = _rejected_line(result.stderr, payload)
+        rejected = _rejected_line(result.stderr, "".join(payload()))
         where = f" (rejected payload line: {rejected})" if rejected is not None else ""
         raise _error(f"{argv[0]} failed{where}", argv, result)
 

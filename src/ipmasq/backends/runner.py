@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import IO
 
 from ipmasq.backends.base import Result
 from ipmasq.errors import BackendError
@@ -52,6 +53,40 @@ class SubprocessRunner:
             raise BackendError(f"{argv[0]} cancelled", argv=tuple(argv))
         return Result(proc.returncode, out, err)
 
+    def stream(self, argv: Sequence[str], chunks: Iterable[str]) -> Result:
+        """Like a call with stdin, the input written as `chunks` come (from a generator): a 100,000-rule restore is
+        never one string in this process, let alone two (the text and its encoding). Written from a thread while
+        this one reads the output, so neither side can fill a pipe and wait on the other."""
+        try:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=self._env)
+        except OSError as exc:
+            raise BackendError(f"cannot run {argv[0]}: {exc.strerror}", argv=tuple(argv)) from None
+        stdin, proc.stdin = proc.stdin, None  # ours to write and close: communicate() must not touch it
+        assert stdin is not None
+        writer = threading.Thread(target=_write_all, args=(stdin, chunks), daemon=True)
+        writer.start()
+        done = threading.Event()
+        cancelled = threading.Event()
+        watcher = None
+        if self._cancel is not None:
+            watcher = threading.Thread(target=self._watch, args=(proc, done, cancelled), daemon=True)
+            watcher.start()
+        try:
+            out, err = proc.communicate(None, timeout=self._timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise BackendError(f"{argv[0]} timed out after {self._timeout:.0f}s", argv=tuple(argv)) from None
+        finally:
+            done.set()
+            if watcher is not None:
+                watcher.join()
+            writer.join()  # the program exited (or was killed): a blocked write has failed with a broken pipe
+        if cancelled.is_set():
+            raise BackendError(f"{argv[0]} cancelled", argv=tuple(argv))
+        return Result(proc.returncode, out, err)
+
     def _watch(self, proc: subprocess.Popen[str], done: threading.Event, cancelled: threading.Event) -> None:
         assert self._cancel is not None
         while not done.wait(_POLL_SECONDS):
@@ -59,3 +94,14 @@ class SubprocessRunner:
                 cancelled.set()
                 proc.kill()
                 return
+
+
+def _write_all(stdin: IO[str], chunks: Iterable[str]) -> None:
+    """Write every chunk, then close: the program sees the end of its input. A program that exits early (it
+    rejected a line) breaks the pipe: the rest is dropped, its exit status and stderr tell what happened."""
+    try:
+        for chunk in chunks:
+            stdin.write(chunk)
+        stdin.close()
+    except (BrokenPipeError, ValueError, OSError):
+        pass
