@@ -12,6 +12,9 @@ ConfigMap holds at most 1 MiB) with `--cidrs` non-adjacent /24s, so neither back
 
 Figures:
 1. Peak RSS (VmHWM) of the agent once it has applied the config and verified it, and after the idle resyncs.
+   Then a config change (one CIDR fewer): the old policy is alive while the new one is parsed and applied, and
+   the peak after it. The largest tool (the read and the write of our 100,000 objects, run on their own) is
+   added to that: the pod's memory while the agent waits for that tool, what its limit must hold.
 2. CPU per idle resync: utime+stime of the agent and its waited-for children (iptables-save, nft) over `--idle`
    resyncs at resyncInterval 100ms, divided by the delta of its ipmasq_syncs_total (scraped only at both ends).
 3. SIGTERM mid-parse: a second agent is started on the same config; once it logs "agent started" (the loop's first
@@ -96,6 +99,11 @@ def _syncs() -> int:
                    if line.startswith("ipmasq_syncs_total{")))
 
 
+def _counter(name: str) -> float:
+    text = urllib.request.urlopen(f"http://{ADDRESS}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.split("{")[0].split(" ")[0] == name)
+
+
 def _ready() -> bool:
     text = urllib.request.urlopen(f"http://{ADDRESS}/metrics", timeout=5).read().decode()
     return any(line.startswith("ipmasq_ready ") and line.endswith(" 1") for line in text.splitlines())
@@ -126,6 +134,34 @@ def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     raise SystemExit(f"timed out waiting for {what}")
 
 
+_MAXRSS = ("import resource, subprocess, sys\n"
+           "stdin = open(sys.argv[1]) if sys.argv[1] else None\n"
+           "subprocess.run(sys.argv[2:], stdin=stdin, stdout=subprocess.DEVNULL, check=True)\n"
+           "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
+
+
+def _tools_peak_mib(variant: str, config_dir: Path, workdir: Path) -> float:
+    """The larger peak RSS of the two programs the agent waits for with the config's 100,000 objects: the read of
+    our objects and the one transaction writing them (run here on their own, with what the agent gives them)."""
+    backend = "nftables" if variant == "nftables" else "iptables"
+    payload = workdir / "payload"
+    payload.write_text(subprocess.run([sys.executable, "-m", "ipmasq", "render", f"--config={config_dir}",
+                                       f"--backend={backend}"], capture_output=True, text=True, check=True).stdout)
+    if variant == "nftables":
+        runs = [("", ["nft", "-j", "list", "set", "inet", "ip-masq-agent", "nomasq_v4"]),
+                ("", ["nft", "-f", str(payload)])]
+    else:
+        flavour = variant.split("-", 1)[1]
+        runs = [("", [f"iptables-{flavour}-save", "-t", "nat"]),
+                (str(payload), [f"iptables-{flavour}-restore", "--noflush"])]
+    peaks = []
+    for stdin, argv in runs:
+        out = subprocess.run([sys.executable, "-c", _MAXRSS, stdin, *argv], capture_output=True, text=True,
+                             check=True)
+        peaks.append(int(out.stdout) / 1024)
+    return max(peaks)
+
+
 def inner(variant: str, count: int, foreign: int, idle: int) -> dict[str, object]:
     """Runs inside the namespace (so the scrapes go to its loopback)."""
     flags, restore = VARIANTS[variant]
@@ -152,9 +188,17 @@ def inner(variant: str, count: int, foreign: int, idle: int) -> dict[str, object
         syncs1 = _syncs()  # counted after the CPU read: the division slightly understates the cost
         peak = _hwm_mib(proc.pid)
         ready_at_end = _ready()
+        # a config change at this size: the old policy stays alive while the new config is parsed and applied
+        reloads = _counter("ipmasq_config_reloads_total")
+        write_config(config_dir, count - 1, "100ms")
+        _wait_for(lambda: _counter("ipmasq_config_reloads_total") > reloads and _ready(), 300, "the changed config")
+        settled = _syncs() + 3
+        _wait_for(lambda: _syncs() >= settled, 300, "the passes after the change")
+        peak_after_change = _hwm_mib(proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+    tools_peak = _tools_peak_mib(variant, config_dir, workdir)
     # SIGTERM while the config is being read: a second agent on the same node, the same config
     log_path2 = workdir / "agent2.log"
     with log_path2.open("w") as log:
@@ -173,7 +217,8 @@ def inner(variant: str, count: int, foreign: int, idle: int) -> dict[str, object
             proc.wait()
     return {
         "variant": variant, "cidrs": count, "foreign_rules": foreign,
-        "first_apply_s": first_apply_s, "peak_rss_mib": peak,
+        "first_apply_s": first_apply_s, "peak_rss_mib": peak, "tool_peak_rss_mib": tools_peak,
+        "peak_rss_after_change_mib": peak_after_change, "agent_plus_tool_mib": peak_after_change + tools_peak,
         "cpu_per_idle_resync_ms": (cpu1 - cpu0) / (syncs1 - syncs0) * 1000, "idle_resyncs": syncs1 - syncs0,
         "ready_after_idle": ready_at_end,
         "sigterm_mid_parse_exit_s": exit_s, "sigterm_was_mid_parse": mid_parse, "sigterm_exit_code": proc.returncode,
@@ -219,6 +264,9 @@ def _print(results: list[dict[str, object]]) -> None:
     print(f"{'':<44}" + "".join(f"{r['variant']!s:>17}" for r in results) + "   target")
     row("first apply, start to ready (s)", "first_apply_s", ".1f")
     row("peak RSS, VmHWM (MiB)", "peak_rss_mib", ".1f", f"< {MEMORY_LIMIT_MIB:.0f} (the DaemonSet's limit)")
+    row("peak RSS after a config change (MiB)", "peak_rss_after_change_mib", ".1f")
+    row("largest tool's peak RSS (nft / iptables-*) (MiB)", "tool_peak_rss_mib", ".1f")
+    row("agent + largest tool, both at peak (MiB)", "agent_plus_tool_mib", ".1f", "the pod's memory: < its limit")
     row("CPU per idle resync, agent + tools (ms)", "cpu_per_idle_resync_ms", ".2f",
         f"<= {CPU_PER_RESYNC_TARGET_MS:.0f}")
     row("idle resyncs measured", "idle_resyncs", "d")

@@ -85,11 +85,16 @@ class Flavor:
         # our jump deleted by its full spec (a foreign POSTROUTING jump stays)
         delete_jump = ["sh", "-c", f"{tool}-save -t nat | grep -F -- '{jump}' | sed 's/^-A/-D/' | "
                                    f"sed 's/^/*nat\\n/; s/$/\\nCOMMIT/' | {tool}-restore --noflush"]
+        # the whole chain in one transaction, as a tool replacing the node's rules does it: three commands in a row
+        # would race the agent, which may repair the jump between them (then -X fails: the chain is in use)
+        delete_chain = ["sh", "-c", f"{tool}-save -t nat | grep -F -- '{jump}' | sed 's/^-A/-D/' | "
+                                    f"sed 's/^/*nat\\n/; s/$/\\n-F IP-MASQ-AGENT\\n-X IP-MASQ-AGENT\\nCOMMIT/' | "
+                                    f"{tool}-restore --noflush"]
         inserted = "172.30.0.0/16" if family == 4 else "fd00:1::/64"
         return {
             "flush": [[*nat, "-F", "IP-MASQ-AGENT"]],
             "delete jump": [delete_jump],
-            "delete chain": [delete_jump, [*nat, "-F", "IP-MASQ-AGENT"], [*nat, "-X", "IP-MASQ-AGENT"]],
+            "delete chain": [delete_chain],
             "insert": [[*nat, "-I", "IP-MASQ-AGENT", "1", "-d", inserted, "-j", "RETURN"]],
             "reorder": [[*nat, "-D", "IP-MASQ-AGENT", "2"],
                         [*nat, "-A", "IP-MASQ-AGENT", "-d", "10.0.0.0/8" if family == 4 else "fd00::/8",

@@ -26,14 +26,18 @@ one, the payload line it rejected); a busy xtables lock becomes LockBusyError. T
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
+from ipmasq.rules.lines import iter_lines
 
-__all__ = ["BACKEND_NAMES", "Backend", "Removable", "Result", "Runner", "State", "StreamingRunner", "run_chunks"]
+T = TypeVar("T")
+
+__all__ = ["BACKEND_NAMES", "Backend", "LineReadingRunner", "Removable", "Result", "Runner", "State", "StreamingRunner",
+           "run_chunks", "run_parsed"]
 
 # What `--backend` accepts; auto: see ipmasq.backends.choose.
 BACKEND_NAMES: tuple[str, ...] = ("auto", "iptables", "nftables")
@@ -62,6 +66,25 @@ class StreamingRunner(Protocol):
     def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result: ...
 
     def stream(self, argv: Sequence[str], chunks: Iterable[str]) -> Result: ...
+
+
+@runtime_checkable
+class LineReadingRunner(Protocol):
+    """A Runner that can also hand a program's output over line by line as it is printed (SubprocessRunner)."""
+
+    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result: ...
+
+    def read_lines(self, argv: Sequence[str], consume: Callable[[Iterator[str]], T]) -> tuple[Result, T | None]: ...
+
+
+def run_parsed(run: Runner, argv: Sequence[str], parse: Callable[[Iterator[str]], T]) -> tuple[Result, T | None]:
+    """Run a program with no input and `parse` its output's lines: as they come where the runner can, from the
+    whole output otherwise. (the Result, without stdout when streamed; what `parse` returned, None when the program
+    failed: its failure is reported, not what parsing a partial output said)."""
+    if isinstance(run, LineReadingRunner):
+        return run.read_lines(argv, parse)
+    result = run(argv, None)
+    return result, parse(iter_lines(result.stdout)) if result.returncode == 0 else None
 
 
 def run_chunks(run: Runner, argv: Sequence[str], chunks: Iterable[str]) -> Result:

@@ -30,9 +30,10 @@ from ipmasq.prefix import Family
 __all__ = ["LEGACY_DIGEST_MAX_BYTES", "NodeFingerprint", "legacy_nat_digest", "nftables_generation", "node_fingerprint"]
 
 # The legacy nat table is copied whole into this process to be hashed (x_tables keeps no change counter): 100,000
-# commented rules are ~55 MiB and ~0.4 s to walk. Above this size the fingerprint is "unknown" and passes read in
-# full, as before, through iptables-legacy-save (whose copy lives in the child, not in the agent).
-LEGACY_DIGEST_MAX_BYTES = 8 * 1024 * 1024
+# commented rules are ~55 MiB and ~0.4 s to walk, still a tenth of the full read it saves (iptables-legacy-save and
+# parsing 140,000 rules: ~3.6 s, and as much memory). Past this bound the fingerprint is "unknown" and every pass
+# reads in full: no single allocation of this process grows without limit with a table someone else fills.
+LEGACY_DIGEST_MAX_BYTES = 128 * 1024 * 1024
 
 # linux/netlink.h, linux/netfilter/nfnetlink.h, linux/netfilter/nf_tables.h
 _NETLINK_NETFILTER = 12

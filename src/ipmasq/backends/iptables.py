@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 
-from ipmasq.backends.base import Result, Runner, State, run_chunks
+from ipmasq.backends.base import Result, Runner, State, run_chunks, run_parsed
 from ipmasq.errors import BackendError, LockBusyError
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
@@ -184,11 +184,15 @@ class IptablesBackend:
         return f"iptables ({self.variant.value})"
 
     def read(self, family: Family) -> State:
-        save = tools(self.variant, family).save
-        result = self._run([save, "-t", "nat"])
-        if result.returncode != 0:
-            raise _error(f"{save} -t nat failed", [save, "-t", "nat"], result)
-        return state_from_save(parse_save(result.stdout), self._chain, family)
+        return self._read_state(family)
+
+    def _read_state(self, family: Family) -> State:
+        """Our objects, parsed from iptables-save's output line by line as it prints them."""
+        argv = [tools(self.variant, family).save, "-t", "nat"]
+        result, table = run_parsed(self._run, argv, parse_save)
+        if result.returncode != 0 or table is None:
+            raise _error(f"{argv[0]} -t nat failed", argv, result)
+        return state_from_save(table, self._chain, family)
 
     def desired(self, policy: Policy, family: Family) -> State:
         return desired_state(policy, family)
@@ -216,14 +220,12 @@ class IptablesBackend:
 
     def _read_if_runnable(self, family: Family) -> State | None:
         """read(), or None when the save tool is not installed (nothing of ours can exist through it)."""
-        save = tools(self.variant, family).save
         try:
-            result = self._run([save, "-t", "nat"])
-        except BackendError:
-            return None
-        if result.returncode != 0:
-            raise _error(f"{save} -t nat failed", [save, "-t", "nat"], result)
-        return state_from_save(parse_save(result.stdout), self._chain, family)
+            return self._read_state(family)
+        except BackendError as exc:
+            if exc.returncode is None:  # the runner's own error (not installed...): the tool printed nothing
+                return None
+            raise
 
     def _restore(self, family: Family, payload: Callable[[], Iterable[str]]) -> None:
         """One iptables-restore of `payload()` (made again, only to name the line it rejected, when it fails)."""

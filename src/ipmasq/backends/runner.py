@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import codecs
+import locale
 import subprocess
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from typing import IO
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import IO, TypeVar
 
 from ipmasq.backends.base import Result
 from ipmasq.errors import BackendError
+from ipmasq.rules.lines import iter_lines_of_pieces
 
 __all__ = ["SubprocessRunner"]
 
 _POLL_SECONDS = 0.05
+_PIECE = 1 << 16
+T = TypeVar("T")
 
 
 class SubprocessRunner:
@@ -87,6 +92,64 @@ class SubprocessRunner:
             raise BackendError(f"{argv[0]} cancelled", argv=tuple(argv))
         return Result(proc.returncode, out, err)
 
+    def read_lines(self, argv: Sequence[str], consume: Callable[[Iterator[str]], T]) -> tuple[Result, T | None]:
+        """Run a program with no input and hand its output to `consume` line by line (str.splitlines' lines) as it
+        prints them: a 100,000-rule iptables-save is never one string here. (Result without stdout, what `consume`
+        returned); when the program fails, what `consume` returned or raised is dropped (the failure says more)."""
+        try:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env=self._env)
+        except OSError as exc:
+            raise BackendError(f"cannot run {argv[0]}: {exc.strerror}", argv=tuple(argv)) from None
+        assert proc.stdout is not None and proc.stderr is not None
+        stderr: list[bytes] = []
+        drain = threading.Thread(target=_read_into, args=(proc.stderr, stderr), daemon=True)
+        drain.start()
+        done = threading.Event()
+        cancelled = threading.Event()
+        timed_out = threading.Event()
+        watcher = threading.Thread(target=self._watch_read, args=(proc, done, cancelled, timed_out), daemon=True)
+        watcher.start()
+        value: T | None = None
+        failure: BaseException | None = None
+        try:
+            value = consume(iter_lines_of_pieces(_decoded(proc.stdout)))
+        except Exception as exc:  # kept until the exit status says whether the program or the reader was wrong
+            failure = exc
+        finally:
+            while proc.stdout.read(_PIECE):  # the rest, unread, so that the program can finish
+                pass
+            proc.wait()
+            done.set()
+            watcher.join()
+            drain.join()
+        if cancelled.is_set():
+            raise BackendError(f"{argv[0]} cancelled", argv=tuple(argv))
+        if timed_out.is_set():
+            raise BackendError(f"{argv[0]} timed out after {self._timeout:.0f}s", argv=tuple(argv))
+        err = _decode_all(b"".join(stderr))
+        result = Result(proc.returncode, "", err)
+        if proc.returncode != 0:
+            return result, None
+        if failure is not None:
+            raise failure
+        return result, value
+
+    def _watch_read(self, proc: subprocess.Popen[bytes], done: threading.Event, cancelled: threading.Event,
+                    timed_out: threading.Event) -> None:
+        """Kill the program on cancel or when it outlives the timeout (the reader then sees the end of output)."""
+        waited = 0.0
+        while not done.wait(_POLL_SECONDS):
+            waited += _POLL_SECONDS
+            if self._cancel is not None and self._cancel.is_set():
+                cancelled.set()
+                proc.kill()
+                return
+            if waited >= self._timeout:
+                timed_out.set()
+                proc.kill()
+                return
+
     def _watch(self, proc: subprocess.Popen[str], done: threading.Event, cancelled: threading.Event) -> None:
         assert self._cancel is not None
         while not done.wait(_POLL_SECONDS):
@@ -105,3 +168,20 @@ def _write_all(stdin: IO[str], chunks: Iterable[str]) -> None:
         stdin.close()
     except (BrokenPipeError, ValueError, OSError):
         pass
+
+
+def _read_into(stream: IO[bytes], into: list[bytes]) -> None:
+    into.append(stream.read())
+
+
+def _decoded(stream: IO[bytes]) -> Iterator[str]:
+    """The stream's text, piece by piece, decoded as text=True decodes a program's output (the locale's encoding)."""
+    decoder = codecs.getincrementaldecoder(locale.getpreferredencoding(False))()
+    while piece := stream.read(_PIECE):
+        yield decoder.decode(piece)
+    yield decoder.decode(b"", final=True)
+
+
+def _decode_all(data: bytes) -> str:
+    text = data.decode(locale.getpreferredencoding(False))
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # as text=True's communicate() gives it

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ipmasq.config.model import Entry, RuleAction
@@ -18,6 +18,7 @@ from ipmasq.errors import IpmasqError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
+from ipmasq.rules.lines import iter_lines
 
 __all__ = [
     "EXCEPTION_COMMENT",
@@ -306,25 +307,12 @@ class NatTable:
         return [r for r in self.rules if r.startswith(prefix)]
 
 
-# Every line boundary str.splitlines knows, "\r\n" as one.
-_LINE_BREAK = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
-
-
-def iter_lines(text: str) -> Iterator[str]:
-    """text.splitlines(), one line at a time: a dump of 100,000 rules is not held twice (as text and as lines)."""
-    start = 0
-    for match in _LINE_BREAK.finditer(text):
-        yield text[start:match.start()]
-        start = match.end()
-    if start < len(text):
-        yield text[start:]
-
-
-def save_lines(text: str) -> Iterator[tuple[int, str, str]]:
+def save_lines(text: str | Iterable[str]) -> Iterator[tuple[int, str, str]]:
     """The one reader of iptables-save output (or restore input): (line number, table, line) for every `:CHAIN`
     declaration and rule line, blank lines, comments, table headers and COMMIT skipped."""
     current: str | None = None
-    for number, raw in enumerate(iter_lines(text), start=1):
+    lines = iter_lines(text) if isinstance(text, str) else text
+    for number, raw in enumerate(lines, start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -336,8 +324,9 @@ def save_lines(text: str) -> Iterator[tuple[int, str, str]]:
             yield number, current, line
 
 
-def parse_save(text: str, table: str = "nat") -> NatTable:
-    """Read one table of iptables-save output (or restore input). Counters "[n:m]" before rules are dropped."""
+def parse_save(text: str | Iterable[str], table: str = "nat") -> NatTable:
+    """Read one table of iptables-save output (or restore input), given whole or as its lines (iter_lines_of_pieces:
+    straight from the program). Counters "[n:m]" before rules are dropped."""
     chains: dict[str, str] = {}
     rules: list[str] = []
     for number, name, line in save_lines(text):
