@@ -55,13 +55,15 @@ def cidrs(count: int) -> list[str]:
     return [f"{20 + (2 * i >> 16)}.{(2 * i >> 8) & 255}.{2 * i & 255}.0/24" for i in range(count)]
 
 
-def write_config(directory: Path, count: int, resync: str) -> None:
-    """Two files of the config directory the agent merges, each well under a ConfigMap's 1 MiB."""
+def write_config(directory: Path, count: int, resync: str, *, limit: int | None = None) -> None:
+    """Two files of the config directory the agent merges, each well under a ConfigMap's 1 MiB; cidrLimit `limit`
+    (default `count`: kept when a change shrinks the list, or the agent may read the new first file with the old
+    second one, over the limit, between the two renames)."""
     directory.mkdir(parents=True, exist_ok=True)
     all_cidrs = cidrs(count)
     half = (count + 1) // 2
     for part, chunk in enumerate((all_cidrs[:half], all_cidrs[half:])):
-        head = f"cidrLimit: {count}\nresyncInterval: {resync}\n" if part == 0 else ""
+        head = f"cidrLimit: {limit or count}\nresyncInterval: {resync}\n" if part == 0 else ""
         body = "nonMasqueradeCIDRs:\n" + "".join(f"- {c}\n" for c in chunk)
         tmp = directory / f".tmp-{part}"
         tmp.write_text(head + body)
@@ -190,7 +192,7 @@ def inner(variant: str, count: int, foreign: int, idle: int) -> dict[str, object
         ready_at_end = _ready()
         # a config change at this size: the old policy stays alive while the new config is parsed and applied
         reloads = _counter("ipmasq_config_reloads_total")
-        write_config(config_dir, count - 1, "100ms")
+        write_config(config_dir, count - 1, "100ms", limit=count)
         _wait_for(lambda: _counter("ipmasq_config_reloads_total") > reloads and _ready(), 300, "the changed config")
         settled = _syncs() + 3
         _wait_for(lambda: _syncs() >= settled, 300, "the passes after the change")
