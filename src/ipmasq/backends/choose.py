@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ipmasq.backends.base import Backend, Removable, Runner
+from ipmasq.backends.base import Backend, Removable, Runner, run_parsed
 from ipmasq.backends.iptables import IptablesBackend, Variant, detect_variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.errors import BackendError
@@ -122,14 +122,15 @@ def count_foreign_masquerade(run: Runner) -> int:
     families) and every nftables table but ours. Read-only; a tool that is missing holds none."""
     count = 0
     for tool in SAVE_TOOLS:
-        try:
-            save = run([tool, "-t", "nat"], None)
+        try:  # counted line by line as the tool prints them: 140,000 rules are never one string here
+            save, counted = run_parsed(run, [tool, "-t", "nat"], count_foreign_nat)
         except BackendError:
             continue
-        if save.returncode == 0:
-            count += count_foreign_nat(save.stdout)
+        if save.returncode == 0 and counted is not None:
+            count += counted
     try:
-        listing = run(["nft", "list", "ruleset"], None)
+        # terse: sets listed without their elements (ours may hold 100,000), which hold no rule to count
+        listing = run(["nft", "-t", "list", "ruleset"], None)
     except BackendError:
         return count
     if listing.returncode == 0:

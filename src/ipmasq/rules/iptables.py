@@ -353,7 +353,7 @@ def count_rules(text: str, *, table: str | None = None, foreign_only: bool = Fal
                and not (foreign_only and f'"{OUR_COMMENT}' in line))
 
 
-def count_foreign_nat(text: str) -> int:
+def count_foreign_nat(text: str | Iterable[str]) -> int:
     """Rules of a dump's nat table, not ours, that masquerade or SNAT (they may override what our chain decides)."""
     return sum(1 for _, name, line in save_lines(text)
                if name == "nat" and line.startswith("-A ") and f'"{OUR_COMMENT}' not in line
