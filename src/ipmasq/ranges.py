@@ -8,7 +8,7 @@ depends on how a config happens to spell its CIDRs. Pure and fast: 100,000-CIDR 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ipmasq.prefix import Family, Prefix
@@ -20,6 +20,8 @@ __all__ = [
     "count_inside",
     "cut_points",
     "first_match_table",
+    "inside_runs",
+    "label_runs",
     "subtract",
     "symmetric_difference",
     "to_prefixes",
@@ -216,3 +218,37 @@ def first_match_table(prefixes: Sequence[Prefix], top: int) -> FirstMatchTable:
         if last < top:
             emit(last + 1, stack[-1][1] if stack else -1)
     return FirstMatchTable(starts, labels)
+
+
+def label_runs(table: FirstMatchTable, first: int, last: int) -> Iterator[tuple[int, int, int]]:
+    """first..last cut where the table's label changes: (start, end, label) in address order."""
+    starts, labels = table.starts, table.labels
+    index = bisect_right(starts, first) - 1
+    start = first
+    while start <= last:
+        end = starts[index + 1] - 1 if index + 1 < len(starts) else last
+        end = min(end, last)
+        yield start, end, labels[index]
+        start = end + 1
+        index += 1
+
+
+def inside_runs(spans: list[Span], first: int, last: int) -> Iterator[tuple[int, int, bool]]:
+    """first..last cut where membership in the normal list `spans` changes: (start, end, inside)."""
+    index = bisect_right(spans, (first, 1 << 130)) - 1  # the last span starting at or before `first`
+    start = first
+    if index < 0:
+        index = 0
+    while start <= last:
+        while index < len(spans) and spans[index][1] < start:
+            index += 1
+        if index == len(spans) or spans[index][0] > last:
+            yield start, last, False
+            return
+        span_first, span_last = spans[index]
+        if span_first > start:
+            yield start, span_first - 1, False
+            start = span_first
+        end = min(span_last, last)
+        yield start, end, True
+        start = end + 1
