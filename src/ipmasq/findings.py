@@ -21,6 +21,8 @@ class Severity(Enum):
     # lint: it works, but not as the reader of the file probably thinks;
     # check: something to look at that does not change an outcome check could decide
     WARNING = "warning"
+    # lint: correct, and changes nothing (a config rule whose action is what happens anyway)
+    INFO = "info"
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,9 +32,12 @@ def _expected(path: Path) -> tuple[list[str], list[str]]:
 
 
 def _lint_args(args: list[str]) -> tuple[PolicyOptions, Expectations]:
-    masq = [args[i + 1] for i, a in enumerate(args) if a == "--must-masquerade"]
-    keep = [args[i + 1] for i, a in enumerate(args) if a == "--must-preserve"]
-    return PolicyOptions(), Expectations(tuple(map(parse_cidr, masq)), tuple(map(parse_cidr, keep)))
+    def values(flag: str) -> list[str]:
+        return [args[i + 1] for i, a in enumerate(args) if a == flag]
+
+    return PolicyOptions(enable_ipv6="--enable-ipv6" in args), Expectations(
+        tuple(map(parse_cidr, values("--must-masquerade"))), tuple(map(parse_cidr, values("--must-preserve"))),
+        tuple(map(parse_cidr, values("--pod-range"))), tuple(values("--node-name")))
 
 
 @pytest.mark.parametrize("path", CASES, ids=[p.name for p in CASES])
@@ -50,7 +53,8 @@ def test_corpus_covers_every_finding_id() -> None:
               "invalid-cidr", "misaligned-cidr", "unknown-key", "key-case", "wrong-type", "duplicate-cidr",
               "shadowed-cidr", "too-many-cidrs", "ipv6-disabled", "bad-duration", "lookalike-character",
               "must-masquerade", "must-preserve", "duplicate-configmap", "ignored-document", "empty-config",
-              "empty-non-masquerade", "short-resync-interval"}
+              "empty-non-masquerade", "short-resync-interval", "invalid-rule", "shadowed-rule", "rule-no-effect",
+              "snat-to-pod-address", "snat-to-destination", "rule-nodes-match-none"}
     covered = {item.split("@")[0] for path in CASES for item in _expected(path)[0]}
     assert wanted <= covered
     assert wanted <= set(HINTS)

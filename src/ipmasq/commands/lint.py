@@ -3,6 +3,12 @@
 Lint ip-masq-agent config files (YAML/JSON) and Kubernetes manifests holding the ip-masq-agent ConfigMap
 (multi-document YAML, kind: List, JSON): every pitfall with its file, line and a fix. A directory is read as the agent
 reads its config directory: its ip-masq* files. Exit 1 when any error is found.
+
+Config rules: an invalid rule (mixed address families, ports without tcp/udp/sctp, ...) is the agent's own error;
+a rule no packet reaches because earlier rules match all it matches (shadowed-rule, naming them), a rule that
+changes nothing (rule-no-effect, info), a snatTo inside --pod-range or a rule's sources (snat-to-pod-address) or
+inside its own destinations (snat-to-destination), and with --node-name, a rule whose nodes globs match none of the
+given nodes (rule-nodes-match-none).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import Any
 
 from ipmasq.commands import common
 from ipmasq.config.source import CONFIG_PREFIX, read_config_file, read_config_input
-from ipmasq.errors import ConfigError
+from ipmasq.errors import ConfigError, UsageError
 from ipmasq.findings import Finding, Severity, count
 from ipmasq.lint import Expectations, lint_source, nothing_to_lint
 
@@ -30,6 +36,11 @@ def register(subparsers: Any) -> None:
                         help="a range that must see the node IP (a VPN peer, a firewalled endpoint); repeatable")
     parser.add_argument("--must-preserve", action="append", default=[], metavar="CIDR",
                         help="a range that must see the pod IP; repeatable")
+    parser.add_argument("--pod-range", action="append", default=[], metavar="CIDR",
+                        help="a range pods take their IPs from (a rule's snatTo there is an error); repeatable")
+    parser.add_argument("--node-name", dest="node_names", action="append", default=[], metavar="NAME",
+                        help="a node of the cluster: report rules whose nodes globs match none of those given, and "
+                        "decide shadowed rules on these nodes only; repeatable")
     common.add_policy_flags(parser, config_help=None)
     common.add_output_flag(parser)
     parser.set_defaults(func=run)
@@ -71,8 +82,12 @@ def _inputs(paths: list[str]) -> list[tuple[str, bytes | OSError | ConfigError |
 def run(args: argparse.Namespace) -> int:
     common.at_most_one_stdin(*(("FILE", path) for path in args.files))
     options = common.options_from_args(args)
+    for name in args.node_names:
+        if not name or any(c.isspace() for c in name):
+            raise UsageError(f"--node-name: {name!r} is not a node name")
     expect = Expectations(common.cidr_flag("--must-masquerade", args.must_masquerade),
-                          common.cidr_flag("--must-preserve", args.must_preserve))
+                          common.cidr_flag("--must-preserve", args.must_preserve),
+                          common.cidr_flag("--pod-range", args.pod_range), tuple(args.node_names))
     findings: list[Finding] = []
     unreadable = False
     for name, data in _inputs(args.files):
@@ -94,5 +109,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         for f in findings:
             print(f.as_text())
-        print(f"{errors} error(s), {count(findings, Severity.WARNING)} warning(s)", file=sys.stderr)
+        infos = count(findings, Severity.INFO)
+        print(f"{errors} error(s), {count(findings, Severity.WARNING)} warning(s)"
+              + (f", {infos} info" if infos else ""), file=sys.stderr)
     return 1 if errors or unreadable else 0

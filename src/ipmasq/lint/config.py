@@ -28,6 +28,7 @@ from ipmasq.config.validate import (
     KNOWN_KEYS,
     cidr_entry,
     cidr_limit_message,
+    configured_ipv6,
     field_errors,
     merge_settings,
     parse_go_duration,
@@ -36,6 +37,7 @@ from ipmasq.config.validate import (
 from ipmasq.errors import ConfigError, clip
 from ipmasq.findings import Finding, Severity
 from ipmasq.lint.hints import lint_finding
+from ipmasq.lint.rules import lint_rules
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, Prefix
@@ -81,10 +83,13 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Expectations:
-    """Ranges the operator declares must be masqueraded (a VPN peer that allows node IPs) or must keep the pod IP."""
+    """Ranges the operator declares must be masqueraded (a VPN peer that allows node IPs) or must keep the pod IP;
+    the pod ranges (a snatTo there cannot work) and the node names (the fleet node-scoped rules are checked on)."""
 
     must_masquerade: tuple[Prefix, ...] = ()
     must_preserve: tuple[Prefix, ...] = ()
+    pod_ranges: tuple[Prefix, ...] = ()
+    node_names: tuple[str, ...] = ()
 
 
 def is_indentation_problem(message: str, text: str, line: int | None) -> bool:
@@ -141,6 +146,8 @@ def lint_config(text: str, *, source: str, placement: Placement | None = None,
         linter.add("yaml-syntax", Severity.ERROR, "the config is nested too deeply to be an ip-masq-agent config",
                    None)
         return linter.findings
+    # IPv6 as the agent would decide it: the flag when given, else this config's enableIPv6
+    linter.options = linter.options.resolve_ipv6(configured_ipv6(doc))
     _check_documents(linter)
     if whole_file and (doc is None or not doc.fields):
         _report_empty(linter, doc)
@@ -152,6 +159,10 @@ def lint_config(text: str, *, source: str, placement: Placement | None = None,
     policy = _lenient_policy(doc, good_fields, lists, linter.options)
     if policy is not None and expect is not None:
         _check_expectations(linter, policy, expect, seen)
+    if policy is not None and policy.config.rules:
+        expect = expect or Expectations()
+        lint_rules(policy.config, policy, linter.add, linter.where, pod_ranges=expect.pod_ranges,
+                   node_names=expect.node_names)
     return linter.findings
 
 
@@ -294,7 +305,7 @@ def _check_fields(linter: _Linter, doc: Document,
                   seen: dict[str, Field]) -> tuple[dict[str, list[tuple[Entry, Node]]], list[Field]]:
     lists: dict[str, list[tuple[Entry, Node]]] = {}
     good: list[Field] = []
-    enable_ipv6 = linter.options.enable_ipv6
+    enable_ipv6 = bool(linter.options.enable_ipv6)  # resolved in lint_config
     for canonical, f in seen.items():
         if canonical in _CIDR_KEYS and f.value.kind == "list":
             valid: list[tuple[Entry, Node]] = []
@@ -384,7 +395,8 @@ def _lenient_policy(doc: Document | None, good: list[Field], lists: dict[str, li
         return Policy(merge_settings([], all_reserved=options.nomasq_all_reserved_ranges,
                                      enable_ipv6=options.enable_ipv6), options)
     try:
-        settings = settings_from_document(Document(doc.source, good, doc.text), enable_ipv6=options.enable_ipv6)
+        settings = settings_from_document(Document(doc.source, good, doc.text),
+                                          enable_ipv6=bool(options.enable_ipv6))
         if settings.masquerade:
             preserved = {e.prefix for e, _ in lists.get("nonMasqueradeCIDRs", [])}
             settings.masquerade = [e for e in settings.masquerade if e.prefix not in preserved]

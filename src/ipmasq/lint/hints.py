@@ -24,7 +24,7 @@ HINTS: dict[str, str] = {
     "shadowed-cidr": "remove the entry: the larger one already decides every address in it",
     "conflicting-cidr": "keep the prefix in one list only",
     "too-many-cidrs": "raise cidrLimit, or merge the CIDRs into fewer, larger blocks",
-    "ipv6-disabled": "run the agent with --enable-ipv6, or drop the IPv6 CIDR",
+    "ipv6-disabled": "set enableIPv6: true in the config or run the agent with --enable-ipv6, or drop the IPv6 CIDR",
     "bad-duration": "write a Go duration above zero, like 60s, 1m30s or 2h",
     "lookalike-character": "retype the character in plain ASCII; copy-pasted documentation carries lookalikes",
     "block-style": "use `config: |` (literal): `>` folds lines and can join two keys into one",
@@ -42,6 +42,13 @@ HINTS: dict[str, str] = {
     "short-resync-interval": "use 60s, the default: drift is still repaired within a minute, without the CPU",
     "must-masquerade": "add the range to masqueradeCIDRs, or narrow the non-masquerade entry that covers it",
     "must-preserve": "add the range to nonMasqueradeCIDRs, or narrow the masqueradeCIDRs entry that covers it",
+    "invalid-rule": "fix the rule as the message says: the agent refuses the whole config and keeps its last rules",
+    "duplicate-rule": "give every rule its own name, across all config files",
+    "shadowed-rule": "delete the rule, or move it above the rules that cover it, or narrow them",
+    "rule-nodes-match-none": "fix the nodes globs (case-sensitive fnmatch, like gke-prod-egress-*), or delete the rule",
+    "snat-to-pod-address": "set snatTo to an address of the node (a spare one the destination's firewall admits)",
+    "snat-to-destination": "set snatTo to an address of the node, outside the rule's destinations",
+    "rule-no-effect": "delete the rule, or keep it on purpose as documentation of what that traffic does",
 }
 
 
