@@ -257,10 +257,12 @@ _Pieces = dict[_Key, tuple[Span, ...]]
 class _FamilyDiff:
     """The regions of one family, and what each side does to the probes' destinations."""
 
-    def __init__(self, before: Policy, after: Policy, family: Family, node_names: Sequence[str]) -> None:
+    def __init__(self, before: Policy, after: Policy, family: Family, node_names: Sequence[str], *,
+                 shared: list[Span] | None) -> None:
         self.family = family
         self.sides = (_rules_of(before, family), _rules_of(after, family))
-        self.preserved = (before.preserved_ranges(family), after.preserved_ranges(family))
+        self.preserved = (shared, shared) if shared is not None else \
+            (before.preserved_ranges(family), after.preserved_ranges(family))
         every = self.sides[0] + self.sides[1]
         self.protocols = protocol_atoms(every)
         self.classes = node_classes([r.nodes for r in every if r.nodes], node_names)
@@ -279,7 +281,8 @@ class _FamilyDiff:
         family = self.family
         out: list[Region] = []
         # outside every rule's destinations only the lists decide, for any source, protocol, port and node
-        flips = symmetric_difference(self.preserved[0], self.preserved[1], family.max_address)
+        flips = [] if self.preserved[0] == self.preserved[1] else \
+            symmetric_difference(self.preserved[0], self.preserved[1], family.max_address)
         for kept_before in (True, False):
             spans = subtract([(a, b) for a, b, in_before in flips if in_before is kept_before], self.ruled)
             if spans:
@@ -367,12 +370,16 @@ def _probe_decided(outcomes: list[Outcome], policy: Policy, probe: Prefix) -> st
     return "depends on the packet: " + " or ".join(deciders)
 
 
-def diff_rule_policies(before: Policy, after: Policy, probes: tuple[str, ...] = (),
-                       node_names: Sequence[str] = ()) -> RuleDiffResult:
+def diff_rule_policies(before: Policy, after: Policy, probes: tuple[str, ...] = (), node_names: Sequence[str] = (),
+                       *, shared_lists: dict[Family, list[Span]] | None = None) -> RuleDiffResult:
     """Every packet whose outcome differs between the policies, as disjoint regions (exact: a packet is in a
     region iff its outcomes differ, with the region's before and after); node_names: evaluate on these nodes
-    only (else per class of the rules' node globs). ValueError when the node globs make too many classes."""
-    by_family = {family: _FamilyDiff(before, after, family, node_names) for family in Family}
+    only (else per class of the rules' node globs). ValueError when the node globs make too many classes.
+    shared_lists: the preserved ranges of each family when the caller knows both policies have them (only the
+    rules differ), so that a caller diffing many rule changes computes them once."""
+    by_family = {family: _FamilyDiff(before, after, family, node_names,
+                                     shared=None if shared_lists is None else shared_lists[family])
+                 for family in Family}
     regions = [region for family in Family for region in by_family[family].regions()]
     regions.sort(key=lambda r: (r.family, r.destinations[0][0], r.destinations))
     results = []

@@ -224,3 +224,16 @@ def test_cli_text_json_and_node_names(capsys: pytest.CaptureFixture[str], tmp_pa
         "after": {"action": "snat", "snatTo": "10.142.0.50", "rule": "partner", "where": f"{new}:3"}}]
     assert main(["diff", str(old), str(old)]) == 0
     assert capsys.readouterr()[0] == f"{old} -> {old}: no packet changes outcome\n"
+
+
+def test_too_many_node_glob_sets_is_one_usage_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    many = tmp_path / "many.yaml"
+    many.write_text("rules:\n" + "".join(f"  - name: r{i}\n    destinations: [10.{i}.0.0/16]\n    nodes: [pool-{i}-*]\n"
+                                          "    action: masquerade\n" for i in range(12)))
+    assert main(["diff", "gke", str(many)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "--node-name" in err
+    assert main(["diff", "gke", str(many), "--node-name", "pool-3-a"]) == 0
+    out, _ = capsys.readouterr()
+    assert "10.3.0.0/16 on node pool-3-a: preserve pod IP (no rule matches: CIDR lists) -> masquerade to node IP " \
+           "(rule r3" in out

@@ -25,6 +25,7 @@ from ipmasq.errors import UsageError
 from ipmasq.options import PolicyOptions
 from ipmasq.packet_space import Outcome
 from ipmasq.policy import Policy
+from ipmasq.ranges import to_prefixes
 
 __all__ = ["register", "run"]
 
@@ -138,10 +139,11 @@ def _outcome_json(outcome: Outcome) -> dict[str, str | None]:
 
 
 def _region_json(region: Region) -> str:
-    ports = None if region.ports is None else (region.ports_shown() or "").split(",")
+    ports = None if region.ports is None else [str(a) if a == b else f"{a}-{b}" for a, b in region.ports]
     return json.dumps({
         "destinations": [str(p) for p in region.destination_prefixes()],
-        "sources": None if region.sources is None else (region.sources_shown() or "").split(", "),
+        "sources": None if region.sources is None else [str(p) for a, b in region.sources
+                                                        for p in to_prefixes(region.family, a, b)],
         "protocols": None if region.protocols is None else list(region.protocols),
         "ports": ports,
         "nodes": None if region.nodes is None else _node_list(region),

@@ -19,7 +19,7 @@ from ipmasq.findings import Severity
 from ipmasq.packet_space import MAX_PORT, OTHER, Cell, NodeClass, cells, node_classes, protocol_atoms
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, Prefix, parse_address
-from ipmasq.ranges import subtract, union_of_prefixes
+from ipmasq.ranges import Span, subtract, union_of_prefixes
 
 __all__ = ["lint_rules"]
 
@@ -31,6 +31,7 @@ _MAX_NAMED = 5  # covering rules named in one finding
 def lint_rules(config: MasqConfig, policy: Policy, add: Add, where: Where, *, pod_ranges: Sequence[Prefix] = (),
                node_names: Sequence[str] = ()) -> None:
     """Report each rule's findings through `add(id, severity, message, config line)`; `where(line)` names a line."""
+    shared_lists = {family: policy.preserved_ranges(family) for family in Family}  # one rule removed: same lists
     for index, rule in enumerate(config.rules):
         if rule.family not in policy.families:
             continue
@@ -49,7 +50,7 @@ def lint_rules(config: MasqConfig, policy: Policy, add: Add, where: Where, *, po
                 f"rule {rule.name} is never reached: every packet it matches is matched first by {named}{more}",
                 rule.line)
             continue
-        _check_effect(rule, config, policy, add, node_names)
+        _check_effect(rule, config, policy, add, node_names, shared_lists)
 
 
 def _check_snat(rule: Rule, config: MasqConfig, add: Add, pod_ranges: Sequence[Prefix]) -> None:
@@ -112,11 +113,13 @@ def _covering(rule: Rule, earlier: list[Rule], node_names: Sequence[str]) -> lis
     return [r for r in earlier if r.name in used]
 
 
-def _check_effect(rule: Rule, config: MasqConfig, policy: Policy, add: Add, node_names: Sequence[str]) -> None:
+def _check_effect(rule: Rule, config: MasqConfig, policy: Policy, add: Add, node_names: Sequence[str],
+                  shared_lists: dict[Family, list[Span]]) -> None:
     """A rule whose action is what the rules below it and the lists do anyway, for every packet it decides."""
     without = dataclasses.replace(config, rules=tuple(r for r in config.rules if r is not rule))
     try:
-        result = diff_rule_policies(policy, Policy(without, policy.options), node_names=node_names)
+        result = diff_rule_policies(policy, Policy(without, policy.options), node_names=node_names,
+                                    shared_lists=shared_lists)
     except ValueError:
         return
     if result.regions:
