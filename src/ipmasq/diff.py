@@ -215,19 +215,29 @@ class Region:
             return None
         named = [p for p in self.protocols if p != OTHER]
         if OTHER in self.protocols:
-            others = ", ".join(p for p in self.named_protocols if p not in named)
+            others = ", ".join(p for p in self.named_protocols if p != OTHER and p not in named)
             named.append(f"any protocol but {others}")
         return " or ".join(named)
 
     def ports_shown(self) -> str | None:
         if self.ports is None:
             return None
-        return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in self.ports)
+
+        def listed(spans: list[Span]) -> str:
+            return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+        others = subtract([(0, MAX_PORT)], self.ports)
+        return f"all but {listed(others)}" if len(others) < len(self.ports) else listed(list(self.ports))
 
     def sources_shown(self) -> str | None:
         if self.sources is None:
             return None
-        return ", ".join(str(p) for a, b in self.sources for p in to_prefixes(self.family, a, b))
+
+        def listed(spans: Sequence[Span]) -> list[str]:
+            return [str(p) for a, b in spans for p in to_prefixes(self.family, a, b)]
+
+        given, others = listed(self.sources), listed(subtract([(0, self.family.max_address)], self.sources))
+        return "all but " + ", ".join(others) if len(others) < len(given) else ", ".join(given)
 
     def nodes_shown(self) -> str | None:
         return None if self.nodes is None else " or ".join(c.shown() for c in self.nodes)

@@ -237,3 +237,20 @@ def test_too_many_node_glob_sets_is_one_usage_line(capsys: pytest.CaptureFixture
     out, _ = capsys.readouterr()
     assert "10.3.0.0/16 on node pool-3-a: preserve pod IP (no rule matches: CIDR lists) -> masquerade to node IP " \
            "(rule r3" in out
+
+
+def test_text_names_the_shorter_side_of_sources_and_ports(capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path) -> None:
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text("nonMasqueradeCIDRs: [10.0.0.0/8]\nrules:\n  - name: partner\n    destinations: [10.1.0.0/16]\n"
+                   "    action: masquerade\n")
+    new.write_text("nonMasqueradeCIDRs: [10.0.0.0/8]\nrules:\n  - name: partner\n    destinations: [10.1.0.0/16]\n"
+                   "    sources: [10.44.0.0/14]\n    action: masquerade\n  - name: web\n"
+                   "    destinations: [10.1.0.0/16]\n    protocol: tcp\n    ports: [443]\n    action: masquerade\n")
+    assert main(["diff", str(old), str(new)]) == 0
+    lines = capsys.readouterr()[0].splitlines()
+    assert lines[1:] == [
+        "  10.1.0.0/16 from all but 10.44.0.0/14 tcp port all but 443: masquerade to node IP (rule partner, "
+        f"{old}:3) -> preserve pod IP (no rule matches: CIDR lists)",
+        "  10.1.0.0/16 from all but 10.44.0.0/14 any protocol but tcp: masquerade to node IP (rule partner, "
+        f"{old}:3) -> preserve pod IP (no rule matches: CIDR lists)"]
