@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ipmasq.errors import UsageError, clip
 
@@ -31,10 +31,19 @@ class PolicyOptions:
 
     masq_chain: str = DEFAULT_CHAIN
     nomasq_all_reserved_ranges: bool = False
-    enable_ipv6: bool = False
+    # --enable-ipv6; None: not given, so the config's `enableIPv6` decides (absent: off). A Policy holds the resolved
+    # value (resolve_ipv6), so policy.options.enable_ipv6 is always a bool.
+    enable_ipv6: bool | None = None
     random_fully: bool = True
     to_ports: tuple[PortRange, ...] = ()
     node_name: str | None = None  # selects the config rules that have `nodes`; None: unknown (such a rule is an error)
+
+
+    def resolve_ipv6(self, configured: bool | None) -> PolicyOptions:
+        """These options with IPv6 decided: the flag when given (it wins), else the config's enableIPv6, else off."""
+        if self.enable_ipv6 is not None:
+            return self
+        return replace(self, enable_ipv6=bool(configured))
 
 
 _PORT_RANGE = re.compile(r"(\d{1,5})(?:-(\d{1,5}))?\Z")

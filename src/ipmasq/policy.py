@@ -109,7 +109,8 @@ class Verdict:
 class Policy:
     def __init__(self, config: MasqConfig, options: PolicyOptions) -> None:
         self.config = config
-        self.options = options
+        # IPv6 decided once, here: the --enable-ipv6 flag when given, else the config's enableIPv6
+        self.options = options.resolve_ipv6(config.enable_ipv6)
 
     @property
     def families(self) -> tuple[Family, ...]:

@@ -13,6 +13,7 @@ from ipmasq.prefix import Family, parse_cidr
 NAME = "/etc/config/ip-masq-agent"
 V4 = PolicyOptions(node_name="gke-prod-egress-1")
 V6 = PolicyOptions(enable_ipv6=True, node_name="gke-prod-egress-1")
+NO_V6 = PolicyOptions(enable_ipv6=False, node_name="gke-prod-egress-1")  # --enable-ipv6=false given
 
 FULL = """\
 nonMasqueradeCIDRs: [10.0.0.0/8]
@@ -102,7 +103,8 @@ def test_a_config_without_rules_has_none() -> None:
     ("destinations: [10.1.0.0/16]\naction: snat\nsnatTo: 'fd00::1'", 5, ["IPv6", "destinations are IPv4"]),
 ])
 def test_field_errors_name_file_line_and_value(body: str, line: int, words: list[str]) -> None:
-    error = error_of(one_rule(body), V6 if "one family" in " ".join(words) else V4)
+    # --enable-ipv6=false refuses an IPv6 CIDR where it is written; without the flag the config's enableIPv6 decides
+    error = error_of(one_rule(body), V6 if "one family" in " ".join(words) else NO_V6)
     message = str(error)
     assert message.startswith(f"{NAME}:{line}: rules[0] (r): "), message
     assert error.line == line
@@ -172,6 +174,39 @@ def test_to_ports_with_a_rewriting_rule_is_an_error_not_ignored() -> None:
 def test_enable_ipv6_in_the_config() -> None:
     assert load("enableIPv6: true\n", V6).rules == ()
     assert load("enableIPv6: false\n", V4).warnings == ()  # a known key: no "unknown key" warning
-    error = error_of("nonMasqueradeCIDRs: [10.0.0.0/8]\nenableIPv6: true\n", V4)
-    assert error.line == 2 and "needs the --enable-ipv6 flag" in str(error)
     assert 'got the string "yes"' in str(error_of('enableIPv6: "yes"\n', V6))
+
+
+def test_enable_ipv6_from_the_config_decides_without_the_flag() -> None:
+    from ipmasq.policy import Policy
+
+    text = "nonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\nenableIPv6: true\n" + FULL.split("\n", 1)[1] + \
+        "  - name: v6-snat\n    destinations: ['2001:db8::/32']\n    action: snat\n    snatTo: 'fd00::50'\n"
+    config = load(text, V4)
+    assert config.enable_ipv6 is True
+    policy = Policy(config, V4)
+    assert policy.families == (Family.V4, Family.V6)
+    assert [r.name for r in policy.rules(Family.V6)] == ["v6-snat"]
+    assert policy.verdict("fd00::1").masquerade is False
+    # the flag, when given, wins: false means no IPv6 rules at all (the CIDRs are refused as without enableIPv6)
+    error = error_of(text, NO_V6)
+    assert error.line == 1 and "fd00::/8" in str(error) and "--enable-ipv6" in str(error)
+    assert Policy(load("enableIPv6: true\n", NO_V6), NO_V6).families == (Family.V4,)
+    assert "overridden by --enable-ipv6=false" in " ".join(load("enableIPv6: true\n", NO_V6).warnings)
+    # false or absent: no IPv6, and an IPv6 CIDR or rule is refused, naming file and line
+    for switch in ("enableIPv6: false\n", ""):
+        assert Policy(load(switch, V4), V4).families == (Family.V4,)
+        error = error_of("nonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\n" + switch, V4)
+        assert error.line == 1 and "ipv6 is not enabled, but ipv6 cidr fd00::/8 provided" in str(error)
+        error = error_of(one_rule("destinations: ['fd00::/8']\naction: preserve") + switch, V4)
+        assert error.line == 2 and "rule r: ipv6 cidr fd00::/8 needs IPv6 enabled" in str(error)
+        assert "enableIPv6: true" in str(error)
+
+
+def test_enable_ipv6_across_a_config_directory() -> None:
+    files = ((f"{NAME}/ip-masq-a", b"nonMasqueradeCIDRs: ['fd00::/8']\n"), (f"{NAME}/ip-masq-b", b"enableIPv6: true\n"))
+    config = config_from_bytes(ConfigInput(files), V4)
+    assert config.enable_ipv6 is True and [str(e.prefix) for e in config.non_masquerade] == ["fd00::/8"]
+    clash = ((f"{NAME}/ip-masq-a", b"enableIPv6: false\n"), (f"{NAME}/ip-masq-b", b"enableIPv6: true\n"))
+    with pytest.raises(ConfigError, match="enableIPv6 conflicts"):
+        config_from_bytes(ConfigInput(clash), V4)

@@ -310,6 +310,7 @@ class Reconciler:
                 writes.append(write)
                 self.log.info("applied IPv%d rules with %s (%s)", family.value, self.backend.name,
                               _describe(write, len(want.objects), drift=drift))
+            writes.extend(self._clear_unmanaged(policy))
         except IpmasqError as exc:
             self._backend_failed(str(exc))
             return self._pass_report(SyncResult.FAILED, writes=writes)
@@ -332,6 +333,32 @@ class Reconciler:
             self._quiet_fingerprint = fingerprint  # taken before the reads that just verified everything
         self._count_foreign(changed=bool(writes or removed), fingerprint=fingerprint)
         return self._pass_report(result, writes=writes, removed=removed, drift_repair=drift and bool(writes))
+
+    def _clear_unmanaged(self, policy: Policy) -> list[FamilyWrite]:
+        """Remove our objects of each family the policy does not manage (IPv6 switched off by the config or the
+        flag): the backend's desired State for such a family holds none of its own. A family that cannot be read
+        (no IPv6 on this node) holds nothing this agent could have written."""
+        writes = []
+        for family in Family:
+            if family in policy.families:
+                continue
+            try:
+                current = self.backend.read(family)
+            except BackendError as exc:
+                self.log.debug("IPv%d is not managed and cannot be read: %s", family.value, exc)
+                continue
+            want = self.backend.desired(policy, family)
+            if current == want:
+                continue
+            self.backend.apply(policy, family, current)
+            if self.backend.read(family) != want:
+                raise BackendError(f"our IPv{family.value} objects are still there right after removing them "
+                                   "(IPv6 is not managed)")
+            write = _family_write(family, current, want)
+            self.log.info("removed our IPv%d objects with %s (IPv6 is not managed now): %d removed", family.value,
+                          self.backend.name, write.removed)
+            writes.append(write)
+        return writes
 
     def _take_fingerprint(self) -> Hashable | None:
         if self.fingerprint is None:

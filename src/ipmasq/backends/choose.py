@@ -109,7 +109,8 @@ def make_backend(name: str, options: PolicyOptions, run: Runner, *, variant: str
     if name == "nftables":
         others = tuple(IptablesBackend(run, chain=options.masq_chain, variant=v, families=both) for v in Variant)
         return NftablesBackend(run), others
-    families = both if options.enable_ipv6 else (Family.V4,)
+    # the flag not given: the config may switch IPv6 on and off while the agent runs
+    families = (Family.V4,) if options.enable_ipv6 is False else both
     chosen = detect_variant(run) if variant == "auto" else Variant(variant)
     other_variants = tuple(IptablesBackend(run, chain=options.masq_chain, variant=v, families=both)
                            for v in Variant if v is not chosen)

@@ -195,9 +195,16 @@ class IptablesBackend:
         return state_from_save(table, self._chain, family)
 
     def desired(self, policy: Policy, family: Family) -> State:
+        if family not in policy.families:
+            return State(family, ())  # IPv6 off (flag or config): none of our objects in that family
         return desired_state(policy, family)
 
     def apply(self, policy: Policy, family: Family, current: State) -> None:
+        if family not in policy.families:
+            payload = removal_payload(current)
+            if payload is not None:
+                self._restore(family, _once(payload))
+            return
         self._restore(family, lambda: restore_lines(policy, family, current))
 
     def remove_all(self) -> None:

@@ -97,7 +97,9 @@ class _Plan:
 def _plan(policy: Policy) -> _Plan:
     table = desired_table(policy)
     formatted = {s.name: format_elements(s.family, s.elements) for s in table.sets}
-    states = {f: state_from_table(table, f, formatted=formatted) for f in policy.families}
+    # every family, managed or not: an unmanaged family's State is the shared chain without its set, so a set left
+    # from when it was managed (IPv6 switched off) differs and is removed with the rest of the old table
+    states = {f: state_from_table(table, f, formatted=formatted) for f in Family}
     return _Plan(policy, table, states, replace_script(table, formatted=formatted))
 
 

@@ -78,7 +78,9 @@ def add_policy_flags(parser: argparse.ArgumentParser, *, config_help: str | None
                        help="name of our nat chain (default %(default)s; GKE runs IP-MASQ)")
     group.add_argument("--nomasq-all-reserved-ranges", type=go_bool, default=False, metavar="BOOL",
                        help="also preserve pod IPs for all reserved IPv4 ranges by default (what GKE runs)")
-    group.add_argument("--enable-ipv6", type=go_bool, default=False, metavar="BOOL", help="also manage IPv6")
+    group.add_argument("--enable-ipv6", type=go_bool, default=None, metavar="BOOL",
+                       help="also manage IPv6; when given, wins over the config's enableIPv6 (default: the config's "
+                            "enableIPv6, off when absent)")
     group.add_argument("--random-fully", type=go_bool, default=True, metavar="BOOL",
                        help="add --random-fully to MASQUERADE (default true)")
     group.add_argument("--to-ports", default="", metavar="RANGES",

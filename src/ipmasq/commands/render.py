@@ -25,7 +25,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--backend", choices=["iptables", "nftables"], default="iptables",
                         help="whose payload (default %(default)s)")
     parser.add_argument("--family", choices=["4", "6"], default="4",
-                        help="IP family of the iptables payload (6 needs --enable-ipv6); the nft script holds both")
+                        help="IP family of the iptables payload (6 needs --enable-ipv6 or the config's enableIPv6: "
+                             "true); the nft script holds both")
     parser.add_argument("--print-hash", action="store_true",
                         help="print only the config's identity, the short policy hash the agent exports as "
                              "ipmasq_enforced_config_info{config_hash=...} once the kernel enforces it")
@@ -34,9 +35,12 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     family = Family(int(args.family))
-    if family is Family.V6 and not args.enable_ipv6:  # a usage error before any config error
+    if family is Family.V6 and args.enable_ipv6 is False:  # a usage error before any config error
         raise UsageError("--family 6 needs --enable-ipv6 (without it the agent writes no IPv6 rules)")
     policy = load_policy(args, "render")
+    if family not in policy.families:
+        raise UsageError("--family 6 needs IPv6 enabled: --enable-ipv6, or enableIPv6: true in the config (without "
+                         "either the agent writes no IPv6 rules)")
     if args.print_hash:
         print(config_hash(policy_hash(policy)))
         return 0

@@ -114,6 +114,7 @@ class MasqConfig:
     resync_interval: float = DEFAULT_RESYNC_SECONDS
     sources: tuple[str, ...] = ()  # the files this came from; empty: built-in defaults
     rules: tuple[Rule, ...] = ()  # the `rules` sections of every file, in file-name order
+    enable_ipv6: bool | None = None  # the config's enableIPv6 (None: not set); --enable-ipv6, when given, wins
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def families(self) -> set[Family]:

@@ -146,7 +146,9 @@ def _config_from_bytes(config_input: ConfigInput, options: PolicyOptions) -> Mas
         doc = parse_document(data, source)
         if doc is None:
             continue  # an empty file means defaults, as in the reference
-        settings.append(settings_from_document(doc, enable_ipv6=options.enable_ipv6))
+        # IPv6 CIDRs refused at once only when the flag said no; else merge_settings checks them against the
+        # files' enableIPv6 (any file may set it)
+        settings.append(settings_from_document(doc, enable_ipv6=options.enable_ipv6 is not False))
     config = merge_settings(settings, all_reserved=options.nomasq_all_reserved_ranges, enable_ipv6=options.enable_ipv6)
     check_rules_with_flags(config, options)
     return config

@@ -32,6 +32,7 @@ __all__ = [
     "check_rules_with_flags",
     "cidr_entry",
     "cidr_limit_message",
+    "configured_ipv6",
     "field_errors",
     "merge_settings",
     "parse_go_duration",
@@ -66,11 +67,14 @@ class FileSettings:
     masq_link_local_ipv6: bool | None = None
     resync_interval: float | None = None
     rules: list[Rule] | None = None
+    enable_ipv6: bool | None = None
     lines: dict[str, int | None] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
 
 def settings_from_document(doc: Document, *, enable_ipv6: bool) -> FileSettings:
+    """One file's settings; `enable_ipv6` False refuses IPv6 CIDRs here (the flag said no), True accepts them (the
+    flag said yes, or the files' enableIPv6 decides once merged: merge_settings checks)."""
     settings = FileSettings(doc.source)
     seen: dict[str, Field] = {}
     for f in doc.fields:
@@ -180,11 +184,18 @@ def _apply_field(settings: FileSettings, key: str, f: Field, doc: Document, *, e
         if node.kind != "scalar" or not isinstance(node.value, bool) or node.quoted:
             raise _error(doc, node, f.key, f"enableIPv6 must be true or false (unquoted), got {_describe(node)}",
                          "wrong-type")
-        if node.value and not enable_ipv6:
-            # IPv6 turned on by the config alone would need the backends to take up a family while running; until
-            # they do, say so rather than ignore the key
-            raise _error(doc, node, f.key, "enableIPv6: true needs the --enable-ipv6 flag in this version (IPv6 "
-                         "from the config alone is not supported yet)", "unsupported-key")
+        settings.enable_ipv6 = node.value
+
+
+def configured_ipv6(doc: Document | None) -> bool | None:
+    """A document's enableIPv6 when it is a valid true/false (the last one wins), else None: what the offline tools
+    that read one document at a time take as the config's word on IPv6."""
+    value: bool | None = None
+    for f in doc.fields if doc is not None else ():
+        node = f.value
+        if f.key.lower() == "enableipv6" and node.kind == "scalar" and isinstance(node.value, bool) and not node.quoted:
+            value = node.value
+    return value
 
 
 def _cidr_list(doc: Document, f: Field, *, masquerade: bool, enable_ipv6: bool) -> list[Entry]:
@@ -496,8 +507,9 @@ def _scalar_from(files: list[FileSettings], attr: str, key: str, default: Any) -
     return default if chosen is None else getattr(chosen, attr)
 
 
-def merge_settings(files: list[FileSettings], *, all_reserved: bool, enable_ipv6: bool) -> MasqConfig:
-    """Merge the files of a config directory (one file: the reference's semantics exactly)."""
+def merge_settings(files: list[FileSettings], *, all_reserved: bool, enable_ipv6: bool | None) -> MasqConfig:
+    """Merge the files of a config directory (one file: the reference's semantics exactly). `enable_ipv6`: the
+    --enable-ipv6 flag (None: not given, the files' enableIPv6 decides); IPv6 CIDRs without IPv6 are an error."""
     non_masquerade: list[Entry] | None = None
     masquerade: list[Entry] = []
     for s in files:
@@ -517,7 +529,15 @@ def merge_settings(files: list[FileSettings], *, all_reserved: bool, enable_ipv6
         raise ConfigError(message, source=where, line=line, code="too-many-cidrs")
     _check_conflicts(non_masq, masquerade)
     rules = _merged_rules(files)
+    configured_v6: bool | None = _scalar_from(files, "enable_ipv6", "enableIPv6", None)
+    _check_ipv6_enabled(non_masq + tuple(masquerade), rules,
+                        enabled=configured_v6 is True if enable_ipv6 is None else enable_ipv6)
     warnings = [w for s in files for w in s.warnings]
+    if enable_ipv6 is not None and configured_v6 is not None and configured_v6 != enable_ipv6:
+        holder = next(s for s in reversed(files) if s.enable_ipv6 is not None)
+        warnings.append(f"{holder.source}:{holder.lines.get('enableIPv6')}: enableIPv6: "
+                        f"{str(configured_v6).lower()} is overridden by --enable-ipv6={str(enable_ipv6).lower()} "
+                        "(the flag, when given, wins)")
     warnings += _duplicate_warnings(non_masq) + _duplicate_warnings(tuple(masquerade))
     return MasqConfig(
         non_masquerade=non_masq,
@@ -528,8 +548,26 @@ def merge_settings(files: list[FileSettings], *, all_reserved: bool, enable_ipv6
         resync_interval=_scalar_from(files, "resync_interval", "resyncInterval", DEFAULT_RESYNC_SECONDS),
         sources=tuple(s.source for s in files),
         rules=rules,
+        enable_ipv6=configured_v6,
         warnings=tuple(warnings),
     )
+
+
+def _check_ipv6_enabled(entries: tuple[Entry, ...], rules: tuple[Rule, ...], *, enabled: bool) -> None:
+    """IPv6 CIDRs need IPv6 on (the flag, or the config's enableIPv6): the reference refuses them, never ignores."""
+    if enabled:
+        return
+    for e in entries:
+        if e.prefix.family is Family.V6:
+            # the reference's words, exactly (enableIPv6: true is the other way: lint's hint says so)
+            raise ConfigError(f"ipv6 is not enabled, but ipv6 cidr {e.prefix} provided. Enable ipv6 using "
+                              "--enable-ipv6 agent flag", source=e.source, line=e.line,
+                              code="ipv6-disabled")
+    for rule in rules:
+        if rule.family is Family.V6:
+            raise ConfigError(f"rule {rule.name}: ipv6 cidr {rule.destinations[0]} needs IPv6 enabled "
+                              "(--enable-ipv6 or enableIPv6: true)", source=rule.source, line=rule.line,
+                              code="ipv6-disabled")
 
 
 def _merged_rules(files: list[FileSettings]) -> tuple[Rule, ...]:
