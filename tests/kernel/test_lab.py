@@ -30,7 +30,7 @@ def test_every_scenario_behaves_as_the_outage_it_reproduces(backend: str) -> Non
     phases = {s["name"]: {p["name"]: {pr["destination"]: pr for pr in p["probes"]} for p in s["phases"]}
               for s in report["scenarios"]}
     assert set(phases) == {"incident-gke-1.14", "vpn-inside-10-8", "private-endpoint", "cloud-nat-ranges",
-                           "agent-down"}
+                           "agent-down", "hand-written-rule-lost", "partner-firewall-snat", "one-port-masquerade"}
     # GKE 1.14 upgrade: the outage (pod IP, rejected by the AWS side) and the fix (node IP, accepted)
     incident = phases["incident-gke-1.14"]
     before, after = incident["GKE 1.14 defaults, no ConfigMap"], incident[

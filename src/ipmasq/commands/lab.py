@@ -20,8 +20,9 @@ def register(subparsers: Any) -> None:
 
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "lab", help="reproduce real outages and their fixes in throwaway network namespaces (root)",
-        description="Build pod -> node -> VPC -> VPN peers / Cloud NAT -> internet in throwaway namespaces, run the "
-        "real agent on the node, and show for every probe what explain predicts and what the peer really saw. "
+        description="Build pod -> node -> VPC -> VPN peers / partner / Cloud NAT -> internet in throwaway namespaces, "
+        "run the real agent on the node, and show for every probe what explain predicts, what the peer really saw "
+        "and what decided on the node (the config rule and its file:line, the CIDR entry, or the catch-all). "
         f"Scenarios: {', '.join(SCENARIOS)}. {FLEET_SCENARIO} (not part of all) builds four nodes in two pools "
         "with the agent on each and a real Prometheus scraping them (needs prometheus installed): a config rollout "
         "read from ipmasq_enforced_config_info, a node whose rules keep being deleted, a node given an invalid "
@@ -91,10 +92,11 @@ def _print_scenario(result: Any) -> None:
     print(f"== {result.name}\n   {result.summary}")
     for phase in result.phases:
         print(f"-- {phase.name}")
-        print(f"   {'DESTINATION':<16} {'PREDICTED SOURCE':<17} {'PEER SAW':<15} {'CONNECTED':<9} OK")
+        print(f"   {'DESTINATION':<21} {'PREDICTED SOURCE':<17} {'PEER SAW':<15} {'CONNECTED':<9} {'OK':<8} DECIDED BY")
         for probe in phase.probes:
-            print(f"   {probe.destination:<16} {_show(probe.predicted_source):<17} {_show(probe.seen_source):<15} "
-                  f"{'yes' if probe.connected else 'no':<9} {'ok' if probe.ok else 'MISMATCH'}")
+            print(f"   {probe.target:<21} {_show(probe.predicted_source):<17} {_show(probe.seen_source):<15} "
+                  f"{'yes' if probe.connected else 'no':<9} {'ok' if probe.ok else 'MISMATCH':<8} "
+                  f"{probe.decided_by.text}")
     if result.error:
         print(f"!! {result.error}")
     print()

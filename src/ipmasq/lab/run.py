@@ -43,12 +43,15 @@ class NodeAgent:
     config_dir: str
     proc: subprocess.Popen[str] | None = None
     log_path: str = ""
+    node_name: str | None = None  # --node-name of the next start (selects the config rules with nodes)
 
     def start(self) -> None:
         self.log_path = os.path.join(self.lab.workdir, "agent.log")
         log = open(self.log_path, "a")  # noqa: SIM115 - the agent process owns it until it exits
         argv = [sys.executable, "-m", "ipmasq", "agent", "--config", os.path.join(self.config_dir, "ip-masq-agent"),
                 "--backend", self.backend, *self.flags]
+        if self.node_name is not None:
+            argv.append(f"--node-name={self.node_name}")
         self.proc = self.lab.node.popen(argv, stdout=log, stderr=subprocess.STDOUT)
         log.close()
 
@@ -117,22 +120,34 @@ def run_scenario(lab: Lab, scenario: Scenario, *, backend: str) -> ScenarioResul
     config_dir = os.path.join(lab.workdir, f"config-{scenario.name}")
     publish(config_dir, None)  # the ConfigMap volume exists, the key does not (yet)
     agent = NodeAgent(lab, backend, scenario.flags, config_dir)
+    started = False
 
     def prepare(phase: Phase) -> None:
+        nonlocal started
         if phase.agent == "uninstalled":
             agent.stop()
             agent.uninstall(phase.options)
             agent.wait_empty(policy_for(NO_RULES, phase.options))
             return
+        if started and (phase.recreate_node or phase.options.node_name != agent.node_name):
+            # a new node comes up (a new name is a new node): nothing of the old one's netfilter survives, and
+            # its agent starts from scratch
+            agent.stop()
+            lab.reset_node()
+        agent.node_name = phase.options.node_name
         publish(config_dir, phase.config)
         if not agent.running and phase.agent == "running":
             agent.start()
+            started = True
         if agent.running:
             agent.wait_synced(policy_for(phase.config, phase.options))
+        for rule in phase.hand_written:
+            lab.node.run(rule.command)  # what an operator typed on the node, after the agent wrote its rules
         if phase.agent == "stopped":
             agent.stop()
             agent.wait_synced(policy_for(phase.config, phase.options), timeout=0)  # SIGTERM left the rules
 
+    touches_node = any(p.recreate_node or p.hand_written for p in scenario.phases)
     try:
         for phase in scenario.phases:
             result.phases.append(run_phase(lab, phase, prepare))
@@ -143,4 +158,7 @@ def run_scenario(lab: Lab, scenario: Scenario, *, backend: str) -> ScenarioResul
         options = scenario.phases[0].options
         subprocess.run(lab.node.argv([sys.executable, "-m", "ipmasq", "uninstall",
                                       f"--masq-chain={options.masq_chain}"]), capture_output=True)
+        if touches_node:
+            # rules written by hand are no agent's to uninstall: the next scenario starts on a clean node
+            subprocess.run(lab.node.argv(["nft", "flush", "ruleset"]), capture_output=True)
     return result

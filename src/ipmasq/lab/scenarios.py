@@ -1,24 +1,30 @@
 """The lab's scenarios: real outages, each a sequence of phases; every probe compares explain's prediction with
 the kernel.
 
-A phase sets the world up (the agent's config published the way kubelet does, the agent stopped, Cloud NAT's
-mode), waits until the node's kernel holds what the agent should have written, then probes with real TCP. The
-prediction comes from the same model `ipmasq explain` uses (Policy + the Cloud NAT path), never from the lab.
+A phase sets the world up (the agent's config published the way kubelet does, the agent stopped, the node
+recreated under a name, a rule an operator wrote by hand, Cloud NAT's mode), waits until the node's kernel holds what
+the agent should have written, then probes with real TCP. The prediction comes from the same model `ipmasq explain`
+uses (Policy asked about the probe's source, protocol and port, + the Cloud NAT path), never from the lab; it names
+what decided (a config rule with its file:line, a CIDR entry, the catch-all, or the rule written by hand).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ipmasq.cloudnat import CloudNat, CloudNatMode, follow_path
+from ipmasq.cloudnat import CloudNat, CloudNatMode, follow_path, is_internet
 from ipmasq.config import ConfigInput, config_from_bytes
-from ipmasq.lab.topology import ADDR, OPEN_PORT, STRICT_PORT, Lab, Probe, ProbeResult
+from ipmasq.config.model import Origin, Rule, RuleAction
+from ipmasq.lab.topology import ADDR, OPEN_PORT, PLAIN_PORT, STRICT_PORT, Lab, Probe, ProbeResult, admits
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
+from ipmasq.policy import Policy, Reason, Verdict
 from ipmasq.prefix import parse_address, parse_cidr
 
-__all__ = ["NO_RULES", "SCENARIOS", "Phase", "PhaseResult", "ProbeOutcome", "Scenario", "policy_for", "predict"]
+__all__ = [
+    "NO_RULES", "SCENARIOS", "Decision", "HandWrittenRule", "Phase", "PhaseResult", "ProbeOutcome", "Scenario",
+    "policy_for", "predict",
+]
 
 # What a node does with none of our rules (agent never ran, or was uninstalled): nothing is masqueraded.
 NO_RULES = "nonMasqueradeCIDRs: [0.0.0.0/0]\n"
@@ -32,6 +38,8 @@ VPC_VM = Probe(ADDR.vpc_vm, OPEN_PORT)
 ONPREM = Probe(ADDR.onprem_endpoint, STRICT_PORT)
 VPN = Probe(ADDR.vpn_host, STRICT_PORT)
 INTERNET = Probe(ADDR.internet, OPEN_PORT)
+ONPREM_HTTP = Probe(ADDR.onprem_endpoint, PLAIN_PORT)
+PARTNER = Probe(ADDR.partner, STRICT_PORT)
 
 # The ConfigMaps of the scenarios: the fix that ended the GKE 1.14 outage, a VPN range before and after it is
 # carved out of 10/8, and GKE's non-masquerade ranges with one private endpoint carved out.
@@ -42,6 +50,45 @@ PRIVATE_ENDPOINT_MASQUERADED = (
     "nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10, 192.0.0.0/24, "
     "192.0.2.0/24, 192.88.99.0/24, 198.18.0.0/15, 198.51.100.0/24, 203.0.113.0/24, 240.0.0.0/4]\n"
     "masqueradeCIDRs: [10.2.1.100/32]\n")
+# The rules-section scenarios: 10/8 keeps pod IPs, and one rule makes the exception an operator needs.
+KEEP_10_8 = "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n"
+ONPREM_RULE = (
+    f"{KEEP_10_8}rules:\n  - name: onprem-endpoint-sees-node-ip\n    destinations: [{ADDR.onprem_endpoint}/32]\n"
+    f"    sources: [{ADDR.node_pod_range}]\n    action: masquerade\n")
+EGRESS_POOL = "gke-prod-egress-pool-*"
+EGRESS_NODE = "gke-prod-egress-pool-7f3k"
+GENERAL_NODE = "gke-prod-general-pool-2b9x"
+PARTNER_RULE = (
+    f"{KEEP_10_8}rules:\n  - name: partner-sees-egress-address\n    destinations: [{ADDR.partner}/32]\n"
+    f"    nodes: [\"{EGRESS_POOL}\"]\n    action: snat\n    snatTo: {ADDR.spare_node}\n")
+HTTPS_ONLY_RULE = (
+    f"{KEEP_10_8}rules:\n  - name: onprem-https-sees-node-ip\n    destinations: [{ADDR.onprem_endpoint}/32]\n"
+    f"    protocol: tcp\n    ports: [{STRICT_PORT}]\n    action: masquerade\n")
+
+
+@dataclass(frozen=True)
+class HandWrittenRule:
+    """A MASQUERADE rule an operator inserted by hand at the top of the node's POSTROUTING: it lives only in that
+    node's kernel, so a recreated node no longer has it.
+
+    explain's model sees it as a masquerade rule ahead of every rule of ours: with iptables it sits ahead of our
+    jump; with nftables both chains hook srcnat and NAT keeps the first binding, which is the same address as long
+    as our rules do not SNAT those packets elsewhere (the scenario's keep the pod IP)."""
+
+    sources: str
+    destination: str
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        return ("iptables", "-t", "nat", "-I", "POSTROUTING", "-s", self.sources, "-d", self.destination,
+                "-j", "MASQUERADE")
+
+    def as_rule(self) -> Rule:
+        return Rule("hand-written", parse_cidr(self.destination).family, (parse_cidr(self.destination),),
+                    RuleAction.MASQUERADE, sources=(parse_cidr(self.sources),), source=" ".join(self.command))
+
+
+ONPREM_BY_HAND = HandWrittenRule(ADDR.node_pod_range, f"{ADDR.onprem_endpoint}/32")
 
 
 @dataclass(frozen=True)
@@ -52,6 +99,42 @@ class Phase:
     probes: tuple[Probe, ...]
     agent: str = "running"  # running | stopped (rules left in place) | uninstalled (no rules at all)
     cloud_nat: CloudNatMode = CloudNatMode.ALL_IP_RANGES
+    # the node comes up anew before the phase (empty netfilter, a fresh agent), named options.node_name; a new
+    # node name always means a recreated node
+    recreate_node: bool = False
+    hand_written: tuple[HandWrittenRule, ...] = ()  # inserted on the node once the agent has synced
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What decided a probe's source on the node, as explain names it."""
+
+    reason: str  # explain's reason (rule, config, default, exception, link-local, catch-all), or hand-written
+    rule_name: str | None = None
+    defined_at: str | None = None  # file:line of the rule or entry; the command, for a rule written by hand
+    matched: str | None = None  # the destination prefix that matched
+
+    @property
+    def text(self) -> str:
+        if self.reason == "hand-written":
+            return f"by hand: {self.defined_at}"
+        if self.rule_name is not None:
+            return f"rule {self.rule_name} ({self.defined_at})"
+        if self.reason == "catch-all":
+            return "catch-all MASQUERADE"
+        if self.reason == "no-rules":
+            return "no agent rules on the node"
+        where = self.reason if self.defined_at is None else f"{_ORIGIN_KEY[self.reason]} {self.defined_at}"
+        return f"{self.matched} ({where})"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"reason": self.reason, "rule_name": self.rule_name, "defined_at": self.defined_at,
+                "matched": self.matched, "text": self.text}
+
+
+# the config key an entry came from, shown with its file:line
+_ORIGIN_KEY = {Reason.CONFIG.value: "nonMasqueradeCIDRs", Reason.EXCEPTION.value: "masqueradeCIDRs",
+               Reason.DEFAULT.value: "default", Reason.LINK_LOCAL.value: "link-local"}
 
 
 @dataclass(frozen=True)
@@ -65,10 +148,16 @@ class Scenario:
 @dataclass(frozen=True)
 class ProbeOutcome:
     destination: str
+    port: int
     predicted_source: str | None
     predicted_connected: bool
     seen_source: str | None
     connected: bool
+    decided_by: Decision
+
+    @property
+    def target(self) -> str:
+        return f"{self.destination}:{self.port}"
 
     @property
     def ok(self) -> bool:
@@ -76,8 +165,9 @@ class ProbeOutcome:
         return self.seen_source == self.predicted_source and self.connected == self.predicted_connected
 
     def as_dict(self) -> dict[str, object]:
-        return {"destination": self.destination, "predicted_source": self.predicted_source,
-                "seen_source": self.seen_source, "connected": self.connected, "ok": self.ok}
+        return {"destination": self.destination, "port": self.port, "predicted_source": self.predicted_source,
+                "seen_source": self.seen_source, "connected": self.connected, "ok": self.ok,
+                "decided_by": self.decided_by.as_dict()}
 
 
 @dataclass
@@ -90,30 +180,61 @@ class PhaseResult:
         return all(p.ok for p in self.probes)
 
 
-def policy_for(config: str | None, options: PolicyOptions) -> Policy:
-    """The Policy of a ConfigMap text (None: no ConfigMap), as the agent on the lab's node builds it."""
+def policy_for(config: str | None, options: PolicyOptions, hand_written: tuple[HandWrittenRule, ...] = ()) -> Policy:
+    """The Policy of a ConfigMap text (None: no ConfigMap), as the agent on the lab's node builds it; rules written
+    by hand on the node come first (see HandWrittenRule)."""
     files = () if config is None else (("/etc/config/ip-masq-agent", config.encode()),)
-    return Policy(config_from_bytes(ConfigInput(files), options), options)
+    masq_config = config_from_bytes(ConfigInput(files), options)
+    if hand_written:
+        masq_config = replace(masq_config, rules=tuple(r.as_rule() for r in hand_written) + masq_config.rules)
+    return Policy(masq_config, options)
 
 
-def predict(phase: Phase, probe: Probe) -> tuple[str | None, bool]:
-    """explain's model: the source the destination sees (None: dropped on the way) and whether it connects."""
-    policy = policy_for(NO_RULES if phase.agent == "uninstalled" else phase.config, phase.options)
+def _decision(verdict: Verdict, hand_written: tuple[HandWrittenRule, ...]) -> Decision:
+    rule = verdict.rule
+    if rule is not None:
+        family, address = parse_address(verdict.destination)
+        matched = next(str(p) for p in rule.destinations if p.family is family and p.contains(address))
+        if rule in {h.as_rule() for h in hand_written}:
+            return Decision("hand-written", None, rule.where(), matched)
+        return Decision(verdict.reason.value, rule.name, rule.where(), matched)
+    entry = verdict.entry
+    if entry is None:
+        return Decision(verdict.reason.value)
+    where = None if entry.origin in (Origin.DEFAULT, Origin.LINK_LOCAL) else entry.where()
+    return Decision(verdict.reason.value, None, where, str(entry.prefix))
+
+
+def _source_seen(verdict: Verdict, cloud_nat: CloudNat) -> str | None:
+    """explain's path: follow_path for the node's masquerade or the pod IP; a snat rule's address leaves the node
+    instead, and Cloud NAT (towards the internet only) translates it or drops it by its own ranges."""
+    if verdict.snat_to is None:
+        return follow_path(verdict, pod_ip=ADDR.pod, node_ip=ADDR.node, cloud_nat=cloud_nat).source_seen
+    if not is_internet(verdict.destination):
+        return verdict.snat_to
+    return cloud_nat.nat_ip if cloud_nat.translates(verdict.snat_to) else None
+
+
+def predict(phase: Phase, probe: Probe) -> tuple[str | None, bool, Decision]:
+    """explain's model: the source the destination sees (None: dropped on the way), whether it connects, and what
+    decided on the node."""
+    uninstalled = phase.agent == "uninstalled"
+    policy = policy_for(NO_RULES if uninstalled else phase.config, phase.options, phase.hand_written)
     cloud_nat = CloudNat(phase.cloud_nat, ADDR.nat_ip, (parse_cidr(ADDR.node_range),), (parse_cidr(ADDR.pod_range),))
-    path = follow_path(policy.verdict(probe.destination), pod_ip=ADDR.pod, node_ip=ADDR.node, cloud_nat=cloud_nat)
-    seen = path.source_seen
+    family, destination = parse_address(probe.destination)
+    verdict = policy.verdict_for(family, destination, text=probe.destination, source=parse_address(ADDR.pod)[1],
+                                 protocol="tcp", port=probe.port)
+    decision = Decision("no-rules") if uninstalled else _decision(verdict, phase.hand_written)
+    seen = _source_seen(verdict, cloud_nat)
     if seen is None:
-        return None, False
-    if probe.port == STRICT_PORT:
-        allowed = parse_cidr(ADDR.firewall_allows)
-        return seen, allowed.contains(parse_address(seen)[1])
-    return seen, True
+        return None, False, decision
+    return seen, admits(probe, seen), decision
 
 
 def outcome(phase: Phase, result: ProbeResult) -> ProbeOutcome:
-    predicted, predicted_connected = predict(phase, result.probe)
-    return ProbeOutcome(result.probe.destination, predicted, predicted_connected, result.seen_source,
-                        result.connected)
+    predicted, predicted_connected, decision = predict(phase, result.probe)
+    return ProbeOutcome(result.probe.destination, result.probe.port, predicted, predicted_connected,
+                        result.seen_source, result.connected, decision)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -176,6 +297,47 @@ SCENARIOS: dict[str, Scenario] = {
                       agent="stopped"),
                 Phase("no agent rules on the node", PRESERVE_ONLY_10_8, GKE_OPTIONS, (AWS, INTERNET),
                       agent="uninstalled"),
+            ),
+        ),
+        Scenario(
+            "hand-written-rule-lost",
+            f"A rule written by hand is lost with its node: an operator's '{' '.join(ONPREM_BY_HAND.command)}' "
+            "makes the on-prem endpoint (node IPs only) reachable until the node is recreated; declared in the "
+            "ConfigMap's rules section, the agent restores it on every new node.",
+            (),
+            (
+                Phase("rule written by hand on the node", KEEP_10_8, REFERENCE_OPTIONS, (ONPREM, VPC_VM),
+                      hand_written=(ONPREM_BY_HAND,)),
+                Phase("node recreated: the hand-written rule is gone", KEEP_10_8, REFERENCE_OPTIONS,
+                      (ONPREM, VPC_VM), recreate_node=True),
+                Phase("the same rule declared in the ConfigMap's rules section", ONPREM_RULE, REFERENCE_OPTIONS,
+                      (ONPREM, VPC_VM)),
+                Phase("node recreated: the agent restores the declared rule", ONPREM_RULE, REFERENCE_OPTIONS,
+                      (ONPREM, VPC_VM), recreate_node=True),
+            ),
+        ),
+        Scenario(
+            "partner-firewall-snat",
+            f"A partner's firewall admits one egress address: {ADDR.partner}:443 accepts only {ADDR.spare_node}, a "
+            f"spare address of the egress pool's nodes; a snat rule with nodes: [{EGRESS_POOL}] gives "
+            "it to their pods, while nodes of other pools keep masquerading to their own address and are refused.",
+            (),
+            (
+                Phase(f"node {EGRESS_NODE} (matches the rule's nodes)", PARTNER_RULE,
+                      replace(REFERENCE_OPTIONS, node_name=EGRESS_NODE), (PARTNER, VPC_VM)),
+                Phase(f"node {GENERAL_NODE} (matches none of the rule's nodes)", PARTNER_RULE,
+                      replace(REFERENCE_OPTIONS, node_name=GENERAL_NODE), (PARTNER, VPC_VM), recreate_node=True),
+            ),
+        ),
+        Scenario(
+            "one-port-masquerade",
+            f"Only HTTPS to an endpoint needs the node IP: {ADDR.onprem_endpoint}:443 admits only node IPs while its "
+            "port 80 must keep seeing pod IPs; a rule with protocol tcp and ports [443] masquerades that port alone.",
+            (),
+            (
+                Phase("nonMasqueradeCIDRs: [10.0.0.0/8]", KEEP_10_8, REFERENCE_OPTIONS, (ONPREM, ONPREM_HTTP)),
+                Phase("rule: tcp 443 to the endpoint masqueraded", HTTPS_ONLY_RULE, REFERENCE_OPTIONS,
+                      (ONPREM, ONPREM_HTTP)),
             ),
         ),
     )
