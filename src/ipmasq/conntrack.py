@@ -6,6 +6,13 @@ including one that is still failing: its retransmitted SYNs match the existing e
 rules. Deleting the entries whose original destination lies in a flipped range makes the next packet a new
 connection for netfilter, decided by the new rules.
 
+With config rules on either side, a connection's outcome depends on its source, protocol and port (and the node) as
+well as its destination. The stale set is then the destinations of every region of packets whose outcome differs
+(ipmasq.diff.diff_rule_policies, exact: a packet is in a region iff its outcome changed, masquerade / preserve / snat
+to which address). Entries are selected by original destination only, so this OVER-approximates by destination: a
+connection to such a destination whose own source, protocol or port kept its outcome is deleted too (its next
+packet is decided again, the same way). It never under-approximates: every changed packet's destination is flushed.
+
 The decision (`stale_destinations`, `delete_argv`) is pure; `flush_stale_conntrack` runs
 `conntrack -D -f FAMILY --orig-dst CIDR` through the injected runner (the agent's `--flush-conntrack`).
 """
@@ -17,10 +24,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ipmasq.backends.base import Runner
-from ipmasq.diff import flipped_ranges
+from ipmasq.diff import diff_rule_policies, flipped_ranges, has_rules
 from ipmasq.errors import BackendError
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, Prefix
+from ipmasq.ranges import Span, to_prefixes, union
 
 __all__ = ["FlushResult", "StaleDestinations", "delete_argv", "delete_by_orig_dst", "flush_stale_conntrack",
            "stale_destinations"]
@@ -37,10 +45,31 @@ class StaleDestinations:
 
 
 def stale_destinations(before: Policy, after: Policy) -> tuple[StaleDestinations, ...]:
-    """Both families: a family one policy does not manage counts as "never masqueraded" there."""
+    """Both families: a family one policy does not manage counts as "never masqueraded" there. Without config rules
+    the destinations whose verdict flipped, exactly; with rules the destinations of every packet whose outcome
+    changed (an over-approximation by destination: see the module docstring)."""
+    if has_rules(before) or has_rules(after):
+        return _stale_with_rules(before, after)
     out = []
     for family in Family:
         prefixes = tuple(p for flip in flipped_ranges(before, after, family) for p in flip.prefixes())
+        if prefixes:
+            out.append(StaleDestinations(family, prefixes))
+    return tuple(out)
+
+
+def _stale_with_rules(before: Policy, after: Policy) -> tuple[StaleDestinations, ...]:
+    node = after.node_name if after.node_name is not None else before.node_name
+    # on this node only: a rule scoped to other nodes changes nothing here (the agent's node is known when a rule
+    # has nodes; the config is refused otherwise)
+    regions = diff_rule_policies(before, after, node_names=(node,) if node is not None else ()).regions
+    spans: dict[Family, list[Span]] = {}
+    for region in regions:
+        spans.setdefault(region.family, []).extend(region.destinations)
+    out = []
+    for family in Family:
+        merged = union(spans.get(family, []))
+        prefixes = tuple(p for first, last in merged for p in to_prefixes(family, first, last))
         if prefixes:
             out.append(StaleDestinations(family, prefixes))
     return tuple(out)
