@@ -121,12 +121,25 @@ def test_jump_shadowed() -> None:
     assert found[FindingId.JUMP_SHADOWED].destinations == ("172.30.0.0/16",)
 
 
-def test_unsupported_quotes_the_rule() -> None:
+def test_port_scoped_snat_is_decided_for_its_port_only() -> None:
     policy = _policy(TEN, REFERENCE_2_9)
     found = _ids("unsupported.save", policy, pod_ranges=(parse_cidr("10.44.0.0/14"),))
+    assert set(found) == {FindingId.FOREIGN_MASQUERADE}
+    snat = found[FindingId.FOREIGN_MASQUERADE]
+    assert snat.rule is not None and "--dport 5432" in snat.rule
+    assert snat.destinations == ("10.9.0.0/16",) and "(tcp port 5432)" in snat.message
+    assert "POSTROUTING:3 " in snat.message  # the jump, docker's rule, then this one
+
+
+def test_unsupported_quotes_the_rule() -> None:
+    policy = _policy(TEN, REFERENCE_2_9)
+    dump = (DUMPS / "unsupported.save").read_text().replace("-p tcp -m tcp --dport 5432",
+                                                            "-m statistic --mode random --probability 0.5")
+    report = check_iptables(policy, parse_save(dump), Family.V4, pod_ranges=(parse_cidr("10.44.0.0/14"),))
+    found = {f.id: f for f in report.findings}
     assert set(found) == {FindingId.UNSUPPORTED}
     unsupported = found[FindingId.UNSUPPORTED].rule
-    assert unsupported is not None and "--dport 5432" in unsupported
+    assert unsupported is not None and "-m statistic" in unsupported
 
 
 def test_random_fully_only_is_a_warning() -> None:

@@ -66,7 +66,8 @@ def test_check_ids_are_strings_scripts_match_on() -> None:
     assert finding.id == "stale-chain"
     assert finding.id is FindingId.STALE_CHAIN
     assert {f.value for f in FindingId} == {"chain-missing", "jump-missing", "config-not-applied", "rules-differ",
-                                            "foreign-masquerade", "jump-shadowed", "stale-chain", "unsupported"}
+                                            "foreign-masquerade", "jump-shadowed", "stale-chain", "unsupported",
+                                                "rule-missing", "rule-extra", "rule-edited", "rule-order"}
 
 
 def test_counts_and_reading_order() -> None:

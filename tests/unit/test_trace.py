@@ -86,7 +86,8 @@ def test_goto_returns_past_the_caller() -> None:
 
 @pytest.mark.parametrize(("rule", "why"), [
     ("-A POSTROUTING -o eth0 -j MASQUERADE", "interface"),
-    ("-A POSTROUTING -p tcp -m tcp --dport 443 -j MASQUERADE", "-m tcp"),
+    ("-A POSTROUTING -p tcp -m tcp --dport 443 -j MASQUERADE", "give --protocol"),
+    ("-A POSTROUTING -m statistic --mode random --probability 0.5 -j MASQUERADE", "-m statistic"),
     ("-A POSTROUTING -j CONNMARK --set-mark 1", "CONNMARK"),
     ("-A POSTROUTING -m addrtype --dst-type UNICAST -j MASQUERADE", "addrtype"),
 ])

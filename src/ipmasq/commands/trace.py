@@ -1,8 +1,10 @@
 """`ipmasq trace`: walk a packet through the node's nat POSTROUTING.
 
 Walk a new connection's first packet through POSTROUTING of the nat table (an iptables-save dump, or the live node
-read with iptables-save), following jumps and returns; print every rule it met and the outcome. A rule it cannot
-evaluate stops the trace: it never guesses.
+read with iptables-save), following jumps and returns; print every rule it met, the outcome, the rule that decided
+(a config rule by its name, any other as CHAIN:N) and the source the destination sees. A rule it cannot evaluate,
+or one testing a field not given (--protocol, --port, --source-port), stops the trace with the field to give: it
+never guesses.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands.common import add_output_flag, command_parser, print_json, read_dump_input
 from ipmasq.diagnose.sources import parse_save_dump, read_nat_save
 from ipmasq.diagnose.trace import Outcome, Packet, TraceResult, trace
-from ipmasq.errors import UsageError
+from ipmasq.errors import UsageError, clip
 from ipmasq.rules.iptables import parse_save
 
 __all__ = ["register", "run"]
+
+_WITH_PORTS = ("tcp", "udp", "sctp", "udplite", "dccp")
 
 _OUTCOME_TEXT = {
     Outcome.UNCHANGED: "source unchanged",
@@ -38,10 +42,22 @@ def register(subparsers: Any) -> None:
                         "interface's address when the packet is masqueraded (repeatable)")
     parser.add_argument("--out-interface", metavar="NAME", help="the interface the packet leaves by (for -o)")
     parser.add_argument("--in-interface", metavar="NAME", help="the interface the packet came in by (for -i)")
-    parser.add_argument("--protocol", default="tcp", metavar="PROTO", help="tcp, udp, icmp... (default tcp)")
+    parser.add_argument("--protocol", metavar="PROTO",
+                        help="tcp, udp, sctp, icmp... (rules testing -p need it; not given: such a rule cannot "
+                        "be decided)")
+    parser.add_argument("--port", type=_port, metavar="PORT",
+                        help="the destination port (rules testing --dport/--dports need it)")
+    parser.add_argument("--source-port", type=_port, metavar="PORT",
+                        help="the pod's source port (only rules testing --sport/--sports need it)")
     parser.add_argument("--mark", default="0", metavar="N", help="the packet's fwmark (default 0)")
     add_output_flag(parser)
     parser.set_defaults(func=run)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{clip(repr(text))} is not a port (1-65535)")
+    return int(text)
 
 
 def _packet(args: argparse.Namespace) -> Packet:
@@ -51,10 +67,12 @@ def _packet(args: argparse.Namespace) -> Packet:
         raise UsageError(f"--mark: {args.mark!r} is not a number") from None
     if not 0 <= mark <= 0xFFFFFFFF:
         raise UsageError(f"--mark: {args.mark!r} is not a 32-bit mark")
+    if (args.port is not None or args.source_port is not None) and (args.protocol or "").lower() not in _WITH_PORTS:
+        raise UsageError("--port and --source-port need --protocol tcp, udp or sctp")
     try:
         return Packet.of(args.destination, source=args.source, out_interface=args.out_interface,
                          in_interface=args.in_interface, protocol=args.protocol, mark=mark,
-                         local_addresses=args.local_address)
+                         local_addresses=args.local_address, port=args.port, source_port=args.source_port)
     except ValueError as exc:
         raise UsageError(f"{exc}" if "famil" in str(exc) else f"not an IP address: {exc}") from None
 
@@ -82,6 +100,7 @@ def as_dict(result: TraceResult, packet: Packet, *, masquerade_address: str | No
         "outcome": result.outcome.value,
         "source_seen": result.source_seen(packet, masquerade_address=masquerade_address),
         "decided_by": result.decided_by,
+        "decided_by_name": result.decided_label,
         "snat_to": result.snat_to,
         "mark": result.mark,
         "cannot_decide": result.undecided_reason,
@@ -99,7 +118,8 @@ def as_text(d: dict[str, Any]) -> str:
     if outcome is Outcome.UNDECIDED:
         lines.append(f"{head}: {d['cannot_decide']}")
     else:
-        decided = d["decided_by"] or "the chain policy (ACCEPT)"
+        decided = ("the chain policy (ACCEPT)" if d["decided_by"] is None
+                   else f"{d['decided_by_name']}: {d['decided_by']}")
         seen = d["source_seen"] or "(the out interface's address: give --local-address to name it)"
         lines.append(f"outcome: {head}; the destination sees {seen}; decided by: {decided}")
     return "\n".join(lines)

@@ -2,36 +2,48 @@
 
 Two passes over an iptables-save table. The structural pass compares our objects with what the agent would
 write (the same renderer and canonical form the agent uses): chain-missing, jump-missing, config-not-applied,
-rules-differ, stale-chain. The semantic pass traces a pod packet through the whole POSTROUTING, once per
-interval of destinations that every rule and the policy treat alike, and compares the outcome with the
-policy's verdict: a foreign rule that changes it is foreign-masquerade (it NATs) or jump-shadowed (it lets
-the packet go before our chain sees it); a rule the tracer cannot evaluate is unsupported, quoted.
+rules-differ, stale-chain. The config's `rules` are compared one by one, by
+the name their comment carries: rule-missing, rule-extra, rule-edited, rule-order (each naming the rule and, for a
+config rule, its file:line). The semantic pass traces a pod packet through the whole POSTROUTING, once per class of
+packets that every rule and the policy treat alike, and compares the outcome (unchanged, masqueraded, SNAT to
+which address) with the policy's verdict: a foreign rule that changes it is foreign-masquerade (it NATs) or
+jump-shadowed (it lets the packet go before our chain sees it); a rule the tracer cannot evaluate is unsupported,
+quoted. The classes are exact: destination intervals, and where a rule also tests the source, the protocol or the
+destination port (config rules, or foreign ones), the destination interval is split further by source (inside
+--pod-range, or the config rules' sources), protocol and port range; elsewhere one packet per interval, as before.
 
 Pure: tables and policies in, findings (ipmasq.findings) out (ipmasq.diagnose.sources reads the tables).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from bisect import bisect_right
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
+from typing import NamedTuple
 
-from ipmasq.diagnose.trace import Outcome, Packet, Tracer
+from ipmasq.config.model import Rule as ConfigRule
+from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, Outcome, Packet, Tracer, port_test_ranges, tests_ports
 from ipmasq.findings import Finding, Severity, has_errors
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, Prefix, PrefixError, parse_cidr
-from ipmasq.ranges import Span, append_span, subtract, to_prefixes
+from ipmasq.ranges import Span, append_span, subtract, to_prefixes, union_of_prefixes
 from ipmasq.rules.iptables import (
+    RULE_COMMENT_PREFIX,
     NatTable,
     canonical,
     chain_rules,
+    config_rule_lines,
     jump_rule,
     our_chains,
     parse_rule,
     rule_target,
 )
-from ipmasq.rules.nft import CHAIN, SET_NAMES, TABLE, TABLE_FAMILY, NftTable, desired_table
+from ipmasq.rules.iptables import Rule as IptablesRule
+from ipmasq.rules.nft import CHAIN, SET_NAMES, TABLE, TABLE_FAMILY, NftTable, config_rule_text, desired_table
 
 __all__ = ["CheckReport", "FindingId", "NodeRules", "check_iptables", "check_nft", "check_node"]
 
@@ -50,6 +62,10 @@ class FindingId(StrEnum):
     JUMP_SHADOWED = "jump-shadowed"
     STALE_CHAIN = "stale-chain"
     UNSUPPORTED = "unsupported"
+    RULE_MISSING = "rule-missing"  # a config rule with no line on the node
+    RULE_EXTRA = "rule-extra"  # lines of a rule (by its comment) the config does not have
+    RULE_EDITED = "rule-edited"  # a config rule whose lines on the node differ from what it renders to
+    RULE_ORDER = "rule-order"  # the config rules in another order, or not ahead of the CIDR entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,19 +176,102 @@ def _stale(name: str, postrouting: list[str], chain: str) -> Finding:
         rule=jumps[0] if live else None)
 
 
+# --- the config's rules, one by one ---------------------------------------------------------------------------
+
+
+_RULE_NAME = re.compile(re.escape(RULE_COMMENT_PREFIX) + r'([^"]*)"')
+
+
+def _rule_name(line: str) -> str | None:
+    """The config rule a line belongs to, by the comment the renderers put on it (iptables and nft alike)."""
+    found = _RULE_NAME.search(line)
+    return None if found is None else found.group(1)
+
+
+def _compare_config_rules(config_rules: list[tuple[ConfigRule, list[str]]], want: list[str], have: list[str],
+                          shown: Callable[[str], str], where: str) -> tuple[list[Finding], list[str], list[str]]:
+    """Findings for the config's rules (by name): missing, extra, edited, out of order; and the other lines of
+    `want` and `have`, for the CIDR-list comparison."""
+    findings: list[Finding] = []
+    have_lines: dict[str, list[str]] = {}
+    for line in have:
+        name = _rule_name(line)
+        if name is not None:
+            have_lines.setdefault(name, []).append(line)
+    hint = ("the agent rewrites its rules on its next sync (resyncInterval); if it does not, it runs with another "
+            "config or other flags than these: compare them, and read its logs")
+    configured = {rule.name for rule, _ in config_rules}
+    for rule, lines in config_rules:
+        present = have_lines.get(rule.name)
+        if present is None:
+            findings.append(Finding(
+                FindingId.RULE_MISSING, Severity.ERROR,
+                f"the config's rule {rule.name} ({rule.where()}) is not in {where}: the traffic it matches falls "
+                "through to the CIDR lists", hint, missing=tuple(shown(r) for r in lines)))
+        elif present != lines:
+            missing = [r for r in lines if r not in present]
+            extra = [r for r in present if r not in lines]
+            detail = (f"missing {_quote([shown(r) for r in missing]) or 'nothing'}; extra "
+                      f"{_quote([shown(r) for r in extra]) or 'nothing'}") if missing or extra else "lines reordered"
+            findings.append(Finding(
+                FindingId.RULE_EDITED, Severity.ERROR,
+                f"the config's rule {rule.name} ({rule.where()}) differs in {where}: {detail}", hint,
+                missing=tuple(shown(r) for r in missing), extra=tuple(shown(r) for r in extra)))
+    for name, lines in have_lines.items():
+        if name not in configured:
+            findings.append(Finding(
+                FindingId.RULE_EXTRA, Severity.ERROR,
+                f"{where} holds rule {name}, which this config does not have (another config, or a rule not for "
+                f"this node: --node-name): {_quote([shown(r) for r in lines])}", hint,
+                extra=tuple(shown(r) for r in lines)))
+    rest_want = [r for r in want if _rule_name(r) is None]
+    rest_have = [r for r in have if _rule_name(r) is None]
+    order_want = [rule.name for rule, _ in config_rules if rule.name in have_lines]
+    order_have = list(dict.fromkeys(n for r in have if (n := _rule_name(r)) in configured))
+    # the config rules must come first, in order: the first that matches decides, ahead of the CIDR lists
+    rule_positions = [i for i, r in enumerate(have) if _rule_name(r) in configured]
+    first_other = next((i for i, r in enumerate(have) if _rule_name(r) is None and r in want), len(have))
+    late = any(i > first_other for i in rule_positions)
+    if order_have != order_want or late:
+        findings.append(Finding(
+            FindingId.RULE_ORDER, Severity.ERROR,
+            f"{where} holds the config's rules in another order ({', '.join(order_have)}; the config: "
+            f"{', '.join(order_want)})" if order_have != order_want else
+            f"{where} holds config rules after the CIDR entries: the entries decide first",
+            "the first rule that matches decides: " + hint))
+    return findings, rest_want, rest_have
+
+
 def _compare_chain(policy: Policy, table: NatTable, family: Family, chain: str) -> list[Finding]:
     want = [canonical(r) for r in chain_rules(policy, family).rules]
     have = table.rules_of(chain)
     if have == want:
         return []
+    config_rules = [(rule, [canonical(r) for r in config_rule_lines(chain, rule, policy.options)])
+                    for rule in policy.rules(family)]
+    if config_rules or any(_rule_name(r) is not None for r in have):
+        if _is_catch_all_only(have):
+            return _not_applied(chain, want)
+        rule_findings, want, have = _compare_config_rules(config_rules, want, have, _short, chain)
+        if have == want:
+            return rule_findings
+        return rule_findings + _compare_rest(chain, want, have)
+    return _compare_rest(chain, want, have)
+
+
+def _not_applied(chain: str, want: list[str]) -> list[Finding]:
+    return [Finding(
+        FindingId.CONFIG_NOT_APPLIED, Severity.ERROR,
+        f"{chain} holds only the MASQUERADE catch-all: every pod connection is masqueraded, the config's "
+        f"{len(want) - 1} non-masquerade rule(s) are not there",
+        "the ConfigMap is not reaching the agent: it must be named ip-masq-agent in kube-system with the "
+        "file under the key `config` (`config: |`); run `ipmasq lint` on it and read the agent's logs",
+        missing=tuple(_short(r) for r in want[:-1]))]
+
+
+def _compare_rest(chain: str, want: list[str], have: list[str]) -> list[Finding]:
     if _is_catch_all_only(have):
-        return [Finding(
-            FindingId.CONFIG_NOT_APPLIED, Severity.ERROR,
-            f"{chain} holds only the MASQUERADE catch-all: every pod connection is masqueraded, the config's "
-            f"{len(want) - 1} non-masquerade rule(s) are not there",
-            "the ConfigMap is not reaching the agent: it must be named ip-masq-agent in kube-system with the "
-            "file under the key `config` (`config: |`); run `ipmasq lint` on it and read the agent's logs",
-            missing=tuple(_short(r) for r in want[:-1]))]
+        return _not_applied(chain, want)
     missing = [r for r in want if r not in have]
     extra = [r for r in have if r not in want]
     if [_without_random_fully(r) for r in have] == [_without_random_fully(r) for r in want]:
@@ -196,25 +295,150 @@ def _compare_chain(policy: Policy, table: NatTable, family: Family, chain: str) 
                     missing=tuple(_short(r) for r in missing), extra=tuple(_short(r) for r in extra))]
 
 
-def _boundaries(tracer: Tracer, policy: Policy, family: Family, local: tuple[int, ...]) -> list[int]:
-    """Starts of the destination intervals that every reachable rule and the policy treat alike."""
-    points = {0}
-    for name in tracer.reachable():
-        for rule in tracer.rules_of(name):
-            condition = rule.condition("-d")
-            if condition is None:
-                continue
-            try:
-                prefix = parse_cidr(condition.value)
-            except PrefixError:
-                continue
-            if prefix.family is family:
+class _Traffic(NamedTuple):
+    """A class of (source, protocol, port) every rule treats alike, for one destination interval."""
+
+    sources: tuple[Prefix, ...]  # for the tracer: the class's source prefixes; () unknown
+    source: int | None  # for the policy: an address of the class; None: outside every config rule's sources
+    protocol: str | None  # None: no rule tests it here
+    ports: Span | None  # destination ports, inclusive; None: no rule tests them (or the protocol has none)
+
+    def describe(self, family: Family, pod_ranges: tuple[Prefix, ...]) -> str:
+        parts = []
+        if self.protocol is not None:
+            parts.append(self.protocol if self.protocol in _CONFIG_PROTOCOLS else f"protocol {self.protocol}")
+        if self.ports is not None:
+            low, high = self.ports
+            parts.append(f"port {low}" if low == high else f"ports {low}-{high}")
+        if self.sources and self.sources != pod_ranges:
+            parts.append("from " + ", ".join(map(str, self.sources)) if self.source is not None
+                         else "from sources outside the config rules' sources")
+        return " ".join(parts)
+
+
+_CONFIG_PROTOCOLS = ("tcp", "udp", "sctp", "icmp", "icmpv6")
+_PORT_PROTOCOLS = frozenset({6, 17, 132, 136, 33})  # tcp, udp, sctp, udplite, dccp
+
+
+def _rich(rule: IptablesRule) -> bool:
+    """The rule tests the source, the protocol or a port: its destinations are split by those too."""
+    protocol = rule.condition("-p")
+    return (rule.condition("-s") is not None or tests_ports(rule)
+            or (protocol is not None and protocol.value.lower() not in ("all", "0")))
+
+
+def _prefix_of(text: str, family: Family) -> Prefix | None:
+    try:
+        prefix = parse_cidr(text)
+    except PrefixError:
+        return None
+    return prefix if prefix.family is family else None
+
+
+class _Space:
+    """How check cuts the packets a pod sends: destination interval starts, the destination spans where some rule
+    tests more than the destination, and the traffic classes there."""
+
+    def __init__(self, tracer: Tracer, policy: Policy, family: Family, local: tuple[int, ...],
+                 pod_ranges: tuple[Prefix, ...]) -> None:
+        everything = (0, family.max_address)
+        points = {0}
+        rich: list[Span] = []
+        source_points: set[int] = set()
+        protocols: set[int] = set()
+        ports: set[int] = set()
+        for name in tracer.reachable():
+            for rule in tracer.rules_of(name):
+                condition = rule.condition("-d")
+                prefix = None if condition is None else _prefix_of(condition.value, family)
+                if prefix is not None:
+                    points.update((prefix.first, prefix.last + 1))
+                if not _rich(rule):
+                    continue
+                rich.append((prefix.first, prefix.last) if prefix is not None and condition is not None
+                            and not condition.negated else everything)
+                source = rule.condition("-s")
+                source_prefix = None if source is None else _prefix_of(source.value, family)
+                if source_prefix is not None:
+                    source_points.update((source_prefix.first, source_prefix.last + 1))
+                protocol = rule.condition("-p")
+                if protocol is not None:
+                    value = protocol.value.lower()
+                    number = PROTOCOL_NUMBERS.get(value, int(value) if value.isdigit() else None)
+                    if number is not None and number != 0:
+                        protocols.add(number)
+                for low, high in port_test_ranges(rule):
+                    ports.update((low, high + 1))
+        config_rules = policy.rules(family) if family in policy.families else ()
+        config_sources: list[Prefix] = []
+        for config_rule in config_rules:
+            for prefix in config_rule.destinations:
                 points.update((prefix.first, prefix.last + 1))
-    for entry in policy.rule_entries(family) if family in policy.families else ():
-        points.update((entry.prefix.first, entry.prefix.last + 1))
-    for address in local:
-        points.update((address, address + 1))
-    return sorted(p for p in points if p <= family.max_address)
+                if config_rule.sources or config_rule.protocol or config_rule.ports:
+                    rich.append((prefix.first, prefix.last))
+            config_sources.extend(config_rule.sources)
+            for prefix in config_rule.sources:
+                source_points.update((prefix.first, prefix.last + 1))
+            if config_rule.protocol is not None:
+                protocols.add(PROTOCOL_NUMBERS[config_rule.protocol])
+            for low, high in config_rule.ports:
+                ports.update((low, high + 1))
+        for entry in policy.rule_entries(family) if family in policy.families else ():
+            points.update((entry.prefix.first, entry.prefix.last + 1))
+        for address in local:
+            points.update((address, address + 1))
+        self.points = sorted(p for p in points if p <= family.max_address)
+        merged: list[Span] = []
+        for first, last in sorted(rich):
+            if merged and first <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(last, merged[-1][1]))
+            else:
+                merged.append((first, last))
+        self.rich_starts = [first for first, _ in merged]
+        self.rich_spans = merged
+        self.plain = _Traffic(pod_ranges, None, None, None)
+        self.classes = self._classes(family, pod_ranges, config_sources, source_points, protocols, ports)
+
+    def is_rich(self, destination: int) -> bool:
+        i = bisect_right(self.rich_starts, destination) - 1
+        return i >= 0 and self.rich_spans[i][1] >= destination
+
+    @staticmethod
+    def _classes(family: Family, pod_ranges: tuple[Prefix, ...], config_sources: list[Prefix],
+                 source_points: set[int], protocols: set[int], ports: set[int]) -> list[_Traffic]:
+        # sources: the pod ranges, or without them the config rules' sources (and one class for all the others),
+        # cut wherever a rule's -s begins or ends
+        if pod_ranges:
+            sources = union_of_prefixes(list(pod_ranges), family.bits)
+            outside: list[Span] = []
+        else:
+            sources = union_of_prefixes(config_sources, family.bits)
+            outside = subtract([(0, family.max_address)], sources) if sources else []
+        source_classes: list[tuple[tuple[Prefix, ...], int | None]] = []
+        cuts = sorted(source_points)
+        for first, last in sources:
+            inner = [c for c in cuts if first < c <= last]
+            for a, b in zip([first, *inner], [*inner, last + 1], strict=True):
+                source_classes.append((tuple(to_prefixes(family, a, b - 1)), a))
+        if outside:
+            source_classes.append((tuple(p for a, b in outside for p in to_prefixes(family, a, b)), None))
+        if not source_classes:
+            source_classes.append(((), None))
+        protocol_classes: list[tuple[str | None, list[Span | None]]] = [(None, [None])]
+        if protocols:
+            other = next(n for n in range(253, 0, -1) if n not in protocols)  # a protocol no rule names
+            port_cuts = sorted(p for p in ports | {0} if p <= 65535)
+            port_spans: list[Span | None] = [(a, b - 1) for a, b in zip(port_cuts, [*port_cuts[1:], 65536],
+                                                                         strict=True)]
+            protocol_classes = [(_protocol_name(n), port_spans if n in _PORT_PROTOCOLS else [None])
+                                for n in sorted(protocols | {other})]
+        return [_Traffic(prefixes, first, protocol, span) for prefixes, first in source_classes
+                for protocol, spans in protocol_classes for span in spans]
+
+
+def _protocol_name(number: int) -> str:
+    """The config's name for a protocol it knows, else the number (which the tracer and the policy both read)."""
+    return next((name for name in _CONFIG_PROTOCOLS if PROTOCOL_NUMBERS[name] == number), str(number))
 
 
 @lru_cache(maxsize=1024)  # the same few foreign rules decide thousands of destination intervals
@@ -222,71 +446,133 @@ def _nat_rule(text: str) -> bool:
     return parse_rule(text, already_canonical=True).target in ("MASQUERADE", "SNAT")
 
 
+class _Wrong(NamedTuple):
+    kind: FindingId
+    rule: str
+    label: str | None
+
+
 def _semantic(policy: Policy, table: NatTable, family: Family, ours: set[str],
               pod_ranges: tuple[Prefix, ...], local: tuple[int, ...]) -> list[Finding]:
     tracer = Tracer(table)
-    points = _boundaries(tracer, policy, family, local)
+    pods = tuple(p for p in pod_ranges if p.family is family)
+    space = _Space(tracer, policy, family, local, pods)
+    points = space.points
     loopback = parse_cidr("127.0.0.0/8" if family is Family.V4 else "::1/128")
-    sources = tuple(p for p in pod_ranges if p.family is family)
-    # per deciding rule: the destination ranges it gets wrong / cannot decide
-    wrong: dict[tuple[FindingId, str], list[Span]] = {}
+    # per deciding rule: per traffic class, the destination ranges it gets wrong / cannot decide
+    wrong: dict[_Wrong, dict[_Traffic, list[Span]]] = {}
+    shadowed: dict[_Wrong, dict[str, ConfigRule]] = {}
     reasons: dict[str, str] = {}
     for i, start in enumerate(points):
         end = points[i + 1] - 1 if i + 1 < len(points) else family.max_address
         if start in local or loopback.contains(start):
             continue  # node-local destinations never reach our chain (! --dst-type LOCAL), by design
-        packet = Packet(family, start, sources, local_addresses=local)
-        result = tracer.trace(packet, record_steps=False)
-        if result.outcome is Outcome.UNDECIDED:
-            rule = result.decided_by or "(dump)"
-            reasons[rule] = result.undecided_reason or ""
-            _add(wrong, (FindingId.UNSUPPORTED, rule), start, end)
-            continue
-        expected = policy.verdict_for(family, start).masquerade
-        actual = result.outcome in (Outcome.MASQUERADE, Outcome.SNAT)
-        if actual == expected:
-            continue
-        decider = result.decided_by
-        if result.decided_in in ours:
-            continue  # our own chain decided: rules-differ or stale-chain already says why
-        reached_ours = policy.options.masq_chain in result.chains
-        if decider is not None and actual and _nat_rule(decider):
-            _add(wrong, (FindingId.FOREIGN_MASQUERADE, decider), start, end)
-        elif not reached_ours:
-            _add(wrong, (FindingId.JUMP_SHADOWED, decider or "(POSTROUTING policy)"), start, end)
-        else:
-            _add(wrong, (FindingId.FOREIGN_MASQUERADE if actual else FindingId.JUMP_SHADOWED,
-                         decider or "(POSTROUTING policy)"), start, end)
+        for traffic in space.classes if space.is_rich(start) else (space.plain,):
+            port = None if traffic.ports is None else traffic.ports[0]
+            packet = Packet(family, start, traffic.sources, protocol=traffic.protocol, port=port,
+                            local_addresses=local)
+            result = tracer.trace(packet, record_steps=False)
+            if result.outcome is Outcome.UNDECIDED:
+                rule = result.decided_by or "(dump)"
+                reasons[rule] = result.undecided_reason or ""
+                _add(wrong, _Wrong(FindingId.UNSUPPORTED, rule, result.decided_label), traffic, start, end)
+                continue
+            verdict = policy.verdict_for(family, start, source=traffic.source, protocol=traffic.protocol, port=port)
+            actual = result.outcome in (Outcome.MASQUERADE, Outcome.SNAT)
+            if actual == verdict.masquerade and (verdict.snat_to is None or (
+                    result.outcome is Outcome.SNAT and result.snat_to == verdict.snat_to)):
+                continue
+            decider = result.decided_by
+            if result.decided_in in ours:
+                continue  # our own chain decided: rules-differ or stale-chain already says why
+            reached_ours = policy.options.masq_chain in result.chains
+            if decider is not None and actual and _nat_rule(decider):
+                kind = FindingId.FOREIGN_MASQUERADE
+            elif not reached_ours:
+                kind = FindingId.JUMP_SHADOWED
+            else:
+                kind = FindingId.FOREIGN_MASQUERADE if actual else FindingId.JUMP_SHADOWED
+            key = _Wrong(kind, decider or "(POSTROUTING policy)", result.decided_label)
+            _add(wrong, key, traffic, start, end)
+            if verdict.rule is not None:
+                shadowed.setdefault(key, {})[verdict.rule.name] = verdict.rule
     findings = []
-    for (kind, rule), ranges in wrong.items():
-        prefixes = [str(p) for first, last in ranges for p in to_prefixes(family, first, last)]
-        findings.append(_semantic_finding(kind, rule, prefixes, reasons.get(rule, ""), policy))
+    for key, by_traffic in wrong.items():
+        # classes with the same destinations read as one: "10.9.0.0/16 (tcp port 5432; udp port 53)"
+        grouped: dict[tuple[Span, ...], list[str]] = {}
+        for traffic, traffic_spans in by_traffic.items():
+            grouped.setdefault(tuple(traffic_spans), []).append(traffic.describe(family, pods))
+        prefixes: list[str] = []
+        shown: list[str] = []
+        for group_spans, traffic_texts in grouped.items():
+            group = [str(p) for first, last in group_spans for p in to_prefixes(family, first, last)]
+            prefixes += group
+            what = "; ".join(_merge_ports([t for t in traffic_texts if t]))
+            shown.append(_quote(group) + (f" ({what})" if what and all(traffic_texts) else
+                                          f" (partly: {what})" if what else ""))
+        findings.append(_semantic_finding(key, prefixes, "; ".join(shown), reasons.get(key.rule, ""), policy,
+                                          tuple(shadowed.get(key, {}).values())))
     return findings
 
 
-def _add(wrong: dict[tuple[FindingId, str], list[Span]], key: tuple[FindingId, str], first: int, last: int) -> None:
-    append_span(wrong.setdefault(key, []), first, last)
+_PORTS_TEXT = re.compile(r"^(?P<protocol>\S+) ports? (?P<low>\d+)(?:-(?P<high>\d+))?(?P<rest>.*)$")
 
 
-def _semantic_finding(kind: FindingId, rule: str, prefixes: list[str], reason: str, policy: Policy) -> Finding:
-    dests = _quote(prefixes)
+def _merge_ports(texts: list[str]) -> list[str]:
+    """Adjacent port classes of one protocol and source as one range: "tcp ports 80-8080", not one per cut."""
+    out: list[str] = []
+    last: tuple[str, str, int, int] | None = None
+    for text in texts:
+        m = _PORTS_TEXT.match(text)
+        if m is None:
+            out.append(text)
+            last = None
+            continue
+        low, high = int(m["low"]), int(m["high"] or m["low"])
+        if last is not None and last[0] == m["protocol"] and last[1] == m["rest"] and last[3] + 1 == low:
+            last = (last[0], last[1], last[2], high)
+            out[-1] = _ports_text(*last)
+        else:
+            last = (m["protocol"], m["rest"], low, high)
+            out.append(_ports_text(*last))
+    return out
+
+
+def _ports_text(protocol: str, rest: str, low: int, high: int) -> str:
+    return f"{protocol} port {low}{rest}" if low == high else f"{protocol} ports {low}-{high}{rest}"
+
+
+def _add(wrong: dict[_Wrong, dict[_Traffic, list[Span]]], key: _Wrong, traffic: _Traffic, first: int,
+         last: int) -> None:
+    append_span(wrong.setdefault(key, {}).setdefault(traffic, []), first, last)
+
+
+def _semantic_finding(key: _Wrong, prefixes: list[str], dests: str, reason: str, policy: Policy,
+                      shadowed: tuple[ConfigRule, ...]) -> Finding:
+    kind, rule = key.kind, key.rule
     delete = f"iptables -t nat -D {rule[3:]}" if rule.startswith("-A ") else "remove it"
+    named = f"{key.label} " if key.label else ""
+    over = ""
+    if shadowed:
+        over = "; it overrides the config's " + ", ".join(
+            f"rule {r.name} ({r.where()}: {r.action.value}{' to ' + r.snat_to if r.snat_to else ''})"
+            for r in shadowed)
     if kind is FindingId.FOREIGN_MASQUERADE:
-        hint = (f"if these destinations must be masqueraded, say so in the config (masqueradeCIDRs) and delete "
+        hint = (f"if this traffic must be masqueraded, say so in the config (masqueradeCIDRs or a rule) and delete "
                 f"the rule: {delete}; otherwise delete the rule and whatever re-adds it")
         if "kubenet" in rule:
             hint = ("kubenet masquerades everything outside kubelet's --non-masquerade-cidr: run kubelet with "
                     "--non-masquerade-cidr=0.0.0.0/0 so that ip-masq-agent alone decides")
         return Finding(kind, Severity.ERROR,
-                       f"a rule outside {policy.options.masq_chain} NATs pod traffic the config keeps unmasqueraded "
-                       f"({dests}): {rule}", hint, rule=rule, destinations=tuple(prefixes))
+                       f"a rule outside {policy.options.masq_chain} NATs pod traffic otherwise than the "
+                       f"config says ({dests}){over}: {named}{rule}", hint, rule=rule, destinations=tuple(prefixes))
     if kind is FindingId.JUMP_SHADOWED:
         return Finding(kind, Severity.ERROR,
                        f"pod traffic to {dests} is decided before it reaches {policy.options.masq_chain}, "
-                       f"against the config, by: {rule}",
+                       f"against the config{over}, by: {named}{rule}",
                        f"move the jump to {policy.options.masq_chain} above that rule, or delete the rule: {delete}",
                        rule=rule, destinations=tuple(prefixes))
-    if "source" in reason:
+    if "source" in reason and "port" not in reason:
         hint = "pass --pod-range so that the rule's source test can be decided"
     elif "interface" in reason:
         hint = ("the rule depends on the out interface, which check does not know: trace the destination with "
@@ -294,7 +580,7 @@ def _semantic_finding(kind: FindingId, rule: str, prefixes: list[str], reason: s
     else:
         hint = "the rule uses matches check does not evaluate: read it by hand, or move its intent into the config"
     return Finding(kind, Severity.WARNING,
-                   f"cannot decide what happens to pod traffic to {dests}: {reason}: {rule}",
+                   f"cannot decide what happens to pod traffic to {dests}: {reason}: {named}{rule}",
                    hint, rule=rule, destinations=tuple(prefixes))
 
 
@@ -330,13 +616,19 @@ def check_nft(policy: Policy, table: NftTable | None) -> CheckReport:
                                     "the ConfigMap is not reaching the agent: run `ipmasq lint` on it and read the "
                                     "agent's logs"))
         else:
-            missing = [r for r in want_chain.rules if r not in have_chain.rules]
-            extra = [r for r in have_chain.rules if r not in want_chain.rules]
-            findings.append(Finding(FindingId.RULES_DIFFER, Severity.ERROR,
-                                    f"chain {CHAIN} differs from the config: missing {_quote(missing) or 'nothing'}; "
-                                    f"extra {_quote(extra) or 'nothing'}",
-                                    "the agent rewrites the table on its next sync; if not, it runs with other flags",
-                                    missing=tuple(missing), extra=tuple(extra)))
+            config_rules = [(rule, [config_rule_text(rule, policy.options)]) for family in policy.families
+                            for rule in policy.rules(family)]
+            rule_findings, want_rest, have_rest = _compare_config_rules(
+                config_rules, list(want_chain.rules), list(have_chain.rules), lambda r: r, f"chain {CHAIN}")
+            findings.extend(rule_findings)
+            missing = [r for r in want_rest if r not in have_rest]
+            extra = [r for r in have_rest if r not in want_rest]
+            if want_rest != have_rest:
+                    findings.append(Finding(FindingId.RULES_DIFFER, Severity.ERROR,
+                                        f"chain {CHAIN} differs from the config: missing "
+                                        f"{_quote(missing) or 'nothing'}; extra {_quote(extra) or 'nothing'}",
+                                        "the agent rewrites the table on its next sync; if not, it runs with other "
+                                        "flags", missing=tuple(missing), extra=tuple(extra)))
     for family in Family:
         name = SET_NAMES[family]
         want_set, have_set = want.set_named(name), table.set_named(name)

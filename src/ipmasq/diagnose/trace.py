@@ -2,10 +2,13 @@
 
 The tracer understands exactly the matches and targets an ip-masq-agent node's POSTROUTING is made of (ours,
 kubenet's, kube-proxy's, operators' hand-written rules): `-s`/`-d`/`-i`/`-o`/`-p` (each possibly negated),
-`-m comment`, `-m addrtype --dst-type/--src-type LOCAL`, `-m mark`, and the targets RETURN, ACCEPT, MASQUERADE,
-SNAT, MARK, LOG and jumps/gotos to user chains. A rule using anything else, or a condition on something the
-packet description leaves unknown (its out interface, its exact source), stops the walk with
-`Outcome.UNDECIDED` and the reason: a wrong answer here would send an operator the wrong way.
+`-m comment`, `-m addrtype --dst-type/--src-type LOCAL`, `-m mark`, the port matches (`-m tcp`/`-m udp`/`-m sctp`
+`--dport`/`--sport`, `-m multiport --dports/--sports/--ports`, single ports and `a:b` ranges, negated or not) and
+the targets RETURN, ACCEPT, MASQUERADE, SNAT (an address or an address range, with or without ports), MARK, LOG
+and jumps/gotos to user chains. A rule using anything else, or a condition on something the packet description
+leaves unknown (its out interface, its exact source, its protocol or port), stops the walk with
+`Outcome.UNDECIDED` and the reason naming the missing field: a wrong answer here would send an operator the wrong
+way.
 
 Only a connection's first packet traverses the nat table; what it decides is kept in the conntrack entry, so
 the trace is the fate of a new connection.
@@ -21,18 +24,34 @@ from typing import Protocol
 
 from ipmasq.prefix import Family, Prefix, PrefixError, format_address, parse_address, parse_cidr
 from ipmasq.ranges import FirstMatchTable, first_match_table
-from ipmasq.rules.iptables import Condition, Match, NatTable, Rule, RuleParseError, parse_rule
+from ipmasq.rules.iptables import RULE_COMMENT_PREFIX, Condition, Match, NatTable, Rule, RuleParseError, parse_rule
 
-__all__ = ["Outcome", "Packet", "Step", "TraceResult", "Tracer", "trace"]
+__all__ = [
+    "PORT_MATCHES",
+    "PROTOCOL_NUMBERS",
+    "Outcome",
+    "Packet",
+    "Step",
+    "TraceResult",
+    "Tracer",
+    "port_test_ranges",
+    "rule_label",
+    "tests_ports",
+    "trace",
+]
 
 BUILTIN_CHAINS = frozenset({"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING", "FORWARD"})
 # Rules one trace may evaluate. Without loops a walk is finite, but a hand-written dump whose chains jump to the
 # same chain many times over can make it exponential; past this budget the answer is "depth limit", not a hang.
 MAX_STEPS = 1_000_000
 _SIMPLE_TARGETS = frozenset({"RETURN", "ACCEPT", "MASQUERADE", "SNAT"})
-_PROTOCOL_NUMBERS = {"tcp": 6, "udp": 17, "icmp": 1, "sctp": 132, "icmpv6": 58, "ipv6-icmp": 58, "udplite": 136}
+PROTOCOL_NUMBERS = {"tcp": 6, "udp": 17, "icmp": 1, "sctp": 132, "icmpv6": 58, "ipv6-icmp": 58, "udplite": 136}
 _LOOPBACK = {Family.V4: parse_cidr("127.0.0.0/8"), Family.V6: parse_cidr("::1/128")}
 _NON_DECIDING_TARGETS = frozenset({"LOG", "NFLOG", "MARK"})
+PORT_MATCHES = frozenset({"tcp", "udp", "sctp", "udplite", "dccp"})
+_PORT_OPTIONS = {"--dport": "dport", "--destination-port": "dport", "--sport": "sport", "--source-port": "sport"}
+_MULTIPORT_OPTIONS = {"--dports": "dport", "--destination-ports": "dport", "--sports": "sport",
+                      "--source-ports": "sport", "--ports": "either"}
 
 
 class Outcome(Enum):
@@ -46,8 +65,9 @@ class Outcome(Enum):
 class Packet:
     """What is known of a new connection's first packet at POSTROUTING.
 
-    `source` is a set of prefixes the source lies in: one /32 (/128) for an exact address, a pod range for
-    `check`, empty when unknown. Unknown interfaces are None; a rule testing them cannot be decided.
+    `source` is a set of prefixes the source lies in: one /32 (/128) for an exact address, a class of pod
+    addresses for `check`, empty when unknown. Unknown interfaces, protocol and ports are None; a rule testing
+    them cannot be decided (the reason names the field to give).
     """
 
     family: Family
@@ -55,14 +75,17 @@ class Packet:
     source: tuple[Prefix, ...] = ()
     out_interface: str | None = None
     in_interface: str | None = None
-    protocol: str = "tcp"
+    protocol: str | None = None  # a name (tcp, udp, ...) or a number as text
     mark: int = 0
     local_addresses: tuple[int, ...] = ()
+    port: int | None = None  # the destination port
+    source_port: int | None = None
 
     @classmethod
     def of(cls, destination: str, *, source: str | None = None, out_interface: str | None = None,
-           in_interface: str | None = None, protocol: str = "tcp", mark: int = 0,
-           local_addresses: Sequence[str] = ()) -> Packet:
+           in_interface: str | None = None, protocol: str | None = None, mark: int = 0,
+           local_addresses: Sequence[str] = (), port: int | None = None,
+           source_port: int | None = None) -> Packet:
         """From text (ValueError on an address that does not parse or a family mix)."""
         family, dest = parse_address(destination)
         sources: tuple[Prefix, ...] = ()
@@ -76,7 +99,8 @@ class Packet:
             local_family, address = parse_address(text)
             if local_family is family:
                 local.append(address)
-        return cls(family, dest, sources, out_interface, in_interface, protocol.lower(), mark, tuple(local))
+        return cls(family, dest, sources, out_interface, in_interface, None if protocol is None else protocol.lower(),
+                   mark, tuple(local), port, source_port)
 
     @property
     def exact_source(self) -> str | None:
@@ -104,6 +128,9 @@ class TraceResult:
     mark: int = 0
     undecided_reason: str | None = None
     chains: tuple[str, ...] = ()  # the chains the packet entered, in order, the first one included
+    # the deciding rule as a person names it: "rule NAME" for a config rule of ours (its comment), else CHAIN:N
+    # (the rule's 1-based position in its chain, as `iptables -t nat -L CHAIN --line-numbers` numbers it)
+    decided_label: str | None = None
 
     def source_seen(self, packet: Packet, *, masquerade_address: str | None) -> str | None:
         """The source the destination sees; None when not determined (undecided, or the masquerade address unknown)."""
@@ -112,7 +139,7 @@ class TraceResult:
         if self.outcome is Outcome.MASQUERADE:
             return masquerade_address
         if self.outcome is Outcome.SNAT:
-            return self.snat_to
+            return self.snat_to  # an address range ("A-B") when the SNAT rule spreads over several
         return None
 
 
@@ -148,6 +175,7 @@ class Tracer:
                 rule = _Bad(text, text.split(" ", 2)[1], str(exc))
             self.chains.setdefault(rule.chain, []).append(rule)
         self._loops = _chains_in_loops(self.chains)
+        self._positions = {id(rule): i for rules in self.chains.values() for i, rule in enumerate(rules, start=1)}
         self._compiled: dict[tuple[str, Family], FirstMatchTable | None] = {}
 
     def trace(self, packet: Packet, *, chain: str = "POSTROUTING", record_steps: bool = True) -> TraceResult:
@@ -167,7 +195,8 @@ class Tracer:
             return TraceResult(tuple(steps), outcome, None if rule is None else rule.text,
                                None if rule is None else rule.chain, mark=mark,
                                snat_to=extra.get("snat_to"), undecided_reason=extra.get("reason"),
-                               chains=tuple(entered))
+                               chains=tuple(entered),
+                               decided_label=None if rule is None else rule_label(rule, self._positions[id(rule)]))
 
         if chain not in self.chains:
             return result(Outcome.UNDECIDED, None, reason=f"the dump has no {chain} chain in its nat table")
@@ -217,7 +246,11 @@ class Tracer:
                 to = rule.target_option("--to-source")
                 if to is None:
                     return result(Outcome.UNDECIDED, rule, reason="SNAT without --to-source")
-                return result(Outcome.SNAT, rule, snat_to=_snat_address(to))
+                try:
+                    address = _snat_address(to, packet.family)
+                except _Undecidable as exc:
+                    return result(Outcome.UNDECIDED, rule, reason=str(exc))
+                return result(Outcome.SNAT, rule, snat_to=address)
             elif target in _NON_DECIDING_TARGETS:
                 if target == "MARK":
                     try:
@@ -265,6 +298,15 @@ class Tracer:
 
     def rules_of(self, chain: str) -> list[Rule]:
         return [r for r in self.chains.get(chain, []) if isinstance(r, Rule)]
+
+
+def rule_label(rule: Rule, position: int) -> str:
+    """"rule NAME" for a line of a config rule (our comment names it), else CHAIN:POSITION."""
+    comment = next((m.args[1] for m in rule.matches if m.name == "comment" and len(m.args) == 2
+                    and m.args[0] == "--comment"), None)
+    if comment is not None and comment.startswith(RULE_COMMENT_PREFIX):
+        return "rule " + comment[len(RULE_COMMENT_PREFIX):]
+    return f"{rule.chain}:{position}"
 
 
 def trace(table: NatTable, packet: Packet, *, chain: str = "POSTROUTING") -> TraceResult:
@@ -368,11 +410,25 @@ def _cycle_from(start: str, graph: dict[str, list[str]], members: set[str]) -> t
     return (start, start)
 
 
-def _snat_address(to: str) -> str:
-    # --to-source ADDR[-ADDR][:PORT[-PORT]]; IPv6 addresses come bracketed when a port follows
-    if to.startswith("["):
-        return to[1:].split("]", 1)[0]
-    return to.split(":", 1)[0] if to.count(":") == 1 else to
+def _snat_address(to: str, family: Family) -> str:
+    """The address part of --to-source ADDR[-ADDR][:PORT[-PORT]] ("A" or "A-B"); IPv6 addresses come bracketed
+    when a port follows ([A]-[B]:P)."""
+    if family is Family.V4:
+        address = to.split(":", 1)[0]
+    else:
+        address = to[:to.rindex("]:") + 1] if "]:" in to else to
+        address = address.replace("[", "").replace("]", "")
+    parts = address.split("-")
+    if len(parts) > 2:
+        raise _Undecidable(f"cannot read SNAT --to-source {to!r}")
+    for part in parts:
+        try:
+            part_family, _ = parse_address(part)
+        except ValueError:
+            raise _Undecidable(f"cannot read SNAT --to-source {to!r}") from None
+        if part_family is not family:
+            raise _Undecidable(f"SNAT --to-source {to} is not an IPv{family.value} address")
+    return address if len(parts) == 1 or parts[0] != parts[1] else parts[0]
 
 
 @lru_cache(maxsize=4096)  # check traces the same few foreign rules once per destination interval
@@ -410,14 +466,16 @@ def _interface_is(name: str | None, pattern: str, option: str) -> bool:
     return name.startswith(pattern[:-1]) if pattern.endswith("+") else name == pattern
 
 
-def _protocol_is(protocol: str, value: str) -> bool:
+def _protocol_is(protocol: str | None, value: str) -> bool:
     value = value.lower()
     if value in ("all", "0"):
         return True
-    wanted = _PROTOCOL_NUMBERS.get(value, int(value) if value.isdigit() else None)
+    wanted = PROTOCOL_NUMBERS.get(value, int(value) if value.isdigit() else None)
     if wanted is None:
         raise _Undecidable(f"protocol {value!r} is not known")
-    return _PROTOCOL_NUMBERS.get(protocol, int(protocol) if protocol.isdigit() else -1) == wanted
+    if protocol is None:
+        raise _Undecidable(f"the rule tests -p {value} and the packet's protocol is not given (give --protocol)")
+    return PROTOCOL_NUMBERS.get(protocol, int(protocol) if protocol.isdigit() else -1) == wanted
 
 
 def _condition(c: Condition, packet: Packet) -> bool:
@@ -490,7 +548,76 @@ def _match(match: Match, packet: Packet, mark: int) -> bool:
             if ((mark & mask) == wanted) == negated:
                 return False
         return True
+    if match.name in PORT_MATCHES:
+        for option, value, negated in _negatable(match.args, match.name):
+            which = _PORT_OPTIONS.get(option)
+            if which is None:
+                raise _Undecidable(f"-m {match.name} {option} is not understood by trace")
+            if _port_in(packet, which, _port_ranges(value, option)) == negated:
+                return False
+        return True
+    if match.name == "multiport":
+        for option, value, negated in _negatable(match.args, "multiport"):
+            which = _MULTIPORT_OPTIONS.get(option)
+            if which is None:
+                raise _Undecidable(f"-m multiport {option} is not understood by trace")
+            ranges = [r for item in value.split(",") for r in _port_ranges(item, option)]
+            if _port_in(packet, which, ranges) == negated:
+                return False
+        return True
     raise _Undecidable(f"-m {match.name} is not understood by trace")
+
+
+def tests_ports(rule: Rule) -> bool:
+    """The rule has a port match (check splits the traffic its destinations get by port)."""
+    return any(m.name in PORT_MATCHES or m.name == "multiport" for m in rule.matches)
+
+
+def port_test_ranges(rule: Rule) -> list[tuple[int, int]]:
+    """The destination port ranges the rule's port matches test (what check splits ports at); unreadable ones are
+    left out here, the walk reports them."""
+    out = []
+    for match in rule.matches:
+        options = _PORT_OPTIONS if match.name in PORT_MATCHES else _MULTIPORT_OPTIONS if match.name == "multiport" \
+            else None
+        if options is None:
+            continue
+        try:
+            for option, value, _ in _negatable(match.args, match.name):
+                if options.get(option) in ("dport", "either"):
+                    out += [r for item in value.split(",") for r in _port_ranges(item, option)]
+        except _Undecidable:
+            continue
+    return out
+
+
+def _port_ranges(text: str, option: str) -> list[tuple[int, int]]:
+    """`80`, `8000:8080`, `:1024` or `1024:` as an inclusive range (iptables' forms for a port or a range)."""
+    low, colon, high = text.partition(":")
+    try:
+        first = int(low) if low else 0
+        last = (int(high) if high else 65535) if colon else first
+    except ValueError:
+        raise _Undecidable(f"cannot read port {text!r} of {option}") from None
+    if not 0 <= first <= 65535 or not 0 <= last <= 65535:
+        raise _Undecidable(f"port {text!r} of {option} is out of range")
+    return [(min(first, last), max(first, last))]  # iptables swaps an inverted range
+
+
+def _port_in(packet: Packet, which: str, ranges: list[tuple[int, int]]) -> bool:
+    shown = ",".join(str(a) if a == b else f"{a}:{b}" for a, b in ranges)
+    ports = []
+    if which in ("dport", "either"):
+        if packet.port is None:
+            raise _Undecidable(f"the rule tests destination port {shown} and the packet's port is not given "
+                               "(give --port)")
+        ports.append(packet.port)
+    if which in ("sport", "either"):
+        if packet.source_port is None:
+            raise _Undecidable(f"the rule tests source port {shown} and the packet's source port is not given "
+                               "(give --source-port)")
+        ports.append(packet.source_port)
+    return any(low <= port <= high for port in ports for low, high in ranges)
 
 
 def _is_local(packet: Packet, address: int) -> bool:
