@@ -303,18 +303,6 @@ class _Traffic(NamedTuple):
     protocol: str | None  # None: no rule tests it here
     ports: Span | None  # destination ports, inclusive; None: no rule tests them (or the protocol has none)
 
-    def describe(self, family: Family, pod_ranges: tuple[Prefix, ...]) -> str:
-        parts = []
-        if self.protocol is not None:
-            parts.append(self.protocol if self.protocol in _CONFIG_PROTOCOLS else f"protocol {self.protocol}")
-        if self.ports is not None:
-            low, high = self.ports
-            parts.append(f"port {low}" if low == high else f"ports {low}-{high}")
-        if self.sources and self.sources != pod_ranges:
-            parts.append("from " + ", ".join(map(str, self.sources)) if self.source is not None
-                         else "from sources outside the config rules' sources")
-        return " ".join(parts)
-
 
 _CONFIG_PROTOCOLS = ("tcp", "udp", "sctp", "icmp", "icmpv6")
 _PORT_PROTOCOLS = frozenset({6, 17, 132, 136, 33})  # tcp, udp, sctp, udplite, dccp
@@ -496,50 +484,62 @@ def _semantic(policy: Policy, table: NatTable, family: Family, ours: set[str],
             _add(wrong, key, traffic, start, end)
             if verdict.rule is not None:
                 shadowed.setdefault(key, {})[verdict.rule.name] = verdict.rule
+    all_sources = {t.sources for t in space.classes}
     findings = []
     for key, by_traffic in wrong.items():
-        # classes with the same destinations read as one: "10.9.0.0/16 (tcp port 5432; udp port 53)"
-        grouped: dict[tuple[Span, ...], list[str]] = {}
-        for traffic, traffic_spans in by_traffic.items():
-            grouped.setdefault(tuple(traffic_spans), []).append(traffic.describe(family, pods))
-        prefixes: list[str] = []
-        shown: list[str] = []
-        for group_spans, traffic_texts in grouped.items():
-            group = [str(p) for first, last in group_spans for p in to_prefixes(family, first, last)]
-            prefixes += group
-            what = "; ".join(_merge_ports([t for t in traffic_texts if t]))
-            shown.append(_quote(group) + (f" ({what})" if what and all(traffic_texts) else
-                                          f" (partly: {what})" if what else ""))
-        findings.append(_semantic_finding(key, prefixes, "; ".join(shown), reasons.get(key.rule, ""), policy,
-                                          tuple(shadowed.get(key, {}).values())))
+        union: list[Span] = []
+        for first, last in sorted(span for spans in by_traffic.values() for span in spans):
+            if union and first <= union[-1][1] + 1:  # the classes' spans overlap: merge, never repeat
+                union[-1] = (union[-1][0], max(last, union[-1][1]))
+            else:
+                union.append((first, last))
+        prefixes = [str(p) for first, last in union for p in to_prefixes(family, first, last)]
+        findings.append(_semantic_finding(key, prefixes, _describe(by_traffic, family, all_sources),
+                                          reasons.get(key.rule, ""), policy, tuple(shadowed.get(key, {}).values())))
     return findings
 
 
-_PORTS_TEXT = re.compile(r"^(?P<protocol>\S+) ports? (?P<low>\d+)(?:-(?P<high>\d+))?(?P<rest>.*)$")
+def _sources_text(sources: set[tuple[Prefix, ...]], all_sources: set[tuple[Prefix, ...]]) -> str:
+    """" from X" for the sources concerned, or " from all but Y" when that is shorter; "" for all of them."""
+    if sources == all_sources:
+        return ""
+    inside = sorted({str(p) for group in sources for p in group})
+    outside = sorted({str(p) for group in all_sources - sources for p in group})
+    if () in all_sources or len(inside) <= len(outside):
+        return " from " + ", ".join(inside)
+    return " from all but " + ", ".join(outside)
 
 
-def _merge_ports(texts: list[str]) -> list[str]:
-    """Adjacent port classes of one protocol and source as one range: "tcp ports 80-8080", not one per cut."""
-    out: list[str] = []
-    last: tuple[str, str, int, int] | None = None
-    for text in texts:
-        m = _PORTS_TEXT.match(text)
-        if m is None:
-            out.append(text)
-            last = None
-            continue
-        low, high = int(m["low"]), int(m["high"] or m["low"])
-        if last is not None and last[0] == m["protocol"] and last[1] == m["rest"] and last[3] + 1 == low:
-            last = (last[0], last[1], last[2], high)
-            out[-1] = _ports_text(*last)
-        else:
-            last = (m["protocol"], m["rest"], low, high)
-            out.append(_ports_text(*last))
-    return out
-
-
-def _ports_text(protocol: str, rest: str, low: int, high: int) -> str:
-    return f"{protocol} port {low}{rest}" if low == high else f"{protocol} ports {low}-{high}{rest}"
+def _describe(by_traffic: dict[_Traffic, list[Span]], family: Family, all_sources: set[tuple[Prefix, ...]]) -> str:
+    """The destinations and the traffic to them, exactly: "10.1.0.0/16 (tcp port 443); 34.0.0.0/8 (udp port 53)".
+    Classes with the same destinations read as one; sources are named only when not all of them are concerned,
+    adjacent port classes as one range."""
+    by_spans: dict[tuple[Span, ...], dict[tuple[str | None, Span | None], set[tuple[Prefix, ...]]]] = {}
+    for traffic, spans in by_traffic.items():
+        kinds = by_spans.setdefault(tuple(spans), {})
+        kinds.setdefault((traffic.protocol, traffic.ports), set()).add(traffic.sources)
+    parts = []
+    for dest_spans, kinds in by_spans.items():
+        dests = _quote([str(p) for first, last in dest_spans for p in to_prefixes(family, first, last)])
+        merged: list[tuple[str | None, Span | None, str]] = []
+        for (protocol, ports), sources in sorted(kinds.items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or (0, 0))):
+            source_text = _sources_text(sources, all_sources)
+            last = merged[-1] if merged else None
+            if (last is not None and ports is not None and last[1] is not None and last[0] == protocol
+                    and last[2] == source_text and last[1][1] + 1 == ports[0]):
+                merged[-1] = (protocol, (last[1][0], ports[1]), source_text)
+            else:
+                merged.append((protocol, ports, source_text))
+        texts = []
+        for protocol, ports, source_text in merged:
+            words = [] if protocol is None else [protocol if protocol in _CONFIG_PROTOCOLS else f"protocol {protocol}"]
+            if ports is not None:
+                words.append(f"port {ports[0]}" if ports[0] == ports[1] else f"ports {ports[0]}-{ports[1]}")
+            text = (" ".join(words) + source_text).strip()
+            if text:
+                texts.append(text)
+        parts.append(dests + (f" ({'; '.join(texts)})" if texts else ""))
+    return "; ".join(parts)
 
 
 def _add(wrong: dict[_Wrong, dict[_Traffic, list[Span]]], key: _Wrong, traffic: _Traffic, first: int,
