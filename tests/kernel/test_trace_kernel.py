@@ -4,12 +4,15 @@ real outages.
 pod (100.64.0.50) -> node (applies `render` output, kubenet's rule, the fix-nat DaemonSet's rule and an
 operator's hand-written SNAT) -> peer answering on every destination. For each destination: a real TCP connection
 from the pod, the source the peer's kernel delivered, and `trace` over the node's own iptables-save output must
-agree; `check` on the same dump names each foreign rule with the destinations it changes.
+agree; `check` on the same dump names each foreign rule with the destinations it changes. The same for a config
+with rules (source-scoped, port-scoped, snat to a spare node address), two pods and two ports: trace on the live
+rules, explain and the peer agree, and for 400 more packets trace equals explain.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import tempfile
@@ -20,11 +23,11 @@ import pytest
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import FindingId, check_iptables
-from ipmasq.diagnose.trace import Packet, trace
+from ipmasq.diagnose.trace import Packet, Tracer, trace
 from ipmasq.lab.netns import Network
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
-from ipmasq.prefix import Family, parse_cidr
+from ipmasq.prefix import Family, parse_address, parse_cidr
 from ipmasq.rules.iptables import parse_save, render_restore
 
 POD, NODE_POD_SIDE, NODE, PEER_SIDE = "100.64.0.50", "100.64.0.1", "10.142.15.203", "10.142.15.1"
@@ -100,3 +103,124 @@ def test_trace_agrees_with_what_the_peer_saw(net: Network, capsys: pytest.Captur
     assert by_comment["hand-written"] == ("10.2.1.100/32",)
     assert "172.16.0.0/12" in by_comment["kubenet"]
     assert {f.id for f in report.findings} == {FindingId.FOREIGN_MASQUERADE}  # our own rules read back exactly
+
+
+RULES_CONFIG = """\
+nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]
+rules:
+  - name: partner-snat
+    destinations: [10.2.1.0/24]
+    protocol: tcp
+    ports: [443]
+    action: snat
+    snatTo: 10.142.15.250
+  - name: batch-masq
+    destinations: [10.130.0.0/16]
+    sources: [100.64.8.0/24]
+    action: masquerade
+  - name: web-keep
+    destinations: [34.120.0.0/16]
+    protocol: tcp
+    ports: ["8000-8090"]
+    action: preserve
+"""
+SECOND_POD, SECOND_POD_SIDE, SNAT_ADDRESS = "100.64.8.50", "100.64.8.1", "10.142.15.250"
+RULES_DESTINATIONS = ("10.2.1.100", "10.130.0.6", "34.120.0.10", "172.30.12.110")
+RULES_PORTS = (443, 8080)
+# written by hand in front of our jump: it masquerades what the config keeps (172.16.0.0/12) for tcp port 443 only;
+# check must name it with exactly that traffic
+PORT_FOREIGN = ["-I", "POSTROUTING", "1", "-d", "172.30.0.0/16", "-p", "tcp", "-m", "multiport", "--dports", "443",
+                "-j", "MASQUERADE"]
+
+
+def test_trace_decides_config_rules_like_explain_and_the_peer(net: Network) -> None:
+    options = PolicyOptions()
+    policy = Policy(config_from_bytes(ConfigInput((("/etc/config/ip-masq-agent", RULES_CONFIG.encode()),)), options),
+                    options)
+    pods = {POD: net.add("pod"), SECOND_POD: net.add("pod2")}
+    node, peer = net.add("node"), net.add("peer")
+    node.sysctl("net.ipv4.ip_forward", "1")
+    net.link(pods[POD], [f"{POD}/24"], node, [f"{NODE_POD_SIDE}/24"])
+    net.link(pods[SECOND_POD], [f"{SECOND_POD}/24"], node, [f"{SECOND_POD_SIDE}/24"])
+    _, peer_if = net.link(node, [f"{NODE}/24", f"{SNAT_ADDRESS}/24"], peer, [f"{PEER_SIDE}/24"])
+    pods[POD].run(["ip", "route", "add", "default", "via", NODE_POD_SIDE])
+    pods[SECOND_POD].run(["ip", "route", "add", "default", "via", SECOND_POD_SIDE])
+    node.run(["ip", "route", "add", "default", "via", PEER_SIDE])
+    peer.run(["ip", "route", "add", "100.64.0.0/16", "via", NODE])
+    for address in RULES_DESTINATIONS:
+        peer.run(["ip", "addr", "add", f"{address}/32", "dev", "lo"])
+    node.run(["iptables-restore", "--noflush", "-w"], stdin=render_restore(policy, Family.V4))
+    node.run(["iptables", "-w", "-t", "nat", *PORT_FOREIGN])
+    out_interface = "v3a"
+    assert peer_if == "v3b"
+
+    seen: dict[tuple[str, str, int], str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        servers = []
+        try:
+            for port in RULES_PORTS:
+                log = Path(tmp, f"peer-{port}.log")
+                log.touch()  # the server opens it (append) only after saying "ready"
+                server = peer.popen([sys.executable, "-m", "ipmasq.lab.probe", "serve", str(port), "--log", str(log)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                servers.append(server)
+                assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+            for pod_ip, pod in pods.items():
+                for port in RULES_PORTS:
+                    before = {p: len(Path(tmp, f"peer-{p}.log").read_text().splitlines()) for p in RULES_PORTS}
+                    result = pod.run([sys.executable, "-m", "ipmasq.lab.probe", "connect-many", "--timeout", "2",
+                                      *[f"{d}:{port}" for d in RULES_DESTINATIONS]], check=False)
+                    assert result.returncode == 0, result.stdout
+                    lines = Path(tmp, f"peer-{port}.log").read_text().splitlines()[before[port]:]
+                    for line in lines:
+                        _, destination, source = line.split()
+                        seen[(pod_ip, destination, port)] = source
+        finally:
+            for server in servers:
+                server.kill()
+                server.wait()
+    dump_text = node.run(["iptables-save", "-t", "nat"]).stdout
+    table = parse_save(dump_text)
+    assert len(seen) == len(pods) * len(RULES_DESTINATIONS) * len(RULES_PORTS)
+
+    names = set()
+    for (pod_ip, destination, port), peer_saw in seen.items():
+        packet = Packet.of(destination, source=pod_ip, protocol="tcp", port=port, out_interface=out_interface,
+                           local_addresses=[NODE, NODE_POD_SIDE, SECOND_POD_SIDE, SNAT_ADDRESS])
+        traced = trace(table, packet)
+        assert traced.source_seen(packet, masquerade_address=NODE) == peer_saw, (packet, traced)
+        names.add(traced.decided_label)
+        explained = _explain_seen(policy, destination, pod_ip, "tcp", port)
+        if destination.startswith("172.30.") and port == 443:
+            assert explained == pod_ip and peer_saw == NODE  # the hand-written rule overrides the config
+        else:
+            assert explained == peer_saw, (pod_ip, destination, port)
+    assert {"rule partner-snat", "rule batch-masq", "rule web-keep", "POSTROUTING:1"} <= names
+    assert seen[(POD, "10.2.1.100", 443)] == SNAT_ADDRESS and seen[(SECOND_POD, "10.130.0.6", 8080)] == NODE
+
+    # many more packets than the peer answered: trace on the live rules equals explain (but for the foreign rule)
+    rng = random.Random(11)
+    tracer = Tracer(table)
+    for _ in range(400):
+        pod_ip = rng.choice([POD, SECOND_POD, "100.64.8.200", "100.64.9.1"])
+        destination = rng.choice([*RULES_DESTINATIONS, "10.2.1.7", "10.2.2.1", "34.120.200.1", "8.8.8.8"])
+        protocol = rng.choice(["tcp", "udp", "icmp"])
+        any_port: int | None = None if protocol == "icmp" else rng.choice([53, 443, 444, 7999, 8000, 8090, 8091])
+        packet = Packet.of(destination, source=pod_ip, protocol=protocol, port=any_port, out_interface=out_interface,
+                           local_addresses=[NODE])
+        traced = tracer.trace(packet, record_steps=False)
+        if traced.decided_label == "POSTROUTING:1":
+            continue
+        assert traced.source_seen(packet, masquerade_address=NODE) == _explain_seen(
+            policy, destination, pod_ip, protocol, any_port), packet
+
+    report = check_iptables(policy, table, Family.V4, pod_ranges=(parse_cidr("100.64.0.0/16"),))
+    assert [(f.id, f.destinations) for f in report.findings] == [(FindingId.FOREIGN_MASQUERADE, ("172.30.0.0/16",))]
+    assert "(172.30.0.0/16 (tcp port 443)): POSTROUTING:1 " in report.findings[0].message
+
+
+def _explain_seen(policy: Policy, destination: str, source: str, protocol: str, port: int | None) -> str:
+    family, address = parse_address(destination)
+    verdict = policy.verdict_for(family, address, source=parse_address(source)[1], protocol=protocol, port=port)
+    assert verdict.decided
+    return verdict.snat_to or (NODE if verdict.masquerade else source)
