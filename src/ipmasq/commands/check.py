@@ -2,20 +2,23 @@
 
 Compare the intent (config and flags) with the node's nat rules, read live (iptables-save or nft -j list ruleset;
 read-only) or from a file holding either output. Findings: chain-missing, jump-missing, config-not-applied,
-rules-differ, foreign-masquerade, jump-shadowed, stale-chain, unsupported, and live only other-variant-rules. Exit 0
+rules-differ, rule-missing, rule-extra, rule-edited, rule-order (the config's rules, by name, with file:line),
+foreign-masquerade, jump-shadowed (by destination, and where a rule tests them by source, protocol and port),
+stale-chain, unsupported, and live only other-variant-rules. Exit 0
 when no finding is an error, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands import common
 from ipmasq.diagnose.check import CheckReport, check_node
 from ipmasq.diagnose.leftovers import leftover_findings, read_leftovers
-from ipmasq.diagnose.sources import read_live_rules, rules_from_dump
+from ipmasq.diagnose.sources import read_live_rules, read_nft_ruleset, rules_from_dump
 
 __all__ = ["register", "run"]
 
@@ -48,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         rules = read_live_rules(SubprocessRunner(), policy.families, chain=policy.options.masq_chain,
                                 backend=args.backend)
+        text = read_nft_ruleset(SubprocessRunner()) if rules.backend == "nftables" else ""
+    if rules.backend == "nftables":  # the whole ruleset: other tables' nat chains decide pod traffic too
+        rules = replace(rules, nft_ruleset=text)
     report = check_node(policy, rules, pod_ranges=pods, local_addresses=local)
     if args.from_dump is None:  # our objects in a variant or backend the compared rules are not in
         places = read_leftovers(SubprocessRunner(), policy.options, rules.backend)

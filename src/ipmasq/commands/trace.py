@@ -1,7 +1,8 @@
 """`ipmasq trace`: walk a packet through the node's nat POSTROUTING.
 
 Walk a new connection's first packet through POSTROUTING of the nat table (an iptables-save dump, or the live node
-read with iptables-save), following jumps and returns; print every rule it met, the outcome, the rule that decided
+read with iptables-save), or through every nftables nat postrouting chain in priority order (nft -j list ruleset),
+following jumps and returns; print every rule it met, the outcome, the rule that decided
 (a config rule by its name, any other as CHAIN:N) and the source the destination sees. A rule it cannot evaluate,
 or one testing a field not given (--protocol, --port, --source-port), stops the trace with the field to give: it
 never guesses.
@@ -14,10 +15,12 @@ from typing import Any
 
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands.common import add_output_flag, command_parser, print_json, read_dump_input
-from ipmasq.diagnose.sources import parse_save_dump, read_nat_save
+from ipmasq.diagnose.sources import parse_save_dump, read_nat_save, read_nft_ruleset
 from ipmasq.diagnose.trace import Outcome, Packet, TraceResult, trace
-from ipmasq.errors import UsageError, clip
+from ipmasq.diagnose.trace_nft import NftTraceError, NftTracer
+from ipmasq.errors import IpmasqError, UsageError, clip
 from ipmasq.rules.iptables import parse_save
+from ipmasq.rules.nft import NftParseError, parse_list_json
 
 __all__ = ["register", "run"]
 
@@ -36,7 +39,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("destination", metavar="DEST", help="destination IP address")
     parser.add_argument("--source", required=True, metavar="IP", help="the packet's source (the pod's IP)")
     parser.add_argument("--dump", metavar="FILE",
-                        help="iptables-save output, - for standard input (default: read the live node)")
+                        help="iptables-save output or nft -j list ruleset output, - for standard input (default: "
+                        "read the live node)")
+    parser.add_argument("--backend", choices=["iptables", "nftables", "auto"], default="auto",
+                        help="live mode: which rules to walk (default auto: nftables when the agent's nftables "
+                        "table is there, else iptables)")
     parser.add_argument("--local-address", action="append", default=[], metavar="IP",
                         help="an address of the node (for -m addrtype LOCAL); the first is taken as the out "
                         "interface's address when the packet is masqueraded (repeatable)")
@@ -77,14 +84,37 @@ def _packet(args: argparse.Namespace) -> Packet:
         raise UsageError(f"{exc}" if "famil" in str(exc) else f"not an IP address: {exc}") from None
 
 
+def _nft_trace(text: str, shown: str, packet: Packet) -> TraceResult:
+    try:
+        return NftTracer(text).trace(packet)
+    except NftTraceError as exc:
+        raise IpmasqError(f"{shown}: {exc}") from None
+
+
+def _node_uses_nft() -> bool:
+    """The agent's nftables table is on the node (then its rules, and every nat chain, are nftables')."""
+    try:
+        text = read_nft_ruleset(SubprocessRunner())
+    except (IpmasqError, OSError):
+        return False  # no nft, or it cannot list: the iptables reading says the rest
+    try:
+        return parse_list_json(text) is not None
+    except NftParseError:
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     packet = _packet(args)
     if args.dump is not None:
         path, text = read_dump_input(args.dump)
-        table = parse_save_dump(text, path)
+        if text.lstrip().startswith("{"):  # nft -j list ruleset
+            result = _nft_trace(text, path, packet)
+        else:
+            result = trace(parse_save_dump(text, path), packet)
+    elif args.backend == "nftables" or (args.backend == "auto" and _node_uses_nft()):
+        result = _nft_trace(read_nft_ruleset(SubprocessRunner()), "nft -j list ruleset", packet)
     else:
-        table = parse_save(read_nat_save(SubprocessRunner(), packet.family))
-    result = trace(table, packet)
+        result = trace(parse_save(read_nat_save(SubprocessRunner(), packet.family)), packet)
     masquerade_address = args.local_address[0] if args.local_address else None
     document = as_dict(result, packet, masquerade_address=masquerade_address)
     if args.output == "json":

@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from ipmasq.config.model import Rule as ConfigRule
-from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, Outcome, Packet, Tracer, port_test_ranges, tests_ports
+from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, Outcome, Packet, RuleShape, Tracer, TraceResult
+from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.findings import Finding, Severity, has_errors
 from ipmasq.policy import Policy
-from ipmasq.prefix import Family, Prefix, PrefixError, parse_cidr
+from ipmasq.prefix import Family, Prefix, parse_cidr
 from ipmasq.ranges import Span, append_span, subtract, to_prefixes, union_of_prefixes
 from ipmasq.rules.iptables import (
     RULE_COMMENT_PREFIX,
@@ -42,7 +42,6 @@ from ipmasq.rules.iptables import (
     parse_rule,
     rule_target,
 )
-from ipmasq.rules.iptables import Rule as IptablesRule
 from ipmasq.rules.nft import CHAIN, SET_NAMES, TABLE, TABLE_FAMILY, NftTable, config_rule_text, desired_table
 
 __all__ = ["CheckReport", "FindingId", "NodeRules", "check_iptables", "check_nft", "check_node"]
@@ -84,6 +83,7 @@ class NodeRules:
     backend: str  # "iptables" or "nftables"
     tables: Mapping[Family, NatTable]  # iptables: the nat table of each family read
     nft: NftTable | None = None  # nftables: our table, None when the node has none
+    nft_ruleset: str | None = None  # nftables: the whole `nft -j list ruleset`, for the semantic pass
 
 
 def _quote(items: list[str]) -> str:
@@ -230,7 +230,11 @@ def _compare_config_rules(config_rules: list[tuple[ConfigRule, list[str]]], want
     order_have = list(dict.fromkeys(n for r in have if (n := _rule_name(r)) in configured))
     # the config rules must come first, in order: the first that matches decides, ahead of the CIDR lists
     rule_positions = [i for i, r in enumerate(have) if _rule_name(r) in configured]
-    first_other = next((i for i, r in enumerate(have) if _rule_name(r) is None and r in want), len(have))
+    # the lines the config rules must precede: those the config puts after them (nft's local and IPv6 returns
+    # come first)
+    first_rule = next((i for i, r in enumerate(want) if _rule_name(r) is not None), len(want))
+    entries = {r for r in want[first_rule:] if _rule_name(r) is None}
+    first_other = next((i for i, r in enumerate(have) if r in entries), len(have))
     late = any(i > first_other for i in rule_positions)
     if order_have != order_want or late:
         findings.append(Finding(
@@ -308,26 +312,11 @@ _CONFIG_PROTOCOLS = ("tcp", "udp", "sctp", "icmp", "icmpv6")
 _PORT_PROTOCOLS = frozenset({6, 17, 132, 136, 33})  # tcp, udp, sctp, udplite, dccp
 
 
-def _rich(rule: IptablesRule) -> bool:
-    """The rule tests the source, the protocol or a port: its destinations are split by those too."""
-    protocol = rule.condition("-p")
-    return (rule.condition("-s") is not None or tests_ports(rule)
-            or (protocol is not None and protocol.value.lower() not in ("all", "0")))
-
-
-def _prefix_of(text: str, family: Family) -> Prefix | None:
-    try:
-        prefix = parse_cidr(text)
-    except PrefixError:
-        return None
-    return prefix if prefix.family is family else None
-
-
 class _Space:
     """How check cuts the packets a pod sends: destination interval starts, the destination spans where some rule
     tests more than the destination, and the traffic classes there."""
 
-    def __init__(self, tracer: Tracer, policy: Policy, family: Family, local: tuple[int, ...],
+    def __init__(self, shapes: Iterable[RuleShape], policy: Policy, family: Family, local: tuple[int, ...],
                  pod_ranges: tuple[Prefix, ...]) -> None:
         everything = (0, family.max_address)
         points = {0}
@@ -335,28 +324,20 @@ class _Space:
         source_points: set[int] = set()
         protocols: set[int] = set()
         ports: set[int] = set()
-        for name in tracer.reachable():
-            for rule in tracer.rules_of(name):
-                condition = rule.condition("-d")
-                prefix = None if condition is None else _prefix_of(condition.value, family)
-                if prefix is not None:
-                    points.update((prefix.first, prefix.last + 1))
-                if not _rich(rule):
-                    continue
-                rich.append((prefix.first, prefix.last) if prefix is not None and condition is not None
-                            and not condition.negated else everything)
-                source = rule.condition("-s")
-                source_prefix = None if source is None else _prefix_of(source.value, family)
-                if source_prefix is not None:
-                    source_points.update((source_prefix.first, source_prefix.last + 1))
-                protocol = rule.condition("-p")
-                if protocol is not None:
-                    value = protocol.value.lower()
-                    number = PROTOCOL_NUMBERS.get(value, int(value) if value.isdigit() else None)
-                    if number is not None and number != 0:
-                        protocols.add(number)
-                for low, high in port_test_ranges(rule):
-                    ports.update((low, high + 1))
+        for shape in shapes:
+            for first, last in shape.destinations or ():
+                points.update((first, last + 1))
+            if not shape.rich:
+                continue
+            if shape.destinations is not None and not shape.negated_destination:
+                rich.extend(shape.destinations)
+            else:
+                rich.append(everything)
+            for first, last in shape.sources:
+                source_points.update((first, last + 1))
+            protocols.update(n for n in shape.protocols if n != 0)
+            for low, high in shape.ports:
+                ports.update((low, high + 1))
         config_rules = policy.rules(family) if family in policy.families else ()
         config_sources: list[Prefix] = []
         for config_rule in config_rules:
@@ -429,22 +410,31 @@ def _protocol_name(number: int) -> str:
     return next((name for name in _CONFIG_PROTOCOLS if PROTOCOL_NUMBERS[name] == number), str(number))
 
 
-@lru_cache(maxsize=1024)  # the same few foreign rules decide thousands of destination intervals
-def _nat_rule(text: str) -> bool:
-    return parse_rule(text, already_canonical=True).target in ("MASQUERADE", "SNAT")
-
-
 class _Wrong(NamedTuple):
     kind: FindingId
     rule: str
     label: str | None
 
 
+class _Walker(Protocol):
+    """Tracer (iptables) or NftTracer: what the semantic pass needs of a tracer."""
+
+    def trace(self, packet: Packet, *, record_steps: bool = True) -> TraceResult: ...
+
+    def shapes(self, family: Family) -> Iterator[RuleShape]: ...
+
+
 def _semantic(policy: Policy, table: NatTable, family: Family, ours: set[str],
               pod_ranges: tuple[Prefix, ...], local: tuple[int, ...]) -> list[Finding]:
-    tracer = Tracer(table)
+    return _semantic_walk(policy, Tracer(table), family, ours, policy.options.masq_chain, pod_ranges, local)
+
+
+def _semantic_walk(policy: Policy, tracer: _Walker, family: Family, ours: set[str], our_chain: str,
+                   pod_ranges: tuple[Prefix, ...], local: tuple[int, ...]) -> list[Finding]:
+    """Every class of pod packets traced and compared with the policy; `ours`: the chains of ours, whose wrong
+    answers the structural pass explains; `our_chain`: the chain a packet must reach for the config to apply."""
     pods = tuple(p for p in pod_ranges if p.family is family)
-    space = _Space(tracer, policy, family, local, pods)
+    space = _Space(tracer.shapes(family), policy, family, local, pods)
     points = space.points
     loopback = parse_cidr("127.0.0.0/8" if family is Family.V4 else "::1/128")
     # per deciding rule: per traffic class, the destination ranges it gets wrong / cannot decide
@@ -473,8 +463,8 @@ def _semantic(policy: Policy, table: NatTable, family: Family, ours: set[str],
             decider = result.decided_by
             if result.decided_in in ours:
                 continue  # our own chain decided: rules-differ or stale-chain already says why
-            reached_ours = policy.options.masq_chain in result.chains
-            if decider is not None and actual and _nat_rule(decider):
+            reached_ours = our_chain in result.chains
+            if decider is not None and actual:  # a MASQUERADE or SNAT decided: that rule NATs
                 kind = FindingId.FOREIGN_MASQUERADE
             elif not reached_ours:
                 kind = FindingId.JUMP_SHADOWED
@@ -550,7 +540,8 @@ def _add(wrong: dict[_Wrong, dict[_Traffic, list[Span]]], key: _Wrong, traffic: 
 def _semantic_finding(key: _Wrong, prefixes: list[str], dests: str, reason: str, policy: Policy,
                       shadowed: tuple[ConfigRule, ...]) -> Finding:
     kind, rule = key.kind, key.rule
-    delete = f"iptables -t nat -D {rule[3:]}" if rule.startswith("-A ") else "remove it"
+    delete = f"iptables -t nat -D {rule[3:]}" if rule.startswith("-A ") else (
+        f"nft delete rule {key.label}" if key.label and " handle " in key.label else "remove it")
     named = f"{key.label} " if key.label else ""
     over = ""
     if shadowed:
@@ -587,8 +578,10 @@ def _semantic_finding(key: _Wrong, prefixes: list[str], dests: str, reason: str,
 # --- nftables -----------------------------------------------------------------------------------------------
 
 
-def check_nft(policy: Policy, table: NftTable | None) -> CheckReport:
-    """Our nftables table (from `nft -j list ruleset`) against the policy."""
+def check_nft(policy: Policy, table: NftTable | None, *, ruleset: str | None = None,
+              pod_ranges: tuple[Prefix, ...] = (), local_addresses: tuple[tuple[Family, int], ...] = ()) -> CheckReport:
+    """Our nftables table (from `nft -j list ruleset`) against the policy; with the whole `ruleset`, also every
+    class of pod packets traced through all nat postrouting chains (other tables' included) against the policy."""
     if table is None:
         return CheckReport((Finding(
             FindingId.CHAIN_MISSING, Severity.ERROR,
@@ -652,6 +645,12 @@ def check_nft(policy: Policy, table: NftTable | None) -> CheckReport:
             findings.append(Finding(FindingId.UNSUPPORTED, Severity.WARNING,
                                     f"table {TABLE} holds a chain the agent does not write: {chain.name}",
                                     "delete the table and let the agent re-create it"))
+    if ruleset is not None and have_chain is not None:
+        tracer = NftTracer(ruleset)
+        ours = f"{TABLE_FAMILY} {TABLE} {CHAIN}"
+        for family in policy.families:
+            local = tuple(address for f, address in local_addresses if f is family)
+            findings.extend(_semantic_walk(policy, tracer, family, {ours}, ours, pod_ranges, local))
     return CheckReport(tuple(findings))
 
 
@@ -659,7 +658,8 @@ def check_node(policy: Policy, rules: NodeRules, *, pod_ranges: tuple[Prefix, ..
                local_addresses: tuple[tuple[Family, int], ...] = ()) -> CheckReport:
     """Every family the rules hold (iptables), or our nftables table, against the policy."""
     if rules.backend == "nftables":
-        return check_nft(policy, rules.nft)
+        return check_nft(policy, rules.nft, ruleset=rules.nft_ruleset, pod_ranges=pod_ranges,
+                         local_addresses=local_addresses)
     findings: list[Finding] = []
     for family, table in rules.tables.items():
         local = tuple(address for f, address in local_addresses if f is family)

@@ -16,24 +16,28 @@ the trace is the fate of a new connection.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache, partial
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ipmasq.prefix import Family, Prefix, PrefixError, format_address, parse_address, parse_cidr
 from ipmasq.ranges import FirstMatchTable, first_match_table
 from ipmasq.rules.iptables import RULE_COMMENT_PREFIX, Condition, Match, NatTable, Rule, RuleParseError, parse_rule
 
 __all__ = [
+    "MAX_STEPS",
     "PORT_MATCHES",
     "PROTOCOL_NUMBERS",
     "Outcome",
     "Packet",
+    "RuleShape",
     "Step",
     "TraceResult",
     "Tracer",
+    "Undecidable",
+    "is_local",
     "port_test_ranges",
     "rule_label",
     "tests_ports",
@@ -143,8 +147,19 @@ class TraceResult:
         return None
 
 
-class _Undecidable(Exception):
+class Undecidable(Exception):
     """A rule the tracer cannot evaluate for this packet; the message says why."""
+
+
+class RuleShape(NamedTuple):
+    """What one rule tests, for check's classes of packets that every rule treats alike (both tracers give them)."""
+
+    destinations: list[tuple[int, int]] | None  # the spans its destination test names; None: no destination test
+    negated_destination: bool
+    rich: bool  # it tests the source, the protocol or a port
+    sources: list[tuple[int, int]]
+    protocols: set[int]
+    ports: list[tuple[int, int]]  # destination port ranges
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +240,7 @@ class Tracer:
                 return result(Outcome.UNDECIDED, None, reason=f"cannot read rule: {rule.error}")
             try:
                 matched = _matches(rule, packet, mark)
-            except _Undecidable as exc:
+            except Undecidable as exc:
                 steps.append(Step(current, rule.text, False))
                 return result(Outcome.UNDECIDED, rule, reason=str(exc))
             if record_steps:
@@ -248,14 +263,14 @@ class Tracer:
                     return result(Outcome.UNDECIDED, rule, reason="SNAT without --to-source")
                 try:
                     address = _snat_address(to, packet.family)
-                except _Undecidable as exc:
+                except Undecidable as exc:
                     return result(Outcome.UNDECIDED, rule, reason=str(exc))
                 return result(Outcome.SNAT, rule, snat_to=address)
             elif target in _NON_DECIDING_TARGETS:
                 if target == "MARK":
                     try:
                         mark = _apply_mark(rule, mark)
-                    except _Undecidable as exc:
+                    except Undecidable as exc:
                         return result(Outcome.UNDECIDED, rule, reason=str(exc))
             elif target in self.chains and target not in BUILTIN_CHAINS:
                 if target in self._loops:
@@ -298,6 +313,33 @@ class Tracer:
 
     def rules_of(self, chain: str) -> list[Rule]:
         return [r for r in self.chains.get(chain, []) if isinstance(r, Rule)]
+
+    def shapes(self, family: Family) -> Iterator[RuleShape]:
+        """What each rule a POSTROUTING packet can meet tests, for check's classes of packets."""
+        for name in self.reachable():
+            for rule in self.rules_of(name):
+                yield _shape(rule, family)
+
+
+def _shape(rule: Rule, family: Family) -> RuleShape:
+    condition = rule.condition("-d")
+    destination = None if condition is None else _cidr(condition.value)
+    destinations = None if destination is None or destination.family is not family else [
+        (destination.first, destination.last)]
+    source = rule.condition("-s")
+    source_prefix = None if source is None else _cidr(source.value)
+    sources = [] if source_prefix is None or source_prefix.family is not family else [
+        (source_prefix.first, source_prefix.last)]
+    protocols: set[int] = set()
+    protocol = rule.condition("-p")
+    if protocol is not None:
+        value = protocol.value.lower()
+        number = PROTOCOL_NUMBERS.get(value, int(value) if value.isdigit() else None)
+        if number is not None and number != 0:
+            protocols.add(number)
+    ports = port_test_ranges(rule)
+    rich = source is not None or bool(protocols) or tests_ports(rule)
+    return RuleShape(destinations, condition is not None and condition.negated, rich, sources, protocols, ports)
 
 
 def rule_label(rule: Rule, position: int) -> str:
@@ -420,14 +462,14 @@ def _snat_address(to: str, family: Family) -> str:
         address = address.replace("[", "").replace("]", "")
     parts = address.split("-")
     if len(parts) > 2:
-        raise _Undecidable(f"cannot read SNAT --to-source {to!r}")
+        raise Undecidable(f"cannot read SNAT --to-source {to!r}")
     for part in parts:
         try:
             part_family, _ = parse_address(part)
         except ValueError:
-            raise _Undecidable(f"cannot read SNAT --to-source {to!r}") from None
+            raise Undecidable(f"cannot read SNAT --to-source {to!r}") from None
         if part_family is not family:
-            raise _Undecidable(f"SNAT --to-source {to} is not an IPv{family.value} address")
+            raise Undecidable(f"SNAT --to-source {to} is not an IPv{family.value} address")
     return address if len(parts) == 1 or parts[0] != parts[1] else parts[0]
 
 
@@ -442,27 +484,27 @@ def _cidr(text: str) -> Prefix | None:
 def _prefix(text: str, family: Family) -> Prefix:
     prefix = _cidr(text)
     if prefix is None:
-        raise _Undecidable(f"cannot read address {text!r}")
+        raise Undecidable(f"cannot read address {text!r}")
     if prefix.family is not family:
-        raise _Undecidable(f"{text} is not an IPv{family.value} prefix")
+        raise Undecidable(f"{text} is not an IPv{family.value} prefix")
     return prefix
 
 
 def _source_in(packet: Packet, prefix: Prefix) -> bool:
     if not packet.source:
-        raise _Undecidable(f"the packet's source is unknown and this rule tests -s {prefix}")
+        raise Undecidable(f"the packet's source is unknown and this rule tests -s {prefix}")
     inside = [prefix.covers(s) for s in packet.source]
     if all(inside):
         return True
     if not any(prefix.covers(s) or s.covers(prefix) for s in packet.source):
         return False
-    raise _Undecidable(f"-s {prefix} covers only part of the source range {', '.join(map(str, packet.source))}")
+    raise Undecidable(f"-s {prefix} covers only part of the source range {', '.join(map(str, packet.source))}")
 
 
 def _interface_is(name: str | None, pattern: str, option: str) -> bool:
     if name is None:
         flag = "--out-interface" if option == "-o" else "--in-interface"
-        raise _Undecidable(f"the rule tests {option} {pattern} and the packet's interface is unknown (give {flag})")
+        raise Undecidable(f"the rule tests {option} {pattern} and the packet's interface is unknown (give {flag})")
     return name.startswith(pattern[:-1]) if pattern.endswith("+") else name == pattern
 
 
@@ -472,9 +514,9 @@ def _protocol_is(protocol: str | None, value: str) -> bool:
         return True
     wanted = PROTOCOL_NUMBERS.get(value, int(value) if value.isdigit() else None)
     if wanted is None:
-        raise _Undecidable(f"protocol {value!r} is not known")
+        raise Undecidable(f"protocol {value!r} is not known")
     if protocol is None:
-        raise _Undecidable(f"the rule tests -p {value} and the packet's protocol is not given (give --protocol)")
+        raise Undecidable(f"the rule tests -p {value} and the packet's protocol is not given (give --protocol)")
     return PROTOCOL_NUMBERS.get(protocol, int(protocol) if protocol.isdigit() else -1) == wanted
 
 
@@ -488,19 +530,19 @@ def _condition(c: Condition, packet: Packet) -> bool:
     elif c.option == "-p":
         hit = _protocol_is(packet.protocol, c.value)
     else:
-        raise _Undecidable(f"condition {c.option} is not understood by trace")
+        raise Undecidable(f"condition {c.option} is not understood by trace")
     return hit != c.negated
 
 
 def _matches(rule: Rule, packet: Packet, mark: int) -> bool:
     """All tests of the rule; a test that surely fails decides even when another one cannot be evaluated."""
-    undecidable: _Undecidable | None = None
+    undecidable: Undecidable | None = None
     tests: list[Callable[[], bool]] = [partial(_condition, c, packet) for c in rule.conditions]
     tests += [partial(_match, m, packet, mark) for m in rule.matches]
     for test in tests:
         try:
             hit = test()
-        except _Undecidable as exc:
+        except Undecidable as exc:
             undecidable = undecidable or exc
             continue
         if not hit:
@@ -518,7 +560,7 @@ def _negatable(args: tuple[str, ...], what: str) -> list[tuple[str, str, bool]]:
         negated = args[i] == "!"
         at = i + 1 if negated else i
         if at + 1 >= len(args) or not args[at].startswith("--"):
-            raise _Undecidable(f"cannot read -m {what} {' '.join(args)}")
+            raise Undecidable(f"cannot read -m {what} {' '.join(args)}")
         out.append((args[at], args[at + 1], negated))
         i = at + 2
     return out
@@ -530,20 +572,20 @@ def _match(match: Match, packet: Packet, mark: int) -> bool:
     if match.name == "addrtype":
         for option, value, negated in _negatable(match.args, "addrtype"):
             if option not in ("--dst-type", "--src-type") or value != "LOCAL":
-                raise _Undecidable(f"-m addrtype {option} {value}: only --dst-type/--src-type LOCAL is understood")
+                raise Undecidable(f"-m addrtype {option} {value}: only --dst-type/--src-type LOCAL is understood")
             if option == "--dst-type":
-                local = _is_local(packet, packet.destination)
+                local = is_local(packet, packet.destination)
             else:
                 if not packet.source:
-                    raise _Undecidable("the packet's source is unknown and this rule tests --src-type LOCAL")
-                local = all(s.length == packet.family.bits and _is_local(packet, s.network) for s in packet.source)
+                    raise Undecidable("the packet's source is unknown and this rule tests --src-type LOCAL")
+                local = all(s.length == packet.family.bits and is_local(packet, s.network) for s in packet.source)
             if local == negated:
                 return False
         return True
     if match.name == "mark":
         for option, value, negated in _negatable(match.args, "mark"):
             if option != "--mark":
-                raise _Undecidable(f"-m mark {option} is not understood")
+                raise Undecidable(f"-m mark {option} is not understood")
             wanted, mask = _value_mask(value, default_mask=0xFFFFFFFF)
             if ((mark & mask) == wanted) == negated:
                 return False
@@ -552,7 +594,7 @@ def _match(match: Match, packet: Packet, mark: int) -> bool:
         for option, value, negated in _negatable(match.args, match.name):
             which = _PORT_OPTIONS.get(option)
             if which is None:
-                raise _Undecidable(f"-m {match.name} {option} is not understood by trace")
+                raise Undecidable(f"-m {match.name} {option} is not understood by trace")
             if _port_in(packet, which, _port_ranges(value, option)) == negated:
                 return False
         return True
@@ -560,12 +602,12 @@ def _match(match: Match, packet: Packet, mark: int) -> bool:
         for option, value, negated in _negatable(match.args, "multiport"):
             which = _MULTIPORT_OPTIONS.get(option)
             if which is None:
-                raise _Undecidable(f"-m multiport {option} is not understood by trace")
+                raise Undecidable(f"-m multiport {option} is not understood by trace")
             ranges = [r for item in value.split(",") for r in _port_ranges(item, option)]
             if _port_in(packet, which, ranges) == negated:
                 return False
         return True
-    raise _Undecidable(f"-m {match.name} is not understood by trace")
+    raise Undecidable(f"-m {match.name} is not understood by trace")
 
 
 def tests_ports(rule: Rule) -> bool:
@@ -586,7 +628,7 @@ def port_test_ranges(rule: Rule) -> list[tuple[int, int]]:
             for option, value, _ in _negatable(match.args, match.name):
                 if options.get(option) in ("dport", "either"):
                     out += [r for item in value.split(",") for r in _port_ranges(item, option)]
-        except _Undecidable:
+        except Undecidable:
             continue
     return out
 
@@ -598,9 +640,9 @@ def _port_ranges(text: str, option: str) -> list[tuple[int, int]]:
         first = int(low) if low else 0
         last = (int(high) if high else 65535) if colon else first
     except ValueError:
-        raise _Undecidable(f"cannot read port {text!r} of {option}") from None
+        raise Undecidable(f"cannot read port {text!r} of {option}") from None
     if not 0 <= first <= 65535 or not 0 <= last <= 65535:
-        raise _Undecidable(f"port {text!r} of {option} is out of range")
+        raise Undecidable(f"port {text!r} of {option} is out of range")
     return [(min(first, last), max(first, last))]  # iptables swaps an inverted range
 
 
@@ -609,18 +651,18 @@ def _port_in(packet: Packet, which: str, ranges: list[tuple[int, int]]) -> bool:
     ports = []
     if which in ("dport", "either"):
         if packet.port is None:
-            raise _Undecidable(f"the rule tests destination port {shown} and the packet's port is not given "
+            raise Undecidable(f"the rule tests destination port {shown} and the packet's port is not given "
                                "(give --port)")
         ports.append(packet.port)
     if which in ("sport", "either"):
         if packet.source_port is None:
-            raise _Undecidable(f"the rule tests source port {shown} and the packet's source port is not given "
+            raise Undecidable(f"the rule tests source port {shown} and the packet's source port is not given "
                                "(give --source-port)")
         ports.append(packet.source_port)
     return any(low <= port <= high for port in ports for low, high in ranges)
 
 
-def _is_local(packet: Packet, address: int) -> bool:
+def is_local(packet: Packet, address: int) -> bool:
     # the node's own addresses (--local-address) and loopback are what routing types LOCAL
     return address in packet.local_addresses or _LOOPBACK[packet.family].contains(address)
 
@@ -630,13 +672,13 @@ def _value_mask(text: str, *, default_mask: int) -> tuple[int, int]:
     try:
         return int(value, 0), (int(mask, 0) if mask else default_mask)
     except ValueError:
-        raise _Undecidable(f"cannot read mark {text!r}") from None
+        raise Undecidable(f"cannot read mark {text!r}") from None
 
 
 def _apply_mark(rule: Rule, mark: int) -> int:
     args = rule.target_args
     if len(args) != 2:
-        raise _Undecidable(f"cannot read MARK {' '.join(args)}")
+        raise Undecidable(f"cannot read MARK {' '.join(args)}")
     option, value = args
     if option == "--set-xmark":
         v, m = _value_mask(value, default_mask=0xFFFFFFFF)
@@ -651,4 +693,4 @@ def _apply_mark(rule: Rule, mark: int) -> int:
         return mark & number
     if option == "--xor-mark":
         return mark ^ number
-    raise _Undecidable(f"MARK {option} is not understood")
+    raise Undecidable(f"MARK {option} is not understood")

@@ -1,0 +1,476 @@
+"""Walk one packet through the nftables nat postrouting hook, as `nft -j list ruleset` shows it; never guess.
+
+The kernel runs every base chain of type nat at the postrouting hook (tables of family ip or ip6 for their family,
+inet for both) in priority order; the first masquerade or snat decides, and a chain that ends without one (its
+policy, `accept`, a `return` in the base chain) hands the packet to the next. The tracer understands the matches an
+ip-masq-agent node's nat chains are made of: `ip`/`ip6` `saddr`/`daddr` (addresses, prefixes, ranges, anonymous and
+named sets), `meta l4proto`/`ip protocol`/`ip6 nexthdr`, `meta nfproto`, `tcp`/`udp`/`sctp`/`th` `dport`/`sport`
+(ports, ranges, sets), `fib daddr type local`, `meta oifname`/`iifname`, `meta mark`, with `==`/`!=`; the
+statements counter and log; the verdicts return, accept, drop, jump and goto; masquerade and snat (an address, a
+range, with or without ports); `meta mark set`. Anything else (an iptables-nft `xt` match, ct, limit...), or a
+test on a field the packet description leaves unknown, stops the walk with the reason, as the iptables tracer does.
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ipmasq.diagnose.trace import (
+    MAX_STEPS,
+    PROTOCOL_NUMBERS,
+    Outcome,
+    Packet,
+    RuleShape,
+    Step,
+    TraceResult,
+    Undecidable,
+    is_local,
+)
+from ipmasq.errors import IpmasqError, clip
+from ipmasq.prefix import Family, format_address, parse_address, parse_cidr
+from ipmasq.rules.iptables import RULE_COMMENT_PREFIX
+from ipmasq.rules.nft import NftParseError, parse_address_element, rule_from_json
+
+__all__ = ["NftTraceError", "NftTracer"]
+
+Span = tuple[int, int]
+_PORT_PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132, "udplite": 136, "dccp": 33}
+_NAMES = {**PROTOCOL_NUMBERS, "dccp": 33, "gre": 47, "esp": 50, "ah": 51}
+_FAMILIES = {"ip": (Family.V4,), "ip6": (Family.V6,), "inet": (Family.V4, Family.V6)}
+_SKIPPED = frozenset({"counter", "log"})
+
+
+class NftTraceError(IpmasqError):
+    """An nft JSON listing trace cannot read at all (one line: what and where)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    text: str  # as `nft list` prints it, after "FAMILY TABLE CHAIN: "
+    label: str  # "rule NAME" for a config rule of ours, else "FAMILY TABLE CHAIN handle N" (or ":POSITION")
+    chain: str  # "FAMILY TABLE CHAIN"
+    expr: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Base:
+    priority: int
+    order: int
+    key: tuple[str, str, str]
+    policy: str
+
+
+def _chain_name(key: tuple[str, str, str]) -> str:
+    return " ".join(key)
+
+
+class NftTracer:
+    """A parsed `nft -j list ruleset`, ready to trace many packets."""
+
+    def __init__(self, text: str) -> None:
+        try:
+            document = json.loads(text)
+            items = document["nftables"]
+            if not isinstance(items, list):
+                raise TypeError("nftables is not a list")
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise NftTraceError(f"not an nft -j listing: {clip(str(exc))}") from None
+        self.chains: dict[tuple[str, str, str], list[_Rule]] = {}
+        self._sets: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._set_cache: dict[tuple[tuple[str, str, str], Family | None], list[Span]] = {}
+        bases: list[_Base] = []
+        for number, item in enumerate(items, start=1):
+            try:
+                kind, body = next(iter(item.items()))
+                if kind in ("chain", "rule", "set"):
+                    family, table = str(body["family"]), str(body["table"])
+                if kind == "chain":
+                    key = (family, table, str(body["name"]))
+                    self.chains.setdefault(key, [])
+                    if body.get("type") == "nat" and body.get("hook") == "postrouting" and family in _FAMILIES:
+                        priority = body.get("prio", 0)
+                        bases.append(_Base(priority if isinstance(priority, int) else 0, number, key,
+                                           str(body.get("policy", "accept"))))
+                elif kind == "rule":
+                    key = (family, table, str(body["chain"]))
+                    rules = self.chains.setdefault(key, [])
+                    rules.append(self._rule(body, key, len(rules) + 1))
+                elif kind == "set":
+                    self._sets[(family, table, str(body["name"]))] = body
+            except (AttributeError, KeyError, TypeError, StopIteration) as exc:
+                raise NftTraceError(f"object {number} of the nft listing has an unexpected shape "
+                                    f"({type(exc).__name__}: {clip(str(exc))})") from None
+        # equal priorities run in the order the hooks were registered; the listing's order is the best guess left
+        self.bases = sorted(bases, key=lambda b: (b.priority, b.order))
+
+    @staticmethod
+    def _rule(body: dict[str, Any], key: tuple[str, str, str], position: int) -> _Rule:
+        expr = body.get("expr", ())
+        text = rule_from_json(body)
+        comment = body.get("comment")
+        if isinstance(comment, str) and comment.startswith(RULE_COMMENT_PREFIX):
+            label = "rule " + comment[len(RULE_COMMENT_PREFIX):]
+        elif isinstance(body.get("handle"), int):
+            label = f"{_chain_name(key)} handle {body['handle']}"
+        else:
+            label = f"{_chain_name(key)}:{position}"
+        return _Rule(text, label, _chain_name(key), tuple(expr) if isinstance(expr, list) else ())
+
+    def base_chains(self, family: Family) -> list[_Base]:
+        return [b for b in self.bases if family in _FAMILIES[b.key[0]]]
+
+    def trace(self, packet: Packet, *, record_steps: bool = True) -> TraceResult:
+        steps: list[Step] = []
+        entered: list[str] = []
+        mark = packet.mark
+        last_return: _Rule | None = None
+        budget = MAX_STEPS
+
+        def result(outcome: Outcome, rule: _Rule | None, snat_to: str | None = None,
+                   reason: str | None = None) -> TraceResult:
+            return TraceResult(tuple(steps), outcome, None if rule is None else f"{rule.chain}: {rule.text}",
+                               None if rule is None else rule.chain, snat_to=snat_to, mark=mark,
+                               undecided_reason=reason, chains=tuple(entered),
+                               decided_label=None if rule is None else rule.label)
+
+        for base in self.base_chains(packet.family):
+            stack: list[tuple[tuple[str, str, str], int]] = []
+            current, index = base.key, 0
+            entered.append(_chain_name(current))
+            while True:
+                rules = self.chains.get(current, [])
+                if index >= len(rules):
+                    if not stack:
+                        break  # the base chain's policy: accept hands the packet to the next base chain
+                    current, index = stack.pop()
+                    continue
+                rule = rules[index]
+                index += 1
+                budget -= 1
+                if budget < 0:
+                    return result(Outcome.UNDECIDED, None, reason=f"depth limit: more than {MAX_STEPS} rules "
+                                  "evaluated for one packet")
+                try:
+                    verdict, mark = self._run(rule, packet, mark, current[:2])
+                except Undecidable as exc:
+                    steps.append(Step(rule.chain, rule.text, False))
+                    return result(Outcome.UNDECIDED, rule, reason=str(exc))
+                if record_steps:
+                    steps.append(Step(rule.chain, rule.text, verdict is not None))
+                if verdict is None or verdict[0] == "continue":
+                    continue
+                action, argument = verdict
+                if action == "masquerade":
+                    return result(Outcome.MASQUERADE, rule)
+                if action == "snat":
+                    return result(Outcome.SNAT, rule, snat_to=argument)
+                if action == "drop":
+                    return result(Outcome.UNDECIDED, rule, reason="the packet is dropped (no connection at all)")
+                if action == "return" and stack:
+                    current, index = stack.pop()
+                    last_return = rule
+                    continue
+                if action in ("return", "accept"):
+                    last_return = rule
+                    break
+                target = (current[0], current[1], argument or "")
+                if target not in self.chains:
+                    return result(Outcome.UNDECIDED, rule, reason=f"{action} to a chain the listing lacks: "
+                                  f"{argument}")
+                if len(stack) > 64:
+                    return result(Outcome.UNDECIDED, rule, reason="jumps nested deeper than 64 chains (a loop?)")
+                if action == "jump":
+                    stack.append((current, index))
+                current, index = target, 0
+                entered.append(_chain_name(target))
+            if base.policy == "drop":
+                return result(Outcome.UNDECIDED, None, reason=f"chain {_chain_name(base.key)} has policy drop")
+        return result(Outcome.UNCHANGED, last_return)
+
+    def _run(self, rule: _Rule, packet: Packet, mark: int,
+             table: tuple[str, str]) -> tuple[tuple[str, str | None] | None, int]:
+        """(None, mark) when a match fails; else the verdict ("continue" when the rule has none) and the mark."""
+        undecidable: Undecidable | None = None
+        for statement in rule.expr:
+            if not isinstance(statement, dict) or len(statement) != 1:
+                raise Undecidable(f"cannot read statement {clip(json.dumps(statement))}")
+            kind, body = next(iter(statement.items()))
+            if kind == "match":
+                try:
+                    if not self._match(body, packet, mark, table):
+                        return None, mark
+                except Undecidable as exc:
+                    undecidable = undecidable or exc  # a later test that surely fails still decides
+                continue
+            if undecidable is not None:
+                raise undecidable
+            if kind in _SKIPPED:
+                continue
+            if kind in ("return", "accept", "drop"):
+                return (kind, None), mark
+            if kind in ("jump", "goto") and isinstance(body, dict):
+                return (kind, str(body.get("target"))), mark
+            if kind == "masquerade":
+                return ("masquerade", None), mark
+            if kind == "snat" and isinstance(body, dict):
+                return ("snat", _snat_to(body.get("addr"), packet.family)), mark
+            if kind == "mangle" and isinstance(body, dict) and body.get("key") == {"meta": {"key": "mark"}} \
+                    and isinstance(body.get("value"), int):
+                mark = body["value"] & 0xFFFFFFFF
+                continue
+            raise Undecidable(f"statement {kind} is not understood by trace")
+        if undecidable is not None:
+            raise undecidable
+        return ("continue", None), mark
+
+    def _match(self, body: Any, packet: Packet, mark: int, table: tuple[str, str]) -> bool:
+        if not isinstance(body, dict):
+            raise Undecidable(f"cannot read match {clip(json.dumps(body))}")
+        op = body.get("op", "==")
+        if op not in ("==", "!=", "in"):
+            raise Undecidable(f"comparison {op} is not understood by trace")
+        hit = self._test(body.get("left"), body.get("right"), packet, mark, table)
+        negated: bool = op == "!="
+        return hit != negated
+
+    def _test(self, left: Any, right: Any, packet: Packet, mark: int, table: tuple[str, str]) -> bool:
+        field = _field(left)
+        family = packet.family
+        if field in ("ip saddr", "ip daddr", "ip6 saddr", "ip6 daddr"):
+            if (field.startswith("ip6") and family is Family.V4) or (field.startswith("ip ") and family is Family.V6):
+                return False  # the payload belongs to the other family: nft's implicit dependency fails
+            spans = self._spans(right, "address", family, table)
+            if field.endswith("daddr"):
+                return _contains(spans, packet.destination)
+            if not packet.source:
+                raise Undecidable(f"the packet's source is unknown and this rule tests {field}")
+            return _covers(spans, [(p.first, p.last) for p in packet.source], field)
+        if field in ("meta l4proto", "ip protocol", "ip6 nexthdr"):
+            spans = self._spans(right, "protocol", family, table)
+            if packet.protocol is None:
+                raise Undecidable(f"the rule tests {field} and the packet's protocol is not given (give --protocol)")
+            return _contains(spans, _protocol_number(packet.protocol))
+        if field == "meta nfproto":
+            wanted = right if isinstance(right, str) else None
+            if wanted not in ("ipv4", "ipv6"):
+                raise Undecidable(f"meta nfproto {clip(json.dumps(right))} is not understood by trace")
+            return (wanted == "ipv4") == (family is Family.V4)
+        if field.endswith((" dport", " sport")):
+            protocol = field.split(" ")[0]
+            if protocol != "th":  # tcp dport: nft adds the dependency on the protocol
+                if packet.protocol is None:
+                    raise Undecidable(f"the rule tests {field} and the packet's protocol is not given "
+                                      "(give --protocol)")
+                if _protocol_number(packet.protocol) != _PORT_PROTOCOLS[protocol]:
+                    return False
+            elif packet.protocol is None or _protocol_number(packet.protocol) not in _PORT_PROTOCOLS.values():
+                raise Undecidable(f"the rule tests {field} and the packet's protocol is not one with ports "
+                                  "(give --protocol tcp, udp or sctp)")
+            spans = self._spans(right, "port", family, table)
+            if field.endswith("dport"):
+                if packet.port is None:
+                    raise Undecidable(f"the rule tests {field} and the packet's port is not given (give --port)")
+                return _contains(spans, packet.port)
+            if packet.source_port is None:
+                raise Undecidable(f"the rule tests {field} and the packet's source port is not given "
+                                  "(give --source-port)")
+            return _contains(spans, packet.source_port)
+        if field == "fib daddr type":
+            types = right.get("set") if isinstance(right, dict) else [right]
+            if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+                raise Undecidable(f"fib daddr type {clip(json.dumps(right))} is not understood by trace")
+            if set(types) - {"local", "unicast"}:
+                raise Undecidable(f"fib daddr type {', '.join(types)}: only local is understood by trace")
+            local = is_local(packet, packet.destination)
+            return ("local" in types and local) or ("unicast" in types and not local)
+        if field in ("meta oifname", "meta iifname"):
+            name = packet.out_interface if field == "meta oifname" else packet.in_interface
+            flag = "--out-interface" if field == "meta oifname" else "--in-interface"
+            if name is None:
+                raise Undecidable(f"the rule tests {field} and the packet's interface is unknown (give {flag})")
+            names = right.get("set") if isinstance(right, dict) else [right]
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise Undecidable(f"{field} {clip(json.dumps(right))} is not understood by trace")
+            return any(name.startswith(n[:-1]) if n.endswith("*") else name == n for n in names)
+        if field == "meta mark":
+            return _contains(self._spans(right, "number", family, table), mark)
+        if field.startswith("meta mark & "):
+            return _contains(self._spans(right, "number", family, table), mark & int(field.rsplit(" ", 1)[1]))
+        raise Undecidable(f"match on {field} is not understood by trace")
+
+    def _spans(self, right: Any, kind: str, family: Family, table: tuple[str, str]) -> list[Span]:
+        if isinstance(right, str) and right.startswith("@"):
+            key = (table[0], table[1], right[1:])
+            cache_key = (key, family if kind == "address" else None)
+            if cache_key not in self._set_cache:
+                body = self._sets.get(key)
+                if body is None:
+                    raise Undecidable(f"set {right} is not in the listing")
+                elements = body.get("elem", [])
+                if not isinstance(elements, list):
+                    raise Undecidable(f"set {right} holds no list of elements")
+                self._set_cache[cache_key] = _merged([s for e in elements for s in _element(e, kind, family)])
+            return self._set_cache[cache_key]
+        if isinstance(right, dict) and "set" in right and isinstance(right["set"], list):
+            return _merged([s for e in right["set"] for s in _element(e, kind, family)])
+        return _merged(list(_element(right, kind, family)))
+
+    def shapes(self, family: Family) -> Iterator[RuleShape]:
+        """What each reachable rule tests, for check's classes of packets (RuleShape)."""
+        seen: set[tuple[str, str, str]] = set()
+        todo = [b.key for b in self.base_chains(family)]
+        while todo:
+            key = todo.pop()
+            if key in seen:
+                continue
+            seen.add(key)
+            for rule in self.chains.get(key, []):
+                yield self._shape(rule, family, key[:2])
+                for statement in rule.expr:
+                    if isinstance(statement, dict):
+                        for kind in ("jump", "goto"):
+                            target = statement.get(kind)
+                            if isinstance(target, dict):
+                                todo.append((key[0], key[1], str(target.get("target"))))
+
+    def _shape(self, rule: _Rule, family: Family, table: tuple[str, str]) -> RuleShape:
+        destinations: list[Span] | None = None
+        negated = False
+        sources: list[Span] = []
+        protocols: set[int] = set()
+        ports: list[Span] = []
+        rich = False
+        for statement in rule.expr:
+            body = statement.get("match") if isinstance(statement, dict) else None
+            if not isinstance(body, dict):
+                continue
+            try:
+                field = _field(body.get("left"))
+                if field in ("ip daddr", "ip6 daddr"):
+                    spans = self._spans(body.get("right"), "address", family, table)
+                    if destinations is None:
+                        destinations, negated = spans, body.get("op") == "!="
+                    else:
+                        destinations = destinations + spans  # boundaries only: both tests' edges count
+                elif field in ("ip saddr", "ip6 saddr"):
+                    rich = True
+                    sources += self._spans(body.get("right"), "address", family, table)
+                elif field in ("meta l4proto", "ip protocol", "ip6 nexthdr"):
+                    rich = True
+                    protocols.update(n for a, b in self._spans(body.get("right"), "protocol", family, table)
+                                     for n in range(a, min(b, 255) + 1))
+                elif field.endswith((" dport", " sport")):
+                    rich = True
+                    protocol = field.split(" ")[0]
+                    protocols.update(_PORT_PROTOCOLS.values() if protocol == "th" else {_PORT_PROTOCOLS[protocol]})
+                    if field.endswith("dport"):
+                        ports += self._spans(body.get("right"), "port", family, table)
+            except Undecidable:
+                continue  # the walk reports it
+        return RuleShape(destinations, negated, rich, sources, protocols, ports)
+
+
+def _field(left: Any) -> str:
+    if isinstance(left, dict) and len(left) == 1:
+        kind, body = next(iter(left.items()))
+        if kind == "payload" and isinstance(body, dict) and "protocol" in body:
+            field = f"{body['protocol']} {body.get('field')}"
+            if body["protocol"] in ("ip", "ip6", "th", *_PORT_PROTOCOLS):
+                return field
+        elif kind == "meta" and isinstance(body, dict):
+            return f"meta {body.get('key')}"
+        elif kind == "fib" and isinstance(body, dict) and body.get("result") == "type" and \
+                body.get("flags") in (["daddr"], "daddr"):
+            return "fib daddr type"
+        elif kind == "&" and isinstance(body, list) and len(body) == 2 and body[0] == {"meta": {"key": "mark"}} \
+                and isinstance(body[1], int):
+            return f"meta mark & {body[1]}"
+    raise Undecidable(f"match on {clip(json.dumps(left))} is not understood by trace")
+
+
+def _protocol_number(name: str) -> int:
+    return _NAMES.get(name, int(name) if name.isdigit() else -1)
+
+
+def _element(element: Any, kind: str, family: Family) -> Iterator[Span]:
+    """One value, prefix, range or set element as inclusive spans; Undecidable on anything else."""
+    if isinstance(element, dict) and "elem" in element and isinstance(element["elem"], dict):
+        element = element["elem"].get("val")
+    try:
+        if kind == "address":
+            if isinstance(element, str):
+                element_family, _ = parse_address(element.split("/")[0])
+                if element_family is not family:
+                    return
+                if "/" in element:
+                    prefix = parse_cidr(element)
+                    yield prefix.first, prefix.last
+                    return
+            yield parse_address_element(element)
+            return
+        if isinstance(element, dict) and "range" in element and len(element["range"]) == 2:
+            low, high = (_number(v, kind) for v in element["range"])
+            yield low, high
+            return
+        value = _number(element, kind)
+        yield value, value
+    except (NftParseError, ValueError, KeyError, TypeError) as exc:
+        raise Undecidable(f"cannot read {kind} {clip(json.dumps(element))} ({clip(str(exc))})") from None
+
+
+def _number(value: Any, kind: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and kind == "protocol" and value in _NAMES:
+        return _NAMES[value]
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    raise Undecidable(f"cannot read {kind} {clip(json.dumps(value))}")
+
+
+def _merged(spans: list[Span]) -> list[Span]:
+    out: list[Span] = []
+    for first, last in sorted(spans):
+        if out and first <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(last, out[-1][1]))
+        else:
+            out.append((first, last))
+    return out
+
+
+def _contains(spans: list[Span], value: int) -> bool:
+    i = bisect_right(spans, (value, 1 << 130)) - 1
+    return i >= 0 and spans[i][1] >= value
+
+
+def _covers(spans: list[Span], sources: list[Span], field: str) -> bool:
+    """True: every source inside; False: none overlaps; else the source range straddles the test."""
+    inside = overlapping = 0
+    for first, last in sources:
+        i = bisect_right(spans, (first, 1 << 130)) - 1
+        if i >= 0 and spans[i][1] >= last:
+            inside += 1
+            continue
+        j = bisect_right(spans, (last, 1 << 130)) - 1
+        if j >= 0 and spans[j][1] >= first:
+            overlapping += 1
+    if inside == len(sources):
+        return True
+    if inside == 0 and overlapping == 0:
+        return False
+    raise Undecidable(f"{field} covers only part of the source range")
+
+
+def _snat_to(addr: Any, family: Family) -> str:
+    if isinstance(addr, str):
+        return addr
+    if isinstance(addr, dict) and "range" in addr and len(addr["range"]) == 2:
+        return f"{addr['range'][0]}-{addr['range'][1]}"
+    if isinstance(addr, dict) and "prefix" in addr:
+        first, last = parse_address_element(addr)
+        return f"{format_address(family, first)}-{format_address(family, last)}"
+    raise Undecidable(f"snat to {clip(json.dumps(addr))} is not understood by trace")
