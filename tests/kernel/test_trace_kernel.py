@@ -5,8 +5,9 @@ pod (100.64.0.50) -> node (applies `render` output, kubenet's rule, the fix-nat 
 operator's hand-written SNAT) -> peer answering on every destination. For each destination: a real TCP connection
 from the pod, the source the peer's kernel delivered, and `trace` over the node's own iptables-save output must
 agree; `check` on the same dump names each foreign rule with the destinations it changes. The same for a config
-with rules (source-scoped, port-scoped, snat to a spare node address), two pods and two ports: trace on the live
-rules, explain and the peer agree, and for 400 more packets trace equals explain.
+with rules (source-scoped, port-scoped, snat to a spare node address), two pods and two ports, on iptables and on
+nftables (our table and a hand-written one hooked ahead of it): trace on the live rules (iptables-save, nft -j list
+ruleset), explain and the peer agree, and for 400 more packets trace equals explain.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import pytest
 
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
-from ipmasq.diagnose.check import FindingId, check_iptables
+from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
 from ipmasq.diagnose.trace import Packet, Tracer, trace
+from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.lab.netns import Network
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, parse_address, parse_cidr
 from ipmasq.rules.iptables import parse_save, render_restore
+from ipmasq.rules.nft import parse_list_json, render_script
 
 POD, NODE_POD_SIDE, NODE, PEER_SIDE = "100.64.0.50", "100.64.0.1", "10.142.15.203", "10.142.15.1"
 PORT = 8080
@@ -133,7 +136,18 @@ PORT_FOREIGN = ["-I", "POSTROUTING", "1", "-d", "172.30.0.0/16", "-p", "tcp", "-
                 "-j", "MASQUERADE"]
 
 
-def test_trace_decides_config_rules_like_explain_and_the_peer(net: Network) -> None:
+# the same hand-written rule on an nftables node: a table of its own, hooked ahead of ours
+NFT_FOREIGN = """table ip handwritten {
+  chain post {
+    type nat hook postrouting priority 50; policy accept;
+    ip daddr 172.30.0.0/16 tcp dport 443 masquerade
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("backend", ["iptables", "nftables"])
+def test_trace_decides_config_rules_like_explain_and_the_peer(net: Network, backend: str) -> None:
     options = PolicyOptions()
     policy = Policy(config_from_bytes(ConfigInput((("/etc/config/ip-masq-agent", RULES_CONFIG.encode()),)), options),
                     options)
@@ -149,8 +163,12 @@ def test_trace_decides_config_rules_like_explain_and_the_peer(net: Network) -> N
     peer.run(["ip", "route", "add", "100.64.0.0/16", "via", NODE])
     for address in RULES_DESTINATIONS:
         peer.run(["ip", "addr", "add", f"{address}/32", "dev", "lo"])
-    node.run(["iptables-restore", "--noflush", "-w"], stdin=render_restore(policy, Family.V4))
-    node.run(["iptables", "-w", "-t", "nat", *PORT_FOREIGN])
+    if backend == "iptables":
+        node.run(["iptables-restore", "--noflush", "-w"], stdin=render_restore(policy, Family.V4))
+        node.run(["iptables", "-w", "-t", "nat", *PORT_FOREIGN])
+    else:
+        node.run(["nft", "-f", "-"], stdin=render_script(policy))
+        node.run(["nft", "-f", "-"], stdin=NFT_FOREIGN)
     out_interface = "v3a"
     assert peer_if == "v3b"
 
@@ -179,15 +197,22 @@ def test_trace_decides_config_rules_like_explain_and_the_peer(net: Network) -> N
             for server in servers:
                 server.kill()
                 server.wait()
-    dump_text = node.run(["iptables-save", "-t", "nat"]).stdout
-    table = parse_save(dump_text)
+    if backend == "iptables":
+        table = parse_save(node.run(["iptables-save", "-t", "nat"]).stdout)
+        tracer: Tracer | NftTracer = Tracer(table)
+        foreign_label = "POSTROUTING:1"
+    else:
+        ruleset = node.run(["nft", "-j", "list", "ruleset"]).stdout
+        tracer = NftTracer(ruleset)
+        foreign_label = next(label for chain in tracer.chains.values() for r in chain
+                             if (label := r.label).startswith("ip handwritten post handle "))
     assert len(seen) == len(pods) * len(RULES_DESTINATIONS) * len(RULES_PORTS)
 
     names = set()
     for (pod_ip, destination, port), peer_saw in seen.items():
         packet = Packet.of(destination, source=pod_ip, protocol="tcp", port=port, out_interface=out_interface,
                            local_addresses=[NODE, NODE_POD_SIDE, SECOND_POD_SIDE, SNAT_ADDRESS])
-        traced = trace(table, packet)
+        traced = tracer.trace(packet)
         assert traced.source_seen(packet, masquerade_address=NODE) == peer_saw, (packet, traced)
         names.add(traced.decided_label)
         explained = _explain_seen(policy, destination, pod_ip, "tcp", port)
@@ -195,12 +220,11 @@ def test_trace_decides_config_rules_like_explain_and_the_peer(net: Network) -> N
             assert explained == pod_ip and peer_saw == NODE  # the hand-written rule overrides the config
         else:
             assert explained == peer_saw, (pod_ip, destination, port)
-    assert {"rule partner-snat", "rule batch-masq", "rule web-keep", "POSTROUTING:1"} <= names
+    assert {"rule partner-snat", "rule batch-masq", "rule web-keep", foreign_label} <= names
     assert seen[(POD, "10.2.1.100", 443)] == SNAT_ADDRESS and seen[(SECOND_POD, "10.130.0.6", 8080)] == NODE
 
     # many more packets than the peer answered: trace on the live rules equals explain (but for the foreign rule)
     rng = random.Random(11)
-    tracer = Tracer(table)
     for _ in range(400):
         pod_ip = rng.choice([POD, SECOND_POD, "100.64.8.200", "100.64.9.1"])
         destination = rng.choice([*RULES_DESTINATIONS, "10.2.1.7", "10.2.2.1", "34.120.200.1", "8.8.8.8"])
@@ -209,14 +233,18 @@ def test_trace_decides_config_rules_like_explain_and_the_peer(net: Network) -> N
         packet = Packet.of(destination, source=pod_ip, protocol=protocol, port=any_port, out_interface=out_interface,
                            local_addresses=[NODE])
         traced = tracer.trace(packet, record_steps=False)
-        if traced.decided_label == "POSTROUTING:1":
+        if traced.decided_label == foreign_label:
             continue
         assert traced.source_seen(packet, masquerade_address=NODE) == _explain_seen(
             policy, destination, pod_ip, protocol, any_port), packet
 
-    report = check_iptables(policy, table, Family.V4, pod_ranges=(parse_cidr("100.64.0.0/16"),))
+    pod_range = (parse_cidr("100.64.0.0/16"),)
+    if backend == "iptables":
+        report = check_iptables(policy, table, Family.V4, pod_ranges=pod_range)
+    else:
+        report = check_nft(policy, parse_list_json(ruleset), ruleset=ruleset, pod_ranges=pod_range)
     assert [(f.id, f.destinations) for f in report.findings] == [(FindingId.FOREIGN_MASQUERADE, ("172.30.0.0/16",))]
-    assert "(172.30.0.0/16 (tcp port 443)): POSTROUTING:1 " in report.findings[0].message
+    assert f"(172.30.0.0/16 (tcp port 443)): {foreign_label} " in report.findings[0].message
 
 
 def _explain_seen(policy: Policy, destination: str, source: str, protocol: str, port: int | None) -> str:
