@@ -256,6 +256,7 @@ def test_every_family_has_its_type_and_help(fake: FakeIptables) -> None:
         "ipmasq_set_elements": "gauge", "ipmasq_ready": "gauge", "ipmasq_config_valid": "gauge",
         "ipmasq_enforced_config_info": "gauge", "ipmasq_resync_interval_seconds": "gauge",
         "ipmasq_foreign_masquerade_rules": "gauge",
+        "ipmasq_rule_packets": "counter", "ipmasq_rule_bytes": "counter",
         "ipmasq_build_info": "gauge",
         "process_virtual_memory_bytes": "gauge", "process_resident_memory_bytes": "gauge",
         "process_start_time_seconds": "gauge", "process_cpu_seconds": "counter", "process_open_fds": "gauge",

@@ -129,8 +129,11 @@ def test_kernel_shaped_listing_parses() -> None:
 
 def test_absent_table_and_foreign_rules() -> None:
     assert parse_list_json(listing([{"table": {"family": "ip", "name": "nat"}}])) is None
-    odd = {"expr": [{"counter": {"packets": 0, "bytes": 0}}, {"accept": None}]}
+    odd = {"expr": [{"limit": {"rate": 1, "per": "second"}}, {"accept": None}]}
     assert rule_from_json(odd).startswith("unrecognised: ")
+    # a counter is ours (config rules count): listed without its values, which are traffic, not the rule
+    counted = {"expr": [{"counter": {"packets": 7, "bytes": 420}}, {"accept": None}]}
+    assert rule_from_json(counted) == "counter accept"
     with pytest.raises(NftParseError):
         parse_list_json("not json")
 
@@ -139,7 +142,7 @@ def test_script_parser_refuses_what_is_not_our_dialect() -> None:
     with pytest.raises(NftParseError, match="not our nft dialect"):
         parse_script("flush ruleset\n")
     with pytest.raises(NftParseError, match="not our nft dialect"):
-        parse_script("table inet t {\n\tchain c {\n\t\tcounter accept\n\t}\n}\n")
+        parse_script("table inet t {\n\tchain c {\n\t\tlimit rate 1/second accept\n\t}\n}\n")
     with pytest.raises(NftParseError, match="conflicting intervals"):
         parse_script("table inet t {\n\tset s {\n\t\ttype ipv4_addr\n\t\tflags interval\n"
                      "\t\telements = { 10.0.0.0/8, 10.1.0.0/16 }\n\t}\n}\n")

@@ -97,13 +97,14 @@ def test_without_rules_the_rendering_is_what_it_was() -> None:
 def test_nft_rules_come_after_local_and_before_the_sets() -> None:
     rules = desired_table(policy()).chains[0].rules
     assert rules[0].startswith("fib daddr type local return")
+    # each config rule counts its packets (ipmasq_rule_packets_total); nothing else does
     assert rules[1:5] == (
         "ip saddr 100.64.0.0/16 ip daddr { 10.1.2.7, 10.1.2.100 } tcp dport { 443, 8000-8080 } "
-        'snat ip to 10.142.0.50 fully-random comment "ip-masq-agent: rule partner-endpoint"',
-        'ip daddr 10.3.0.0/24 udp dport 53 masquerade fully-random comment "ip-masq-agent: rule dns"',
+        'counter snat ip to 10.142.0.50 fully-random comment "ip-masq-agent: rule partner-endpoint"',
+        'ip daddr 10.3.0.0/24 udp dport 53 counter masquerade fully-random comment "ip-masq-agent: rule dns"',
         # two halves merged into one prefix, as nft lists an anonymous set
-        'ip daddr 192.168.0.0/16 meta l4proto icmp return comment "ip-masq-agent: rule keep-icmp"',
-        "ip6 saddr fd10::/48 ip6 daddr { fd00:1::/64, fd00:2::5 } meta l4proto ipv6-icmp snat ip6 to fd00::5 "
+        'ip daddr 192.168.0.0/16 meta l4proto icmp counter return comment "ip-masq-agent: rule keep-icmp"',
+        "ip6 saddr fd10::/48 ip6 daddr { fd00:1::/64, fd00:2::5 } meta l4proto ipv6-icmp counter snat ip6 to fd00::5 "
         'fully-random comment "ip-masq-agent: rule v6-partner"',
     )
     assert rules[5].startswith("ip daddr @nomasq_v4 return")

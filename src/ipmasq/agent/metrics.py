@@ -24,6 +24,8 @@ Metrics (all prefixed `ipmasq_`):
     foreign_masquerade_rules             NAT rules not ours that masquerade or SNAT (recounted on change, and every
                                          few passes)
     build_info{version,backend}          always 1
+    rule_packets_total{rule,family}      packets through a config rule (its kernel rules' counters, summed), as read by
+    rule_bytes_total{rule,family}        the last pass (never by a scrape); a rewrite of the rule starts them at 0
 
 and the process's: process_resident_memory_bytes, process_virtual_memory_bytes, process_cpu_seconds_total,
 process_start_time_seconds, process_open_fds, process_max_fds (the names prometheus-client's process collector
@@ -42,7 +44,7 @@ from functools import cache
 
 from ipmasq.agent import exposition
 from ipmasq.agent.exposition import MetricFamily
-from ipmasq.agent.reconcile import ConfigReport, PassReport, SyncResult
+from ipmasq.agent.reconcile import ConfigReport, PassReport, RuleCount, SyncResult
 from ipmasq.policy_hash import config_hash
 
 __all__ = ["DURATION_BUCKETS", "LIVENESS_GRACE_SECONDS", "READINESS_GRACE_SECONDS", "AgentStatus", "Check", "Snapshot",
@@ -88,6 +90,7 @@ class Snapshot:
     enforced_config_hash: str | None  # short policy hash of the config the kernel was last verified to hold
     resync_interval: float
     foreign_masquerade_rules: int | None
+    rule_counters: tuple[RuleCount, ...] = ()
 
 
 @dataclass
@@ -124,6 +127,7 @@ class AgentStatus:
         self._config_valid = True
         self._enforced_hash: str | None = None
         self._foreign: int | None = None
+        self._rule_counters: tuple[RuleCount, ...] = ()
 
     # ---- hooks, called by the loop's thread ----
 
@@ -177,6 +181,7 @@ class AgentStatus:
                     self._enforced_hash = config_hash(report.policy_hash)
             if report.foreign_masquerade_rules is not None:
                 self._foreign = report.foreign_masquerade_rules
+            self._rule_counters = report.rule_counters
             self._rules = {count.family.value: count.rules for count in report.objects}
             self._elements = {count.family.value: count.set_elements for count in report.objects}
             self._resync_interval = report.resync_interval
@@ -223,7 +228,7 @@ class AgentStatus:
                 last_success_unix=self._last_success_unix, rules=dict(self._rules),
                 set_elements=dict(self._elements), ready=self._readiness(now).ok, config_valid=self._config_valid,
                 enforced_config_hash=self._enforced_hash, resync_interval=self._resync_interval,
-                foreign_masquerade_rules=self._foreign,
+                foreign_masquerade_rules=self._foreign, rule_counters=self._rule_counters,
             )
 
 
@@ -264,6 +269,13 @@ def metric_families(s: Snapshot) -> Iterator[MetricFamily]:
                            [] if s.foreign_masquerade_rules is None else [({}, s.foreign_masquerade_rules)])
     yield exposition.gauge("ipmasq_resync_interval_seconds", "The resync interval of the enforced config: the "
                            "longest the kernel can differ from it unnoticed.", s.resync_interval)
+    yield exposition.counter("ipmasq_rule_packets_total", "Packets through a config rule (the kernel's counters "
+                             "of its rules, summed), as the last pass read them; a rewrite of the rule resets it.",
+                             (({"rule": c.rule, "family": f"ipv{c.family.value}"}, c.packets)
+                              for c in s.rule_counters))
+    yield exposition.counter("ipmasq_rule_bytes_total", "Bytes through a config rule (the kernel's counters of its "
+                             "rules, summed), as the last pass read them; a rewrite of the rule resets it.",
+                             (({"rule": c.rule, "family": f"ipv{c.family.value}"}, c.bytes) for c in s.rule_counters))
     yield exposition.info("ipmasq_build", "The agent's version and backend.",
                           {"version": s.version, "backend": s.backend})
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from enum import Enum
 from types import FrameType
 
-from ipmasq.backends.base import Backend, Removable, State
+from ipmasq.backends.base import Backend, Removable, RuleCounting, State
 from ipmasq.config.model import DEFAULT_RESYNC_SECONDS, MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes
 from ipmasq.errors import BackendError, ConfigError, IpmasqError
@@ -44,8 +44,8 @@ from ipmasq.policy import Policy
 from ipmasq.policy_hash import policy_hash
 from ipmasq.prefix import Family
 
-__all__ = ["ConfigReport", "FamilyWrite", "ObjectCount", "PassReport", "Readiness", "Reconciler", "StopRequested",
-           "SyncResult", "count_objects"]
+__all__ = ["ConfigReport", "FamilyWrite", "ObjectCount", "PassReport", "Readiness", "Reconciler", "RuleCount",
+           "StopRequested", "SyncResult", "count_objects"]
 
 
 # An idle pass recounts the node's foreign NAT rules only this often (a change by this agent recounts at once).
@@ -92,6 +92,17 @@ class ObjectCount:
 
 
 @dataclass(frozen=True, slots=True)
+class RuleCount:
+    """A config rule's kernel counters (summed over its kernel rules), as last read; a rewrite of the rule (a config
+    change, a drift repair) starts them again from zero, which a Prometheus counter takes as a reset."""
+
+    rule: str
+    family: Family
+    packets: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class ConfigReport:
     """What one read of the config did (Reconciler.observe)."""
 
@@ -118,6 +129,7 @@ class PassReport:
     resync_interval: float
     readiness: Readiness
     foreign_masquerade_rules: int | None = None  # NAT rules not ours that masquerade/SNAT (None: not counted yet)
+    rule_counters: tuple[RuleCount, ...] = ()  # the enforced policy's config rules on this node, as last read
 
 
 def count_objects(state: State) -> tuple[int, int]:
@@ -186,6 +198,7 @@ class Reconciler:
         self.count_foreign = count_foreign
         self._foreign: int | None = None
         self._passes_since_count = 0
+        self._rule_counts: tuple[RuleCount, ...] = ()
         # called after the kernel was verified to hold a new policy, with the one it replaced (conntrack cleanup)
         self.on_policy_change = on_policy_change
         self._enforced: Policy | None = None  # the policy the kernel was last verified to hold
@@ -288,6 +301,7 @@ class Reconciler:
                 and self.backend_error is None and not self._leftovers):
             # nothing was written anywhere since a pass read everything and found it matching: skip the reads
             self._count_foreign(changed=False, fingerprint=fingerprint)
+            self._read_rule_counts(policy, reread=True)  # traffic does not change the fingerprint
             return self._pass_report(SyncResult.IN_SYNC)
         self._quiet_fingerprint = None
         # the kernel was verified to hold this very config before: a difference now is someone else's doing
@@ -332,7 +346,24 @@ class Reconciler:
         if not writes and not removed:
             self._quiet_fingerprint = fingerprint  # taken before the reads that just verified everything
         self._count_foreign(changed=bool(writes or removed), fingerprint=fingerprint)
+        self._read_rule_counts(policy, reread=False)  # from the reads this pass made
         return self._pass_report(result, writes=writes, removed=removed, drift_repair=drift and bool(writes))
+
+    def _read_rule_counts(self, policy: Policy, *, reread: bool) -> None:
+        """The config rules' counters, for ipmasq_rule_packets_total: only when the policy has rules on this node
+        (a config without rules reads nothing more), from this pass's reads where it made them. A failed read keeps
+        the last values."""
+        rules = [(rule, family) for family in policy.families for rule in policy.rules(family)]
+        if not rules or not isinstance(self.backend, RuleCounting):
+            self._rule_counts = ()
+            return
+        try:
+            counts = self.backend.rule_counters(sorted({family for _, family in rules}), reread=reread)
+        except IpmasqError as exc:
+            self.log.debug("reading the config rules' counters failed: %s", exc)
+            return
+        self._rule_counts = tuple(RuleCount(rule.name, family, *counts[rule.name])
+                                  for rule, family in rules if rule.name in counts)
 
     def _clear_unmanaged(self, policy: Policy) -> list[FamilyWrite]:
         """Remove our objects of each family the policy does not manage (IPv6 switched off by the config or the
@@ -402,7 +433,7 @@ class Reconciler:
                           leftovers=self._leftovers,
                           policy_hash=self._policy_hash, objects=self._objects,
                           resync_interval=self.resync_interval, readiness=self.readiness(),
-                          foreign_masquerade_rules=self._foreign)
+                          foreign_masquerade_rules=self._foreign, rule_counters=self._rule_counts)
 
     def _remove_others(self) -> tuple[list[str], str | None]:
         """Look at every other place (one read each) and remove our objects there; (removed, first error).

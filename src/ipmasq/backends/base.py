@@ -36,8 +36,8 @@ from ipmasq.rules.lines import iter_lines
 
 T = TypeVar("T")
 
-__all__ = ["BACKEND_NAMES", "Backend", "LineReadingRunner", "Removable", "Result", "Runner", "State", "StreamingRunner",
-           "run_chunks", "run_parsed"]
+__all__ = ["BACKEND_NAMES", "Backend", "LineReadingRunner", "Removable", "Result", "RuleCounting", "Runner", "State",
+           "StreamingRunner", "run_chunks", "run_parsed"]
 
 # What `--backend` accepts; auto: see ipmasq.backends.choose.
 BACKEND_NAMES: tuple[str, ...] = ("auto", "iptables", "nftables")
@@ -123,6 +123,15 @@ class Backend(Protocol):
     def apply(self, policy: Policy, family: Family, current: State) -> None: ...
 
     def remove_all(self) -> None: ...
+
+
+@runtime_checkable
+class RuleCounting(Protocol):
+    """A backend whose config rules count their packets (ipmasq_rule_packets_total). `reread` False: the counters of
+    the reads this pass already made (taken from the same listing, no extra program); True: one counters-only read
+    (the idle pass, which reads nothing else). Keyed by rule name, summed over the rule's kernel rules."""
+
+    def rule_counters(self, families: Sequence[Family], *, reread: bool) -> dict[str, tuple[int, int]]: ...
 
 
 class Removable(Protocol):

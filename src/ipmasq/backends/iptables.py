@@ -10,8 +10,9 @@ kubelet's/kube-proxy's hint chains first, then whichever variant holds more rule
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -20,6 +21,7 @@ from ipmasq.errors import BackendError, LockBusyError
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
 from ipmasq.rules.iptables import (
+    RULE_COMMENT_PREFIX,
     NatTable,
     canonical,
     chain_rules,
@@ -38,6 +40,8 @@ _LOCK_WAIT = ("-w", "1")
 _LOCK_EXIT = 4
 _FAILED_LINE = re.compile(r"(?:Error occurred at line|line):? (\d+)")
 _HINTS = ("KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY")
+# `iptables-save -c`: "[packets:bytes] -A ..." on a config rule's line (the comment names the rule)
+_RULE_COUNTERS = re.compile(r'\[(\d+):(\d+)\] -A .*--comment "' + re.escape(RULE_COMMENT_PREFIX) + r'([a-z0-9-]+)"')
 
 
 class Variant(Enum):
@@ -129,6 +133,24 @@ def restore_lines(policy: Policy, family: Family, current: State) -> Iterator[st
     yield "COMMIT\n"
 
 
+def counted_lines(lines: Iterable[str], into: dict[str, tuple[int, int]]) -> Iterator[str]:
+    """`lines` of `iptables-save -c` passed on unchanged, each config rule's counters added up into `into` on the
+    way (a rule is several lines: one per source, destination and port group)."""
+    for line in lines:
+        if line.startswith("[") and RULE_COMMENT_PREFIX in line:
+            match = _RULE_COUNTERS.match(line)
+            if match is not None:
+                name = match.group(3)
+                packets, octets = into.get(name, (0, 0))
+                into[name] = (packets + int(match.group(1)), octets + int(match.group(2)))
+        yield line
+
+
+def _scan_counters(lines: Iterable[str], *, into: dict[str, tuple[int, int]]) -> int:
+    """The config rules' counters of a whole `iptables-save -c` output, without parsing its rules."""
+    return sum(1 for _ in counted_lines(lines, into))
+
+
 def _once(text: str) -> Callable[[], Iterable[str]]:
     return lambda: (text,)
 
@@ -178,6 +200,7 @@ class IptablesBackend:
         self._chain = chain
         self.variant = variant
         self._families = tuple(families)
+        self._counted: dict[Family, dict[str, tuple[int, int]]] = {}  # config rules' counters, from the last read
 
     @property
     def name(self) -> str:
@@ -187,12 +210,30 @@ class IptablesBackend:
         return self._read_state(family)
 
     def _read_state(self, family: Family) -> State:
-        """Our objects, parsed from iptables-save's output line by line as it prints them."""
-        argv = [tools(self.variant, family).save, "-t", "nat"]
-        result, table = run_parsed(self._run, argv, parse_save)
+        """Our objects, parsed from iptables-save's output line by line as it prints them; with -c, so that the
+        config rules' counters come from this very read (parse_save drops them from the rules)."""
+        argv = [tools(self.variant, family).save, "-c", "-t", "nat"]
+        counts: dict[str, tuple[int, int]] = {}
+        result, table = run_parsed(self._run, argv, lambda lines: parse_save(counted_lines(lines, counts)))
         if result.returncode != 0 or table is None:
-            raise _error(f"{argv[0]} -t nat failed", argv, result)
+            raise _error(f"{argv[0]} -c -t nat failed", argv, result)
+        self._counted[family] = counts
         return state_from_save(table, self._chain, family)
+
+    def rule_counters(self, families: Sequence[Family], *, reread: bool) -> dict[str, tuple[int, int]]:
+        """See backends.base.RuleCounting; a reread is one `iptables-save -c -t nat` per family, scanned, not
+        parsed into rules."""
+        out: dict[str, tuple[int, int]] = {}
+        for family in families:
+            if reread or family not in self._counted:
+                argv = [tools(self.variant, family).save, "-c", "-t", "nat"]
+                counts: dict[str, tuple[int, int]] = {}
+                result, _ = run_parsed(self._run, argv, functools.partial(_scan_counters, into=counts))
+                if result.returncode != 0:
+                    raise _error(f"{argv[0]} -c -t nat failed", argv, result)
+                self._counted[family] = counts
+            out.update(self._counted[family])
+        return out
 
     def desired(self, policy: Policy, family: Family) -> State:
         if family not in policy.families:

@@ -31,6 +31,7 @@ from ipmasq.errors import BackendError
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
 from ipmasq.rules.nft import (
+    CHAIN,
     SET_NAMES,
     TABLE,
     TABLE_FAMILY,
@@ -84,6 +85,15 @@ def state_from_table(table: NftTable | None, family: Family, *, elements: dict[s
     return State(family, tuple(lines))
 
 
+def _counters_of(table: NftTable | None) -> dict[str, tuple[int, int]]:
+    """The config rules' counters a listing carried, by rule name, summed (a rule is one nft rule; summed anyway)."""
+    out: dict[str, tuple[int, int]] = {}
+    for name, packets, octets in table.counters if table is not None else ():
+        before = out.get(name, (0, 0))
+        out[name] = (before[0] + packets, before[1] + octets)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class _Plan:
     """Everything one policy needs, built once: the table, its elements as text, each family's State, the script."""
@@ -110,6 +120,7 @@ class NftablesBackend:
         self._run = run
         self._nft = nft
         self._plan: _Plan | None = None  # the last policy's, reused while the loop holds the same Policy object
+        self._counted: dict[str, tuple[int, int]] | None = None  # config rules' counters, from the last read
 
     @property
     def name(self) -> str:
@@ -150,6 +161,7 @@ class NftablesBackend:
 
     def read(self, family: Family) -> State:
         structure = self.read_structure()
+        self._counted = _counters_of(structure)
         if structure is None:
             return State(family, ())
         elements: dict[str, tuple[tuple[int, int], ...]] = {}
@@ -159,6 +171,27 @@ class NftablesBackend:
             full = self._read_set(s.name)
             elements[s.name] = full.elements if full is not None else ()
         return state_from_table(structure, family, elements=elements)
+
+    def rule_counters(self, families: Sequence[Family], *, reread: bool) -> dict[str, tuple[int, int]]:
+        """See backends.base.RuleCounting: one table holds both families; a reread lists our chain alone (its
+        rules and their counters, never a set's elements)."""
+        if reread or self._counted is None:
+            argv = [self._nft, "-j", "list", "chain", TABLE_FAMILY, TABLE, CHAIN]
+            result = self._run(argv, None)
+            if result.returncode != 0 and _ABSENT in result.stderr:
+                self._counted = {}  # no table: nothing counted (the next pass puts it back)
+            elif result.returncode != 0:
+                raise BackendError("reading our nftables chain failed", argv=tuple(argv), stderr=result.stderr,
+                                   returncode=result.returncode)
+            else:
+                self._counted = _counters_of(self._parse_chain(result))
+        return dict(self._counted)
+
+    def _parse_chain(self, result: Result) -> NftTable | None:
+        try:
+            return parse_list_json(result.stdout, table_listed=False)
+        except NftParseError as exc:
+            raise BackendError(f"cannot read nft's listing of our chain: {exc}", argv=(self._nft, "-j")) from None
 
     def plan(self, policy: Policy) -> _Plan:
         if self._plan is None or self._plan.policy is not policy:

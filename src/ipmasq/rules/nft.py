@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ipmasq.config.model import Rule as ConfigRule
@@ -26,7 +26,7 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, Prefix
 from ipmasq.ranges import union_of_prefixes
-from ipmasq.rules.iptables import MASQ_COMMENT, NON_MASQ_COMMENT, rule_comment
+from ipmasq.rules.iptables import MASQ_COMMENT, NON_MASQ_COMMENT, RULE_COMMENT_PREFIX, rule_comment
 
 __all__ = [
     "CHAIN",
@@ -96,6 +96,9 @@ class NftTable:
 
     sets: tuple[NftSet, ...]  # sorted by name
     chains: tuple[NftChain, ...]  # sorted by name
+    # (config rule name, packets, bytes) of each listed rule of ours with a counter statement: traffic, not content,
+    # so not compared (a rule's text shows its `counter` without the values)
+    counters: tuple[tuple[str, int, int], ...] = field(default=(), compare=False)
 
     def set_named(self, name: str) -> NftSet | None:
         return next((s for s in self.sets if s.name == name), None)
@@ -139,6 +142,8 @@ def config_rule_text(rule: ConfigRule, options: PolicyOptions) -> str:
     elif rule.protocol is not None:
         parts.append(f"meta l4proto {'ipv6-icmp' if rule.protocol == 'icmpv6' else rule.protocol}")
     random_fully = " fully-random" if options.random_fully else ""
+    # only config rules count (ipmasq_rule_packets_total): configs without rules render byte for byte as before
+    parts.append("counter")
     if rule.action is RuleAction.PRESERVE:
         parts.append("return")
     elif rule.action is RuleAction.SNAT:
@@ -365,6 +370,7 @@ def _table_from_items(items: list[Any], *, table: str, family: str, table_listed
     sets: list[NftSet] = []
     chains: dict[str, dict[str, Any]] = {}
     rules: dict[str, list[str]] = {}
+    counters: list[tuple[str, int, int]] = []
     for number, item in enumerate(items, start=1):
         if not isinstance(item, dict) or len(item) != 1 or not isinstance(next(iter(item.values())), dict):
             raise NftParseError(f"object {number} of the listing is not {{KIND: {{...}}}}: "
@@ -390,6 +396,9 @@ def _table_from_items(items: list[Any], *, table: str, family: str, table_listed
             rules.setdefault(body["name"], [])
         elif kind == "rule":
             rules.setdefault(_name(body, "chain"), []).append(rule_from_json(body))
+            counted = rule_counter(body)
+            if counted is not None:
+                counters.append(counted)
         else:
             # maps, flowtables, counters...: not ours; record them so the table never compares equal
             rules.setdefault(f"<{kind}>", []).append(json.dumps(body, sort_keys=True))
@@ -401,7 +410,8 @@ def _table_from_items(items: list[Any], *, table: str, family: str, table_listed
         for name, b in chains.items()
     ]
     parsed_chains += [NftChain(name, "", "", 0, "", tuple(r)) for name, r in rules.items() if name not in chains]
-    return NftTable(tuple(sorted(sets, key=lambda s: s.name)), tuple(sorted(parsed_chains, key=lambda c: c.name)))
+    return NftTable(tuple(sorted(sets, key=lambda s: s.name)), tuple(sorted(parsed_chains, key=lambda c: c.name)),
+                    tuple(counters))
 
 
 def _shown(value: Any) -> str:
@@ -472,6 +482,8 @@ def _statement(stmt: Any) -> str:
         return f"{_left(body['left'])} {'!= ' if op == '!=' else ''}{_value(body['right'])}"
     if kind in ("return", "accept", "drop") and body is None:
         return str(kind)
+    if kind == "counter" and isinstance(body, dict) and set(body) <= {"packets", "bytes"}:
+        return "counter"  # the values are traffic, not the rule: read by rule_counter
     if kind == "masquerade":
         if body is None:
             return "masquerade"
@@ -507,6 +519,22 @@ def rule_from_json(rule: dict[str, Any]) -> str:
     if "comment" in rule:
         text += f' comment "{rule["comment"]}"'
     return text
+
+
+def rule_counter(rule: dict[str, Any]) -> tuple[str, int, int] | None:
+    """(config rule name, packets, bytes) of a listed rule of a config rule (its comment names it) that holds a
+    counter statement; None for any other rule. Values that are not counts are refused, not guessed."""
+    comment = rule.get("comment")
+    if not isinstance(comment, str) or not comment.startswith(RULE_COMMENT_PREFIX):
+        return None
+    for stmt in rule.get("expr", ()):
+        body = stmt.get("counter") if isinstance(stmt, dict) else None
+        if isinstance(body, dict):
+            packets, octets = body.get("packets", 0), body.get("bytes", 0)
+            if type(packets) is not int or type(octets) is not int or packets < 0 or octets < 0:
+                raise NftParseError(f"a counter that is not two counts: {_shown(body)}")
+            return comment[len(RULE_COMMENT_PREFIX):], packets, octets
+    return None
 
 
 def count_foreign_nat(ruleset_text: str) -> int:

@@ -53,6 +53,13 @@ class FakeNft:
     def __init__(self) -> None:
         self.tables: dict[tuple[str, str], NftTable] = {}
         self.transactions = 0  # successful `nft -f` writes: an idle agent must not add any
+        self.counts: dict[str, tuple[int, int]] = {}  # (packets, bytes) by rule comment: simulated traffic
+        self.listings: list[list[str]] = []  # the argv of every `nft -j` listing, to count reads
+
+    def count(self, comment: str, packets: int, octets: int) -> None:
+        """Simulate traffic through the rules with this comment (their counter statements show it when listed)."""
+        before = self.counts.get(comment, (0, 0))
+        self.counts[comment] = (before[0] + packets, before[1] + octets)
 
     def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result:
         args = list(argv[1:])
@@ -90,9 +97,18 @@ class FakeNft:
         return Result(0)
 
     def _objects(self, key: tuple[str, str], *, terse: bool) -> list[dict[str, Any]]:
-        return _rename(list_json(self.tables[key], terse=terse), *key)
+        objects = _rename(list_json(self.tables[key], terse=terse), *key)
+        for item in objects:
+            rule = item.get("rule")
+            if rule is not None and rule.get("comment") in self.counts:
+                packets, octets = self.counts[rule["comment"]]
+                for stmt in rule["expr"]:
+                    if "counter" in stmt:
+                        stmt["counter"] = {"packets": packets, "bytes": octets}
+        return objects
 
     def _list(self, args: list[str]) -> Result:
+        self.listings.append(["nft", "-j", *args])
         terse = args[:1] == ["-t"]
         args = args[1:] if terse else args
         objects: list[dict[str, Any]] = []
@@ -108,6 +124,12 @@ class FakeNft:
             if key not in self.tables:
                 return Result(1, "", f"{_ABSENT}\n")
             objects = self._objects(key, terse=terse)
+        elif args[:2] == ["list", "chain"] and len(args) == 5:
+            key = (args[2], args[3])
+            if key not in self.tables or self.tables[key].chain_named(args[4]) is None:
+                return Result(1, "", f"{_ABSENT}\n")
+            objects = [o for o in self._objects(key, terse=terse)
+                       if o.get("chain", o.get("rule", {})).get("name" if "chain" in o else "chain") == args[4]]
         elif args[:2] == ["list", "set"] and len(args) == 5:
             key = (args[2], args[3])
             if key not in self.tables or self.tables[key].set_named(args[4]) is None:
@@ -220,6 +242,10 @@ def rule_to_json(text: str) -> dict[str, Any]:
             i += 5
         elif t in ("return", "accept", "drop"):
             expr.append({t: None})
+            i += 1
+            continue
+        elif t == "counter":  # a new counter: traffic is simulated by FakeNft.count
+            expr.append({"counter": {"packets": 0, "bytes": 0}})
             i += 1
             continue
         elif t == "masquerade":
