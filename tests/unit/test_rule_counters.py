@@ -99,6 +99,7 @@ def test_without_rules_no_counters_and_no_extra_read() -> None:
     before = len(fake.calls)
     assert run(rec, status) is SyncResult.IN_SYNC and len(fake.calls) == before  # an idle pass runs nothing
     assert scraped(status) == {}
+    assert not any("-c" in call for call in fake.calls)  # read exactly as before: no counters asked for
 
 
 def test_nftables_counters_from_the_listing_and_the_chain_alone_when_idle() -> None:

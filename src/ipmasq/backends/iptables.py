@@ -201,6 +201,9 @@ class IptablesBackend:
         self.variant = variant
         self._families = tuple(families)
         self._counted: dict[Family, dict[str, tuple[int, int]]] = {}  # config rules' counters, from the last read
+        # families whose policy (as last asked for in desired) has config rules: only their reads take counters
+        # (-c costs the parse ~35% at 10,000 rules; a config without rules reads exactly as before)
+        self._counting: set[Family] = set()
 
     @property
     def name(self) -> str:
@@ -210,14 +213,20 @@ class IptablesBackend:
         return self._read_state(family)
 
     def _read_state(self, family: Family) -> State:
-        """Our objects, parsed from iptables-save's output line by line as it prints them; with -c, so that the
-        config rules' counters come from this very read (parse_save drops them from the rules)."""
-        argv = [tools(self.variant, family).save, "-c", "-t", "nat"]
+        """Our objects, parsed from iptables-save's output line by line as it prints them; with -c where the policy
+        has config rules, so that their counters come from this very read (parse_save drops them from the rules)."""
+        counting = family in self._counting
+        argv = [tools(self.variant, family).save, *(["-c"] if counting else []), "-t", "nat"]
         counts: dict[str, tuple[int, int]] = {}
-        result, table = run_parsed(self._run, argv, lambda lines: parse_save(counted_lines(lines, counts)))
+        parse: Callable[[Iterator[str]], NatTable] = (
+            (lambda lines: parse_save(counted_lines(lines, counts))) if counting else parse_save)
+        result, table = run_parsed(self._run, argv, parse)
         if result.returncode != 0 or table is None:
-            raise _error(f"{argv[0]} -c -t nat failed", argv, result)
-        self._counted[family] = counts
+            raise _error(f"{' '.join(argv)} failed", argv, result)
+        if counting:
+            self._counted[family] = counts
+        else:
+            self._counted.pop(family, None)
         return state_from_save(table, self._chain, family)
 
     def rule_counters(self, families: Sequence[Family], *, reread: bool) -> dict[str, tuple[int, int]]:
@@ -230,12 +239,16 @@ class IptablesBackend:
                 counts: dict[str, tuple[int, int]] = {}
                 result, _ = run_parsed(self._run, argv, functools.partial(_scan_counters, into=counts))
                 if result.returncode != 0:
-                    raise _error(f"{argv[0]} -c -t nat failed", argv, result)
+                    raise _error(f"{' '.join(argv)} failed", argv, result)
                 self._counted[family] = counts
             out.update(self._counted[family])
         return out
 
     def desired(self, policy: Policy, family: Family) -> State:
+        if policy.rules(family):
+            self._counting.add(family)
+        else:
+            self._counting.discard(family)
         if family not in policy.families:
             return State(family, ())  # IPv6 off (flag or config): none of our objects in that family
         return desired_state(policy, family)
