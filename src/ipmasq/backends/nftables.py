@@ -31,7 +31,6 @@ from ipmasq.errors import BackendError
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
 from ipmasq.rules.nft import (
-    CHAIN,
     SET_NAMES,
     TABLE,
     TABLE_FAMILY,
@@ -173,25 +172,12 @@ class NftablesBackend:
         return state_from_table(structure, family, elements=elements)
 
     def rule_counters(self, families: Sequence[Family], *, reread: bool) -> dict[str, tuple[int, int]]:
-        """See backends.base.RuleCounting: one table holds both families; a reread lists our chain alone (its
-        rules and their counters, never a set's elements)."""
+        """See backends.base.RuleCounting: one table holds both families; a reread is the terse structure listing
+        (5 ms with a 50,000-element set, where `nft -j list chain` takes 460 ms: nft fetches every set's elements
+        for it)."""
         if reread or self._counted is None:
-            argv = [self._nft, "-j", "list", "chain", TABLE_FAMILY, TABLE, CHAIN]
-            result = self._run(argv, None)
-            if result.returncode != 0 and _ABSENT in result.stderr:
-                self._counted = {}  # no table: nothing counted (the next pass puts it back)
-            elif result.returncode != 0:
-                raise BackendError("reading our nftables chain failed", argv=tuple(argv), stderr=result.stderr,
-                                   returncode=result.returncode)
-            else:
-                self._counted = _counters_of(self._parse_chain(result))
+            self._counted = _counters_of(self.read_structure())
         return dict(self._counted)
-
-    def _parse_chain(self, result: Result) -> NftTable | None:
-        try:
-            return parse_list_json(result.stdout, table_listed=False)
-        except NftParseError as exc:
-            raise BackendError(f"cannot read nft's listing of our chain: {exc}", argv=(self._nft, "-j")) from None
 
     def plan(self, policy: Policy) -> _Plan:
         if self._plan is None or self._plan.policy is not policy:

@@ -124,12 +124,6 @@ class FakeNft:
             if key not in self.tables:
                 return Result(1, "", f"{_ABSENT}\n")
             objects = self._objects(key, terse=terse)
-        elif args[:2] == ["list", "chain"] and len(args) == 5:
-            key = (args[2], args[3])
-            if key not in self.tables or self.tables[key].chain_named(args[4]) is None:
-                return Result(1, "", f"{_ABSENT}\n")
-            objects = [o for o in self._objects(key, terse=terse)
-                       if o.get("chain", o.get("rule", {})).get("name" if "chain" in o else "chain") == args[4]]
         elif args[:2] == ["list", "set"] and len(args) == 5:
             key = (args[2], args[3])
             if key not in self.tables or self.tables[key].set_named(args[4]) is None:
