@@ -32,7 +32,7 @@ class Reason(Enum):
     LINK_LOCAL = "link-local"
     EXCEPTION = "exception"  # matched masqueradeCIDRs
     CATCH_ALL = "catch-all"  # matched nothing: the final MASQUERADE
-    IPV6_DISABLED = "ipv6-disabled"  # no --enable-ipv6: we write no IPv6 rules, the pod IP leaves unchanged
+    IPV6_DISABLED = "ipv6-disabled"  # IPv6 not enabled (flag or config): we write no IPv6 rules, the pod IP stays
     LOCAL = "local"  # a node-local destination: our POSTROUTING jump skips it (! --dst-type LOCAL)
     RULE = "rule"  # a rule of the config's `rules` section matched
 

@@ -19,7 +19,8 @@ _REASON_TEXT = {
     Reason.LINK_LOCAL: "link-local, never masqueraded unless masqLinkLocal is set",
     Reason.EXCEPTION: "in masqueradeCIDRs (an exception that wins over a shorter non-masquerade prefix)",
     Reason.CATCH_ALL: "matches no non-masquerade CIDR, so the final MASQUERADE rule applies",
-    Reason.IPV6_DISABLED: "IPv6 without --enable-ipv6: the agent writes no IPv6 rules",
+    Reason.IPV6_DISABLED: "IPv6 is not enabled (--enable-ipv6, or enableIPv6: true in the config): the agent "
+                          "writes no IPv6 rules",
     Reason.LOCAL: "a node-local address: the POSTROUTING jump skips it (! --dst-type LOCAL)",
     Reason.RULE: "the first rule of the config's rules section that matches the packet decides",
 }
