@@ -14,18 +14,16 @@ Bodies are one line, the reason, so `ipmasq health` can print it as is.
 from __future__ import annotations
 
 import errno
-import http.client
 import logging
 import os
 import select
-import selectors
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+import time
 
 from ipmasq.agent.exposition import CONTENT_TYPE
 from ipmasq.agent.metrics import AgentStatus, Check, render_metrics
+from ipmasq.agent.responder import Responder, Response, listen
 from ipmasq.errors import IpmasqError, UsageError
 
 __all__ = ["DEFAULT_METRICS_ADDRESS", "StatusServer", "parse_listen_address", "query"]
@@ -47,44 +45,19 @@ def parse_listen_address(text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    status: AgentStatus
+def respond(status: AgentStatus, path: str) -> Response:
+    """What each endpoint answers; the responder (ipmasq.agent.responder) has already taken the query string off."""
+    if path == "/healthz":
+        return _check(status.liveness())
+    if path == "/readyz":
+        return _check(status.readiness())
+    if path == "/metrics":
+        return Response(200, render_metrics(status), CONTENT_TYPE)
+    return Response(404, b"not found: try /metrics, /healthz or /readyz\n")
 
 
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.0"  # one request per connection: nothing to keep track of
-    timeout = 5.0  # a client that connects and stays silent does not keep a thread forever
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/healthz":
-            self._check(self.server.status.liveness())
-        elif path == "/readyz":
-            self._check(self.server.status.readiness())
-        elif path == "/metrics":
-            self._send(200, render_metrics(self.server.status), content_type=CONTENT_TYPE)
-        else:
-            self._send(404, "not found: try /metrics, /healthz or /readyz\n")
-
-    def _check(self, check: Check) -> None:
-        self._send(200 if check.ok else 503, check.why + "\n")
-
-    def _send(self, code: int, body: str | bytes, *, content_type: str = "text/plain; charset=utf-8") -> None:
-        data = body.encode() if isinstance(body, str) else body
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # a probe every 10 s is not an event: nothing per request in the agent's log
+def _check(check: Check) -> Response:
+    return Response(200 if check.ok else 503, check.why.encode() + b"\n")
 
 
 class StatusServer:
@@ -97,15 +70,12 @@ class StatusServer:
     def __init__(self, status: AgentStatus, address: str) -> None:
         self.status = status
         self.address = address
-        self._server: _Server | None = None
+        self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
 
-    def _bind(self) -> _Server:
-        host, port = parse_listen_address(self.address)
-        server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
-        server.status = self.status
-        return server
+    def _bind(self) -> socket.socket:
+        return listen(*parse_listen_address(self.address))
 
     def start(self, *, wait_if_in_use: bool = False, log: logging.Logger | None = None) -> None:
         try:
@@ -120,7 +90,7 @@ class StatusServer:
             self._thread = threading.Thread(target=self._bind_later, args=(log,), name="ipmasq-status", daemon=True)
             self._thread.start()
             return
-        self._server = server
+        self._listener = server
         self._thread = threading.Thread(target=self._serve, args=(server,), name="ipmasq-status", daemon=True)
         self._thread.start()
 
@@ -130,57 +100,78 @@ class StatusServer:
                 server = self._bind()
             except OSError:
                 continue
-            self._server = server
+            self._listener = server
             if log is not None:
                 log.info("serving /metrics, /healthz and /readyz on %s", self.address)
             self._serve(server)
             return
 
-    def _serve(self, server: _Server) -> None:
-        # Not serve_forever: it wakes every poll_interval to check for shutdown (an idle agent should not wake at
-        # all) and shutdown() waits up to that long (SIGTERM must exit at once). A pipe wakes this select instead.
-        with selectors.DefaultSelector() as selector:
-            selector.register(server, selectors.EVENT_READ)
-            selector.register(self._wake_r, selectors.EVENT_READ)
-            while True:
-                for key, _ in selector.select():
-                    if key.fileobj == self._wake_r:
-                        return
-                    server.handle_request()  # the listening socket is readable: accepts without blocking
+    def _serve(self, listener: socket.socket) -> None:
+        # poll() sleeps until a client or the wake pipe: an idle agent does not wake for its endpoints at all, and
+        # stop() (SIGTERM) ends the thread at once
+        Responder(listener, lambda path: respond(self.status, path), self._wake_r).run()
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.server_address[1])
+        assert self._listener is not None
+        return int(self._listener.getsockname()[1])
 
     @property
     def serving(self) -> bool:
-        return self._server is not None
+        return self._listener is not None
 
     def stop(self) -> None:
         if self._thread is not None:
             os.write(self._wake_w, b"x")
             self._thread.join(5)
             self._thread = None
-        if self._server is not None:
-            self._server.server_close()
-            self._server = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         os.close(self._wake_r)
         os.close(self._wake_w)
 
 
 def query(address: str, path: str, *, timeout: float = 3.0) -> Check:
-    """GET one endpoint of a running agent: ok when it answered 200; `why` is its one-line answer or the failure."""
+    """GET one endpoint of a running agent: ok when it answered 200; `why` is its one-line answer or the failure.
+
+    A plain socket, not http.client: the exec probes run this every few seconds inside the agent's container."""
     host, port = parse_listen_address(address)
-    connection = http.client.HTTPConnection(host or "127.0.0.1", port, timeout=timeout)
+    host = host or "127.0.0.1"
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        connection.request("GET", path)
-        response = connection.getresponse()
-        body = response.read().decode(errors="replace").strip()
-    except (OSError, http.client.HTTPException) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n".encode())
+            answer = _read_all(sock, timeout)
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
         return Check(False, f"cannot reach the agent at {address}: {reason}")
-    finally:
-        connection.close()
-    line = body.splitlines()[0] if body else f"HTTP {response.status}"
-    return Check(response.status == 200, line)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].split(b" ")
+    if len(status_line) < 2 or not status_line[0].startswith(b"HTTP/") or not status_line[1].isdigit():
+        return Check(False, f"cannot reach the agent at {address}: not an HTTP answer: {answer[:40]!r}")
+    status = int(status_line[1])
+    text = body.decode(errors="replace").strip()
+    line = text.splitlines()[0] if text else f"HTTP {status}"
+    return Check(status == 200, line)
+
+
+QUERY_MAX_BYTES = 1 << 20  # an endpoint's answer is a line; /metrics a few KiB
+
+
+def _read_all(sock: socket.socket, timeout: float) -> bytes:
+    """Until the server closes (it always sends Connection: close), within `timeout` in all and QUERY_MAX_BYTES."""
+    chunks: list[bytes] = []
+    size = 0
+    deadline = time.monotonic() + timeout
+    while size < QUERY_MAX_BYTES:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(errno.ETIMEDOUT, "timed out")
+        sock.settimeout(left)
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
