@@ -10,10 +10,9 @@ often the agent checks does change it. Python's own hash() is salted per process
 
 from __future__ import annotations
 
-import hashlib
-
 from ipmasq.config.model import Rule
 from ipmasq.policy import Policy
+from ipmasq.sha256 import sha256
 
 __all__ = ["CONFIG_HASH_CHARS", "POLICY_HASH_VERSION", "config_hash", "policy_hash"]
 
@@ -48,7 +47,7 @@ def _rule_line(rule: Rule) -> str:
 
 def policy_hash(policy: Policy) -> str:
     """sha256 (hex) of canonical_policy: the same effective policy gives the same value in any process."""
-    return hashlib.sha256(canonical_policy(policy).encode()).hexdigest()
+    return sha256(canonical_policy(policy).encode()).hexdigest()
 
 
 # The config identity operators compare across a fleet (the metrics' config_hash label, `ipmasq render --print-hash`):

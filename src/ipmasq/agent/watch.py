@@ -9,7 +9,6 @@ The watcher only says "look again"; the agent re-reads the config and compares b
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import select
 import sys
@@ -36,9 +35,10 @@ POLL_SECONDS = 1.0
 
 
 def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name or "libc.so.6", use_errno=True)
+        # the process's own symbols, libc's among them (glibc or musl): ctypes.util.find_library would import
+        # shutil, tempfile and subprocess machinery (about 1 MiB resident) and run ldconfig for a name we do not need
+        libc = ctypes.CDLL(None, use_errno=True)
         libc.inotify_init1.argtypes = [ctypes.c_int]
         libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
         return libc

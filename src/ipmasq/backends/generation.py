@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import os
 import socket
 import struct
 from dataclasses import dataclass
 
 from ipmasq.prefix import Family
+from ipmasq.sha256 import sha256
 
 __all__ = ["LEGACY_DIGEST_MAX_BYTES", "NodeFingerprint", "legacy_nat_digest", "nftables_generation", "node_fingerprint"]
 
@@ -142,7 +142,7 @@ def legacy_nat_digest(family: Family) -> bytes | None:
     if _GET_ENTRIES_HEADER.unpack_from(blob)[1] != size or len(entries) != size \
             or not _zero_counters(entries, family):
         return None
-    digest = hashlib.sha256(info[_TABLE_NAME_LEN:])  # hooks, underflows, entry count and size
+    digest = sha256(info[_TABLE_NAME_LEN:], expected_bytes=len(entries))  # hooks, underflows, entry count, size
     digest.update(entries)
     return digest.digest()
 

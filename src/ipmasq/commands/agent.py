@@ -21,7 +21,6 @@ from ipmasq.backends.choose import count_foreign_masquerade, make_backend
 from ipmasq.backends.generation import node_fingerprint
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands.common import add_backend_flags, add_policy_flags, go_bool, options_from_args
-from ipmasq.conntrack import flush_stale_conntrack
 from ipmasq.errors import IpmasqError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
@@ -120,6 +119,9 @@ def _serve_status(status: AgentStatus, address: str, log: logging.Logger) -> Sta
 
 
 def _conntrack_flusher(runner: Runner, log: logging.Logger) -> Callable[[Policy, Policy], None]:
+    # imported only with --flush-conntrack: it brings ipmasq.diff (about 1 MiB resident) that no other pass needs
+    from ipmasq.conntrack import flush_stale_conntrack
+
     def flush(before: Policy, after: Policy) -> None:
         try:
             result = flush_stale_conntrack(runner, before, after)
