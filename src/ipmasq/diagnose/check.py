@@ -441,14 +441,15 @@ def _semantic_walk(policy: Policy, tracer: _Walker, family: Family, ours: set[st
     wrong: dict[_Wrong, dict[_Traffic, list[Span]]] = {}
     shadowed: dict[_Wrong, dict[str, ConfigRule]] = {}
     reasons: dict[str, str] = {}
+    plain = (space.plain,)
+    any_rich = bool(space.rich_spans)  # without rules testing more than destinations: one packet per interval
     for i, start in enumerate(points):
         end = points[i + 1] - 1 if i + 1 < len(points) else family.max_address
         if start in local or loopback.contains(start):
             continue  # node-local destinations never reach our chain (! --dst-type LOCAL), by design
-        for traffic in space.classes if space.is_rich(start) else (space.plain,):
+        for traffic in space.classes if any_rich and space.is_rich(start) else plain:
             port = None if traffic.ports is None else traffic.ports[0]
-            packet = Packet(family, start, traffic.sources, protocol=traffic.protocol, port=port,
-                            local_addresses=local)
+            packet = Packet(family, start, traffic.sources, None, None, traffic.protocol, 0, local, port)
             result = tracer.trace(packet, record_steps=False)
             if result.outcome is Outcome.UNDECIDED:
                 rule = result.decided_by or "(dump)"

@@ -16,6 +16,7 @@ the trace is the fate of a new connection.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -39,7 +40,6 @@ __all__ = [
     "Undecidable",
     "is_local",
     "port_test_ranges",
-    "rule_label",
     "tests_ports",
     "trace",
 ]
@@ -52,6 +52,7 @@ _SIMPLE_TARGETS = frozenset({"RETURN", "ACCEPT", "MASQUERADE", "SNAT"})
 PROTOCOL_NUMBERS = {"tcp": 6, "udp": 17, "icmp": 1, "sctp": 132, "icmpv6": 58, "ipv6-icmp": 58, "udplite": 136}
 _LOOPBACK = {Family.V4: parse_cidr("127.0.0.0/8"), Family.V6: parse_cidr("::1/128")}
 _NON_DECIDING_TARGETS = frozenset({"LOG", "NFLOG", "MARK"})
+_CONFIG_RULE_COMMENT = re.compile("--comment " + re.escape(f'"{RULE_COMMENT_PREFIX}') + r'((?:[^"\\]|\\.)*)"')
 PORT_MATCHES = frozenset({"tcp", "udp", "sctp", "udplite", "dccp"})
 _PORT_OPTIONS = {"--dport": "dport", "--destination-port": "dport", "--sport": "sport", "--source-port": "sport"}
 _MULTIPORT_OPTIONS = {"--dports": "dport", "--destination-ports": "dport", "--sports": "sport",
@@ -132,9 +133,21 @@ class TraceResult:
     mark: int = 0
     undecided_reason: str | None = None
     chains: tuple[str, ...] = ()  # the chains the packet entered, in order, the first one included
-    # the deciding rule as a person names it: "rule NAME" for a config rule of ours (its comment), else CHAIN:N
-    # (the rule's 1-based position in its chain, as `iptables -t nat -L CHAIN --line-numbers` numbers it)
-    decided_label: str | None = None
+    # the deciding rule's 1-based position in its chain (as `iptables -t nat -L CHAIN --line-numbers` numbers it)
+    decided_position: int | None = None
+    named: str | None = None  # a name the tracer gave the deciding rule itself (nftables: its handle)
+
+    @property
+    def decided_label(self) -> str | None:
+        """The deciding rule as a person names it: "rule NAME" for a config rule of ours (its comment), else
+        CHAIN:N (nftables: FAMILY TABLE CHAIN handle N). Computed on demand: check traces thousands of packets
+        and names only the rules that get one wrong."""
+        if self.named is not None or self.decided_by is None:
+            return self.named
+        found = _CONFIG_RULE_COMMENT.search(self.decided_by)
+        if found is not None:
+            return "rule " + found.group(1)
+        return f"{self.decided_in}:{self.decided_position}"
 
     def source_seen(self, packet: Packet, *, masquerade_address: str | None) -> str | None:
         """The source the destination sees; None when not determined (undecided, or the masquerade address unknown)."""
@@ -211,7 +224,7 @@ class Tracer:
                                None if rule is None else rule.chain, mark=mark,
                                snat_to=extra.get("snat_to"), undecided_reason=extra.get("reason"),
                                chains=tuple(entered),
-                               decided_label=None if rule is None else rule_label(rule, self._positions[id(rule)]))
+                               decided_position=None if rule is None else self._positions[id(rule)])
 
         if chain not in self.chains:
             return result(Outcome.UNDECIDED, None, reason=f"the dump has no {chain} chain in its nat table")
@@ -322,6 +335,15 @@ class Tracer:
 
 
 def _shape(rule: Rule, family: Family) -> RuleShape:
+    conditions = rule.conditions
+    if len(conditions) == 1 and conditions[0].option == "-d" and all(m.name == "comment" for m in rule.matches):
+        # a destination and a comment: the bulk of a large chain (our RETURNs), without the general walk below
+        try:
+            only = parse_cidr(conditions[0].value)
+        except PrefixError:
+            return RuleShape(None, False, False, [], set(), [])
+        return RuleShape([(only.first, only.last)] if only.family is family else None, conditions[0].negated, False,
+                         [], set(), [])
     condition = rule.condition("-d")
     destination = None if condition is None else _cidr(condition.value)
     destinations = None if destination is None or destination.family is not family else [
@@ -340,15 +362,6 @@ def _shape(rule: Rule, family: Family) -> RuleShape:
     ports = port_test_ranges(rule)
     rich = source is not None or bool(protocols) or tests_ports(rule)
     return RuleShape(destinations, condition is not None and condition.negated, rich, sources, protocols, ports)
-
-
-def rule_label(rule: Rule, position: int) -> str:
-    """"rule NAME" for a line of a config rule (our comment names it), else CHAIN:POSITION."""
-    comment = next((m.args[1] for m in rule.matches if m.name == "comment" and len(m.args) == 2
-                    and m.args[0] == "--comment"), None)
-    if comment is not None and comment.startswith(RULE_COMMENT_PREFIX):
-        return "rule " + comment[len(RULE_COMMENT_PREFIX):]
-    return f"{rule.chain}:{position}"
 
 
 def trace(table: NatTable, packet: Packet, *, chain: str = "POSTROUTING") -> TraceResult:

@@ -135,7 +135,7 @@ class NftTracer:
             return TraceResult(tuple(steps), outcome, None if rule is None else f"{rule.chain}: {rule.text}",
                                None if rule is None else rule.chain, snat_to=snat_to, mark=mark,
                                undecided_reason=reason, chains=tuple(entered),
-                               decided_label=None if rule is None else rule.label)
+                               named=None if rule is None else rule.label)
 
         for base in self.base_chains(packet.family):
             stack: list[tuple[tuple[str, str, str], int]] = []
