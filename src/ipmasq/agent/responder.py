@@ -124,13 +124,14 @@ def encode_response(response: Response, *, head_only: bool) -> bytes:
 
 
 class _Connection:
-    __slots__ = ("deadline", "out", "read", "sock", "state")
+    __slots__ = ("deadline", "dropped", "out", "read", "sock", "state")
 
     def __init__(self, sock: socket.socket, now: float) -> None:
         self.sock = sock
         self.read = bytearray()
         self.out = memoryview(b"")
         self.deadline = now + REQUEST_SECONDS
+        self.dropped = 0  # bytes read and dropped after the response
         self.state = "head"  # head -> write -> linger
 
 
@@ -196,7 +197,8 @@ class Responder:
             self._close(connection)
             return
         if connection.state == "linger":
-            if not data or event & _GONE:
+            connection.dropped += len(data)
+            if not data or event & _GONE or connection.dropped > LINGER_BYTES:
                 self._close(connection)
             return
         if not data:  # the client went away before sending a whole head

@@ -1,0 +1,370 @@
+"""The agent's HTTP responder against well-formed and hostile clients: answers are right, and nothing a client does
+(trickling a head, a huge request line, garbage, hundreds of idle connections, never reading the answer) holds the
+loop beyond a bound or grows its memory beyond MAX_CONNECTIONS heads."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ipmasq.agent import responder
+from ipmasq.agent.health import StatusServer, query
+from ipmasq.agent.metrics import AgentStatus
+from ipmasq.agent.responder import Request, Responder, Response, listen, parse_request_head
+
+# A probe during an attack must be answered this fast: the loop is never held by one client.
+PROBE_BOUND_SECONDS = 0.5
+
+
+@dataclass
+class Running:
+    responder: Responder
+    port: int
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=5)
+
+    def exchange(self, request: bytes) -> bytes:
+        return exchange(self.port, request)
+
+    def probe(self) -> float:
+        """Seconds a plain GET took; asserts it was answered 200."""
+        started = time.monotonic()
+        answer = self.exchange(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:80]
+        return time.monotonic() - started
+
+
+def exchange(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request)
+        return read_until_closed(sock)
+
+
+def read_until_closed(sock: socket.socket, limit: int = 1 << 24) -> bytes:
+    chunks: list[bytes] = []
+    while sum(len(chunk) for chunk in chunks) < limit:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def serve(handle: Callable[[str], Response]) -> Iterator[Running]:
+    listener = listen("127.0.0.1", 0)
+    wake_r, wake_w = os.pipe()
+    server = Responder(listener, handle, wake_r)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        yield Running(server, listener.getsockname()[1])
+    finally:
+        os.write(wake_w, b"x")
+        thread.join(5)
+        assert not thread.is_alive()
+        assert not server.connections  # every connection closed on the way out
+        listener.close()
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+def echo_path(path: str) -> Response:
+    if path == "/boom":
+        raise RuntimeError("endpoint failed")
+    if path == "/big":
+        return Response(200, b"x" * (32 << 20))
+    return Response(200, f"path {path}\n".encode())
+
+
+@pytest.fixture
+def running(monkeypatch: pytest.MonkeyPatch) -> Iterator[Running]:
+    monkeypatch.setattr(responder, "REQUEST_SECONDS", 1.0)
+    monkeypatch.setattr(responder, "RESPONSE_SECONDS", 1.0)
+    monkeypatch.setattr(responder, "LINGER_SECONDS", 0.3)
+    yield from serve(echo_path)
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+def headers_of(answer: bytes) -> dict[str, str]:
+    head = answer.split(b"\r\n\r\n", 1)[0].decode()
+    return {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in head.split("\r\n")[1:])}
+
+
+# --- the request head, parsed alone ---
+
+@pytest.mark.parametrize(("head", "expected"), [
+    (b"GET /metrics HTTP/1.1\r\nHost: node:9847\r\nAccept: */*", Request("GET", "/metrics")),
+    (b"HEAD /readyz?verbose=1 HTTP/1.1\r\nHost: x", Request("HEAD", "/readyz")),
+    (b"GET /healthz HTTP/1.0", Request("GET", "/healthz")),  # HTTP/1.0 needs no Host
+    (b"GET http://node:9847/metrics?x HTTP/1.1\r\nHost: node", Request("GET", "/metrics")),  # absolute form
+    (b"GET http://node:9847 HTTP/1.1\r\nHost: node", Request("GET", "/")),
+    (b"GET /metrics HTTP/1.1\nHost: x", Request("GET", "/metrics")),  # bare LF, as typed into nc
+])
+def test_a_well_formed_head_is_read(head: bytes, expected: Request) -> None:
+    assert parse_request_head(head) == expected
+
+
+@pytest.mark.parametrize(("head", "status", "why"), [
+    (b"GET /metrics", 400, "bad request line"),  # HTTP/0.9
+    (b"GET  /metrics HTTP/1.1\r\nHost: x", 400, "bad request line"),  # two spaces
+    (b"GET /metrics HTTP/1.1 extra\r\nHost: x", 400, "bad request line"),
+    (b"GET /metrics HTTP/1\r\nHost: x", 400, "bad HTTP version"),
+    (b"GET /metrics http/1.1\r\nHost: x", 400, "bad HTTP version"),
+    (b"PRI * HTTP/2.0", 505, "HTTP/1.0 and HTTP/1.1 only"),
+    (b"GET /metrics HTTP/3.0", 505, "HTTP/1.0 and HTTP/1.1 only"),
+    (b"G(T /metrics HTTP/1.1\r\nHost: x", 400, "bad method"),
+    (b"POST /metrics HTTP/1.1\r\nHost: x", 405, "method POST not allowed: GET or HEAD"),
+    (b"DELETE /metrics HTTP/1.0", 405, "method DELETE not allowed: GET or HEAD"),
+    (b"GET /metrics HTTP/1.1", 400, "HTTP/1.1 request without Host"),
+    (b"GET /metrics HTTP/1.1\r\nHost x", 400, "bad header line"),
+    (b"GET /metrics HTTP/1.1\r\nHost : x", 400, "bad header line"),  # whitespace before the colon
+    (b"GET /metrics HTTP/1.1\r\nHost: x\r\n folded", 400, "bad header line"),  # obsolete line folding
+    (b"GET /metrics HTTP/1.1\r\n: x\r\nHost: x", 400, "bad header line"),
+    (b"GET metrics HTTP/1.1\r\nHost: x", 400, "bad request target"),
+    ("GET /m\u00e9trics HTTP/1.1\r\nHost: x".encode(), 400, "bad request target"),
+    (b"GET /m\x7ftrics HTTP/1.1\r\nHost: x", 400, "bad request target"),
+    (b"GET /metrics HTTP/1.1\r\nHost: x" + b"\r\nX: y" * 64, 431, "more than 64 header lines"),
+])
+def test_a_malformed_head_gets_the_right_error(head: bytes, status: int, why: str) -> None:
+    answer = parse_request_head(head)
+    assert answer == Response(status, why.encode() + b"\n")
+
+
+def test_64_header_lines_are_fine() -> None:
+    head = b"GET /metrics HTTP/1.1\r\nHost: x" + b"\r\nX: y" * 63
+    assert parse_request_head(head) == Request("GET", "/metrics")
+
+
+# --- over sockets ---
+
+def test_get_head_and_errors_over_a_socket(running: Running) -> None:
+    get = running.exchange(b"GET /hello?x=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert get.startswith(b"HTTP/1.1 200 OK\r\n") and get.endswith(b"\r\n\r\npath /hello\n")
+    headers = headers_of(get)
+    assert headers["content-length"] == "12" and headers["connection"] == "close"
+    assert headers["content-type"] == "text/plain; charset=utf-8" and headers["date"].endswith(" GMT")
+    head = running.exchange(b"HEAD /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head.endswith(b"\r\n\r\n") and headers_of(head)["content-length"] == "12"  # GET's length, no body
+    post = running.exchange(b"POST /hello HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nabcde")
+    assert status_of(post) == 405 and headers_of(post)["allow"] == "GET, HEAD"
+    assert status_of(running.exchange(b"BREW /pot HTCPCP/1.0\r\n\r\n")) == 400
+    assert status_of(running.exchange(b"GET /boom HTTP/1.0\r\n\r\n")) == 500  # the endpoint failed: the loop did not
+    running.probe()
+
+
+def test_the_agent_endpoints_answer_through_the_responder() -> None:
+    status = AgentStatus(version="9.9", backend="iptables")
+    server = StatusServer(status, "127.0.0.1:0")
+    server.start()
+    try:
+        port = server.port
+        metrics = exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status_of(metrics) == 200
+        assert headers_of(metrics)["content-type"].startswith("text/plain; version=0.0.4")
+        body = metrics.split(b"\r\n\r\n", 1)[1].decode()
+        names = {family.name for family in text_string_to_metric_families(body)}  # the oracle reads it
+        assert {"ipmasq_syncs", "ipmasq_ready", "ipmasq_build_info"} <= names
+        unknown = exchange(port, b"GET /nope HTTP/1.0\r\n\r\n")
+        assert status_of(unknown) == 404 and unknown.endswith(b"not found: try /metrics, /healthz or /readyz\n")
+        assert query(f"127.0.0.1:{port}", "/healthz").ok
+        ready = query(f"127.0.0.1:{port}", "/readyz")
+        assert not ready.ok and ready.why  # no pass yet: 503 with its reason
+    finally:
+        server.stop()
+
+
+def test_a_query_to_something_that_is_not_http_fails_in_one_line() -> None:
+    with socket.socket() as fake:
+        fake.bind(("127.0.0.1", 0))
+        fake.listen()
+        address = f"127.0.0.1:{fake.getsockname()[1]}"
+
+        def answer_garbage() -> None:
+            conn, _ = fake.accept()
+            with conn:
+                conn.recv(1024)
+                conn.sendall(b"\x00\x01garbage\r\n\r\n")
+
+        thread = threading.Thread(target=answer_garbage)
+        thread.start()
+        check = query(address, "/readyz")
+        thread.join(5)
+    assert not check.ok and check.why.startswith(f"cannot reach the agent at {address}: not an HTTP answer")
+
+
+def test_a_query_that_gets_no_answer_times_out(running: Running) -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # accepts (the kernel does) but never answers
+        started = time.monotonic()
+        check = query(f"127.0.0.1:{silent.getsockname()[1]}", "/readyz", timeout=0.3)
+    assert not check.ok and "timed out" in check.why and time.monotonic() - started < 2
+
+
+def test_a_huge_request_line_is_refused_after_8_kib(running: Running) -> None:
+    with running.connect() as sock:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(b"GET /" + b"a" * (1 << 20))  # a 1 MiB request line: the server stops reading long before
+        answer = read_until_closed(sock)
+    assert status_of(answer) == 414 and answer.endswith(b"request head over 8192 bytes\n")
+    running.probe()
+
+
+def test_huge_headers_are_refused(running: Running) -> None:
+    answer = running.exchange(b"GET / HTTP/1.1\r\nHost: x\r\nCookie: " + b"c" * 10000 + b"\r\n\r\n")
+    assert status_of(answer) == 431
+
+
+@pytest.mark.parametrize("garbage", [
+    bytes(range(256)) * 4 + b"\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64 + b"\n\n",  # a TLS ClientHello's start
+    b"\r\n\r\n",
+    b"\x00" * 100 + b"\n\n",
+])
+def test_garbage_is_answered_400(running: Running, garbage: bytes) -> None:
+    assert status_of(running.exchange(garbage)) == 400
+    running.probe()
+
+
+def test_garbage_without_an_end_is_cut_off(running: Running) -> None:
+    with running.connect() as sock:
+        sock.sendall(os.urandom(20000).replace(b"\n", b"x"))
+        answer = read_until_closed(sock)
+    assert status_of(answer) in (414, 431)
+
+
+def test_slowloris_clients_do_not_hold_the_loop_and_are_cut_off(running: Running) -> None:
+    """Ten clients trickle a head a byte at a time and never finish it; probes are answered meanwhile, and each
+    trickler gets 408 after REQUEST_SECONDS (1 s here) although it is still sending."""
+    tricklers = [running.connect() for _ in range(10)]
+    started = time.monotonic()
+    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 1000
+    cut_off: list[float] = []
+    try:
+        for sock in tricklers:
+            sock.setblocking(False)
+        sent = 0
+        while len(cut_off) < len(tricklers) and time.monotonic() - started < 5:
+            for sock in tricklers:
+                if sock.fileno() < 0:
+                    continue
+                try:
+                    sock.send(request[sent:sent + 1])
+                    data = sock.recv(4096)
+                except BlockingIOError:
+                    continue
+                except (BrokenPipeError, ConnectionResetError):
+                    data = b""
+                if data.startswith(b"HTTP/1.1 408 ") or not data:
+                    cut_off.append(time.monotonic() - started)
+                    sock.close()
+            sent += 1
+            assert running.probe() < PROBE_BOUND_SECONDS
+            time.sleep(0.05)
+    finally:
+        for sock in tricklers:
+            sock.close()
+    assert len(cut_off) == len(tricklers)
+    assert all(0.9 <= at < 2.0 for at in cut_off), cut_off
+
+
+def test_silent_connections_are_closed_without_an_answer(running: Running) -> None:
+    with running.connect() as sock:
+        started = time.monotonic()
+        assert read_until_closed(sock) == b""  # closed, nothing said: it never asked anything
+        assert 0.9 <= time.monotonic() - started < 2.0
+
+
+def test_many_connections_stay_bounded_and_probes_get_in(running: Running) -> None:
+    idle = []
+    try:
+        for _ in range(200):
+            idle.append(running.connect())
+            if len(idle) % 20 == 0:
+                assert running.probe() < PROBE_BOUND_SECONDS
+        time.sleep(0.1)
+        assert len(running.responder.connections) <= responder.MAX_CONNECTIONS
+        assert running.probe() < PROBE_BOUND_SECONDS
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_many_partial_heads_hold_at_most_max_connections_heads(running: Running) -> None:
+    socks = []
+    try:
+        for _ in range(100):
+            sock = running.connect()
+            sock.sendall(b"GET / HTTP/1.1\r\nX: " + b"y" * (responder.MAX_HEAD_BYTES - 100))
+            socks.append(sock)
+        time.sleep(0.2)
+        held = [len(c.read) for c in running.responder.connections.values()]
+        assert len(held) <= responder.MAX_CONNECTIONS
+        assert max(held) <= responder.MAX_HEAD_BYTES + responder.RECV_BYTES
+        assert running.probe() < PROBE_BOUND_SECONDS
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_a_client_that_never_reads_its_answer_is_dropped(running: Running) -> None:
+    """/big is 32 MiB: more than the socket buffers hold, so the send stalls; the loop goes on serving others and
+    drops the stalled connection after RESPONSE_SECONDS (1 s here)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", running.port))
+        sock.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        started = time.monotonic()
+
+        def writing() -> int:
+            return sum(c.state == "write" for c in list(running.responder.connections.values()))
+
+        while not writing() and time.monotonic() - started < 0.5:
+            time.sleep(0.01)
+        assert writing() == 1  # the stalled one, still within its time
+        while time.monotonic() - started < 0.5:
+            assert running.probe() < PROBE_BOUND_SECONDS
+        deadline = time.monotonic() + 3
+        while writing() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not writing() and time.monotonic() - started < 2.5
+        received = read_until_closed(sock)
+    assert len(received) < 32 << 20  # cut off: it never got the whole answer
+
+
+def test_a_request_with_more_than_a_head_still_gets_its_answer(running: Running) -> None:
+    """A body the server does not read must not turn the close into a reset that loses the answer."""
+    with running.connect() as sock:
+        sock.sendall(b"GET /hello HTTP/1.1\r\nHost: x\r\nContent-Length: 20000\r\n\r\n" + b"b" * 20000)
+        answer = read_until_closed(sock)
+    assert status_of(answer) == 200 and answer.endswith(b"path /hello\n")
+
+
+def test_stop_returns_at_once_with_connections_open() -> None:
+    status = AgentStatus(version="9.9", backend="")
+    server = StatusServer(status, "127.0.0.1:0")
+    server.start()
+    socks = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(5)]
+    try:
+        time.sleep(0.1)
+        started = time.monotonic()
+        server.stop()
+        assert time.monotonic() - started < 0.5 and not server.serving
+    finally:
+        for sock in socks:
+            sock.close()
