@@ -1,8 +1,9 @@
 """Does the agent's resident memory level off? RSS sampled over minutes of back-to-back reconciles.
 
-    sudo .venv/bin/python bench/bench_agent_plateau.py [--samples 18] [--every 10] [--scrape]
+    sudo .venv/bin/python bench/bench_agent_plateau.py [--samples 18] [--every 10] [--scrape] [--backend nftables]
 
-A real `ipmasq agent` (iptables backend, metrics on) in a throwaway namespace with resyncInterval 10ms, so it
+A real `ipmasq agent` (iptables backend by default, metrics on; its bytecode compiled first, as `pip install` does
+for the image) in a throwaway namespace with resyncInterval 10ms, so it
 reconciles (reads the kernel, compares) continuously; VmRSS is read from /proc every --every seconds. With
 --scrape a client inside the namespace also fetches /metrics 50 times a second, as bench_agent_memory.py does to
 count syncs. bench_agent_memory.py compares reconcile 100 with 1,000, which is inside the first ~30 s of warm-up;
@@ -12,11 +13,14 @@ this shows whether the growth it sees goes on or stops.
 from __future__ import annotations
 
 import argparse
+import compileall
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
+import ipmasq
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import network
 
@@ -42,12 +46,14 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=18)
     parser.add_argument("--every", type=float, default=10.0)
     parser.add_argument("--scrape", action="store_true")
+    parser.add_argument("--backend", choices=("iptables", "nftables"), default="iptables")
     args = parser.parse_args()
+    compileall.compile_dir(str(Path(ipmasq.__file__).parent), quiet=1)
     config_dir = tempfile.mkdtemp(prefix="ipmasq-plateau-")
     publish(config_dir, "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 10ms\n")
     with network() as net:
         node = net.add("node")
-        agent = node.popen([sys.executable, "-m", "ipmasq", "agent", "--backend=iptables",
+        agent = node.popen([sys.executable, "-m", "ipmasq", "agent", f"--backend={args.backend}",
                             f"--metrics-address={ADDRESS}", "--config", f"{config_dir}/ip-masq-agent"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         scraper = None
@@ -66,7 +72,7 @@ def main() -> None:
                 scraper.wait()
             agent.terminate()
             agent.wait()
-    print(f"RSS (MiB) every {args.every:g} s{' with /metrics scraped 50/s' if args.scrape else ''}:")
+    print(f"{args.backend}: RSS (MiB) every {args.every:g} s{' with /metrics scraped 50/s' if args.scrape else ''}:")
     print(" ".join(f"{s:.2f}" for s in samples))
     half = len(samples) // 2
     print(f"growth over the second half ({half * args.every:g} s): {samples[-1] - samples[half]:+.2f} MiB")

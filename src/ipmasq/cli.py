@@ -76,13 +76,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ipmasq.commands.common import normalise_go_flags
-
     raw = list(sys.argv[1:] if argv is None else argv)
     command = raw[0] if raw and raw[0] in COMMANDS else None
     who = f"ipmasq {command}" if command is not None else "ipmasq"
     try:
-        args = build_parser(command).parse_args(normalise_go_flags(raw))
+        args = build_parser(command).parse_args(_go_flags_normalised(command, raw))
         code: int = args.func(args)
         return code
     except UsageError as exc:
@@ -98,6 +96,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+
+
+# Commands that take none of the reference agent's flags: their arguments need no Go-style rewriting, so they do not
+# import ipmasq.commands.common (the flag tables and, through them, the config and policy machinery). `health` runs as
+# an exec probe every few seconds inside the agent's container: it imports only a socket client.
+NO_GO_FLAGS = frozenset({"health"})
+
+
+def _go_flags_normalised(command: str | None, raw: list[str]) -> list[str]:
+    if command in NO_GO_FLAGS:
+        return raw
+    from ipmasq.commands.common import normalise_go_flags
+
+    return normalise_go_flags(raw)
 
 
 def _one_line(message: str) -> str:
