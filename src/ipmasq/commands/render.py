@@ -8,6 +8,7 @@ once). Needs no root.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -27,6 +28,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--family", choices=["4", "6"], default="4",
                         help="IP family of the iptables payload (6 needs --enable-ipv6 or the config's enableIPv6: "
                              "true); the nft script holds both")
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME") or None, metavar="NAME",
+                        help="the node's name: selects config rules with nodes, as the agent's --node-name does "
+                             "(default: $NODE_NAME)")
     parser.add_argument("--print-hash", action="store_true",
                         help="print only the config's identity, the short policy hash the agent exports as "
                              "ipmasq_enforced_config_info{config_hash=...} once the kernel enforces it")
