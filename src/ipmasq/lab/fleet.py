@@ -430,8 +430,11 @@ def run_fleet_rollout(lab: FleetLab, *, progress: Callable[[str], None] = lambda
         tamper_after_each_repair()
         took = watch.until(f"{DRIFT_ALERT} firing for {TAMPERED}", drift_alert_firing, timeout=ALERT_TIMEOUT,
                            between=tamper_after_each_repair)
+        # Prometheus may still hold a scrape from before the last deletion: only a repair counted after it (the
+        # counter past its value when we deleted) says the rules the probes go through are back
         watch.until(f"{TAMPERED} enforcing its config again",
-                    lambda: watch.poll()[TAMPERED] == {rollout} and watch.value("ipmasq_ready", TAMPERED) == 1,
+                    lambda: (watch.value("ipmasq_drift_repairs_total", TAMPERED) or 0.0) > repairs
+                    and watch.poll()[TAMPERED] == {rollout} and watch.value("ipmasq_ready", TAMPERED) == 1,
                     timeout=CONVERGE_TIMEOUT)
         after = watch.value("ipmasq_drift_repairs_total", TAMPERED) or 0.0
         checks.append(Check("drift repaired and alerted", after > before,
