@@ -157,9 +157,9 @@ class _Schedule:
         return self.next_resync if self.retry_at is None else min(self.next_resync, self.retry_at)
 
 
-def _read(path: str) -> ConfigInput | ConfigError:
+def _read(path: str, *, directory_ok: bool = True) -> ConfigInput | ConfigError:
     try:
-        return read_config_input(path, missing_ok=True)
+        return read_config_input(path, missing_ok=True, directory_ok=directory_ok)
     except ConfigError as exc:
         return exc
 
@@ -172,6 +172,9 @@ class Agent:
         self.settings = settings
         self.log = log
         self.clock = clock
+        # run() pins what --config named when the agent started, as its watcher does: a file config replaced by a
+        # directory is a bad config, never an empty config directory (the defaults)
+        self._directory_ok = True
 
     def once(self) -> int:
         """One reconcile: 0 when the kernel now matches a good config, 1 otherwise."""
@@ -181,6 +184,7 @@ class Agent:
 
     def run(self, wakeup: Wakeup) -> None:
         watcher = ConfigWatcher(self.settings.config_path, use_inotify=self.settings.use_inotify)
+        self._directory_ok = watcher.directory == os.path.abspath(self.settings.config_path)
         self.log.info("agent started: backend %s, config %s (%s)", self.reconciler.backend.name,
                       self.settings.config_path, watcher.mode)
         try:
@@ -213,7 +217,7 @@ class Agent:
     def _iteration(self, wakeup: Wakeup, schedule: _Schedule) -> bool:
         """One wakeup: read the config, reconcile when due; True when a pass ran to its end."""
         self.observer.heartbeat()  # once per wakeup: at least once per resync interval, so liveness can tell
-        seen = self.reconciler.observe(_read(self.settings.config_path))
+        seen = self.reconciler.observe(_read(self.settings.config_path, directory_ok=self._directory_ok))
         self.observer.observed(seen)
         now = self.clock()
         due = (seen.changed or now >= schedule.next_resync or wakeup.resync.is_set()

@@ -45,11 +45,13 @@ class ConfigInput:
     files: tuple[tuple[str, bytes], ...]
 
 
-def read_config_input(path: str, *, missing_ok: bool) -> ConfigInput:
+def read_config_input(path: str, *, missing_ok: bool, directory_ok: bool = True) -> ConfigInput:
     """Read a config path: a file, a directory of `ip-masq*` files, or - (standard input).
 
     Missing (or a directory without an `ip-masq*` file): the defaults when missing_ok (the agent, like the
     reference), else an error (the offline tools, which would otherwise silently show the defaults).
+    directory_ok False (an agent whose --config named a file when it started): a directory now at the path is an
+    error, not an empty config directory, which would replace the last good config with the defaults.
     """
     if path == "-":
         import sys
@@ -57,6 +59,9 @@ def read_config_input(path: str, *, missing_ok: bool) -> ConfigInput:
         return ConfigInput((("<stdin>", _bounded(sys.stdin.buffer.read(MAX_CONFIG_BYTES + 1), "<stdin>")),))
     try:
         if os.path.isdir(path):
+            if not directory_ok:
+                raise ConfigError("a directory, not a regular file: not read (--config named a file when the agent "
+                                  "started)", source=path)
             names = sorted(n for n in os.listdir(path) if n.startswith(CONFIG_PREFIX))
             files = []
             for name in names:
