@@ -17,6 +17,8 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
+import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -57,22 +59,64 @@ class RawCounts:
     skipped: int = 0
 
 
+# A flow log record is a few hundred bytes; a longer line (a file without newlines, a gzip of one endless line)
+# would be held in memory whole before any check could refuse it.
+MAX_FLOW_LINE = 1 << 20
+_NOT_A_LOG = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+              (stat.S_ISDIR, "a directory"))
+
+
 def _open(path: str) -> IO[str]:
-    """A flow log as text, gunzipped when it is gzip (by its magic bytes, not its name); `-` is stdin."""
+    """A flow log as text, gunzipped when it is gzip (by its magic bytes, not its name); `-` is stdin.
+
+    Opened once and peeked at, so that a pipe (`audit <(zcat ...)`) loses nothing to the sniffing; a FIFO is
+    opened without waiting for a writer; a device, socket or directory is refused before it is read.
+    """
     if path == "-":
         # its own buffered reader over fd 0, to peek at the magic bytes (closing it leaves stdin open)
-        stdin = io.BufferedReader(io.FileIO(sys.stdin.fileno(), closefd=False))
-        if stdin.peek(2)[:2] == _GZIP_MAGIC:
-            return io.TextIOWrapper(gzip.GzipFile(fileobj=stdin), encoding="utf-8", errors="replace")
-        return io.TextIOWrapper(stdin, encoding="utf-8", errors="replace")
+        raw = io.FileIO(sys.stdin.fileno(), closefd=False)
+    else:
+        try:
+            _refuse_special(os.stat(path).st_mode, path)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        except OSError as exc:
+            raise FlowLogError(f"{path}: {exc.strerror}") from None
+        try:
+            _refuse_special(os.fstat(fd).st_mode, path)  # swapped since the stat
+            os.set_blocking(fd, True)
+        except (OSError, FlowLogError) as exc:
+            os.close(fd)
+            if isinstance(exc, FlowLogError):
+                raise
+            raise FlowLogError(f"{path}: {exc.strerror}") from None
+        raw = io.FileIO(fd, closefd=True)
+    stream = io.BufferedReader(raw)
     try:
-        with open(path, "rb") as probe:
-            magic = probe.read(2)
-        if magic == _GZIP_MAGIC:
-            return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-        return open(path, encoding="utf-8", errors="replace")
+        magic = stream.peek(2)[:2]
     except OSError as exc:
+        stream.close()
         raise FlowLogError(f"{path}: {exc.strerror}") from None
+    if magic == _GZIP_MAGIC:
+        return io.TextIOWrapper(gzip.GzipFile(fileobj=stream), encoding="utf-8", errors="replace")
+    return io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
+
+
+def _refuse_special(mode: int, path: str) -> None:
+    for test, kind in _NOT_A_LOG:
+        if test(mode):
+            raise FlowLogError(f"{path}: {kind}, not a flow log file: not read")
+
+
+def _lines(fh: IO[str], path: str) -> Iterator[str]:
+    """The lines of `fh`, each read with a bound: a line past MAX_FLOW_LINE is an error, not a memory cost."""
+    readline = fh.readline
+    number = 0
+    while line := readline(MAX_FLOW_LINE + 1):
+        number += 1
+        if len(line) > MAX_FLOW_LINE:
+            raise FlowLogError(f"{path}:{number}: a line longer than {MAX_FLOW_LINE:,} characters: no flow log record "
+                               f"is; it starts {clip(repr(line[:200]))}")
+        yield line
 
 
 class _PodSources:
@@ -100,19 +144,20 @@ def count_flows(paths: Iterable[str], pod_ranges: tuple[Prefix, ...]) -> RawCoun
         path = "<stdin>" if given == "-" else given  # as messages name it
         try:
             with fh:
-                first = _first_line(fh)
+                lines = _lines(fh, path)
+                first = _first_line(lines)
                 if first is None:
                     continue
                 if first[1].lstrip().startswith("{"):
-                    _count_gcp(path, first, fh, raw, pods)
+                    _count_gcp(path, first, lines, raw, pods)
                 else:
-                    _count_aws(path, first, fh, raw, pods)
+                    _count_aws(path, first, lines, raw, pods)
         except (OSError, EOFError, gzip.BadGzipFile) as exc:
             raise FlowLogError(f"{path}: cannot read: {exc}") from None
     return raw
 
 
-def _first_line(fh: IO[str]) -> tuple[int, str] | None:
+def _first_line(fh: Iterator[str]) -> tuple[int, str] | None:
     for number, line in enumerate(fh, start=1):
         if line.strip():
             return number, line
@@ -130,7 +175,7 @@ class _AwsFormat:
         self.width = len(fields)
 
 
-def _count_aws(path: str, first: tuple[int, str], fh: IO[str], raw: RawCounts, pods: _PodSources) -> None:
+def _count_aws(path: str, first: tuple[int, str], fh: Iterator[str], raw: RawCounts, pods: _PodSources) -> None:
     fmt = _AwsFormat()
     counts = raw.counts
     known = pods.known
@@ -178,7 +223,7 @@ def _count_aws(path: str, first: tuple[int, str], fh: IO[str], raw: RawCounts, p
     raw.skipped += skipped
 
 
-def _prepend(first: str, fh: IO[str]) -> Iterator[str]:
+def _prepend(first: str, fh: Iterator[str]) -> Iterator[str]:
     yield first
     yield from fh
 
@@ -193,7 +238,7 @@ def _json_loads() -> Callable[[str], Any]:
     return loads
 
 
-def _count_gcp(path: str, first: tuple[int, str], fh: IO[str], raw: RawCounts, pods: _PodSources) -> None:
+def _count_gcp(path: str, first: tuple[int, str], fh: Iterator[str], raw: RawCounts, pods: _PodSources) -> None:
     counts = raw.counts
     known = pods.known
     loads = _json_loads()

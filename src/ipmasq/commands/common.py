@@ -11,7 +11,7 @@ from ipmasq.backends.base import BACKEND_NAMES
 from ipmasq.backends.iptables import Variant
 from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes, load_config, read_config_input
-from ipmasq.errors import ConfigError, IpmasqError, UsageError
+from ipmasq.errors import ConfigError, UsageError
 from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse_to_ports, quoted
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, Prefix, PrefixError, parse_address, parse_cidr
@@ -210,17 +210,12 @@ def shown_input(path: str) -> str:
 def read_dump_input(path: str) -> tuple[str, str]:
     """(name shown in messages, text) of a dump of the node's rules: a file, or `-` for standard input.
 
-    Standard input is read as bytes and decoded here, so that a stream that is not UTF-8 is the same one-line
-    error as such a file, whatever the locale makes of sys.stdin.
+    Standard input is read as bytes (bounded as a file is) and decoded there, so that a stream that is not UTF-8
+    is the same one-line error as such a file, whatever the locale makes of sys.stdin.
     """
     from ipmasq.diagnose.sources import read_dump_file  # check and trace only
 
-    if path != STDIN:
-        return read_dump_file(path)
-    try:
-        return STDIN_NAME, sys.stdin.buffer.read().decode("utf-8")
-    except UnicodeDecodeError:
-        raise IpmasqError(f"{STDIN_NAME}: not a text file (expected iptables-save or nft -j output)") from None
+    return read_dump_file(path)
 
 
 def command_parser(subparsers: Any, doc: str | None) -> argparse.ArgumentParser:

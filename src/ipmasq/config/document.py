@@ -274,10 +274,12 @@ class _FromYaml:
             raise ConfigError("a key must be a plain word, not a list or mapping", source=self.source,
                               line=key_node.start_mark.line + 1, column=key_node.start_mark.column + 1,
                               code="wrong-type")
-        return Field(str(key_node.value), key_node.start_mark.line + 1, self.node(value_node, depth + 1),
-                     key_node.start_mark.column + 1)
+        return Field(without_lone_surrogates(str(key_node.value)), key_node.start_mark.line + 1,
+                     self.node(value_node, depth + 1), key_node.start_mark.column + 1)
 
     def _scalar_node(self, node: yaml.ScalarNode) -> Node:
+        if node.style == '"':
+            node.value = without_lone_surrogates(node.value)
         return Node(_scalar(node, self.source), node.start_mark.line + 1, quoted=node.style in ("'", '"', "|", ">"),
                     column=node.start_mark.column + 1)
 
@@ -290,7 +292,19 @@ def _plain_string(node: yaml.Node) -> Node | None:
     if not style and node.value in _GO_EXTRA_BOOLS:
         return None
     mark = node.start_mark
-    return Node(node.value, mark.line + 1, style in ("'", '"', "|", ">"), "scalar", mark.column + 1)
+    value = without_lone_surrogates(node.value) if style == '"' else node.value
+    return Node(value, mark.line + 1, style in ("'", '"', "|", ">"), "scalar", mark.column + 1)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(text: str) -> str:
+    """A "\\ud800" escape (JSON or double-quoted YAML) makes a lone surrogate, which no output can encode: it becomes
+    U+FFFD, as Go's decoders make it in the reference; an escaped pair becomes the character it encodes."""
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 def _scalar(node: yaml.ScalarNode, source: str) -> Any:
@@ -353,7 +367,10 @@ def _check_json_depth(text: str, source: str) -> None:
 def _from_json(value: Any, line: int | None) -> Node:
     # object_pairs_hook hands us ("__map__", pairs); JSON arrays are lists, so a tuple is always an object
     if isinstance(value, tuple):
-        return Node([Field(k, line, _from_json(v, line)) for k, v in value[1]], line, kind="map")
+        return Node([Field(without_lone_surrogates(k), line, _from_json(v, line)) for k, v in value[1]], line,
+                    kind="map")
     if isinstance(value, list):
         return Node([_from_json(v, line) for v in value], line, kind="list")
-    return Node(value, line, quoted=isinstance(value, str))
+    if isinstance(value, str):
+        return Node(without_lone_surrogates(value), line, quoted=True)
+    return Node(value, line, quoted=False)

@@ -6,32 +6,94 @@ they go through the injected Runner and never write. Every failure is one line n
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 import sys
 
 from ipmasq.backends.base import Runner
 from ipmasq.backends.choose import detect
 from ipmasq.backends.iptables import Variant, detect_variant, tools
 from ipmasq.diagnose.check import NodeRules
-from ipmasq.errors import BackendError, IpmasqError
+from ipmasq.errors import BackendError, IpmasqError, clip
 from ipmasq.prefix import Family
-from ipmasq.rules.iptables import NatTable, RuleParseError, our_chains, parse_save
+from ipmasq.rules.iptables import NatTable, RuleParseError, our_chains, parse_save, save_lines
 from ipmasq.rules.nft import NftParseError, NftTable, parse_list_json
 
-__all__ = ["family_of_dump", "parse_save_dump", "read_dump_file", "read_live_rules", "read_nat_save",
-           "rules_from_dump"]
+__all__ = ["MAX_DUMP_BYTES", "MAX_DUMP_LINE", "family_of_dump", "parse_save_dump", "read_dump_file", "read_live_rules",
+           "read_nat_save", "rules_from_dump"]
+
+
+# The nat table of a node with kube-proxy in iptables mode and ten thousand services is ~20 MB of iptables-save:
+# three times that still reads in well under a second; more (a 50 GB file, /dev/zero) would only cost memory.
+MAX_DUMP_BYTES = 64 << 20
+# iptables caps a comment at 256 characters; the longest real rule (multiport, many matches) is well under 4 KiB.
+# A longer line is no iptables-save output, and the rule tokenizer would need memory in proportion to it.
+MAX_DUMP_LINE = 64 << 10
+_NOT_A_DUMP = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISDIR, "a directory"))
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_BUILTIN_NAT_CHAINS = frozenset({"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"})
 
 
 def read_dump_file(path: str) -> tuple[str, str]:
-    """(path shown in messages, text); `-` is stdin."""
+    """(path shown in messages, text); `-` is stdin. At most MAX_DUMP_BYTES, never blocking on a FIFO nobody
+    writes to; a pipe (`--from-dump <(iptables-save -t nat)`) reads as a file does."""
     if path == "-":
-        return "<stdin>", sys.stdin.read()
+        stdin = sys.stdin.buffer.fileno()
+        _refuse_too_large(os.fstat(stdin), "<stdin>")  # `< big-file` is refused unread, as the file itself is
+        return "<stdin>", _decoded(read_bounded(stdin, "<stdin>"), "<stdin>")
     try:
-        with open(path, encoding="utf-8") as fh:
-            return path, fh.read()
+        mode = os.stat(path).st_mode
+        _refuse_special(mode, path)
+        # O_NONBLOCK: opening a FIFO waits for a writer otherwise; cleared below so that reads wait for data
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
         raise IpmasqError(f"{path}: {exc.strerror}") from None
+    try:
+        status = os.fstat(fd)
+        _refuse_special(status.st_mode, path)  # swapped since the stat
+        _refuse_too_large(status, path)
+        os.set_blocking(fd, True)
+        return path, _decoded(read_bounded(fd, path), path)
+    except OSError as exc:
+        raise IpmasqError(f"{path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def read_bounded(fd: int, shown: str) -> bytearray:
+    """All of `fd`, refused past MAX_DUMP_BYTES (a stream's size is known only by reading one byte too many).
+    One growing buffer, not a list of chunks joined: the bytes are held once."""
+    data = bytearray()
+    while chunk := os.read(fd, 1 << 20):
+        data += chunk
+        if len(data) > MAX_DUMP_BYTES:
+            raise _too_large(shown, None)
+    return data
+
+
+def _refuse_too_large(status: os.stat_result, shown: str) -> None:
+    if stat.S_ISREG(status.st_mode) and status.st_size > MAX_DUMP_BYTES:
+        raise _too_large(shown, status.st_size)
+
+
+def _refuse_special(mode: int, path: str) -> None:
+    for test, kind in _NOT_A_DUMP:
+        if test(mode):
+            raise IpmasqError(f"{path}: {kind}, not a dump file: not read (expected iptables-save or nft -j output)")
+
+
+def _too_large(shown: str, size: int | None) -> IpmasqError:
+    told = f"{size:,} bytes" if size is not None else f"more than {MAX_DUMP_BYTES:,} bytes"
+    return IpmasqError(f"{shown}: {told}, too large: a dump of the nat table is at most {MAX_DUMP_BYTES >> 20} MiB")
+
+
+def _decoded(data: bytearray, shown: str) -> str:
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise IpmasqError(f"{path}: not a text file (expected iptables-save or nft -j output)") from None
+        raise IpmasqError(f"{shown}: not a text file (expected iptables-save or nft -j output)") from None
 
 
 def family_of_dump(table: NatTable) -> Family:
@@ -50,10 +112,7 @@ def rules_from_dump(text: str, path: str) -> NodeRules:
             return NodeRules("nftables", {}, parse_list_json(text))
         except NftParseError as exc:
             raise IpmasqError(f"{path}: {exc}") from None
-    table = parse_save_dump(text, path)
-    if not table.chains and not table.rules:
-        raise IpmasqError(f"{path}: no *nat table found (expected iptables-save or nft -j list ruleset output)")
-    return NodeRules("iptables", {family_of_dump(table): table})
+    return NodeRules("iptables", {family_of_dump(table := parse_save_dump(text, path)): table})
 
 
 def read_live_rules(run: Runner, families: tuple[Family, ...], *, chain: str, backend: str) -> NodeRules:
@@ -81,11 +140,62 @@ def read_live_rules(run: Runner, families: tuple[Family, ...], *, chain: str, ba
 
 
 def parse_save_dump(text: str, path: str) -> NatTable:
-    """The nat table of an iptables-save dump; errors name the file."""
+    """The nat table of an iptables-save dump; errors name the file (and the line).
+
+    A dump is read from a file someone may have edited, cut short or confused with another: what iptables-save
+    cannot print (an nft listing, control characters, an endless line, a *nat table without COMMIT, rules of an
+    undeclared chain) is an error here, not a verdict.
+    """
+    if text.lstrip().startswith("{"):
+        raise IpmasqError(f"{path}: an nft -j listing: this reads iptables-save output (check reads both)")
+    _check_dump_text(text, path)
     try:
-        return parse_save(text)
+        table = parse_save(text)
     except RuleParseError as exc:
         raise RuleParseError(f"{path}: {exc}") from None
+    if not table.chains and not table.rules:
+        raise IpmasqError(f"{path}: no *nat table found (expected iptables-save or nft -j list ruleset output)")
+    _check_chains(text, table, path)
+    return table
+
+
+def _line_of(text: str, position: int) -> int:
+    return text.count("\n", 0, position) + 1
+
+
+def _check_dump_text(text: str, path: str) -> None:
+    """What iptables-save never prints, found without copying the text (it may be 64 MiB)."""
+    control = _CONTROL.search(text)
+    if control is not None:
+        raise IpmasqError(f"{path}:{_line_of(text, control.start())}: control character "
+                          f"{control.group()!r} (U+{ord(control.group()):04X}): not iptables-save output")
+    start, number = 0, 1
+    while start < len(text):
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        if end - start > MAX_DUMP_LINE:
+            raise IpmasqError(f"{path}:{number}: a line of {end - start:,} characters (iptables-save prints "
+                              f"rules under {MAX_DUMP_LINE:,}): {clip(text[start:start + 200])}")
+        start, number = end + 1, number + 1
+    nat = re.search(r"^\*nat[ \t\r]*$", text, re.MULTILINE)
+    if nat is not None:
+        closing = re.compile(r"^(?:COMMIT|\*\S*)[ \t\r]*$", re.MULTILINE).search(text, nat.end())
+        if closing is None or not closing.group().startswith("COMMIT"):
+            raise IpmasqError(f"{path}:{_line_of(text, nat.start())}: the *nat table has no COMMIT: the dump is cut "
+                              "short (iptables-save ends every table with COMMIT)")
+
+
+def _check_chains(text: str, table: NatTable, path: str) -> None:
+    """Rules only in declared chains (iptables-restore refuses any other). Chains that jump in a loop are left to
+    the walk, which answers "cannot decide: loop" with the chains of the loop."""
+    declared = set(table.chains) | _BUILTIN_NAT_CHAINS
+    for number, name, line in save_lines(text):
+        if name != "nat" or not line.startswith(("-A ", "-I ")):
+            continue
+        chain = line[3:].split(" ", 1)[0]
+        if chain not in declared:
+            raise IpmasqError(f"{path}:{number}: a rule of chain {clip(chain, 60)}, which the dump never declares "
+                              f"(:{clip(chain, 60)} - [0:0]): not iptables-save output")
 
 
 def read_nat_save(run: Runner, family: Family, *, variant: Variant | None = None) -> str:

@@ -422,10 +422,16 @@ def _shown(value: Any) -> str:
         return "(a value too deeply nested to show)"
 
 
+NFT_NAME_MAXLEN = 256  # the kernel's NFT_NAME_MAXLEN, its NUL included: nft never lists a longer name
+
+
 def _name(body: dict[str, Any], key: str) -> str:
     value = body.get(key)
     if not isinstance(value, str):
         raise NftParseError(f"an object without a {key} string: {_shown(body)}")
+    if len(value) >= NFT_NAME_MAXLEN:
+        raise NftParseError(f"a {key} of {len(value):,} characters (nft allows {NFT_NAME_MAXLEN - 1}): "
+                            f"{clip(json.dumps(value[:200]))}")
     return value
 
 
