@@ -18,7 +18,6 @@ import gzip
 import io
 import json
 import os
-import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from enum import Enum
 from typing import IO, Any
 
 from ipmasq.errors import IpmasqError, clip
+from ipmasq.input_files import NotAFile, NoWriter, open_input
 from ipmasq.policy import Policy, Reason, Verdict
 from ipmasq.prefix import Family, Prefix, format_address, parse_address
 
@@ -62,8 +62,6 @@ class RawCounts:
 # A flow log record is a few hundred bytes; a longer line (a file without newlines, a gzip of one endless line)
 # would be held in memory whole before any check could refuse it.
 MAX_FLOW_LINE = 1 << 20
-_NOT_A_LOG = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
-              (stat.S_ISDIR, "a directory"))
 
 
 def _open(path: str) -> IO[str]:
@@ -72,24 +70,20 @@ def _open(path: str) -> IO[str]:
     Opened once and peeked at, so that a pipe (`audit <(zcat ...)`) loses nothing to the sniffing; a FIFO is
     opened without waiting for a writer; a device, socket or directory is refused before it is read.
     """
+    raw: io.RawIOBase
     if path == "-":
         # its own buffered reader over fd 0, to peek at the magic bytes (closing it leaves stdin open)
         raw = io.FileIO(sys.stdin.fileno(), closefd=False)
     else:
         try:
-            _refuse_special(os.stat(path).st_mode, path)
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+            fd, _, first = open_input(path)
         except OSError as exc:
             raise FlowLogError(f"{path}: {exc.strerror}") from None
-        try:
-            _refuse_special(os.fstat(fd).st_mode, path)  # swapped since the stat
-            os.set_blocking(fd, True)
-        except (OSError, FlowLogError) as exc:
-            os.close(fd)
-            if isinstance(exc, FlowLogError):
-                raise
-            raise FlowLogError(f"{path}: {exc.strerror}") from None
-        raw = io.FileIO(fd, closefd=True)
+        except NotAFile as exc:
+            raise FlowLogError(f"{path}: {exc}, not a flow log file: not read") from None
+        except NoWriter:
+            raise FlowLogError(f"{path}: a FIFO that no process writes to: nothing to read") from None
+        raw = _AfterFirst(first, fd)
     stream = io.BufferedReader(raw)
     try:
         magic = stream.peek(2)[:2]
@@ -101,10 +95,29 @@ def _open(path: str) -> IO[str]:
     return io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
 
 
-def _refuse_special(mode: int, path: str) -> None:
-    for test, kind in _NOT_A_LOG:
-        if test(mode):
-            raise FlowLogError(f"{path}: {kind}, not a flow log file: not read")
+class _AfterFirst(io.RawIOBase):
+    """An open file read from its start: the bytes already taken from it (a FIFO's probe), then the rest."""
+
+    def __init__(self, first: bytes, fd: int) -> None:
+        super().__init__()
+        self._first = memoryview(first)
+        self._fd = fd
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any, /) -> int:
+        if self._first:
+            taken = min(len(buffer), len(self._first))
+            buffer[:taken] = self._first[:taken]
+            self._first = self._first[taken:]
+            return taken
+        return os.readv(self._fd, [buffer])
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
 
 
 def _lines(fh: IO[str], path: str) -> Iterator[str]:

@@ -87,15 +87,15 @@ def test_two_inputs_from_stdin_are_a_usage_error(argv: list[str], message: str) 
     (["explain", "8.8.8.8", "--config", "-"], b"resyncInterval: 0s\n",
      "ipmasq explain: config error: <stdin>:1: resyncInterval must be above zero"),
     (["check", "--from-dump", "-"], b"\xff\xfe",
-     "ipmasq check: <stdin>: not a text file (expected iptables-save or nft -j output)"),
+     "ipmasq check: <stdin>:1: not a text file (byte 0 is no UTF-8; expected iptables-save or nft -j output)"),
     (["check", "--from-dump", "-"], b"",
      "ipmasq check: <stdin>: no *nat table found"),
     (["check", "--config", "-", "--from-dump", str(DUMP)], b"a: *undefined\n",
      "ipmasq check: config error: <stdin>:1: YAML syntax error: found undefined alias"),
     (["trace", "8.8.8.8", "--source", "10.4.0.5", "--dump", "-"], b"\xff\xfe",
-     "ipmasq trace: <stdin>: not a text file (expected iptables-save or nft -j output)"),
+     "ipmasq trace: <stdin>:1: not a text file (byte 0 is no UTF-8; expected iptables-save or nft -j output)"),
     (["diff", "-", "gke"], b"\x00\xff",
-     "ipmasq diff: config error: <stdin>: not UTF-8 text"),
+     "ipmasq diff: config error: <stdin>:1: not UTF-8 text (byte 1)"),
 ])
 def test_errors_in_stdin_name_it_stdin_in_one_line(argv: list[str], stdin: bytes, error: str) -> None:
     code, out, err = ipmasq(*argv, stdin=stdin)
@@ -114,4 +114,5 @@ def test_the_dump_is_read_bytes_first_whatever_the_locale() -> None:
     done = subprocess.run([PYTHON, "-m", "ipmasq", "check", "--from-dump", "-"], input=b"\xff",
                           capture_output=True, timeout=60, check=False, env={"PYTHONIOENCODING": "utf-8:strict"})
     assert done.returncode == 1 and b"Traceback" not in done.stderr
-    assert done.stderr == b"ipmasq check: <stdin>: not a text file (expected iptables-save or nft -j output)\n"
+    assert done.stderr == (b"ipmasq check: <stdin>:1: not a text file (byte 0 is no UTF-8; expected iptables-save or "
+                           b"nft -j output)\n")

@@ -86,6 +86,10 @@ def _packet(args: argparse.Namespace) -> Packet:
 
 def _nft_trace(text: str, shown: str, packet: Packet) -> TraceResult:
     try:
+        parse_list_json(text)  # read as check reads it: a listing check refuses, trace refuses in the same words
+    except NftParseError as exc:
+        raise IpmasqError(f"{shown}: {exc}") from None
+    try:
         return NftTracer(text).trace(packet)
     except NftTraceError as exc:
         raise IpmasqError(f"{shown}: {exc}") from None

@@ -106,7 +106,8 @@ def parse_document(data: bytes, source: str) -> Document | None:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"not UTF-8 text (byte {exc.start})", source=source, code="yaml-syntax") from None
+        raise ConfigError(f"not UTF-8 text (byte {exc.start})", source=source, line=data.count(b"\n", 0, exc.start) + 1,
+                          code="yaml-syntax") from None
     if text.startswith("\ufeff"):
         text = text[1:]
     top = _parse_json(text, source) if text.lstrip().startswith("{") else _parse_yaml(text, source)

@@ -16,6 +16,7 @@ from ipmasq.backends.choose import detect
 from ipmasq.backends.iptables import Variant, detect_variant, tools
 from ipmasq.diagnose.check import NodeRules
 from ipmasq.errors import BackendError, IpmasqError, clip
+from ipmasq.input_files import NotAFile, NoWriter, open_input
 from ipmasq.prefix import Family
 from ipmasq.rules.iptables import NatTable, RuleParseError, our_chains, parse_save, save_lines
 from ipmasq.rules.nft import NftParseError, NftTable, parse_list_json
@@ -30,9 +31,8 @@ MAX_DUMP_BYTES = 64 << 20
 # iptables caps a comment at 256 characters; the longest real rule (multiport, many matches) is well under 4 KiB.
 # A longer line is no iptables-save output, and the rule tokenizer would need memory in proportion to it.
 MAX_DUMP_LINE = 64 << 10
-_NOT_A_DUMP = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
-               (stat.S_ISDIR, "a directory"))
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # what neither iptables-save nor nft -j prints
+_CONTROL_BYTES = re.compile(_CONTROL.pattern.encode())
 _BUILTIN_NAT_CHAINS = frozenset({"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"})
 
 
@@ -44,28 +44,28 @@ def read_dump_file(path: str) -> tuple[str, str]:
         _refuse_too_large(os.fstat(stdin), "<stdin>")  # `< big-file` is refused unread, as the file itself is
         return "<stdin>", _decoded(read_bounded(stdin, "<stdin>"), "<stdin>")
     try:
-        mode = os.stat(path).st_mode
-        _refuse_special(mode, path)
-        # O_NONBLOCK: opening a FIFO waits for a writer otherwise; cleared below so that reads wait for data
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        fd, status, first = open_input(path)
     except OSError as exc:
         raise IpmasqError(f"{path}: {exc.strerror}") from None
+    except NotAFile as exc:
+        raise IpmasqError(f"{path}: {exc}, not a dump file: not read (expected iptables-save or nft -j output)") \
+            from None
+    except NoWriter:
+        raise IpmasqError(f"{path}: a FIFO that no process writes to: nothing to read (expected iptables-save or "
+                          "nft -j output)") from None
     try:
-        status = os.fstat(fd)
-        _refuse_special(status.st_mode, path)  # swapped since the stat
         _refuse_too_large(status, path)
-        os.set_blocking(fd, True)
-        return path, _decoded(read_bounded(fd, path), path)
+        return path, _decoded(read_bounded(fd, path, first), path)
     except OSError as exc:
         raise IpmasqError(f"{path}: {exc.strerror}") from None
     finally:
         os.close(fd)
 
 
-def read_bounded(fd: int, shown: str) -> bytearray:
-    """All of `fd`, refused past MAX_DUMP_BYTES (a stream's size is known only by reading one byte too many).
-    One growing buffer, not a list of chunks joined: the bytes are held once."""
-    data = bytearray()
+def read_bounded(fd: int, shown: str, first: bytes = b"") -> bytearray:
+    """All of `fd` (after `first`, already read from it), refused past MAX_DUMP_BYTES (a stream's size is known only
+    by reading one byte too many). One growing buffer, not a list of chunks joined: the bytes are held once."""
+    data = bytearray(first)
     while chunk := os.read(fd, 1 << 20):
         data += chunk
         if len(data) > MAX_DUMP_BYTES:
@@ -78,22 +78,22 @@ def _refuse_too_large(status: os.stat_result, shown: str) -> None:
         raise _too_large(shown, status.st_size)
 
 
-def _refuse_special(mode: int, path: str) -> None:
-    for test, kind in _NOT_A_DUMP:
-        if test(mode):
-            raise IpmasqError(f"{path}: {kind}, not a dump file: not read (expected iptables-save or nft -j output)")
-
-
 def _too_large(shown: str, size: int | None) -> IpmasqError:
     told = f"{size:,} bytes" if size is not None else f"more than {MAX_DUMP_BYTES:,} bytes"
     return IpmasqError(f"{shown}: {told}, too large: a dump of the nat table is at most {MAX_DUMP_BYTES >> 20} MiB")
 
 
 def _decoded(data: bytearray, shown: str) -> str:
+    # before decoding, which would hold the text a second time: a 50 MB file of zeros costs its bytes only
+    control = _CONTROL_BYTES.search(data)
+    if control is not None:
+        raise _control_error(shown, data.count(b"\n", 0, control.start()) + 1, chr(control.group()[0]))
     try:
         return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise IpmasqError(f"{shown}: not a text file (expected iptables-save or nft -j output)") from None
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise IpmasqError(f"{shown}:{line}: not a text file (byte {exc.start} is no UTF-8; expected iptables-save or "
+                          "nft -j output)") from None
 
 
 def family_of_dump(table: NatTable) -> Family:
@@ -159,6 +159,11 @@ def parse_save_dump(text: str, path: str) -> NatTable:
     return table
 
 
+def _control_error(shown: str, line: int, char: str) -> IpmasqError:
+    return IpmasqError(f"{shown}:{line}: control character {char!r} (U+{ord(char):04X}): not iptables-save or nft -j "
+                       "output")
+
+
 def _line_of(text: str, position: int) -> int:
     return text.count("\n", 0, position) + 1
 
@@ -167,8 +172,7 @@ def _check_dump_text(text: str, path: str) -> None:
     """What iptables-save never prints, found without copying the text (it may be 64 MiB)."""
     control = _CONTROL.search(text)
     if control is not None:
-        raise IpmasqError(f"{path}:{_line_of(text, control.start())}: control character "
-                          f"{control.group()!r} (U+{ord(control.group()):04X}): not iptables-save output")
+        raise _control_error(path, _line_of(text, control.start()), control.group())
     start, number = 0, 1
     while start < len(text):
         end = text.find("\n", start)
