@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ipmasq.agent.memory import release_free_memory
 from ipmasq.agent.nodelock import NodeLock
 from ipmasq.agent.reconcile import ConfigReport, PassReport, Reconciler, StopRequested, SyncResult
 from ipmasq.agent.watch import ConfigWatcher
@@ -230,6 +231,8 @@ class Agent:
         started = time.perf_counter()
         report = self.reconciler.reconcile()
         self.observer.reconciled(report, time.perf_counter() - started)
+        if seen.changed or report.writes:  # the passes that free the most (see ipmasq.agent.memory)
+            release_free_memory()
         now = self.clock()
         schedule.next_resync = now + report.resync_interval
         if report.result is SyncResult.FAILED:

@@ -188,8 +188,11 @@ class Reconciler:
                  others: Sequence[Removable] = (),
                  on_policy_change: Callable[[Policy, Policy], None] | None = None,
                  count_foreign: Callable[[], int] | None = None,
-                 fingerprint: Callable[[], Hashable | None] | None = None) -> None:
+                 fingerprint: Callable[[], Hashable | None] | None = None,
+                 load: Callable[[ConfigInput, PolicyOptions], MasqConfig] = config_from_bytes) -> None:
         self.backend = backend
+        # bytes -> validated config; the agent loads in a child process (ipmasq.config.isolated), tests in-process
+        self.load = load
         # a cheap kernel fact that changes with any NAT rule a pass reads (see the module docstring); None: unknown
         self.fingerprint = fingerprint
         self._quiet_fingerprint: Hashable | None = None  # taken at the start of the last pass that read, matched
@@ -248,13 +251,17 @@ class Reconciler:
             if isinstance(config_input, ConfigError):
                 raise config_input
             with _stop_signals_interrupt():
-                config = config_from_bytes(config_input, self.options)
+                config = self.load(config_input, self.options)
                 self._refuse_unrendered_rules(config)
         except ConfigError as exc:
             self.config_error = exc.located()
             keeping = "keeping the last good config" if self.policy is not None else "leaving the rules untouched"
             self.log.error("config error: %s (%s; not ready)", self.config_error, keeping)
             return self._config_report(changed=True)
+        except BaseException:
+            # not a verdict on the config (a loader process that could not run): read it again at the next wakeup
+            self._seen = None
+            raise
         for warning in config.warnings:
             self.log.warning("config warning: %s", warning)
         changed = self.policy is None or self.policy.config != config

@@ -94,7 +94,7 @@ RESERVED_NON_MASQUERADE: tuple[str, ...] = (
     "240.0.0.0/4",  # RFC 5735, former class E
 )
 LINK_LOCAL_V4 = parse_cidr("169.254.0.0/16")
-LINK_LOCAL_V6 = parse_cidr("fe80::/10")
+LINK_LOCAL_V6 = Prefix(Family.V6, 0xFE80 << 112, 10)  # fe80::/10, not parsed: IPv6 parsing loads ipaddress
 DEFAULT_CIDR_LIMIT = 64
 DEFAULT_RESYNC_SECONDS = 60.0
 
