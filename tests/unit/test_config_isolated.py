@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reconcile import Reconciler, StopRequested
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.config.isolated import decode_config, encode_config, encode_options, load_config_isolated
 from ipmasq.config.model import MasqConfig, Rule
@@ -161,12 +165,34 @@ def test_the_agent_loads_again_after_the_child_failed() -> None:
     assert not reconciler.observe(config_input).changed and len(calls) == 2
 
 
+def test_sigterm_while_the_child_loads_stops_at_once_and_kills_it(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    pid_file = tmp_path / "child.pid"
+    monkeypatch.setattr(sys, "executable", _fake_python(tmp_path, f"echo $$ > {pid_file}; exec sleep 30"))
+    backend = IptablesBackend(FakeIptables(), chain="IP-MASQ-AGENT", variant=Variant.NFT)
+    reconciler = Reconciler(backend, OPTIONS, log=logging.getLogger("test.isolated"), load=load_config_isolated)
+    stops: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda number, _: stops.append(number))  # the agent's: request a stop
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    started = time.monotonic()
+    try:
+        timer.start()
+        with pytest.raises(StopRequested):
+            reconciler.observe(ConfigInput(GOOD["json"]))
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGTERM, previous)
+    assert time.monotonic() - started < 5 and stops == [signal.SIGTERM]
+    with pytest.raises(ProcessLookupError):  # killed and reaped, not left sleeping
+        os.kill(int(pid_file.read_text()), 0)
+
+
 AGENT_RUN = """\
 import logging
 import sys
 from ipmasq.cli import build_parser
 args = build_parser("agent").parse_args(["agent", f"--backend={sys.argv[1]}"])
-from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reconcile import Reconciler, StopRequested
 from ipmasq.backends.choose import make_backend
 from ipmasq.commands.common import options_from_args
 from ipmasq.config.isolated import load_config_isolated
