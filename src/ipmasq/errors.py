@@ -11,7 +11,7 @@ The CLI maps ConfigError to exit 1, UsageError to exit 2; everything is printed 
 
 from __future__ import annotations
 
-__all__ = ["BackendError", "ConfigError", "IpmasqError", "LockBusyError", "UsageError", "clip"]
+__all__ = ["BackendError", "ConfigError", "IpmasqError", "LockBusyError", "UsageError", "clip", "one_line"]
 
 # How much of an offending value a one-line error quotes: enough to recognise it, never a 10 MB line.
 CLIP_CHARS = 60
@@ -20,6 +20,14 @@ CLIP_CHARS = 60
 def clip(text: str, limit: int = CLIP_CHARS) -> str:
     """`text` cut to `limit` characters with an ellipsis: what an error line may echo of a value."""
     return text if len(text) <= limit else text[:limit] + "\u2026"
+
+
+def one_line(text: str) -> str:
+    """`text` with every character that is not printable (a newline, a tab, a NUL, an escape) written as its Python
+    escape: an error quotes values from hostile files, and an error is one line a terminal shows as it is."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 class IpmasqError(Exception):
@@ -43,7 +51,7 @@ class ConfigError(IpmasqError):
         if self.source is not None:
             where = self.source if self.line is None else f"{self.source}:{self.line}"
             where += ": "
-        return f"{where}{self.message}"
+        return one_line(f"{where}{self.message}")
 
 
 class UsageError(IpmasqError):
