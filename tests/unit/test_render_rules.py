@@ -15,7 +15,16 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
 from ipmasq.rules.iptables import chain_rules, render_restore
-from ipmasq.rules.nft import desired_table, rule_from_json
+from ipmasq.rules.nft import (
+    CHAIN,
+    RULES_CHAIN,
+    RULES_JUMP_COMMENT,
+    desired_table,
+    format_elements,
+    parse_list_json,
+    render_script,
+    rule_from_json,
+)
 from ipmasq.testing import FakeIptables, FakeNft
 from ipmasq.testing.nft import rule_to_json
 
@@ -94,20 +103,76 @@ def test_without_rules_the_rendering_is_what_it_was() -> None:
         assert desired_table(policy(plain, options)) == desired_table(policy(plain + "rules:\n", options))
 
 
-def test_nft_rules_come_after_local_and_before_the_sets() -> None:
-    rules = desired_table(policy()).chains[0].rules
-    assert rules[0].startswith("fib daddr type local return")
-    # each config rule counts its packets (ipmasq_rule_packets_total); nothing else does
-    assert rules[1:5] == (
+def test_nft_rules_sit_in_their_chain_entered_after_local_and_before_the_sets() -> None:
+    table = desired_table(policy())
+    base, rules_chain = table.chain_named(CHAIN), table.chain_named(RULES_CHAIN)
+    assert base is not None and rules_chain is not None
+    assert (rules_chain.type, rules_chain.hook, rules_chain.policy) == ("", "", "")  # regular: entered by jump only
+    assert base.rules[0].startswith("fib daddr type local return")
+    # where the rules stood: one set lookup per family sends the destinations they name into their chain
+    assert base.rules[1:3] == (
+        f'ip daddr @rules_dst_v4 jump config-rules comment "{RULES_JUMP_COMMENT}"',
+        f'ip6 daddr @rules_dst_v6 jump config-rules comment "{RULES_JUMP_COMMENT}"',
+    )
+    assert base.rules[3].startswith("ip daddr @nomasq_v4 return")
+    assert not any("ip-masq-agent: rule " in r for r in base.rules)
+    # each config rule counts its packets (ipmasq_rule_packets_total); nothing else does; first match wins in order
+    assert rules_chain.rules == (
         "ip saddr 100.64.0.0/16 ip daddr { 10.1.2.7, 10.1.2.100 } tcp dport { 443, 8000-8080 } "
         'counter snat ip to 10.142.0.50 fully-random comment "ip-masq-agent: rule partner-endpoint"',
         'ip daddr 10.3.0.0/24 udp dport 53 counter masquerade fully-random comment "ip-masq-agent: rule dns"',
-        # two halves merged into one prefix, as nft lists an anonymous set
-        'ip daddr 192.168.0.0/16 meta l4proto icmp counter return comment "ip-masq-agent: rule keep-icmp"',
+        # two halves merged into one prefix, as nft lists an anonymous set; preserve ends the decision: accept,
+        # never return (which would resume the base chain at the set lookups and the masquerade)
+        'ip daddr 192.168.0.0/16 meta l4proto icmp counter accept comment "ip-masq-agent: rule keep-icmp"',
         "ip6 saddr fd10::/48 ip6 daddr { fd00:1::/64, fd00:2::5 } meta l4proto ipv6-icmp counter snat ip6 to fd00::5 "
         'fully-random comment "ip-masq-agent: rule v6-partner"',
     )
-    assert rules[5].startswith("ip daddr @nomasq_v4 return")
+    # the union of this node's rule destinations, per family (the other node's rule is not there)
+    v4, v6 = table.set_named("rules_dst_v4"), table.set_named("rules_dst_v6")
+    assert v4 is not None and v6 is not None and v4.flags == v6.flags == ("interval",)
+    assert format_elements(Family.V4, v4.elements) == ["10.1.2.7", "10.1.2.100", "10.3.0.0/24", "192.168.0.0/16"]
+    assert format_elements(Family.V6, v6.elements) == ["fd00:1::/64", "fd00:2::5"]
+
+
+def test_nft_rules_of_one_family_only_add_that_family_s_set_and_jump() -> None:
+    text = "rules:\n  - name: keep\n    destinations: [34.0.0.0/8]\n    action: preserve\n"
+    table = desired_table(policy(text))
+    assert [s.name for s in table.sets] == ["nomasq_v4", "nomasq_v6", "rules_dst_v4"]
+    base = table.chain_named(CHAIN)
+    assert base is not None and [r for r in base.rules if "jump" in r] == [
+        f'ip daddr @rules_dst_v4 jump config-rules comment "{RULES_JUMP_COMMENT}"']
+
+
+def test_without_rules_there_is_no_rules_chain_nor_set() -> None:
+    table = desired_table(policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    assert [c.name for c in table.chains] == [CHAIN]
+    assert [s.name for s in table.sets] == ["nomasq_v4", "nomasq_v6"]
+    assert not any("jump" in r for r in table.chains[0].rules)
+
+
+def test_the_rules_chain_and_sets_read_back_equal_from_the_fake_listing() -> None:
+    nft = FakeNft()
+    assert nft(["nft", "-f", "-"], render_script(policy())).returncode == 0
+    listed = nft(["nft", "-j", "list", "ruleset"]).stdout
+    jumps = [o["rule"]["expr"][-1] for o in json.loads(listed)["nftables"] if "rule" in o and
+             o["rule"]["expr"][-1].get("jump")]
+    assert jumps == [{"jump": {"target": "config-rules"}}] * 2  # as nft -j lists a jump
+    assert parse_list_json(listed) == desired_table(policy())
+    # the terse listing (no elements) still carries every config rule's counter, from the rules' chain
+    nft.count("ip-masq-agent: rule dns", 3, 180)
+    terse = parse_list_json(nft(["nft", "-j", "-t", "list", "ruleset", "inet"]).stdout)
+    assert terse is not None
+    assert {name for name, _, _ in terse.counters} == {"partner-endpoint", "dns", "keep-icmp", "v6-partner"}
+    assert ("dns", 3, 180) in terse.counters
+
+
+def test_a_jump_reads_back_as_its_text_and_other_verdict_shapes_are_unrecognised() -> None:
+    rule = {"expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}},
+                                "right": "@rules_dst_v4"}}, {"jump": {"target": "config-rules"}}],
+            "comment": RULES_JUMP_COMMENT}
+    assert rule_from_json(rule) == f'ip daddr @rules_dst_v4 jump config-rules comment "{RULES_JUMP_COMMENT}"'
+    assert rule_from_json({"expr": [{"jump": {"target": "x", "extra": 1}}]}).startswith("unrecognised: ")
+    assert rule_from_json({"expr": [{"goto": "x"}]}).startswith("unrecognised: ")
 
 
 # What nft 1.0.6 lists (`nft -j list ruleset`) for rules of this dialect, recorded from the kernel.
@@ -145,8 +210,9 @@ def test_the_kernel_listing_reads_back_as_the_rendered_text_and_the_fake_lists_i
 
 
 def test_every_rendered_rule_round_trips_through_the_fake() -> None:
-    for rule in desired_table(policy()).chains[0].rules:
-        assert rule_from_json(rule_to_json(rule)) == rule
+    for chain in desired_table(policy()).chains:
+        for rule in chain.rules:
+            assert rule_from_json(rule_to_json(rule)) == rule
 
 
 def test_an_snat_statement_we_do_not_write_is_unrecognised() -> None:

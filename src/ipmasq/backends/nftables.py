@@ -4,9 +4,12 @@ State lines per family (ipmasq.backends.base.State), in the table's canonical te
 
     table inet ip-masq-agent
     chain postrouting { type nat hook postrouting priority 100; policy accept; }
-    rule postrouting <rule as `nft list` prints it>          (the shared chain: in every family's State)
-    set nomasq_v4 { type ipv4_addr; flags interval; }        (this family's set; IPv4's State also holds any
+    rule postrouting <rule as `nft list` prints it>          (the shared chains: in every family's State)
+    chain config-rules                                        (the config's rules, when it has some)
+    rule config-rules <rule as `nft list` prints it>
+    set nomasq_v4 { type ipv4_addr; flags interval; }        (this family's sets; IPv4's State also holds any
     element nomasq_v4 10.0.0.0/8                              set or object that is nobody's, so it is repaired)
+    set rules_dst_v4 { type ipv4_addr; flags interval; }     (every destination of this family's config rules)
 
 The chain's rules depend on which families the policy manages, so a change of --enable-ipv6 shows in every State.
 `apply` rewrites the whole table whatever the difference, so drift of any kind (table deleted, chain flushed,
@@ -31,6 +34,8 @@ from ipmasq.errors import BackendError
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
 from ipmasq.rules.nft import (
+    OUR_SET_NAMES,
+    RULES_SET_NAMES,
     SET_NAMES,
     TABLE,
     TABLE_FAMILY,
@@ -69,10 +74,9 @@ def state_from_table(table: NftTable | None, family: Family, *, elements: dict[s
         else:
             lines.append(f"chain {c.name}")
         lines.extend(f"rule {c.name} {r}" for r in c.rules)
-    mine = SET_NAMES[family]
     for s in table.sets:
-        # a family's State holds its own set; IPv4's also holds every set that is neither family's
-        if s.name == mine or (family is Family.V4 and s.name not in SET_NAMES.values()):
+        # a family's State holds its own sets; IPv4's also holds every set that is neither family's
+        if _in_state(s.name, family):
             lines.append(_set_header(s))
             prefix = f"element {s.name} "
             if formatted is not None and s.name in formatted:
@@ -82,6 +86,12 @@ def state_from_table(table: NftTable | None, family: Family, *, elements: dict[s
                 texts = format_elements(s.family, values)
             lines.extend([prefix + text for text in texts])
     return State(family, tuple(lines))
+
+
+def _in_state(set_name: str, family: Family) -> bool:
+    """Whether a set of our table belongs in this family's State (sets that are not ours go in IPv4's)."""
+    return set_name in (SET_NAMES[family], RULES_SET_NAMES[family]) or (
+        family is Family.V4 and set_name not in OUR_SET_NAMES)
 
 
 def _counters_of(table: NftTable | None) -> dict[str, tuple[int, int]]:
@@ -165,7 +175,7 @@ class NftablesBackend:
             return State(family, ())
         elements: dict[str, tuple[tuple[int, int], ...]] = {}
         for s in structure.sets:
-            if s.name != SET_NAMES[family] and (family is not Family.V4 or s.name in SET_NAMES.values()):
+            if not _in_state(s.name, family):
                 continue
             full = self._read_set(s.name)
             elements[s.name] = full.elements if full is not None else ()

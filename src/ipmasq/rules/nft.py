@@ -5,6 +5,14 @@ Policy computes (so masqueradeCIDRs exceptions need no rules of their own), and 
 returns for local destinations and for addresses in the sets, and masquerades the rest. A new connection costs one
 set lookup whatever the number of CIDRs.
 
+The config's `rules`, when it has some, live in a regular chain of their own (config-rules, both families' rules
+in the config's order), which the postrouting chain enters, where the rules would stand, only for destinations in
+an interval set of every rule destination of that family (rules_dst_v4, rules_dst_v6): traffic to any other
+destination costs one more set lookup instead of a walk over every rule. Inside the chain the first match decides:
+masquerade and snat end it; preserve is `accept`, which ends our table's decision as the base chain's `return`
+would (a `return` there would fall back to the set lookups and the masquerade); a packet that no rule matches
+returns from the jump to the lookups. A config without rules renders exactly as before.
+
 Rules are kept as text in the form `nft list` prints them (our canonical form, like iptables-save's for the
 iptables backend); `rule_from_json` reads the kernel's JSON into that form (its inverse, for the stateful fake, is
 in ipmasq.testing). Only our own dialect is read: anything else becomes an "unrecognised" rule that never equals a
@@ -31,6 +39,10 @@ from ipmasq.rules.iptables import MASQ_COMMENT, NON_MASQ_COMMENT, RULE_COMMENT_P
 __all__ = [
     "CHAIN",
     "LOCAL_COMMENT",
+    "OUR_SET_NAMES",
+    "RULES_CHAIN",
+    "RULES_JUMP_COMMENT",
+    "RULES_SET_NAMES",
     "SET_NAMES",
     "TABLE",
     "TABLE_FAMILY",
@@ -58,9 +70,13 @@ TABLE = "ip-masq-agent"
 CHAIN = "postrouting"
 SRCNAT_PRIORITY = 100  # nft's "srcnat" keyword; the JSON listing prints the number
 SET_NAMES = {Family.V4: "nomasq_v4", Family.V6: "nomasq_v6"}
+RULES_CHAIN = "config-rules"  # the config's rules, entered from CHAIN for the destinations they name
+RULES_SET_NAMES = {Family.V4: "rules_dst_v4", Family.V6: "rules_dst_v6"}  # every rule destination, per family
+OUR_SET_NAMES = frozenset({*SET_NAMES.values(), *RULES_SET_NAMES.values()})
 SET_TYPES = {Family.V4: "ipv4_addr", Family.V6: "ipv6_addr"}
 LOCAL_COMMENT = "ip-masq-agent: local destinations are not subject to MASQUERADE"
 V6_UNMANAGED_COMMENT = "ip-masq-agent: IPv6 is not managed without --enable-ipv6"
+RULES_JUMP_COMMENT = "ip-masq-agent: the config's rules decide first for the destinations they name"
 PROTOCOLS_WITH_PORTS = "{ tcp, udp, sctp }"
 
 
@@ -130,8 +146,10 @@ def _masquerade_rules(options: PolicyOptions) -> list[str]:
 
 
 def config_rule_text(rule: ConfigRule, options: PolicyOptions) -> str:
-    """A rule of the config's `rules` in the form `nft list` prints it: several addresses or ports become an
-    anonymous set, merged and sorted as nft lists them (it merges `{ 0.0.0.0/1, 128.0.0.0/1 }` to one prefix)."""
+    """A rule of the config's `rules` in the form `nft list` prints it, as it stands in RULES_CHAIN: several
+    addresses or ports become an anonymous set, merged and sorted as nft lists them (it merges
+    `{ 0.0.0.0/1, 128.0.0.0/1 }` to one prefix). preserve is `accept`: in the jumped-to chain a `return` would
+    resume the base chain at its set lookups and masquerade; `accept` ends our table's decision, source kept."""
     protocol = "ip" if rule.family is Family.V4 else "ip6"
     parts = []
     if rule.sources:
@@ -145,7 +163,7 @@ def config_rule_text(rule: ConfigRule, options: PolicyOptions) -> str:
     # only config rules count (ipmasq_rule_packets_total): configs without rules render byte for byte as before
     parts.append("counter")
     if rule.action is RuleAction.PRESERVE:
-        parts.append("return")
+        parts.append("accept")
     elif rule.action is RuleAction.SNAT:
         parts.append(f"snat {protocol} to {rule.snat_to}{random_fully}")
     else:
@@ -181,14 +199,28 @@ def desired_table(policy: Policy) -> NftTable:
     if Family.V6 not in families:
         # an inet chain sees IPv6 too; without --enable-ipv6 the reference writes no IPv6 rules, so pod IPs stay
         rules.append("meta nfproto ipv6 return" + _comment(V6_UNMANAGED_COMMENT))
+    config_rules: list[str] = []
     for family in families:  # the config's rules ahead of the set lookups: the first that matches decides
-        rules.extend(config_rule_text(rule, policy.options) for rule in policy.rules(family))
+        family_rules = policy.rules(family)
+        if not family_rules:
+            continue
+        config_rules.extend(config_rule_text(rule, policy.options) for rule in family_rules)
+        # one lookup stands for the walk: traffic to a destination no rule names never enters the rules' chain
+        destinations = tuple(union_of_prefixes([p for rule in family_rules for p in rule.destinations], family.bits))
+        sets += (NftSet(RULES_SET_NAMES[family], SET_TYPES[family], ("interval",), destinations),)
+        rules.append(f"{_protocol(family)} daddr @{RULES_SET_NAMES[family]} jump {RULES_CHAIN}"
+                     + _comment(RULES_JUMP_COMMENT))
     for family in families:
-        protocol = "ip" if family is Family.V4 else "ip6"
-        rules.append(f"{protocol} daddr @{SET_NAMES[family]} return" + _comment(NON_MASQ_COMMENT))
+        rules.append(f"{_protocol(family)} daddr @{SET_NAMES[family]} return" + _comment(NON_MASQ_COMMENT))
     rules.extend(_masquerade_rules(policy.options))
-    chain = NftChain(CHAIN, "nat", "postrouting", SRCNAT_PRIORITY, "accept", tuple(rules))
-    return NftTable(tuple(sorted(sets, key=lambda s: s.name)), (chain,))
+    chains = [NftChain(CHAIN, "nat", "postrouting", SRCNAT_PRIORITY, "accept", tuple(rules))]
+    if config_rules:
+        chains.append(NftChain(RULES_CHAIN, "", "", 0, "", tuple(config_rules)))
+    return NftTable(tuple(sorted(sets, key=lambda s: s.name)), tuple(sorted(chains, key=lambda c: c.name)))
+
+
+def _protocol(family: Family) -> str:
+    return "ip" if family is Family.V4 else "ip6"
 
 
 # --- rendering ----------------------------------------------------------------------------------------------------
@@ -488,6 +520,8 @@ def _statement(stmt: Any) -> str:
         return f"{_left(body['left'])} {'!= ' if op == '!=' else ''}{_value(body['right'])}"
     if kind in ("return", "accept", "drop") and body is None:
         return str(kind)
+    if kind in ("jump", "goto") and isinstance(body, dict) and set(body) == {"target"}:
+        return f"{kind} {body['target']}"
     if kind == "counter" and isinstance(body, dict) and set(body) <= {"packets", "bytes"}:
         return "counter"  # the values are traffic, not the rule: read by rule_counter
     if kind == "masquerade":

@@ -238,6 +238,10 @@ def rule_to_json(text: str) -> dict[str, Any]:
             expr.append({t: None})
             i += 1
             continue
+        elif t in ("jump", "goto"):
+            expr.append({t: {"target": need(2)[1]}})
+            i += 2
+            continue
         elif t == "counter":  # a new counter: traffic is simulated by FakeNft.count
             expr.append({"counter": {"packets": 0, "bytes": 0}})
             i += 1
