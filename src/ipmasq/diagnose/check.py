@@ -42,7 +42,17 @@ from ipmasq.rules.iptables import (
     parse_rule,
     rule_target,
 )
-from ipmasq.rules.nft import CHAIN, SET_NAMES, TABLE, TABLE_FAMILY, NftTable, config_rule_text, desired_table
+from ipmasq.rules.nft import (
+    CHAIN,
+    RULES_CHAIN,
+    RULES_SET_NAMES,
+    SET_NAMES,
+    TABLE,
+    TABLE_FAMILY,
+    NftTable,
+    config_rule_text,
+    desired_table,
+)
 
 __all__ = ["CheckReport", "FindingId", "NodeRules", "check_iptables", "check_nft", "check_node"]
 
@@ -609,20 +619,16 @@ def check_nft(policy: Policy, table: NftTable | None, *, ruleset: str | None = N
                                     f"chain {CHAIN} holds only masquerade rules: every pod connection is masqueraded",
                                     "the ConfigMap is not reaching the agent: run `ipmasq lint` on it and read the "
                                     "agent's logs"))
-        else:
-            config_rules = [(rule, [config_rule_text(rule, policy.options)]) for family in policy.families
-                            for rule in policy.rules(family)]
-            rule_findings, want_rest, have_rest = _compare_config_rules(
-                config_rules, list(want_chain.rules), list(have_chain.rules), lambda r: r, f"chain {CHAIN}")
-            findings.extend(rule_findings)
-            missing = [r for r in want_rest if r not in have_rest]
-            extra = [r for r in have_rest if r not in want_rest]
-            if want_rest != have_rest:
-                    findings.append(Finding(FindingId.RULES_DIFFER, Severity.ERROR,
-                                        f"chain {CHAIN} differs from the config: missing "
-                                        f"{_quote(missing) or 'nothing'}; extra {_quote(extra) or 'nothing'}",
-                                        "the agent rewrites the table on its next sync; if not, it runs with other "
-                                        "flags", missing=tuple(missing), extra=tuple(extra)))
+        elif have_chain.rules != want_chain.rules:
+            missing = [r for r in want_chain.rules if r not in have_chain.rules]
+            extra = [r for r in have_chain.rules if r not in want_chain.rules]
+            findings.append(Finding(FindingId.RULES_DIFFER, Severity.ERROR,
+                                    f"chain {CHAIN} differs from the config: " + (
+                                        f"missing {_quote(missing) or 'nothing'}; extra {_quote(extra) or 'nothing'}"
+                                        if missing or extra else "its rules are in another order"),
+                                    "the agent rewrites the table on its next sync; if not, it runs with other "
+                                    "flags", missing=tuple(missing), extra=tuple(extra)))
+    findings.extend(_compare_rules_chain(policy, want, table))
     for family in Family:
         name = SET_NAMES[family]
         want_set, have_set = want.set_named(name), table.set_named(name)
@@ -641,8 +647,10 @@ def check_nft(policy: Policy, table: NftTable | None, *, ruleset: str | None = N
             f"{_quote(extra) or 'none'}",
             "the agent rewrites the table on its next sync; if not, it runs with another config: compare them",
             missing=tuple(missing), extra=tuple(extra)))
+    for family in Family:
+        findings.extend(_compare_rules_set(RULES_SET_NAMES[family], family, want, table))
     for chain in table.chains:
-        if chain.name != CHAIN:
+        if chain.name not in (CHAIN, RULES_CHAIN):
             findings.append(Finding(FindingId.UNSUPPORTED, Severity.WARNING,
                                     f"table {TABLE} holds a chain the agent does not write: {chain.name}",
                                     "delete the table and let the agent re-create it"))
@@ -651,8 +659,58 @@ def check_nft(policy: Policy, table: NftTable | None, *, ruleset: str | None = N
         ours = f"{TABLE_FAMILY} {TABLE} {CHAIN}"
         for family in policy.families:
             local = tuple(address for f, address in local_addresses if f is family)
-            findings.extend(_semantic_walk(policy, tracer, family, {ours}, ours, pod_ranges, local))
+            findings.extend(_semantic_walk(policy, tracer, family, {ours, f"{TABLE_FAMILY} {TABLE} {RULES_CHAIN}"},
+                                           ours, pod_ranges, local))
     return CheckReport(tuple(findings))
+
+
+def _compare_rules_chain(policy: Policy, want: NftTable, table: NftTable) -> list[Finding]:
+    """The config's rules in their own chain: missing, edited, extra (also when the config has none), out of
+    order, and any other line the chain holds or lacks."""
+    want_chain, have_chain = want.chain_named(RULES_CHAIN), table.chain_named(RULES_CHAIN)
+    if want_chain == have_chain:
+        return []
+    findings: list[Finding] = []
+    if have_chain is not None and have_chain.type:
+        findings.append(Finding(FindingId.RULES_DIFFER, Severity.ERROR,
+                                f"chain {RULES_CHAIN} is a base chain ({have_chain.type} "
+                                f"{have_chain.hook or 'no hook'}): its rules run for every packet of that hook, not "
+                                f"only from {CHAIN}",
+                                "delete the table and let the agent re-create it"))
+    config_rules = [(rule, [config_rule_text(rule, policy.options)]) for family in policy.families
+                    for rule in policy.rules(family)]
+    want_rules = list(want_chain.rules) if want_chain is not None else []
+    have_rules = list(have_chain.rules) if have_chain is not None else []
+    rule_findings, want_rest, have_rest = _compare_config_rules(
+        config_rules, want_rules, have_rules, lambda r: r, f"chain {RULES_CHAIN}")
+    findings.extend(rule_findings)
+    if want_rest != have_rest:
+        missing = [r for r in want_rest if r not in have_rest]
+        extra = [r for r in have_rest if r not in want_rest]
+        findings.append(Finding(FindingId.RULES_DIFFER, Severity.ERROR,
+                                f"chain {RULES_CHAIN} differs from the config: missing "
+                                f"{_quote(missing) or 'nothing'}; extra {_quote(extra) or 'nothing'}",
+                                "the agent rewrites the table on its next sync; if not, it runs with other flags",
+                                missing=tuple(missing), extra=tuple(extra)))
+    return findings
+
+
+def _compare_rules_set(name: str, family: Family, want: NftTable, table: NftTable) -> list[Finding]:
+    """The set that sends traffic into the config's rules: a destination it lacks skips every rule for the CIDR
+    lists (an error); one it holds too many only costs that traffic a walk over the rules that match none."""
+    want_set, have_set = want.set_named(name), table.set_named(name)
+    want_elements = want_set.elements if want_set is not None else ()
+    have_elements = have_set.elements if have_set is not None else ()
+    if want_elements == have_elements:
+        return []
+    missing = [str(p) for a, b in subtract(want_elements, have_elements) for p in to_prefixes(family, a, b)]
+    extra = [str(p) for a, b in subtract(have_elements, want_elements) for p in to_prefixes(family, a, b)]
+    return [Finding(
+        FindingId.RULES_DIFFER, Severity.ERROR if missing else Severity.WARNING,
+        f"set {name} differs from the config's rule destinations: the config's rules are skipped for "
+        f"{_quote(missing) or 'none'}; entered without need for {_quote(extra) or 'none'}",
+        "the agent rewrites the table on its next sync; if not, it runs with another config: compare them",
+        missing=tuple(missing), extra=tuple(extra))]
 
 
 def check_node(policy: Policy, rules: NodeRules, *, pod_ranges: tuple[Prefix, ...] = (),
