@@ -18,6 +18,8 @@ DEFAULT_CHAIN = "IP-MASQ-AGENT"
 
 @dataclass(frozen=True, slots=True)
 class PortRange:
+    """An inclusive range of ports, low to high (one port when they are equal)."""
+
     low: int
     high: int
 

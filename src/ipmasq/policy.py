@@ -84,6 +84,8 @@ def rule_match(rule: Rule, packet: Packet) -> tuple[str, ...] | None:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
+    """What the agent does to a packet for one destination (masquerade or not), and what decided it."""
+
     destination: str
     family: Family
     masquerade: bool  # the source address is rewritten (to the node's address, or to snat_to)

@@ -37,6 +37,8 @@ Labels = tuple[tuple[str, str], ...]
 
 @dataclass(frozen=True, slots=True)
 class Sample:
+    """One exposition line: a sample's name, its labels and its value."""
+
     name: str  # the full sample name (a histogram's samples carry _bucket, _sum, _count)
     labels: Labels
     value: float
@@ -44,6 +46,8 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class MetricFamily:
+    """A metric's HELP, TYPE and samples, written together under its name."""
+
     name: str  # the name HELP and TYPE carry (a counter's ends with _total)
     kind: str  # one of KINDS
     help: str

@@ -39,6 +39,8 @@ LOCK_POLL_SECONDS = 0.1
 
 @dataclass(frozen=True, slots=True)
 class LoopSettings:
+    """Where the agent's config is, how it notices changes, and how it backs off after failures."""
+
     config_path: str
     use_inotify: bool = True
     quiet_seconds: float = 0.005  # coalesce the handful of events one kubelet update makes

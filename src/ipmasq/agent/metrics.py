@@ -95,6 +95,8 @@ class Snapshot:
 
 @dataclass
 class _Counters:
+    """The agent's running totals since start: passes by result, their durations, errors, reloads."""
+
     syncs: dict[str, int] = field(default_factory=lambda: {r.value: 0 for r in SyncResult})
     duration_counts: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))
     duration_sum: float = 0.0

@@ -34,6 +34,8 @@ SAVE_TOOLS = ("iptables-nft-save", "ip6tables-nft-save", "iptables-legacy-save",
 
 @dataclass(frozen=True, slots=True)
 class Choice:
+    """The backend picked for this node (--backend=auto), and why, in a phrase for the log."""
+
     backend: str  # "iptables" or "nftables"
     reason: str
 

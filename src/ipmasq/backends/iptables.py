@@ -51,6 +51,8 @@ class Variant(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Tools:
+    """The save and restore programs of one iptables variant and address family."""
+
     save: str
     restore: str
 

@@ -106,6 +106,8 @@ def default_entries(*, all_reserved: bool) -> tuple[Entry, ...]:
 
 @dataclass(frozen=True, slots=True)
 class MasqConfig:
+    """A validated ip-masq-agent config: the CIDR lists, the rules, the resync interval and their files."""
+
     non_masquerade: tuple[Entry, ...]
     masquerade: tuple[Entry, ...] = ()
     cidr_limit: int = DEFAULT_CIDR_LIMIT

@@ -86,6 +86,8 @@ class NftParseError(IpmasqError):
 
 @dataclass(frozen=True, slots=True)
 class NftSet:
+    """A named set of our table: its type and flags, and its elements as ranges of addresses."""
+
     name: str
     type: str
     flags: tuple[str, ...]
@@ -98,6 +100,8 @@ class NftSet:
 
 @dataclass(frozen=True, slots=True)
 class NftChain:
+    """A chain of our table: its base-chain hook, priority and policy, and its rules as nft lists them."""
+
     name: str
     type: str  # "" for a regular (non-base) chain
     hook: str
