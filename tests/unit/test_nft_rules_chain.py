@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 from ipmasq.config import ConfigInput, config_from_bytes
@@ -13,7 +15,7 @@ from ipmasq.diagnose.trace import Outcome, Packet
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
-from ipmasq.rules.nft import RULES_CHAIN, parse_list_json, render_script
+from ipmasq.rules.nft import RULES_CHAIN, desired_table, format_elements, parse_list_json, render_script
 from ipmasq.testing.nft import FakeNft
 
 CONFIG = """\
@@ -138,3 +140,40 @@ def test_check_finds_a_missing_jump_in_postrouting() -> None:
     (finding,) = check_nft(policy, parse_list_json(_text(objects))).findings
     assert finding.id is FindingId.RULES_DIFFER and "chain postrouting" in finding.message
     assert finding.missing and "@rules_dst_v6 jump config-rules" in finding.missing[0]
+
+
+def test_the_readme_shows_the_layout_the_agent_renders() -> None:
+    """README's nftables layout for its HTTPS and peered-VPC rules examples is what render writes for them."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = re.findall(r"```yaml\n((?:.*\n)*?)```", readme)
+    wanted = ("onprem-https-sees-node-ip", "peered-vpc-sees-pod-ips")
+    rules = ["rules:"]
+    for name in wanted:
+        block = next(b for b in blocks if f"name: {name}" in b)
+        rules.extend(block[block.index("rules:\n") + len("rules:\n"):].rstrip("\n").splitlines())
+    options = PolicyOptions()
+    policy = Policy(config_from_bytes(ConfigInput((("/c", "\n".join(rules).encode() + b"\n"),)), options), options)
+    table = desired_table(policy)
+    start = readme.index("The nftables layout for the HTTPS and the peered-VPC examples")
+    shown = readme[readme.index("\n\n    ", start) + 2:].split("\n\n")[0].splitlines()
+    uncommented = {c.name: [re.sub(r' comment "[^"]*"$', "", r) for r in c.rules] for c in table.chains}
+    chains: dict[str, list[str]] = {}
+    current = None
+    for line in shown:
+        text = line.strip()
+        if text.startswith("set "):
+            name = text.split()[1]
+            found = table.set_named(name)
+            assert found is not None, line
+            elements = ", ".join(format_elements(found.family, found.elements))
+            assert text == (f"set {name} {{ type {found.type}; flags {', '.join(found.flags)}; "
+                            f"elements = {{ {elements} }} }}")
+        elif text.startswith("chain "):
+            current = text.split()[1]
+            chains[current] = []
+        elif text != "}" and not text.startswith("type ") and current is not None:
+            chains[current].append(text)
+    assert chains == uncommented
+    base = table.chain_named("postrouting")
+    assert base is not None and any(line.strip() == f"type {base.type} hook {base.hook} priority srcnat; policy "
+                                    f"{base.policy};" for line in shown)
