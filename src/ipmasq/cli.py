@@ -64,6 +64,11 @@ def terminal_columns() -> int:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or with `only` just that subcommand: each command module imports what it needs, so a
     node agent's start (`agent --once` runs on every pod start and in benchmarks) does not pay for the toolkit."""
+    if only == "agent":
+        # before anything imports dataclasses: the agent's long-lived process then never holds inspect and ast
+        from ipmasq.agent.lean import import_dataclasses_without_inspect
+
+        import_dataclasses_without_inspect()
     parser = ArgumentParser(
         prog="ipmasq",
         description="Pod SNAT for Kubernetes nodes: a drop-in ip-masq-agent and the tools to see, check and prove it.",
