@@ -33,6 +33,7 @@ import os
 import socket
 import struct
 import threading
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -249,7 +250,7 @@ def _digest_changed_chunks(info: bytes, entries: memoryview, family: Family, las
     raws = [new(entries[chunk.start:chunk.end]).digest() for chunk in last.chunks]
     # every changed chunk is checked before any counter is zeroed: a failure leaves the bytes as read for the
     # full walk
-    counters: list[list[int] | None] = []
+    counters: list[array[int] | None] = []
     for chunk, raw in zip(last.chunks, raws, strict=True):
         if raw == chunk.raw:
             counters.append(None)
@@ -303,20 +304,21 @@ def _sha256_for(total_bytes: int) -> Callable[[Any], Sha256]:
 
 
 def _walk(entries: memoryview, family: Family, start: int, stop: int,
-          chunk_bytes: int) -> list[tuple[int, int, list[int]]] | None:
+          chunk_bytes: int) -> list[tuple[int, int, array[int]]] | None:
     """Follow the entries' next_offset chain from `start` to exactly `stop`, cut into chunks of at least
     `chunk_bytes` at entry boundaries (the last one may be shorter): per chunk (start, end, where each entry's
-    counters are). None when an entry is malformed or the chain does not end exactly at `stop`."""
+    counters are: 4 bytes each, not a Python int, 0.7 MiB for 180,000 entries instead of 6.5). None when an entry
+    is malformed or the chain does not end exactly at `stop`."""
     next_at, counters_at = _ENTRY_LAYOUT[family]
     least = counters_at + _COUNTERS_SIZE
     read_u16 = _U16.unpack_from
-    chunks: list[tuple[int, int, list[int]]] = []
+    chunks: list[tuple[int, int, array[int]]] = []
     chunk_start = offset = start
-    offsets: list[int] = []
+    offsets = array("I")
     while offset < stop:
         if offset - chunk_start >= chunk_bytes:
             chunks.append((chunk_start, offset, offsets))
-            chunk_start, offsets = offset, []
+            chunk_start, offsets = offset, array("I")
         if offset + least > stop:
             return None
         (next_offset,) = read_u16(entries, offset + next_at)
@@ -331,7 +333,7 @@ def _walk(entries: memoryview, family: Family, start: int, stop: int,
     return chunks
 
 
-def _zero(entries: memoryview, counter_offsets: list[int]) -> None:
+def _zero(entries: memoryview, counter_offsets: array[int]) -> None:
     for at in counter_offsets:
         entries[at:at + _COUNTERS_SIZE] = _NO_COUNTERS
 
