@@ -22,6 +22,7 @@ from ipmasq.config.source import paused_gc
 from ipmasq.options import PolicyOptions
 from ipmasq.prefix import Family, Prefix, format_address, parse_address
 from ipmasq.ranges import FirstMatchTable, Span, first_match_table, union_of_prefixes
+from ipmasq.rule_index import NO_MATCH, RuleIndex
 
 __all__ = ["PACKET_FIELDS", "Packet", "Policy", "Reason", "Verdict", "rule_match"]
 
@@ -183,23 +184,28 @@ class Policy:
         table = self._tables.get(family)
         if table is None:
             return Verdict(shown, family, False, Reason.IPV6_DISABLED, None)
-        rules = self._rules.get(family)
-        if rules:
-            packet = Packet(family, address, source, protocol, port)
-            conditional: list[Rule] = []
-            unknown: set[str] = set()
-            for rule in rules:
-                needs = rule_match(rule, packet)
-                if needs is None:
-                    continue
-                if needs:
-                    conditional.append(rule)
-                    unknown.update(needs)
-                    continue
-                return _rule_verdict(shown, rule, conditional, unknown)
-            if conditional:
-                return _with_conditions(self._list_verdict(table, family, address, shown), conditional, unknown)
+        index = self._rule_indexes.get(family)
+        if index is not None:
+            # the rules whose destinations hold the address, in order: the walk's first match without the walk
+            match = index.first_match(address, source, protocol, port)
+            if match is not NO_MATCH:
+                rule = match.rule
+                if rule is not None:
+                    return Verdict(shown, family, rule.action is not RuleAction.PRESERVE, Reason.RULE, None, rule,
+                                   rule.snat_to, match.conditional, match.depends_on)
+                listed = self._list_verdict(table, family, address, shown)
+                return Verdict(shown, family, listed.masquerade, listed.reason, listed.entry,
+                               conditional=match.conditional, depends_on=match.depends_on)
         return self._list_verdict(table, family, address, shown)
+
+    def rule_index(self, family: Family) -> RuleIndex | None:
+        """The family's rules on this node indexed by destination (None: no rule), built on first use."""
+        return self._rule_indexes.get(family)
+
+    @cached_property
+    def _rule_indexes(self) -> dict[Family, RuleIndex]:
+        with paused_gc():
+            return {family: RuleIndex(rules) for family, rules in self._rules.items()}
 
     def _list_verdict(self, table: FirstMatchTable, family: Family, address: int, shown: str) -> Verdict:
         label = table.label_at(address)
@@ -236,17 +242,3 @@ class Policy:
             else:
                 ranges.append((first, last))
         return ranges
-
-
-def _depends_on(unknown: set[str]) -> tuple[str, ...]:
-    return tuple(f for f in PACKET_FIELDS if f in unknown)
-
-
-def _rule_verdict(shown: str, rule: Rule, conditional: list[Rule], unknown: set[str]) -> Verdict:
-    return Verdict(shown, rule.family, rule.action is not RuleAction.PRESERVE, Reason.RULE, None, rule,
-                   rule.snat_to, tuple(conditional), _depends_on(unknown))
-
-
-def _with_conditions(verdict: Verdict, conditional: list[Rule], unknown: set[str]) -> Verdict:
-    return Verdict(verdict.destination, verdict.family, verdict.masquerade, verdict.reason, verdict.entry,
-                   conditional=tuple(conditional), depends_on=_depends_on(unknown))
