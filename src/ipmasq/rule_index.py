@@ -148,6 +148,10 @@ def _intervals(rules: tuple[Rule, ...], top: int, merge_limit: int) -> tuple[lis
     groups, widest destination first."""
     positions: dict[tuple[int, int], list[int]] = {}  # (first, last) of a destination -> positions of its rules
     for position, rule in enumerate(rules):
+        if len(rule.destinations) == 1:  # most rules
+            p = rule.destinations[0]
+            positions.setdefault((p.network, p.last), []).append(position)
+            continue
         # a rule's destinations that another of its destinations covers add nothing: dropped, so that a rule is in
         # at most one group of any chain (its remaining destinations are disjoint)
         widest_last = -1

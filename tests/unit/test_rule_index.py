@@ -126,7 +126,7 @@ def packets(draw: st.DrawFn, rules: tuple[Rule, ...], family: Family) -> list[Pa
     return out
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.data(), st.sampled_from(tuple(Family)), st.sampled_from((0, 1, 3, 32, 10**6)))
 def test_the_index_finds_what_the_walk_finds(data: st.DataObject, family: Family, merge_limit: int) -> None:
     # every merge limit: from one group per destination (the scan over several groups) to everything merged
@@ -140,7 +140,7 @@ def test_the_index_finds_what_the_walk_finds(data: st.DataObject, family: Family
         assert sorted(i for group in index.candidates(packet.destination) for i in group) == held
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.data(), st.sampled_from(NODES))
 def test_the_policy_verdict_is_the_brute_force_first_match(data: st.DataObject, node: str) -> None:
     rules = data.draw(rule_sets(Family.V4))
