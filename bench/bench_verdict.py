@@ -9,7 +9,8 @@ measured (checked here, not assumed).
 
 - verdicts/s: Policy.verdict_for with source, protocol and port known (explain, lab probes), and with only the
   source known (audit: flow logs give no protocol and port to the policy, so rules on them stay conditional).
-- index: the time and memory (tracemalloc) to build the rules index of a policy, once, on its first verdict.
+- index: the time and memory (tracemalloc) to build the rules index of a policy, once, on its first verdict; and
+  for the index's worst shape, half the rules to 0.0.0.0/0 and half endpoints inside it.
 - audit: `audit` over an AWS flow log of --flows lines (2,000 pods, 5,000 destinations), parsing included.
 
 No namespaces, no kernel:
@@ -36,10 +37,11 @@ from bench_audit import aws_lines  # type: ignore[import-not-found]
 from bench_rules import NODE_NAME, rules_yaml  # type: ignore[import-not-found]
 from ipmasq.audit import AuditReport, audit, count_flows
 from ipmasq.config import ConfigInput, config_from_bytes
-from ipmasq.config.model import RuleAction
+from ipmasq.config.model import Rule, RuleAction
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import PACKET_FIELDS, Packet, Policy, Reason, Verdict, rule_match
-from ipmasq.prefix import Family, format_address, parse_cidr
+from ipmasq.prefix import Family, Prefix, format_address, parse_cidr
+from ipmasq.rule_index import RuleIndex
 
 POD_RANGE = parse_cidr("10.44.0.0/14")
 PacketFields = tuple[int, int, str, int]
@@ -143,6 +145,31 @@ def index_cost(n: int) -> dict[str, float]:
             "intervals": 0 if index is None else index.intervals, "rules_on_node": len(policy.rules(Family.V4))}
 
 
+def overlapping_cost(n: int) -> dict[str, float]:
+    """The index's worst shape: half the rules to 0.0.0.0/0 (one port each), half endpoints inside it; a packet to
+    an endpoint on another port tests every wide rule, as the walk does, but the index stores them once."""
+    everywhere = Prefix(Family.V4, 0, 0)
+    rules: list[Rule] = []
+    for i in range(n // 2):
+        rules.append(Rule(f"wide-{i}", Family.V4, (everywhere,), RuleAction.PRESERVE, protocol="tcp",
+                          ports=((1024 + i, 1024 + i),)))
+        rules.append(Rule(f"endpoint-{i}", Family.V4, (Prefix(Family.V4, (10 << 24) + 7 * i, 32),),
+                          RuleAction.MASQUERADE))
+    gc.collect()
+    tracemalloc.start()
+    start = time.perf_counter()
+    index = RuleIndex(rules)
+    seconds = time.perf_counter() - start
+    current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    lookups = 1000
+    start = time.perf_counter()
+    for i in range(lookups):
+        index.first_match((10 << 24) + 7 * (i % (n // 2)), 1, "tcp", 443)
+    return {"seconds": seconds, "bytes": current, "peak_bytes": peak, "intervals": index.intervals,
+            "lookup_seconds": (time.perf_counter() - start) / lookups}
+
+
 def best_of(fn: Callable[[], object], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -212,6 +239,12 @@ def main() -> None:
     for n, c in costs.items():
         print(f"{n:>6,} rules ({c['rules_on_node']:,} on node): {c['intervals']:,} intervals, "
               f"{c['seconds'] * 1000:.1f} ms, {c['bytes'] / 2**20:.2f} MiB (peak {c['peak_bytes'] / 2**20:.2f} MiB)")
+    overlapping = {n: overlapping_cost(n) for n in sizes if n}
+    results["overlapping"] = overlapping
+    for n, c in overlapping.items():
+        print(f"{n:>6,} rules, half to 0.0.0.0/0: {c['intervals']:,} intervals, {c['seconds'] * 1000:.1f} ms, "
+              f"{c['bytes'] / 2**20:.2f} MiB (peak {c['peak_bytes'] / 2**20:.2f} MiB), "
+              f"{c['lookup_seconds'] * 1e6:.0f} us per packet to an endpoint (every wide rule tested)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "verdict.json").write_text(json.dumps(results, indent=1) + "\n")
