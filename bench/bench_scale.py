@@ -2,6 +2,7 @@
 
     sudo .venv/bin/python bench/bench_scale.py [--cidrs 100000] [--foreign 40000] [--idle 40]
                                                [--variants nftables,iptables-nft,iptables-legacy] [--out bench/out]
+    sudo .venv/bin/python bench/bench_scale.py --legacy-profile [--cidrs 100000] [--foreign 40000]
 
 Each variant runs the real `ipmasq agent` (metrics on, as the DaemonSet runs it) in a throwaway network namespace of
 its own. First the namespace gets the foreign rules, written the way kube-proxy's iptables mode writes them (one
@@ -20,6 +21,12 @@ Figures:
 3. SIGTERM mid-parse: a second agent is started on the same config; once it logs "agent started" (the loop's first
    act is reading the config) plus a short delay, and before it logs "config loaded", it gets SIGTERM; the figure is
    the wall time until it has exited.
+
+--legacy-profile: where an idle resync's iptables-legacy fingerprint goes, without the agent: the same foreign rules
+and our `--cidrs` rules written with iptables-legacy-restore in a namespace, then user and system CPU per read of
+the nat table (the kernel's copy into a new buffer, into a reused one, the buffer alone), per walk of every entry
+zeroing counters, per hash of the whole table (sha256, blake2b, crc32, adler32) and chunk by chunk, and per read of
+ipmasq.backends.generation's reader with nothing remembered and remembered (an idle pass).
 """
 
 from __future__ import annotations
@@ -227,6 +234,73 @@ def inner(variant: str, count: int, foreign: int, idle: int) -> dict[str, object
     }
 
 
+def legacy_profile(count: int, foreign: int, repeat: int = 5) -> list[tuple[str, float, float]]:
+    """Runs inside the namespace: (what, user ms, system ms) per operation, averaged over `repeat`."""
+    import ctypes
+    import hashlib
+    import socket
+    import zlib
+
+    from ipmasq.backends import generation as g
+    from ipmasq.prefix import Family
+
+    subprocess.run(["iptables-legacy-restore", "--noflush"], input=kube_proxy_rules(foreign), text=True, check=True)
+    workdir = Path(tempfile.mkdtemp(prefix="ipmasq-bench-legacy-"))
+    write_config(workdir / "config", count, "100ms")
+    payload = subprocess.run([sys.executable, "-m", "ipmasq", "render", f"--config={workdir / 'config'}",
+                              "--backend=iptables"], capture_output=True, text=True, check=True).stdout
+    subprocess.run(["iptables-legacy-restore", "--noflush"], input=payload, text=True, check=True)
+    rows: list[tuple[str, float, float]] = []
+
+    def measure(what: str, operation: Callable[[], object]) -> None:
+        operation()
+        before = os.times()
+        for _ in range(repeat):
+            operation()
+        after = os.times()
+        rows.append((what, (after.user - before.user) * 1000 / repeat,
+                     (after.system - before.system) * 1000 / repeat))
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    name = b"nat".ljust(32, b"\0")
+    info = g._getsockopt(sock, socket.IPPROTO_IP, g._SO_GET_INFO, name + bytes(g._GETINFO.size - 32))
+    entries_count, size = g._GETINFO.unpack(info)[-2:]
+    rows.append((f"the nat table: {entries_count:,} entries, {size / 2**20:.1f} MiB", 0.0, 0.0))
+    request = g._GET_ENTRIES_HEADER.pack(name, size) + bytes(g._ENTRIES_AT - g._GET_ENTRIES_HEADER.size)
+    total = g._ENTRIES_AT + size
+    measure("GET_ENTRIES into a new buffer (each read)",
+            lambda: g._getsockopt_buffer(sock, socket.IPPROTO_IP, g._SO_GET_ENTRIES, request, total))
+    measure("  the new buffer alone (allocated, zeroed)", lambda: ctypes.create_string_buffer(total))
+    kept = ctypes.create_string_buffer(total)
+
+    def copy_into_kept() -> None:
+        ctypes.memmove(kept, request, len(request))
+        length = ctypes.c_uint32(total)
+        if g._LIBC.getsockopt(sock.fileno(), socket.IPPROTO_IP, g._SO_GET_ENTRIES, kept, ctypes.byref(length)):
+            raise OSError(ctypes.get_errno(), "GET_ENTRIES")
+
+    measure("GET_ENTRIES into a kept buffer (the kernel's copy)", copy_into_kept)
+    entries = memoryview(kept).cast("B")[g._ENTRIES_AT:total]
+
+    def walk_and_zero() -> None:
+        walked = g._walk(entries, Family.V4, 0, size, size)
+        assert walked is not None
+        g._zero(entries, walked[0][2])
+
+    measure("walk every entry, zero its counters (Python)", walk_and_zero)
+    measure("sha256 of the whole table", lambda: hashlib.sha256(entries).digest())
+    chunk = g.LEGACY_CHUNK_BYTES
+    measure(f"sha256 per {chunk // 1024} KiB chunk",
+            lambda: [hashlib.sha256(entries[at:at + chunk]).digest() for at in range(0, size, chunk)])
+    measure("blake2b of the whole table", lambda: hashlib.blake2b(entries).digest())
+    measure("crc32 of the whole table (not strong enough)", lambda: zlib.crc32(entries))
+    measure("adler32 of the whole table (not strong enough)", lambda: zlib.adler32(entries))
+    measure("reader, nothing remembered (a full walk)", lambda: g.LegacyNatDigests().read(Family.V4))
+    reader = g.LegacyNatDigests()
+    measure("reader, remembered (an idle pass)", lambda: reader.read(Family.V4))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cidrs", type=int, default=100_000)
@@ -234,14 +308,28 @@ def main() -> int:
     parser.add_argument("--idle", type=int, default=40, help="idle resyncs measured for CPU per resync")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", default=str(Path(__file__).parent / "out"))
+    parser.add_argument("--legacy-profile", action="store_true",
+                        help="where the iptables-legacy fingerprint's CPU goes (no agent)")
     parser.add_argument("--inner", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.inner == "legacy-profile":
+        print(json.dumps(legacy_profile(args.cidrs, args.foreign)))
+        return 0
     if args.inner:
         print(json.dumps(inner(args.inner, args.cidrs, args.foreign, args.idle)))
         return 0
     if os.geteuid() != 0:
         print("bench_scale: needs root (network namespaces)", file=sys.stderr)
         return 2
+    if args.legacy_profile:
+        with network() as net:
+            out = net.add("node").run([sys.executable, __file__, "--inner", "legacy-profile", "--cidrs",
+                                       str(args.cidrs), "--foreign", str(args.foreign)], timeout=1200)
+        print(f"{args.cidrs:,} CIDRs, {args.foreign:,} kube-proxy nat rules, iptables-legacy, IPv4 nat table")
+        print(f"{'':<52}{'user ms':>10}{'system ms':>11}")
+        for what, user, system in json.loads(out.stdout):
+            print(f"{what:<52}{user:>10.1f}{system:>11.1f}")
+        return 0
     results = []
     for variant in args.variants.split(","):
         with network() as net:
