@@ -179,7 +179,9 @@ def test_two_agents_overlapping_never_fight_and_the_second_takes_over(net: Netwo
                 assert wait_until(lambda: health(w.node, "127.0.0.1:9848")[0] == 0, 3)
                 # the new agent owns the node now: a later change is its to write
                 publish(str(config_dir), OLD)
-                assert wait_until(lambda: w.seen(GOOGLE_DNS) == NODE, 3), new.log
+                # the kernel changes before the agent logs it: wait for both
+                assert wait_until(lambda: w.seen(GOOGLE_DNS) == NODE and len(new.lines("applied IPv4")) == 2,
+                                  3), new.log
                 took, applied = new.lines("took the node lock"), new.lines("applied IPv4")
                 assert len(took) == 1 and len(applied) == 2
                 assert new.log.index(took[0]) < new.log.index(applied[0])  # nothing written before the lock

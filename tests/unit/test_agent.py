@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -247,16 +248,31 @@ def test_loop_resyncs_on_timer_and_backs_off(fake: FakeIptables, tmp_path: Path)
     path = tmp_path / "ip-masq-agent"
     path.write_text("resyncInterval: 100ms\n")
     rec = make(fake)
+    # Passes are counted where they start, so the test waits on passes, not on a window a busy machine can stretch.
+    starts: list[tuple[float, int]] = []
+    reconcile = rec.reconcile
+
+    def counted_reconcile():  # type: ignore[no-untyped-def]
+        starts.append((time.monotonic(), len(fake.calls)))
+        return reconcile()
+
+    rec.reconcile = counted_reconcile  # type: ignore[method-assign]
     agent = Agent(rec, LoopSettings(config_path=str(path), backoff_initial=0.02, backoff_max=0.1), log=LOG)
     wakeup = Wakeup()
     thread = threading.Thread(target=agent.run, args=(wakeup,))
     thread.start()
     try:
-        assert _wait_for(lambda: "IP-MASQ-AGENT" in fake.table().chains)
-        calls = len(fake.calls)
-        time.sleep(0.35)
-        reads = len(fake.calls) - calls
-        assert 2 <= reads <= 6  # one iptables-save per resync, nothing more
+        assert _wait_for(lambda: "IP-MASQ-AGENT" in fake.table().chains and rec.ready)
+        first = len(starts)
+        assert _wait_for(lambda: len(starts) >= first + 4)
+        idle = starts[first:first + 4]
+        reads = [later[1] - earlier[1] for earlier, later in itertools.pairwise(idle)]
+        # an idle resync only reads: each family's nat table once (IPv6 too, for objects of ours left there)
+        assert reads == [2, 2, 2], fake.calls[idle[0][1]:]
+        assert set(fake.calls[idle[0][1]:idle[-1][1]]) == {("iptables-nft-save", "-t", "nat"),
+                                                           ("ip6tables-nft-save", "-t", "nat")}
+        gaps = [later[0] - earlier[0] for earlier, later in itertools.pairwise(idle)]
+        assert min(gaps) >= 0.09  # the 100ms timer paces them: load can only stretch a gap, never shorten it
         fake.lock_busy = True
         del fake.table().chains["POSTROUTING"][-1]
         assert _wait_for(lambda: not rec.ready)
