@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from pathlib import Path
 
 from ipmasq.lab.netns import Network
 
@@ -97,3 +98,90 @@ def test_legacy_fingerprint_notices_same_size_edits_and_ignores_counters(net: Ne
         assert steps[names.index(change)]["walked"] < first["size"] // 4, change
     assert digests[names.index("counters moved again")] == digests[names.index("a jump to another chain")]
     assert steps[names.index("counters moved again")]["walked"] > 0
+
+
+LOCK_SCRIPT = textwrap.dedent("""
+    import fcntl, json, os, subprocess, sys
+    from ipmasq.backends.generation import LegacyNatDigests
+    from ipmasq.prefix import Family
+
+    lock, elsewhere = sys.argv[1], sys.argv[2]  # the lock the reader watches; another one, for writers that skip it
+    open(lock, "w").close()
+
+    def iptables(*argv, lock_file=lock):
+        env = dict(os.environ, XTABLES_LOCKFILE=lock_file)
+        subprocess.run(["iptables-legacy", "-t", "nat", *argv], check=True, capture_output=True, env=env)
+
+    lines = ["*nat", ":MASQ-A - [0:0]"]
+    lines += [f"-A MASQ-A -d 20.{i >> 8}.{i & 255}.0/24 -j RETURN" for i in range(300)]
+    subprocess.run(["iptables-legacy-restore"], input="\\n".join(lines + ["COMMIT", ""]), text=True, check=True,
+                   env=dict(os.environ, XTABLES_LOCKFILE=lock))
+
+    reader = LegacyNatDigests(xtables_lock=lock, full_read_every=5)
+    out = []
+
+    def step(what):
+        table = reader.read(Family.V4)
+        out.append({"what": what, "copied": table.copied, "digest": table.digest.hex(),
+                    "fresh": LegacyNatDigests().read(Family.V4).digest.hex()})
+
+    step("first read")
+    step("idle")
+    step("idle")
+    iptables("-R", "MASQ-A", "10", "-d", "21.0.0.0/24", "-j", "RETURN")
+    step("a same-size edit that took the lock")
+    step("idle")
+    iptables("-R", "MASQ-A", "20", "-d", "22.0.0.0/24", "-j", "RETURN", lock_file=elsewhere)
+    for _ in range(5):
+        step("a same-size edit that skipped the lock")
+    iptables("-A", "MASQ-A", "-d", "23.0.0.0/24", "-j", "RETURN", lock_file=elsewhere)
+    step("a rule added without the lock (GET_INFO changed)")
+    step("idle")
+    with open(lock) as held:  # a writer that holds the lock across the reader's reads, and writes meanwhile
+        fcntl.flock(held, fcntl.LOCK_EX)
+        step("the lock taken")
+        iptables("-R", "MASQ-A", "30", "-d", "24.0.0.0/24", "-j", "RETURN", lock_file=elsewhere)
+        step("written while the lock is held")
+    step("the lock released")
+    step("idle")
+    os.unlink(lock)
+    step("the lock file gone")
+    step("the lock file gone")
+    open(lock, "w").close()
+    step("a new lock file")
+    step("idle")
+    print(json.dumps(out))
+""")
+
+
+def test_legacy_reads_skip_the_copy_while_no_writer_took_the_xtables_lock(net: Network, tmp_path: Path) -> None:
+    """The reader copies the table only after a program took the xtables lock, when GET_INFO changed, when the lock
+    file cannot be watched, or every few reads (a writer that skips the lock is seen then), always agreeing with a
+    fresh full read whenever a writer that took the lock has finished."""
+    node = net.add("node")
+    steps = json.loads(node.run([sys.executable, "-c", LOCK_SCRIPT, str(tmp_path / "xtables.lock"),
+                                 str(tmp_path / "other.lock")], timeout=120).stdout)
+    seen = [(s["what"], s["copied"], s["digest"] == s["fresh"]) for s in steps]
+    assert seen == [
+        ("first read", True, True),
+        ("idle", False, True),
+        ("idle", False, True),
+        ("a same-size edit that took the lock", True, True),
+        ("idle", False, True),
+        # unseen until the backstop: the fifth read since the last full one copies again
+        ("a same-size edit that skipped the lock", False, False),
+        ("a same-size edit that skipped the lock", False, False),
+        ("a same-size edit that skipped the lock", False, False),
+        ("a same-size edit that skipped the lock", True, True),
+        ("a same-size edit that skipped the lock", False, True),
+        ("a rule added without the lock (GET_INFO changed)", True, True),
+        ("idle", False, True),
+        ("the lock taken", True, True),
+        ("written while the lock is held", False, False),  # the writer has not finished: as if read before
+        ("the lock released", True, True),
+        ("idle", False, True),
+        ("the lock file gone", True, True),
+        ("the lock file gone", True, True),
+        ("a new lock file", True, True),
+        ("idle", False, True),
+    ], seen

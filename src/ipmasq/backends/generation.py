@@ -20,6 +20,9 @@ those reads when nothing at all changed, and they are built so that a change can
   sha256 of GET_INFO and every chunk's zeroed digest in order: equal digests mean equal zeroed bytes, chunk by chunk.
   A raw comparison by crc32 would be twice as fast and could call a changed chunk unchanged (a collision): the
   "unchanged" decision is only ever taken on sha256.
+  The copy itself is skipped when no program took the xtables lock since the last full read of that family
+  (ipmasq.backends.xtables_lock: every iptables and iptables-restore that writes takes it) and GET_INFO is the
+  same; a full read still happens at least every LEGACY_FULL_READ_EVERY reads, for a writer that skips the lock.
 
 Every function answers None when it cannot tell (no permission, no such table, an unexpected reply): the caller
 must then read everything, as it would without a fingerprint. This is the only module that opens such sockets.
@@ -28,6 +31,7 @@ must then read everything, as it would without a fingerprint. This is the only m
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import os
 import socket
@@ -38,11 +42,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ipmasq.backends.xtables_lock import XtablesLockWatch, xtables_lock_path
 from ipmasq.prefix import Family
 from ipmasq.sha256 import LARGE_INPUT_BYTES, Sha256, sha256
 
-__all__ = ["LEGACY_CHUNK_BYTES", "LEGACY_DIGEST_MAX_BYTES", "LegacyNatDigests", "LegacyTableDigest",
-           "NodeFingerprint", "digest_legacy_entries", "legacy_nat_digest", "nftables_generation", "node_fingerprint"]
+__all__ = ["LEGACY_CHUNK_BYTES", "LEGACY_DIGEST_MAX_BYTES", "LEGACY_FULL_READ_EVERY", "LegacyNatDigests",
+           "LegacyTableDigest", "NodeFingerprint", "digest_legacy_entries", "legacy_nat_digest", "nftables_generation",
+           "node_fingerprint"]
 
 # The legacy nat table is copied whole into this process to be hashed (x_tables keeps no change counter): 100,000
 # commented rules and 40,000 kube-proxy rules are ~66 MiB, copied in ~0.2 s of system time, still a tenth of the
@@ -55,6 +61,11 @@ LEGACY_DIGEST_MAX_BYTES = 128 * 1024 * 1024
 # whole table does (measured: 51 ms per 64 KiB chunk vs 44 ms for 66 MiB at once), small enough that counters moving
 # on a few hot rules send only a few hundred entries through the Python walk.
 LEGACY_CHUNK_BYTES = 64 * 1024
+# How often a family's table is copied and hashed even though no program took the xtables lock and GET_INFO did not
+# change: a writer that bypasses the lock and keeps the table's size is seen within this many reads (with the
+# default 60 s resync, 10 minutes; the drift is then repaired as any other). One full read in ten also keeps the
+# mean cost of an idle read on a 66 MiB table near 30 ms of CPU, from ~290.
+LEGACY_FULL_READ_EVERY = 10
 
 # linux/netlink.h, linux/netfilter/nfnetlink.h, linux/netfilter/nf_tables.h
 _NETLINK_NETFILTER = 12
@@ -151,6 +162,7 @@ class LegacyTableDigest:
     info: bytes  # GET_INFO's answer after the name: hooks, underflows, entry count, size
     chunks: tuple[_Chunk, ...]
     walked_bytes: int  # how much of the table went through the Python walk (all of it, or the changed chunks)
+    copied: bool = True  # False: the last read's answer, kept because no writer took the xtables lock since
 
 
 def legacy_nat_digest(family: Family) -> bytes | None:
@@ -162,11 +174,17 @@ def legacy_nat_digest(family: Family) -> bytes | None:
 
 class LegacyNatDigests:
     """legacy_nat_digest with its memory: per family the chunks of the last read (a few hundred KiB for a 66 MiB
-    table). Thread-safe: the agent's loop is its only caller, a lock keeps a second one from mixing two reads."""
+    table), and a watch on the xtables lock file (`xtables_lock`, None: copy on every read). Thread-safe: the
+    agent's loop is its only caller, a lock keeps a second one from mixing two reads."""
 
-    def __init__(self, *, chunk_bytes: int = LEGACY_CHUNK_BYTES) -> None:
+    def __init__(self, *, chunk_bytes: int = LEGACY_CHUNK_BYTES, xtables_lock: str | None = None,
+                 full_read_every: int = LEGACY_FULL_READ_EVERY) -> None:
         self.chunk_bytes = chunk_bytes
+        self.full_read_every = full_read_every
         self._last: dict[Family, LegacyTableDigest] = {}
+        self._lock_watch = XtablesLockWatch(xtables_lock) if xtables_lock is not None else None
+        self._unsure: set[Family] = set(Family)  # a writer may have run since this family's last full read
+        self._kept: dict[Family, int] = dict.fromkeys(Family, 0)  # reads answered from memory since the last copy
         self._lock = threading.Lock()
 
     def __call__(self, family: Family) -> bytes | None:
@@ -177,6 +195,16 @@ class LegacyNatDigests:
     def read(self, family: Family) -> LegacyTableDigest | None:
         """The nat table's digest with what this read did; None when it cannot be read, and the empty digest b""
         (no chunks) when the family has no legacy nat table."""
+        # the events are drained before the copy: a writer that opens the lock after this is seen by the next read
+        if self._lock_watch is None or not self._lock_watch.quiet():
+            self._unsure.update(Family)
+        last = self._last.get(family)
+        if family not in self._unsure and last is not None and last.info and \
+                self._kept[family] + 1 < self.full_read_every and _read_info(family) == last.info:
+            self._kept[family] += 1
+            return dataclasses.replace(last, walked_bytes=0, copied=False)
+        self._unsure.discard(family)
+        self._kept[family] = 0
         copied = _copy_nat_table(family)
         if copied is None or isinstance(copied, bytes):
             self._last.pop(family, None)
@@ -190,7 +218,32 @@ class LegacyNatDigests:
         return table
 
 
-_READER = LegacyNatDigests()
+_READER = LegacyNatDigests(xtables_lock=xtables_lock_path())
+
+
+_NAT_NAME = b"nat".ljust(_TABLE_NAME_LEN, b"\0")
+
+
+def _read_info(family: Family) -> bytes | None:
+    """GET_INFO's answer after the name (hooks, underflows, entry count, size): b"" when the kernel has no legacy
+    nat table for the family, None when it cannot be read. Microseconds: nothing of the table is copied."""
+    try:
+        sock = socket.socket(_ADDRESS_FAMILY[family], socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.IPPROTO_RAW)
+    except OSError:
+        return None
+    try:
+        info = _get_info(sock, family)
+    finally:
+        sock.close()
+    return info[_TABLE_NAME_LEN:] if info else info
+
+
+def _get_info(sock: socket.socket, family: Family) -> bytes | None:
+    try:
+        return _getsockopt(sock, _LEVEL[family], _SO_GET_INFO, _NAT_NAME + bytes(_GETINFO.size - _TABLE_NAME_LEN))
+    except OSError as exc:
+        # ENOENT: no such table (the legacy nat module is not there); ENOPROTOOPT: no x_tables at all
+        return b"" if exc.errno in (errno.ENOENT, errno.ENOPROTOOPT) else None
 
 
 def _copy_nat_table(family: Family) -> tuple[bytes, memoryview] | bytes | None:
@@ -201,12 +254,10 @@ def _copy_nat_table(family: Family) -> tuple[bytes, memoryview] | bytes | None:
     except OSError:
         return None
     try:
-        name = b"nat".ljust(_TABLE_NAME_LEN, b"\0")
-        try:
-            info = _getsockopt(sock, _LEVEL[family], _SO_GET_INFO, name + bytes(_GETINFO.size - _TABLE_NAME_LEN))
-        except OSError as exc:
-            # ENOENT: no such table (the legacy nat module is not there); ENOPROTOOPT: no x_tables at all
-            return b"" if exc.errno in (errno.ENOENT, errno.ENOPROTOOPT) else None
+        name = _NAT_NAME
+        info = _get_info(sock, family)
+        if not info:
+            return info
         fields = _GETINFO.unpack(info)
         size = fields[-1]
         if size > LEGACY_DIGEST_MAX_BYTES:
