@@ -36,7 +36,7 @@ def test_released_after_changes_and_writes_and_now_and_then_when_idle(tmp_path: 
 
     monkeypatch.setattr(loop, "release_free_memory", release)
     path = tmp_path / "ip-masq-agent"
-    path.write_text("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 60s\n")
+    path.write_text("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 1s\n")
     fake = FakeIptables()
     reconciler = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(),
                             log=logging.getLogger("test"))
@@ -48,14 +48,16 @@ def test_released_after_changes_and_writes_and_now_and_then_when_idle(tmp_path: 
         clock.now = now
         assert agent._iteration(wakeup, schedule)
 
+    half = RELEASE_IDLE_SECONDS / 2
     pass_at(1000.0)  # the first config, written
-    pass_at(1060.0)  # idle
+    pass_at(1000.0 + half)  # idle
     pass_at(1000.0 + RELEASE_IDLE_SECONDS)  # idle, but nothing handed back for RELEASE_IDLE_SECONDS
-    pass_at(1000.0 + RELEASE_IDLE_SECONDS + 60)  # idle
+    pass_at(1000.0 + RELEASE_IDLE_SECONDS + half)  # idle
     del fake.table().chains["POSTROUTING"][-1]  # drift: the pass writes
-    pass_at(1000.0 + RELEASE_IDLE_SECONDS + 120)
-    path.write_text("nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]\nresyncInterval: 60s\n")
-    pass_at(1000.0 + RELEASE_IDLE_SECONDS + 130)  # a changed config, before its resync is due
-    assert released == [1000.0, 1000.0 + RELEASE_IDLE_SECONDS, 1000.0 + RELEASE_IDLE_SECONDS + 120,
-                        1000.0 + RELEASE_IDLE_SECONDS + 130]
+    pass_at(1000.0 + RELEASE_IDLE_SECONDS + half + 1)
+    path.write_text("nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]\nresyncInterval: 1s\n")
+    pass_at(1000.0 + RELEASE_IDLE_SECONDS + half + 2)  # a changed config, before its resync is due
+    pass_at(1000.0 + RELEASE_IDLE_SECONDS + half + 3)  # idle, the last hand-back a second ago
+    assert released == [1000.0, 1000.0 + RELEASE_IDLE_SECONDS, 1000.0 + RELEASE_IDLE_SECONDS + half + 1,
+                        1000.0 + RELEASE_IDLE_SECONDS + half + 2]
 
