@@ -182,7 +182,8 @@ class LegacyNatDigests:
         self.chunk_bytes = chunk_bytes
         self.full_read_every = full_read_every
         self._last: dict[Family, LegacyTableDigest] = {}
-        self._lock_watch = XtablesLockWatch(xtables_lock) if xtables_lock is not None else None
+        self.xtables_lock = xtables_lock
+        self._lock_watch: XtablesLockWatch | None = None  # set up on the first read: importing opens nothing
         self._unsure: set[Family] = set(Family)  # a writer may have run since this family's last full read
         self._kept: dict[Family, int] = dict.fromkeys(Family, 0)  # reads answered from memory since the last copy
         self._lock = threading.Lock()
@@ -196,6 +197,8 @@ class LegacyNatDigests:
         """The nat table's digest with what this read did; None when it cannot be read, and the empty digest b""
         (no chunks) when the family has no legacy nat table."""
         # the events are drained before the copy: a writer that opens the lock after this is seen by the next read
+        if self._lock_watch is None and self.xtables_lock is not None:
+            self._lock_watch = XtablesLockWatch(self.xtables_lock)
         if self._lock_watch is None or not self._lock_watch.quiet():
             self._unsure.update(Family)
         last = self._last.get(family)
