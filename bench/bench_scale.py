@@ -263,7 +263,7 @@ def legacy_profile(count: int, foreign: int, repeat: int = 5) -> list[tuple[str,
                      (after.system - before.system) * 1000 / repeat))
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
-    name = b"nat".ljust(32, b"\0")
+    name = g._NAT_NAME
     info = g._getsockopt(sock, socket.IPPROTO_IP, g._SO_GET_INFO, name + bytes(g._GETINFO.size - 32))
     entries_count, size = g._GETINFO.unpack(info)[-2:]
     rows.append((f"the nat table: {entries_count:,} entries, {size / 2**20:.1f} MiB", 0.0, 0.0))

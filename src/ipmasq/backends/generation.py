@@ -86,6 +86,7 @@ _TABLE_NAME_LEN = 32
 # struct ipt_getinfo / ip6t_getinfo: name[32], valid_hooks, hook_entry[5], underflow[5], num_entries, size
 _GETINFO = struct.Struct("=32sI5I5III")
 _GET_ENTRIES_HEADER = struct.Struct("=32sI")  # struct ipt_get_entries: name[32], size; then the entries (8-aligned)
+_NAT_NAME = b"nat".ljust(_TABLE_NAME_LEN, b"\0")
 # Where each entry's next_offset (u16) and its struct xt_counters (two u64) sit inside struct ipt_entry (after
 # struct ipt_ip, 84 bytes) and struct ip6t_entry (after struct ip6t_ip6, 136 bytes with padding).
 _ENTRY_LAYOUT = {Family.V4: (90, 96), Family.V6: (142, 152)}
@@ -213,7 +214,7 @@ class LegacyNatDigests:
             self._last.pop(family, None)
             return None if copied is None else LegacyTableDigest(b"", b"", (), 0)
         info, entries = copied  # the only reference to the copy: freed (unmapped) when this returns
-        table = digest_legacy_entries(info, entries, family, self._last.get(family), chunk_bytes=self.chunk_bytes)
+        table = digest_legacy_entries(info, entries, family, last, chunk_bytes=self.chunk_bytes)
         if table is None:
             self._last.pop(family, None)
         else:
@@ -224,20 +225,22 @@ class LegacyNatDigests:
 _READER = LegacyNatDigests(xtables_lock=xtables_lock_path())
 
 
-_NAT_NAME = b"nat".ljust(_TABLE_NAME_LEN, b"\0")
+def _raw_socket(family: Family) -> socket.socket | None:
+    """The socket x_tables answers GET_INFO and GET_ENTRIES on; None when this process may not open one."""
+    try:
+        return socket.socket(_ADDRESS_FAMILY[family], socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.IPPROTO_RAW)
+    except OSError:
+        return None
 
 
 def _read_info(family: Family) -> bytes | None:
     """GET_INFO's answer after the name (hooks, underflows, entry count, size): b"" when the kernel has no legacy
     nat table for the family, None when it cannot be read. Microseconds: nothing of the table is copied."""
-    try:
-        sock = socket.socket(_ADDRESS_FAMILY[family], socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.IPPROTO_RAW)
-    except OSError:
+    sock = _raw_socket(family)
+    if sock is None:
         return None
-    try:
+    with sock:
         info = _get_info(sock, family)
-    finally:
-        sock.close()
     return info[_TABLE_NAME_LEN:] if info else info
 
 
@@ -252,27 +255,22 @@ def _get_info(sock: socket.socket, family: Family) -> bytes | None:
 def _copy_nat_table(family: Family) -> tuple[bytes, memoryview] | bytes | None:
     """(GET_INFO's answer after the name, the entries as a writable view of this read's own copy); b"" when the
     kernel has no legacy nat table for the family; None when it cannot be read."""
-    try:
-        sock = socket.socket(_ADDRESS_FAMILY[family], socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.IPPROTO_RAW)
-    except OSError:
+    sock = _raw_socket(family)
+    if sock is None:
         return None
-    try:
-        name = _NAT_NAME
+    with sock:
         info = _get_info(sock, family)
         if not info:
             return info
-        fields = _GETINFO.unpack(info)
-        size = fields[-1]
+        size = _GETINFO.unpack(info)[-1]
         if size > LEGACY_DIGEST_MAX_BYTES:
             return None  # the copy would cost more memory than the full read it saves (see LEGACY_DIGEST_MAX_BYTES)
-        request = _GET_ENTRIES_HEADER.pack(name, size) + bytes(_ENTRIES_AT - _GET_ENTRIES_HEADER.size)
+        request = _GET_ENTRIES_HEADER.pack(_NAT_NAME, size) + bytes(_ENTRIES_AT - _GET_ENTRIES_HEADER.size)
         # the table may have been replaced between the two calls: EAGAIN, or a size that no longer fits
         try:
             blob, length = _getsockopt_buffer(sock, _LEVEL[family], _SO_GET_ENTRIES, request, _ENTRIES_AT + size)
         except OSError:
             return None
-    finally:
-        sock.close()
     if _GET_ENTRIES_HEADER.unpack_from(blob)[1] != size or length - _ENTRIES_AT != size:
         return None
     # in place: a table of 100,000 commented rules is tens of MiB, copied once by the kernel and never again
