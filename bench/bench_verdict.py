@@ -34,14 +34,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench_audit import aws_lines  # type: ignore[import-not-found]
-from bench_rules import NODE_NAME, rules_yaml  # type: ignore[import-not-found]
+from bench_core import best_of  # type: ignore[import-not-found]
+from bench_rules import NODE_NAME, rule_address, rules_yaml  # type: ignore[import-not-found]
 from ipmasq.audit import AuditReport, audit, count_flows
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.config.model import Rule, RuleAction
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import PACKET_FIELDS, Packet, Policy, Reason, Verdict, rule_match
+from ipmasq.policy import Packet, Policy, Reason, Verdict
 from ipmasq.prefix import Family, Prefix, format_address, parse_cidr
 from ipmasq.rule_index import RuleIndex
+from ipmasq.testing.first_match import first_match_walk
 
 POD_RANGE = parse_cidr("10.44.0.0/14")
 PacketFields = tuple[int, int, str, int]
@@ -57,24 +59,15 @@ class WalkPolicy(Policy):
     def verdict_for(self, family: Family, address: int, *, text: str | None = None, source: int | None = None,
                     protocol: str | None = None, port: int | None = None) -> Verdict:
         shown = text if text is not None else format_address(family, address)
-        packet = Packet(family, address, source, protocol, port)
-        conditional = []
-        unknown: set[str] = set()
-        for rule in self.rules(family):
-            needs = rule_match(rule, packet)
-            if needs is None:
-                continue
-            if needs:
-                conditional.append(rule)
-                unknown.update(needs)
-                continue
+        rule, conditional, depends_on = first_match_walk(self.rules(family),
+                                                         Packet(family, address, source, protocol, port))
+        if rule is not None:
             return Verdict(shown, family, rule.action is not RuleAction.PRESERVE, Reason.RULE, None, rule,
-                           rule.snat_to, tuple(conditional), tuple(f for f in PACKET_FIELDS if f in unknown))
+                           rule.snat_to, conditional, depends_on)
         listed = self._lists.verdict_for(family, address, text=shown)
         if not conditional:
             return listed
-        return replace(listed, conditional=tuple(conditional), depends_on=tuple(f for f in PACKET_FIELDS
-                                                                                 if f in unknown))
+        return replace(listed, conditional=conditional, depends_on=depends_on)
 
 
 def policy_of(n: int) -> Policy:
@@ -85,18 +78,7 @@ def policy_of(n: int) -> Policy:
 
 def _destination(rng: random.Random) -> int:
     """Where bench_rules.py's rules point (VPN/VPC space, partners' addresses) 70% of the time, else anywhere."""
-    if rng.random() >= 0.7:
-        return rng.getrandbits(32)
-    kind = rng.random()
-    if kind < 0.5:
-        base, bits = 10 << 24, 24
-    elif kind < 0.7:
-        base, bits = (172 << 24) | (16 << 16), 20
-    elif kind < 0.8:
-        base, bits = (192 << 24) | (168 << 16), 16
-    else:
-        base, bits = rng.choice([52, 54, 104, 151, 185, 203]) << 24, 24
-    return base | rng.getrandbits(bits)
+    return rng.getrandbits(32) if rng.random() >= 0.7 else rule_address(rng)
 
 
 def packets(count: int, variant: int = 2) -> list[PacketFields]:
@@ -170,15 +152,6 @@ def overlapping_cost(n: int) -> dict[str, float]:
             "lookup_seconds": (time.perf_counter() - start) / lookups}
 
 
-def best_of(fn: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def report_key(report: AuditReport) -> object:
     return [(g.destination, g.flows, g.masquerade, g.matched, g.reasons) for g in report.groups]
 
@@ -225,8 +198,8 @@ def main() -> None:
                     reports[name] = audit(count_flows([str(log)], (POD_RANGE,)), fresh())
                 return once
 
-            walk_s = best_of(run("walk", lambda: WalkPolicy(policy)), 1)
-            index_s = best_of(run("index", lambda: Policy(policy.config, policy.options)), 3)
+            walk_s = best_of(1, run("walk", lambda: WalkPolicy(policy)))
+            index_s = best_of(3, run("index", lambda: Policy(policy.config, policy.options)))
             if report_key(reports["walk"]) != report_key(reports["index"]):
                 raise SystemExit("audit: the index's report differs from the walk's")
         results["audit"] = {"flows": args.flows, "rules": args.audit_rules, "walk_seconds": walk_s,

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.config.model import MasqConfig, Rule, RuleAction
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import PACKET_FIELDS, Packet, Policy, Reason, rule_match
+from ipmasq.policy import PACKET_FIELDS, Packet, Policy, Reason
 from ipmasq.prefix import Family, Prefix
 from ipmasq.rule_index import RuleIndex
+from ipmasq.testing.first_match import first_match_walk
 
 PROTOCOLS = ("tcp", "udp", "sctp", "icmp")
 NODES = ("pool-a-1", "pool-b-1", "other")
@@ -98,22 +99,6 @@ def brute_force(config: MasqConfig, node: str, packet: Packet) -> tuple[str | No
     return None, conditional, [f for f in PACKET_FIELDS if f in unknown]
 
 
-def walk(rules: tuple[Rule, ...], packet: Packet) -> tuple[Rule | None, tuple[Rule, ...], tuple[str, ...]]:
-    """The evaluation verdict_for did before the index: rule_match over every rule, in order."""
-    conditional: list[Rule] = []
-    unknown: set[str] = set()
-    for rule in rules:
-        needs = rule_match(rule, packet)
-        if needs is None:
-            continue
-        if needs:
-            conditional.append(rule)
-            unknown.update(needs)
-            continue
-        return rule, tuple(conditional), tuple(f for f in PACKET_FIELDS if f in unknown)
-    return None, tuple(conditional), tuple(f for f in PACKET_FIELDS if f in unknown)
-
-
 def packets(draw: st.DrawFn, rules: tuple[Rule, ...], family: Family) -> list[Packet]:
     points = addresses(rules, family)
     out = []
@@ -134,7 +119,7 @@ def test_the_index_finds_what_the_walk_finds(data: st.DataObject, family: Family
     index = RuleIndex(rules, merge_limit)
     for packet in packets(data.draw, rules, family):
         found = index.first_match(packet.destination, packet.source, packet.protocol, packet.port)
-        assert (found.rule, found.conditional, found.depends_on) == walk(rules, packet), packet
+        assert (found.rule, found.conditional, found.depends_on) == first_match_walk(rules, packet), packet
         # the candidates are exactly the rules holding the destination, each once
         held = [i for i, rule in enumerate(rules) if any(p.contains(packet.destination) for p in rule.destinations)]
         assert sorted(i for group in index.candidates(packet.destination) for i in group) == held

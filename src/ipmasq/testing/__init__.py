@@ -5,6 +5,8 @@ the kernel tests prove them against real netfilter.
 
     FakeIptables   iptables-save / iptables-restore (both variants, both families)
     FakeNft        nft -f / nft -j list ...
+
+ipmasq.testing.first_match holds the reference the config rules' index is tested and measured against.
 """
 
 from ipmasq.testing.iptables import FakeIptables
