@@ -15,10 +15,10 @@ import gzip
 import json
 import random
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench_core import best_of  # type: ignore[import-not-found]
 from ipmasq.audit import AWS_DEFAULT_FIELDS, audit, count_flows
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.options import PolicyOptions
@@ -54,15 +54,6 @@ def gcp_lines(aws: list[str]) -> list[str]:
                                                               "dest_port": int(f[6]), "protocol": 6},
                                                "reporter": "SRC", "bytes_sent": f[9], "packets_sent": f[8]}}))
     return out
-
-
-def best_of(fn: Callable[[], object], repeat: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main() -> None:
@@ -107,8 +98,8 @@ def main() -> None:
             "gcp-json": (lambda: audit(count_flows([str(gcp)], pods), policy), json_floor),
         }
         for name, (fn, floor) in cases.items():
-            seconds = best_of(fn)
-            floor_seconds = best_of(floor)
+            seconds = best_of(3, fn)
+            floor_seconds = best_of(3, floor)
             results[name] = {"records": n, "seconds": seconds, "records_per_second": n / seconds,
                              "floor_seconds": floor_seconds, "ratio_to_floor": seconds / floor_seconds}
             verdict = "meets" if n / seconds >= TARGET else "BELOW"

@@ -74,7 +74,7 @@ print(n / (time.perf_counter() - start))
 PORT_CHOICES = ("443", "80", "5432", "3306", "6379", "9092", "8443", '"8000-8099"', '"30000-32767"', "53", "22")
 
 
-def _address(rng: random.Random) -> int:
+def rule_address(rng: random.Random) -> int:
     """A destination a pod reaches through a rule: VPN/VPC space or a partner's public address (never 34/8)."""
     kind = rng.random()
     if kind < 0.5:
@@ -102,7 +102,7 @@ def rules_yaml(n: int, variant: int = 1) -> str:
         lines.append("rules:")
     for i in range(n):
         lines.append(f"  - name: rule-{i:04d}")
-        destinations = [_prefix(_address(rng), rng.choice([32, 32, 32, 28, 24, 24, 20, 16]))
+        destinations = [_prefix(rule_address(rng), rng.choice([32, 32, 32, 28, 24, 24, 20, 16]))
                         for _ in range(rng.choice([1, 1, 1, 2, 3]))]
         lines.append(f"    destinations: [{', '.join(destinations)}]")
         if rng.random() < 0.7:
@@ -163,7 +163,7 @@ def verdict_rate(policy: Policy, count: int, variant: int = 2) -> float:
     list holds or none does."""
     rng = random.Random(variant)
     pod_base = int(ipaddress.IPv4Address("10.44.0.0"))
-    packets = [(_address(rng) if rng.random() < 0.7 else rng.getrandbits(32), pod_base | rng.getrandbits(18),
+    packets = [(rule_address(rng) if rng.random() < 0.7 else rng.getrandbits(32), pod_base | rng.getrandbits(18),
                 rng.choice(["tcp", "udp"]), rng.choice([443, 80, 5432, 8080, 53, 30080])) for _ in range(count)]
     verdict_for = policy.verdict_for
     policy.verdict_for(Family.V4, packets[0][0])  # builds the lookup tables outside the timing
