@@ -3,7 +3,8 @@
 # throwaway prefix, so the image recipe cannot rot unnoticed).
 #   install-image.sh SOURCE_DIR PREFIX
 # Installs Debian's iptables, nftables and conntrack when missing, then ipmasq (non-editable; /metrics needs
-# no extra) into a virtual environment at PREFIX, and checks that the command runs and /metrics renders.
+# no extra) into a virtual environment at PREFIX, checks that the command runs and /metrics renders, and removes
+# pip and setuptools from the environment (the image's runtime stage copies it without them).
 set -euo pipefail
 src=${1:?usage: install-image.sh SOURCE_DIR PREFIX}
 prefix=${2:?usage: install-image.sh SOURCE_DIR PREFIX}
@@ -25,3 +26,5 @@ python3 -m venv "$prefix"
 "$prefix/bin/ipmasq" render >/dev/null
 "$prefix/bin/python" -c 'from ipmasq.agent.metrics import AgentStatus, render_metrics
 assert b"ipmasq_build_info" in render_metrics(AgentStatus(version="smoke", backend="none"))'
+# the environment runs, it never installs: pip and setuptools stay out of the image
+"$prefix/bin/python" -m pip uninstall -q -y pip setuptools

@@ -108,6 +108,7 @@ def test_image_install_script_installs_a_working_command(tmp_path: Path) -> None
     assert render.stdout.startswith("*nat\n:IP-MASQ - [0:0]\n")
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "RUN /src/scripts/install-image.sh /src /opt/ipmasq" in dockerfile
+    assert not (prefix / "bin" / "pip").exists()  # the runtime stage copies the environment without pip
 
 
 @pytest.mark.parametrize("path", [DEPLOY, DEPLOY / "overlays" / "gke"], ids=["base", "gke"])

@@ -180,7 +180,8 @@ def test_the_agent_endpoints_answer_through_the_responder() -> None:
         names = {family.name for family in text_string_to_metric_families(body)}  # the oracle reads it
         assert {"ipmasq_syncs", "ipmasq_ready", "ipmasq_build_info"} <= names
         unknown = exchange(port, b"GET /nope HTTP/1.0\r\n\r\n")
-        assert status_of(unknown) == 404 and unknown.endswith(b"not found: try /metrics, /healthz or /readyz\n")
+        assert status_of(unknown) == 404
+        assert unknown.endswith(b"not found: try /metrics, /healthz, /readyz or /settings\n")
         assert query(f"127.0.0.1:{port}", "/healthz").ok
         ready = query(f"127.0.0.1:{port}", "/readyz")
         assert not ready.ok and ready.why  # no pass yet: 503 with its reason

@@ -7,6 +7,8 @@ kubelet's probes are exec probes (`ipmasq health`) run inside the pod, which sha
     /readyz    200 while the kernel matches the current config; 503 while the config is bad (the last good config
                is still enforced) or the backend fails
     /metrics   Prometheus text format 0.0.4 (ipmasq.agent.exposition: no library needed)
+    /settings  what the agent enforces from: its config path, policy flags, node name and backend, as one line of
+               JSON (`ipmasq check` run in the agent's container, by kubectl exec, compares with these)
 
 Bodies are one line, the reason, so `ipmasq health` can print it as is.
 """
@@ -14,6 +16,7 @@ Bodies are one line, the reason, so `ipmasq health` can print it as is.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import select
@@ -42,7 +45,9 @@ def respond(status: AgentStatus, path: str) -> Response:
         return _check(status.readiness())
     if path == "/metrics":
         return Response(200, render_metrics(status), CONTENT_TYPE)
-    return Response(404, b"not found: try /metrics, /healthz or /readyz\n")
+    if path == "/settings":
+        return Response(200, json.dumps(status.settings, sort_keys=True).encode() + b"\n", "application/json")
+    return Response(404, b"not found: try /metrics, /healthz, /readyz or /settings\n")
 
 
 def _check(check: Check) -> Response:

@@ -127,6 +127,8 @@ def wait_for_node_lock(lock: NodeLock, wakeup: Wakeup, *, log: logging.Logger,
     """
     watcher: LoopObserver = observer if observer is not None else _Unobserved()
     if lock.try_acquire():
+        # said also when nobody held it: after a rolling update the new pod's log shows it took over the node
+        log.info("took the node lock %s: this agent now writes the node's rules", lock.path)
         return True
     announced: str | None = None  # the holder last logged
     while not wakeup.stop.is_set():

@@ -113,6 +113,8 @@ class AgentStatus:
                  wall: Callable[[], float] = time.time) -> None:
         self.version = version
         self.backend = backend
+        # what the agent was started with (config path, policy flags, node name): served at /settings
+        self.settings: dict[str, object] = {}
         self._clock = clock
         self._wall = wall
         self._lock = threading.Lock()

@@ -20,7 +20,7 @@ from ipmasq.backends.base import Backend, Removable, Runner
 from ipmasq.backends.choose import count_foreign_masquerade, make_backend
 from ipmasq.backends.generation import node_fingerprint
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.commands.common import add_backend_flags, add_policy_flags, go_bool, options_from_args
+from ipmasq.commands.common import add_backend_flags, add_policy_flags, agent_settings, go_bool, options_from_args
 from ipmasq.config.isolated import load_config_isolated
 from ipmasq.errors import IpmasqError
 from ipmasq.options import PolicyOptions
@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             version=__version__, backend=backend.name)).once()
     # the endpoints come up first: while this agent waits for the node lock it is alive, and says why not ready
     status = AgentStatus(version=__version__, backend="")
+    status.settings = agent_settings(args, settings.config_path)
     server = _serve_status(status, args.metrics_address, log)
     signal.signal(signal.SIGTERM, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGINT, lambda *_: wakeup.request_stop())
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         # chosen only now: what the node holds may have changed while the other agent ran
         backend, others = make_backend(args.backend, options, runner, variant=args.iptables_variant, log=log)
         status.backend = backend.name
+        status.settings["backend"] = backend.name
         _agent(backend, others, options, settings, runner, log, args, status).run(wakeup)
     finally:
         if server is not None:

@@ -36,12 +36,19 @@ def register(subparsers: Any) -> None:
                         help="the pods' address range, so that rules testing -s can be evaluated (repeatable)")
     parser.add_argument("--local-address", action="append", default=[], metavar="IP",
                         help="an address of the node (node-local destinations are never masqueraded; repeatable)")
+    common.add_agent_flag(parser)
     common.add_output_flag(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     common.at_most_one_stdin(("--config", args.config), ("--from-dump", args.from_dump))
+    if args.from_dump is None:
+        agent = common.adopt_agent_settings(args, "check")
+        # the backend the agent chose, as /metrics names it ("iptables (nft)", "nftables"): read the same rules
+        chosen = str(agent.get("backend", "")).split(" ")[0] if agent is not None else ""
+        if args.backend == "auto" and chosen in ("iptables", "nftables"):
+            args.backend = chosen
     policy = common.load_policy(args, "check")
     pods = common.cidr_flag("--pod-range", args.pod_range)
     local = tuple(common.address_flag("--local-address", t) for t in args.local_address)

@@ -98,10 +98,67 @@ def options_from_args(args: argparse.Namespace) -> PolicyOptions:
     )
 
 
+# --- the running agent's settings: `kubectl exec ... -- ipmasq check` compares with what the agent enforces ----
+
+AGENT_POLICY_FLAGS = ("masq_chain", "nomasq_all_reserved_ranges", "enable_ipv6", "random_fully", "to_ports")
+
+
+def agent_settings(args: argparse.Namespace, config_path: str) -> dict[str, object]:
+    """What the agent enforces from, as /settings serves it: its config path, policy flags and node name."""
+    return {"config": config_path, "node_name": args.node_name,
+            **{name: getattr(args, name) for name in AGENT_POLICY_FLAGS}}
+
+
+def add_agent_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--agent", default="auto", metavar="ADDRESS",
+                        help="with no --config and no policy flag, compare with the config and flags of the agent "
+                        "answering at ADDRESS (/settings); auto (default): the DaemonSet's 127.0.0.1:9847 if an "
+                        "agent answers there, else the built-in defaults; none: the built-in defaults")
+
+
+def adopt_agent_settings(args: argparse.Namespace, command: str) -> dict[str, object] | None:
+    """Inside the agent's container (kubectl exec) or on its node: with no --config and no policy flag given, take
+    the running agent's config path, flags and node name, so a healthy node is not compared with the defaults.
+    Returns the settings taken (None: the command line's own)."""
+    from ipmasq.agent.client import DEFAULT_METRICS_ADDRESS, query
+
+    defaults = {"masq_chain": DEFAULT_CHAIN, "nomasq_all_reserved_ranges": False, "enable_ipv6": None,
+                "random_fully": True, "to_ports": ""}
+    given = args.config is not None or any(getattr(args, k) != v for k, v in defaults.items())
+    if args.agent == "none" or given:
+        return None
+    address = DEFAULT_METRICS_ADDRESS if args.agent == "auto" else args.agent
+    answer = query(address, "/settings", timeout=2.0)
+    try:
+        settings = json.loads(answer.why) if answer.ok else None
+    except ValueError:
+        settings = None
+    if not isinstance(settings, dict) or not isinstance(settings.get("config"), str):
+        if args.agent != "auto":
+            raise UsageError(f"--agent {address}: no agent settings there ({answer.why})")
+        return None
+    args.config = settings["config"]
+    args.config_missing_ok = True  # as the agent reads it: no ConfigMap mounted means the defaults
+    for name in AGENT_POLICY_FLAGS:
+        if name in settings:
+            setattr(args, name, settings[name])
+    args.node_name = settings.get("node_name")
+    flags = [f"--config={args.config}"] + [f"--{k.replace('_', '-')}={settings[k]}" for k in AGENT_POLICY_FLAGS
+                                             if k in settings and settings[k] != defaults[k]]
+    if args.node_name:
+        flags.append(f"--node-name={args.node_name}")
+    print(f"ipmasq {command}: comparing with the running agent's settings ({address}): {' '.join(flags)}",
+          file=sys.stderr)
+    return settings
+
+
 def load_policy_config(args: argparse.Namespace, options: PolicyOptions) -> MasqConfig:
-    """For the offline tools: no --config means the defaults; a --config that does not exist is an error."""
+    """For the offline tools: no --config means the defaults; a --config that does not exist is an error (but for
+    the running agent's config, which it reads as the defaults when no ConfigMap is mounted)."""
     if args.config is None:
         return load_config(None, options)
+    if getattr(args, "config_missing_ok", False):
+        return load_config(args.config, options, missing_ok=True)
     return load_config_or_manifest(args.config, options)
 
 

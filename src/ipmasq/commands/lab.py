@@ -33,6 +33,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
     parser.add_argument("--keep", action="store_true",
                         help="leave the namespaces (and the last agent) for exploring; prints how to enter them")
+    parser.add_argument("--kubernetes", action="store_true",
+                        help="run the scenarios on a real Kubernetes cluster in the namespaces (etcd, kube-apiserver, "
+                        "controller-manager, scheduler; two nodes in two pools, each with containerd, kubelet and "
+                        "kube-proxy), the agent installed with kubectl apply -k deploy/ from an image built from the "
+                        "Dockerfile; binaries and images are built once and cached in /var/cache/ipmasq/kube-lab")
+    parser.add_argument("--down", action="store_true",
+                        help="with --kubernetes: remove a cluster left by --keep (processes, namespaces, state)")
+    parser.add_argument("--source", metavar="DIR",
+                        help="with --kubernetes: the ipmasq checkout whose Dockerfile and deploy/ are used "
+                        "(default: the one this ipmasq runs from, else the current directory)")
     parser.set_defaults(func=run)
 
 
@@ -46,6 +56,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown scenario {args.scenario!r} (known: {', '.join(SCENARIOS)}, {FLEET_SCENARIO}, all)")
     if os.geteuid() != 0:
         raise UsageError("the lab creates network namespaces: run it as root")
+    if args.down and not args.kubernetes:
+        raise UsageError("--down removes the Kubernetes lab's cluster: use it with --kubernetes")
+    if args.kubernetes:
+        if args.scenario == FLEET_SCENARIO:
+            raise UsageError(f"{FLEET_SCENARIO} runs in the namespace lab only (its nodes are agents, not kubelets)")
+        from ipmasq.lab.kubernetes.command import run_kubernetes_lab
+
+        return run_kubernetes_lab(args, print_scenario=_print_scenario)
     if args.scenario == FLEET_SCENARIO:
         return _run_fleet(args)
     chosen = list(SCENARIOS.values()) if args.scenario == "all" else [SCENARIOS[args.scenario]]
@@ -92,9 +110,13 @@ def _print_scenario(result: Any) -> None:
     print(f"== {result.name}\n   {result.summary}")
     for phase in result.phases:
         print(f"-- {phase.name}")
-        print(f"   {'DESTINATION':<21} {'PREDICTED SOURCE':<17} {'PEER SAW':<15} {'CONNECTED':<9} {'OK':<8} DECIDED BY")
+        from_node = any(probe.node for probe in phase.probes)  # the Kubernetes lab probes from a pod on each node
+        head = f"{'FROM NODE':<27} " if from_node else ""
+        print(f"   {head}{'DESTINATION':<21} {'PREDICTED SOURCE':<17} {'PEER SAW':<15} {'CONNECTED':<9} {'OK':<8} "
+              "DECIDED BY")
         for probe in phase.probes:
-            print(f"   {probe.target:<21} {_show(probe.predicted_source):<17} {_show(probe.seen_source):<15} "
+            node = f"{_show(probe.node):<27} " if from_node else ""
+            print(f"   {node}{probe.target:<21} {_show(probe.predicted_source):<17} {_show(probe.seen_source):<15} "
                   f"{'yes' if probe.connected else 'no':<9} {'ok' if probe.ok else 'MISMATCH':<8} "
                   f"{probe.decided_by.text}")
     if result.error:

@@ -3,13 +3,15 @@
     python -m ipmasq.lab.probe serve PORT [ADDRESS] [--log FILE] [--allow CIDR]...
     python -m ipmasq.lab.probe connect HOST PORT [TIMEOUT]
     python -m ipmasq.lab.probe connect-many HOST:PORT... [--timeout S]
+    python -m ipmasq.lab.probe repeat HOST:PORT --seconds S [--interval S] [--timeout S]
 
 The server accepts on every local address (with an AnyIP route, on *any* address), appends one line per
 connection to the log file, `<ACCEPT|REJECT> <destination> <source>`, and answers the client with the source it saw.
 `--allow` makes it behave like the firewalls of the outages it reproduces (the AWS VPC admitting only node IPs): a
 source outside the allowed ranges is logged, then reset, so the client sees the connection fail exactly as a REJECT.
 `connect` prints the source the server saw (or FAILED); `connect-many` prints one line per target,
-`<target> <seen source|FAILED>`, making many probes with one process.
+`<target> <seen source|FAILED>`, making many probes with one process; `repeat` connects to one target again and
+again for a while (continuous traffic across a rolling update), one line per connection: `<seen source|FAILED>`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import ipaddress
 import socket
 import struct
 import sys
+import time
 from collections.abc import Sequence
 
 __all__ = ["connect", "main", "serve"]
@@ -110,8 +113,23 @@ def main(argv: list[str]) -> int:
             failures += seen is None
             print(f"{target} {seen if seen is not None else 'FAILED'}", flush=True)
         return 0 if failures == 0 else 1
+    if command == "repeat" and args:
+        positional, options = _options(args, {"--seconds", "--interval", "--timeout"})
+        seconds = float((options["--seconds"] or ["10"])[-1])
+        interval = float((options["--interval"] or ["0.05"])[-1])
+        timeout = float((options["--timeout"] or ["1.0"])[-1])
+        host, port = _split_target(positional[0])
+        deadline = time.monotonic() + seconds
+        failures = 0
+        while time.monotonic() < deadline:
+            seen = connect(host, port, timeout=timeout)
+            failures += seen is None
+            print(seen if seen is not None else "FAILED", flush=True)
+            time.sleep(interval)
+        return 0 if failures == 0 else 1
     print("usage: probe serve PORT [ADDRESS] [--log FILE] [--allow CIDR]... | probe connect HOST PORT [TIMEOUT] | "
-          "probe connect-many HOST:PORT... [--timeout S]", file=sys.stderr)
+          "probe connect-many HOST:PORT... [--timeout S] | probe repeat HOST:PORT --seconds S [--interval S]",
+          file=sys.stderr)
     return 2
 
 

@@ -23,7 +23,7 @@ from ipmasq.prefix import parse_address, parse_cidr
 
 __all__ = [
     "NO_RULES", "SCENARIOS", "Decision", "HandWrittenRule", "Phase", "PhaseResult", "ProbeOutcome", "Scenario",
-    "policy_for", "predict",
+    "Vantage", "policy_for", "predict",
 ]
 
 # What a node does with none of our rules (agent never ran, or was uninstalled): nothing is masqueraded.
@@ -154,6 +154,7 @@ class ProbeOutcome:
     seen_source: str | None
     connected: bool
     decided_by: Decision
+    node: str | None = None  # the node whose pod sent the probe (the Kubernetes lab has several)
 
     @property
     def target(self) -> str:
@@ -167,7 +168,7 @@ class ProbeOutcome:
     def as_dict(self) -> dict[str, object]:
         return {"destination": self.destination, "port": self.port, "predicted_source": self.predicted_source,
                 "seen_source": self.seen_source, "connected": self.connected, "ok": self.ok,
-                "decided_by": self.decided_by.as_dict()}
+                "decided_by": self.decided_by.as_dict(), **({"node": self.node} if self.node else {})}
 
 
 @dataclass
@@ -205,36 +206,51 @@ def _decision(verdict: Verdict, hand_written: tuple[HandWrittenRule, ...]) -> De
     return Decision(verdict.reason.value, None, where, str(entry.prefix))
 
 
-def _source_seen(verdict: Verdict, cloud_nat: CloudNat) -> str | None:
+@dataclass(frozen=True)
+class Vantage:
+    """Where a phase's probes start: the pod's address and its node's. The namespace lab has one pod on one node
+    (named by the phase's options); each node of the Kubernetes lab has its own pod, name and address."""
+
+    pod_ip: str = ADDR.pod
+    node_ip: str = ADDR.node
+    node_name: str | None = None  # None: the node the phase's options name
+
+    def options(self, phase: Phase) -> PolicyOptions:
+        """The agent's options on this node (a real node's agent knows its name from the downward API)."""
+        return phase.options if self.node_name is None else replace(phase.options, node_name=self.node_name)
+
+
+def _source_seen(verdict: Verdict, cloud_nat: CloudNat, vantage: Vantage) -> str | None:
     """explain's path: follow_path for the node's masquerade or the pod IP; a snat rule's address leaves the node
     instead, and Cloud NAT (towards the internet only) translates it or drops it by its own ranges."""
     if verdict.snat_to is None:
-        return follow_path(verdict, pod_ip=ADDR.pod, node_ip=ADDR.node, cloud_nat=cloud_nat).source_seen
+        return follow_path(verdict, pod_ip=vantage.pod_ip, node_ip=vantage.node_ip, cloud_nat=cloud_nat).source_seen
     if not is_internet(verdict.destination):
         return verdict.snat_to
     return cloud_nat.nat_ip if cloud_nat.translates(verdict.snat_to) else None
 
 
-def predict(phase: Phase, probe: Probe) -> tuple[str | None, bool, Decision]:
+def predict(phase: Phase, probe: Probe, vantage: Vantage = Vantage()) -> tuple[str | None, bool, Decision]:
     """explain's model: the source the destination sees (None: dropped on the way), whether it connects, and what
     decided on the node."""
     uninstalled = phase.agent == "uninstalled"
-    policy = policy_for(NO_RULES if uninstalled else phase.config, phase.options, phase.hand_written)
+    options = vantage.options(phase)
+    policy = policy_for(NO_RULES if uninstalled else phase.config, options, phase.hand_written)
     cloud_nat = CloudNat(phase.cloud_nat, ADDR.nat_ip, (parse_cidr(ADDR.node_range),), (parse_cidr(ADDR.pod_range),))
     family, destination = parse_address(probe.destination)
-    verdict = policy.verdict_for(family, destination, text=probe.destination, source=parse_address(ADDR.pod)[1],
+    verdict = policy.verdict_for(family, destination, text=probe.destination, source=parse_address(vantage.pod_ip)[1],
                                  protocol="tcp", port=probe.port)
     decision = Decision("no-rules") if uninstalled else _decision(verdict, phase.hand_written)
-    seen = _source_seen(verdict, cloud_nat)
+    seen = _source_seen(verdict, cloud_nat, vantage)
     if seen is None:
         return None, False, decision
     return seen, admits(probe, seen), decision
 
 
-def outcome(phase: Phase, result: ProbeResult) -> ProbeOutcome:
-    predicted, predicted_connected, decision = predict(phase, result.probe)
+def outcome(phase: Phase, result: ProbeResult, vantage: Vantage = Vantage()) -> ProbeOutcome:
+    predicted, predicted_connected, decision = predict(phase, result.probe, vantage)
     return ProbeOutcome(result.probe.destination, result.probe.port, predicted, predicted_connected,
-                        result.seen_source, result.connected, decision)
+                        result.seen_source, result.connected, decision, vantage.node_name)
 
 
 SCENARIOS: dict[str, Scenario] = {

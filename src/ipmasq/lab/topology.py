@@ -24,12 +24,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ipmasq.cloudnat import CloudNatMode
 from ipmasq.lab.netns import Namespace, NetnsError, Network
 
-__all__ = ["ADDR", "OPEN_PORT", "PLAIN_PORT", "STRICT_PORT", "Lab", "Probe", "ProbeResult", "admits", "build_lab"]
+__all__ = [
+    "ADDR", "OPEN_PORT", "PLAIN_PORT", "STRICT_PORT", "Lab", "Probe", "ProbeClient", "ProbeResult", "admits",
+    "build_lab", "build_world",
+]
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,10 @@ OPEN_PORT = 8080  # admits any source
 PLAIN_PORT = 80  # admits any source too: the peers' plain-HTTP side of the endpoints whose 443 is strict
 PARTNER_REFUSED = "partner-refused"  # the xt_recent list of the sources the partner's firewall reset
 
+
+
+# runs the probe client (`python ARGV...`) where the probes start from, within a timeout; returns its output
+ProbeClient = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
 
 
 @dataclass(frozen=True)
@@ -127,8 +135,13 @@ class Lab:
         cloudnat.run(["conntrack", "-F"], check=False)
         self.cloud_nat_mode = mode
 
-    def probe(self, probes: list[Probe], *, timeout: float = 1.0) -> list[ProbeResult]:
+    def probe(self, probes: list[Probe], *, timeout: float = 1.0, client: ProbeClient | None = None,
+              nodes: Sequence[Namespace] = ()) -> list[ProbeResult]:
         """Connect from the pod to each target (one process for the batch); read what each peer saw.
+
+        client: how to run the probe client's argv in the pod and wait for it (default: the lab's pod namespace;
+        the Kubernetes lab runs it in a real pod with kubectl exec); nodes: whose connection tracking to forget
+        first (default: the lab's node).
 
         A target is probed at most once per batch: the partner's firewall remembers whom it refused, not for
         which connection."""
@@ -139,9 +152,13 @@ class Lab:
         if partner is not None:
             partner.run(["sh", "-c", f"echo / > /proc/net/xt_recent/{PARTNER_REFUSED}"])  # forget earlier refusals
         # forget earlier NAT decisions, as a fresh connection from a new pod would
-        self.node.run(["conntrack", "-F"], check=False)
-        result = self.pod.run([sys.executable, "-m", "ipmasq.lab.probe", "connect-many", "--timeout", str(timeout),
-                               *[p.target for p in probes]], check=False, timeout=30 + timeout * len(probes))
+        for node in nodes or [self.node]:
+            node.run(["conntrack", "-F"], check=False)
+        argv = ["-m", "ipmasq.lab.probe", "connect-many", "--timeout", str(timeout), *[p.target for p in probes]]
+        if client is None:
+            result = self.pod.run([sys.executable, *argv], check=False, timeout=30 + timeout * len(probes))
+        else:
+            result = client(argv, 30 + timeout * len(probes))
         connected: dict[str, bool] = {}
         for line in result.stdout.splitlines():
             target, _, answer = line.rpartition(" ")
@@ -206,23 +223,34 @@ def build_lab(net: Network, *, workdir: str | None = None, anyip_peers: bool = F
     """
     lab = Lab(net, workdir or tempfile.mkdtemp(prefix="ipmasq-lab-"))
     pod, node, router = net.add("pod"), net.add("node"), net.add("router")
-    peers, cloudnat, internet = net.add("peers"), net.add("cloudnat"), net.add("internet")
-    partner = net.add("partner")
-    for ns in (node, router, cloudnat):
+    for ns in (node, router):
         ns.sysctl("net.ipv4.ip_forward", "1")
         ns.sysctl("net.ipv4.conf.all.rp_filter", "0")
     net.link(pod, [f"{ADDR.pod}/24"], node, [f"{ADDR.pod_gateway}/24"])
     # the spare address is secondary: masquerade keeps choosing the node's primary address
     net.link(node, [f"{ADDR.node}/20", f"{ADDR.spare_node}/20"], router, [f"{ADDR.router}/20"])
+    pod.run(["ip", "route", "add", "default", "via", ADDR.pod_gateway])
+    node.run(["ip", "route", "add", "default", "via", ADDR.router])
+    router.run(["ip", "route", "add", ADDR.pod_range, "via", ADDR.node])  # alias IP ranges are VPC-routable
+    build_world(lab, router, anyip_peers=anyip_peers)
+    return lab
+
+
+def build_world(lab: Lab, router: Namespace, *, anyip_peers: bool = False) -> None:
+    """Everything beyond the VPC router: the peers behind their firewalls, the partner, Cloud NAT and the
+    internet, their routes and probe servers. The caller has made `router` and routed its pod ranges to nodes."""
+    net = lab.net
+    peers, cloudnat, internet = net.add("peers"), net.add("cloudnat"), net.add("internet")
+    partner = net.add("partner")
+    for ns in (router, cloudnat):
+        ns.sysctl("net.ipv4.ip_forward", "1")
+        ns.sysctl("net.ipv4.conf.all.rp_filter", "0")
     net.link(router, ["10.250.0.1/30"], peers, ["10.250.0.2/30"])
     net.link(router, ["10.250.1.1/30"], cloudnat, ["10.250.1.2/30"])
     net.link(router, ["10.250.2.1/30"], partner, ["10.250.2.2/30"])
     cloudnat_if, _ = net.link(cloudnat, ["34.120.0.1/24", f"{ADDR.nat_ip}/32"], internet,
                                         [f"{ADDR.internet}/24"])
     cloudnat.run(["ip", "link", "set", cloudnat_if, "name", "inet"])  # rules below name the interface
-    pod.run(["ip", "route", "add", "default", "via", ADDR.pod_gateway])
-    node.run(["ip", "route", "add", "default", "via", ADDR.router])
-    router.run(["ip", "route", "add", ADDR.pod_range, "via", ADDR.node])  # alias IP ranges are VPC-routable
     peers.run(["ip", "route", "add", "default", "via", "10.250.0.1"])
     partner.run(["ip", "addr", "add", f"{ADDR.partner}/32", "dev", "lo"])
     partner.run(["ip", "route", "add", "default", "via", "10.250.2.1"])
@@ -247,7 +275,6 @@ def build_lab(net: Network, *, workdir: str | None = None, anyip_peers: bool = F
     _start_server(lab, "partner", STRICT_PORT, [])
     _start_server(lab, "internet", OPEN_PORT, [])
     lab.set_cloud_nat(CloudNatMode.ALL_IP_RANGES)
-    return lab
 
 
 def wait_until(condition: object, *, timeout: float, interval: float = 0.05) -> bool:

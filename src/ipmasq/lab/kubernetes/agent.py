@@ -1,0 +1,144 @@
+"""The agent on the lab's cluster, installed and configured as users do it: `kubectl apply -k` of the shipped
+manifests (only the image's tag changed, by an overlay the lab writes), the ConfigMap with `kubectl apply`.
+
+The lab reads each node's kernel from outside (the backends' own readers, run in the node's network namespace) to
+know when the agent has enforced a config; it never waits by sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ipmasq.backends.base import Backend
+from ipmasq.backends.iptables import IptablesBackend, Variant
+from ipmasq.lab.kubernetes.cluster import Cluster, ClusterError, NodeSpec
+from ipmasq.lab.netns import NamespaceRunner
+from ipmasq.lab.scenarios import GKE_FLAGS, NO_RULES, policy_for
+from ipmasq.options import PolicyOptions
+from ipmasq.policy import Policy
+
+__all__ = [
+    "AGENT_LABEL", "CONFIGMAP", "agent_pods", "apply_config", "deploy_agent", "kernel", "node_options",
+    "overlay_for", "remove_agent", "uninstall", "wait_agents_ready", "wait_synced",
+]
+
+AGENT_LABEL = "k8s-app=ip-masq-agent"
+CONFIGMAP = "ip-masq-agent"
+OVERLAYS = {(): "deploy", GKE_FLAGS: "deploy/overlays/gke"}
+
+
+def overlay_for(flags: tuple[str, ...]) -> str:
+    """The shipped kustomization that runs the agent with these flags."""
+    try:
+        return OVERLAYS[flags]
+    except KeyError:
+        raise ClusterError(f"no shipped manifest runs the agent with {' '.join(flags)}") from None
+
+
+def _lab_overlay(cluster: Cluster, shipped: str, image: str) -> Path:
+    """A kustomization on top of the shipped one that changes only the image (the shipped files stay as they are)."""
+    repository, tag = image.rsplit(":", 1)
+    directory = cluster.state / "deploy" / shipped.replace("/", "-") / tag
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "kustomization.yaml").write_text(json.dumps({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        # kustomize takes a base by a relative path only
+        "resources": [os.path.relpath((cluster.source / shipped).resolve(), directory.resolve())],
+        "images": [{"name": "ipmasq/ipmasq", "newName": repository, "newTag": tag}],
+    }, indent=2) + "\n")
+    return directory
+
+
+def deploy_agent(cluster: Cluster, shipped: str = "deploy", *, image: str | None = None, wait: bool = True) -> None:
+    """`kubectl apply -k` of a shipped kustomization (deploy/ or an overlay), the lab's image in it."""
+    cluster.kubectl("apply", "-k", str(_lab_overlay(cluster, shipped, image or cluster.artifacts.image)))
+    if wait:
+        wait_agents_ready(cluster)
+
+
+def wait_agents_ready(cluster: Cluster, timeout: float = 120.0) -> None:
+    result = cluster.kubectl("rollout", "status", "daemonset/ip-masq-agent", "-n", "kube-system",
+                             f"--timeout={timeout:.0f}s", check=False, timeout=timeout + 10)
+    if result.returncode != 0:
+        pods = cluster.kubectl("get", "pods", "-n", "kube-system", "-l", AGENT_LABEL, "-o", "wide", check=False)
+        raise ClusterError(f"the agent's DaemonSet did not roll out: {result.stderr.strip()[-300:]} "
+                           f"{pods.stdout.strip()}")
+
+
+def remove_agent(cluster: Cluster) -> None:
+    """Delete the DaemonSet and wait until its pods are gone (each agent exits on SIGTERM, leaving its rules)."""
+    cluster.kubectl("delete", "daemonset", "ip-masq-agent", "-n", "kube-system", "--ignore-not-found",
+                    "--cascade=foreground", "--wait", "--timeout=90s", timeout=120)
+    deadline = time.monotonic() + 90
+    while agent_pods(cluster):
+        if time.monotonic() > deadline:
+            raise ClusterError("the agent's pods are still there 90 s after the DaemonSet was deleted")
+        time.sleep(0.5)
+
+
+def agent_pods(cluster: Cluster) -> dict[str, Any]:
+    """node name -> the agent's pod there (as the API shows it)."""
+    pods = cluster.kubectl_json("get", "pods", "-n", "kube-system", "-l", AGENT_LABEL)
+    return {p["spec"]["nodeName"]: p for p in pods["items"]}
+
+
+def apply_config(cluster: Cluster, text: str | None) -> None:
+    """`kubectl apply` of the ip-masq-agent ConfigMap with this config (None: the ConfigMap deleted)."""
+    if text is None:
+        cluster.kubectl("delete", "configmap", CONFIGMAP, "-n", "kube-system", "--ignore-not-found")
+        return
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIGMAP, "namespace": "kube-system"},
+        "data": {"config": text}}))
+
+
+def node_options(options: PolicyOptions, node: NodeSpec) -> PolicyOptions:
+    """The agent's options on a node: its name comes from the downward API (NODE_NAME)."""
+    return replace(options, node_name=node.name)
+
+
+def kernel(cluster: Cluster, node: NodeSpec, options: PolicyOptions) -> Backend:
+    """The node's nat rules as the agent's own iptables backend reads them (Debian's iptables: the nft variant)."""
+    return IptablesBackend(NamespaceRunner(cluster.namespace(node)), chain=options.masq_chain, variant=Variant.NFT,
+                           families=policy_for(NO_RULES, options).families)
+
+
+def wait_synced(cluster: Cluster, node: NodeSpec, config: str | None, options: PolicyOptions, *,
+                timeout: float = 60.0) -> float:
+    """Wait until the node's kernel holds what the agent should write for this config; returns the seconds."""
+    policy: Policy = policy_for(config, node_options(options, node))
+    backend = kernel(cluster, node, options)
+    started = time.monotonic()
+    while True:
+        if all(backend.read(f) == backend.desired(policy, f) for f in policy.families):
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise ClusterError(f"{node.name}: the kernel did not reach the config within {timeout:.0f} s "
+                               f"(kubectl logs -n kube-system {_pod_name(cluster, node)})")
+        time.sleep(0.1)
+
+
+def _pod_name(cluster: Cluster, node: NodeSpec) -> str:
+    pod = agent_pods(cluster).get(node.name)
+    return str(pod["metadata"]["name"]) if pod else "(no agent pod on the node)"
+
+
+def uninstall(cluster: Cluster, node: NodeSpec, chain: str) -> None:
+    """What `ipmasq uninstall` does on the node: our chain and jump gone (run from outside, in its namespace)."""
+    result = cluster.namespace(node).run([sys.executable, "-m", "ipmasq", "uninstall", f"--masq-chain={chain}"],
+                                         check=False)
+    if result.returncode not in (0,):
+        raise ClusterError(f"{node.name}: ipmasq uninstall: {result.stderr.strip()}")
+
+
+def run_in_pod(cluster: Cluster, namespace: str, pod: str, argv: list[str], *,
+               timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """`kubectl exec` into a pod (the way a user on a workstation runs a command on a node)."""
+    return cluster.kubectl("exec", "-n", namespace, pod, "--", *argv, check=False, timeout=timeout)

@@ -1,0 +1,633 @@
+"""A real Kubernetes cluster inside the lab's namespaces, brought up and down as one unit.
+
+    router (the VPC: a bridge for 10.142.0.0/20, each node's pod range routed to its node, as GKE routes alias
+     │      ranges; the namespace lab's world behind it: peers, partner, Cloud NAT, internet)
+     ├─ control plane 10.142.0.2: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+     ├─ gke-prod-egress-pool-7f3k 10.142.15.203 (and the spare 10.142.15.204), pods 10.44.14.0/24
+     └─ gke-prod-general-pool-2b9x 10.142.15.210, pods 10.44.15.0/24
+         each node: containerd, kubelet, kube-proxy (iptables mode), a CNI bridge for its pods
+
+Every node has its own network namespace and its own mount namespace: a private /run (so the DaemonSet's hostPath
+/run/xtables.lock and /run/ip-masq-agent are the node's, as on a real machine), /var/log, and the three kernel
+settings kubelet insists on (vm.overcommit_memory, kernel.panic, kernel.panic_on_oops) shown to kubelet as it wants
+them, so it changes nothing on the machine. Every process the lab starts runs in the cgroup tree `ipmasq-lab`
+(kubelet's pods below each node's part of it): tearing down kills that tree, whatever was started inside it, then
+deletes the namespaces and the state directory. kubectl on the machine reaches the API server through a loopback
+port (ipmasq.lab.kubernetes.forward); nothing of the lab is linked to the machine's network, and the machine's own
+netfilter rules are never written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ipmasq.errors import IpmasqError
+from ipmasq.lab.kubernetes.artifacts import PAUSE_IMAGE, Artifacts
+from ipmasq.lab.netns import Namespace, Network
+from ipmasq.lab.topology import ADDR, Lab, build_world
+
+__all__ = [
+    "API_PORT", "CONTROL_PLANE", "FAST_SYNC_FREQUENCY", "KUBELET_SYNC_FREQUENCY", "NODES", "Cluster",
+    "ClusterError", "NodeSpec", "cluster_is_up", "state_dir", "tear_down",
+]
+
+API_PORT = 16443  # on the machine's loopback: kubectl's way in
+CONTROL_PLANE = "10.142.0.2"
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE = "10.96.0.1"
+NETNS_PREFIX = "kl"  # not the namespace lab's prefix: its stale-namespace sweep must not take a kept cluster
+CGROUP_ROOT = "ipmasq-lab"
+CGROUP_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "systemd",
+                      "unified")
+LAB_NAMESPACE = "ipmasq-lab"  # the long-running probe pods
+PROBE_DAEMONSET = "ipmasq-probe"
+# kubelet's pod sync period: its ConfigMap volumes are refreshed on that beat. The cluster comes up with kubelet's
+# default (1m), as users run it; the scenarios change configs often and switch to FAST_SYNC_FREQUENCY.
+KUBELET_SYNC_FREQUENCY = "1m"
+FAST_SYNC_FREQUENCY = "10s"
+# what kubelet sets unless told otherwise (pkg/kubelet/cm: setupKernelTunables): shown to it, never written
+KUBELET_KERNEL_SETTINGS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
+
+
+class ClusterError(IpmasqError):
+    """The Kubernetes lab could not bring the cluster into the state asked for."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    pool: str
+    role: str  # the network namespace's role (kl-ROLE)
+    address: str
+    pod_cidr: str
+    extra_addresses: tuple[str, ...] = ()
+
+    @property
+    def pod_gateway(self) -> str:
+        return self.pod_cidr.rsplit(".", 1)[0] + ".1"
+
+
+NODES = (
+    # the egress pool's node also holds the spare address the partner's firewall admits
+    NodeSpec("gke-prod-egress-pool-7f3k", "egress-pool", "node1", ADDR.node, "10.44.14.0/24", (ADDR.spare_node,)),
+    NodeSpec("gke-prod-general-pool-2b9x", "general-pool", "node2", "10.142.15.210", "10.44.15.0/24"),
+)
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("IPMASQ_LAB_STATE", "/var/lib/ipmasq/kube-lab"))
+
+
+Progress = Callable[[str], None]
+
+
+def _cgroup(controller: str, *parts: str) -> Path:
+    return Path("/sys/fs/cgroup", controller, CGROUP_ROOT, *parts)
+
+
+def _make_cgroup(*parts: str) -> None:
+    """ipmasq-lab/PARTS in every controller; cpuset's cpus and mems copied down, as a new cpuset starts empty."""
+    for controller in CGROUP_CONTROLLERS:
+        if not Path("/sys/fs/cgroup", controller).is_dir():
+            continue
+        path = Path("/sys/fs/cgroup", controller)
+        for part in (CGROUP_ROOT, *parts):
+            parent, path = path, path / part
+            path.mkdir(exist_ok=True)
+            if controller == "cpuset":
+                for name in ("cpuset.cpus", "cpuset.mems"):
+                    if not (path / name).read_text().strip():
+                        (path / name).write_text((parent / name).read_text())
+
+
+def _join_cgroup(*parts: str) -> Callable[[], None]:
+    """A preexec_fn: the child joins ipmasq-lab/PARTS in every controller before it executes."""
+    def join() -> None:
+        for controller in CGROUP_CONTROLLERS:
+            procs = _cgroup(controller, *parts, "cgroup.procs")
+            if procs.exists():
+                procs.write_text("0")
+    return join
+
+
+def _cgroup_pids() -> set[int]:
+    pids: set[int] = set()
+    root = Path("/sys/fs/cgroup", "pids", CGROUP_ROOT)
+    if not root.exists():
+        return pids
+    for directory, _dirs, files in os.walk(root):
+        if "cgroup.procs" in files:
+            try:
+                pids.update(int(p) for p in Path(directory, "cgroup.procs").read_text().split())
+            except OSError:
+                continue
+    return pids
+
+
+def _kill_cgroup_tree(timeout: float = 20.0) -> None:
+    """SIGTERM then SIGKILL every process of the lab's cgroup tree until it is empty; then remove the tree."""
+    deadline = time.monotonic() + timeout
+    sent_term = False
+    while True:
+        pids = _cgroup_pids()
+        if not pids:
+            break
+        # the freezer stops new forks racing the kill (a restarting container, a shim spawning)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL if sent_term else signal.SIGTERM)
+        if not sent_term:
+            sent_term = True
+            _wait(lambda: not _cgroup_pids(), 3.0)
+            continue
+        if time.monotonic() > deadline:
+            raise ClusterError(f"processes of the lab would not exit: {sorted(pids)[:10]}")
+        time.sleep(0.1)
+    for controller in CGROUP_CONTROLLERS:
+        root = Path("/sys/fs/cgroup", controller, CGROUP_ROOT)
+        if not root.exists():
+            continue
+        for directory, _dirs, _files in sorted(os.walk(root), key=lambda w: -len(Path(w[0]).parts)):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+
+
+def _wait(condition: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ClusterError(f"openssl {args[0]}: {result.stderr.strip().splitlines()[-1:]}")
+
+
+def _make_pki(pki: Path) -> None:
+    """A cluster CA, the API server's serving certificate (every name a client uses for it) and the service-account
+    signing key."""
+    pki.mkdir(parents=True)
+    names = ["DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
+             "DNS:kubernetes.default.svc.cluster.local", "DNS:localhost", f"IP:{CONTROL_PLANE}",
+             f"IP:{KUBERNETES_SERVICE}", "IP:127.0.0.1"]
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "30",
+             "-subj", "/CN=ipmasq-lab-ca", cwd=pki)
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.csr",
+             "-subj", "/CN=kube-apiserver", cwd=pki)
+    (pki / "san.cnf").write_text(f"subjectAltName={','.join(names)}\nextendedKeyUsage=serverAuth\n")
+    _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", "apiserver.crt", "-days", "30", "-extfile", "san.cnf", cwd=pki)
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+
+def _kubeconfig(path: Path, server: str, ca: Path, token: str, user: str) -> None:
+    import base64
+
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "ipmasq-lab",
+        "clusters": [{"name": "ipmasq-lab", "cluster": {
+            "server": server, "certificate-authority-data": base64.b64encode(ca.read_bytes()).decode()}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "ipmasq-lab", "context": {"cluster": "ipmasq-lab", "user": user}}],
+    }
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    path.chmod(0o600)
+
+
+@dataclass
+class Cluster:
+    """The running cluster: its namespaces, its world (the namespace lab's Lab), its state directory."""
+
+    artifacts: Artifacts
+    source: Path  # the repository checkout: deploy/ and the Dockerfile
+    net: Network
+    state: Path
+    world: Lab | None = None
+    nodes: tuple[NodeSpec, ...] = NODES
+    holders: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)  # node name -> its mount ns holder
+    kubelets: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    proxies: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    sync_frequency: str = KUBELET_SYNC_FREQUENCY
+    api_port: int = API_PORT
+
+    # ---- names and paths ---------------------------------------------------------------------------------------
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state / "admin.kubeconfig"
+
+    def namespace(self, node: NodeSpec) -> Namespace:
+        return self.net[node.role]
+
+    def node(self, name: str) -> NodeSpec:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise ClusterError(f"no node {name!r} in the lab (nodes: {', '.join(n.name for n in self.nodes)})")
+
+    def _log(self, name: str) -> int:
+        (self.state / "logs").mkdir(exist_ok=True)
+        return os.open(self.state / "logs" / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def _start(self, name: str, argv: Sequence[str], cgroup: tuple[str, ...]) -> subprocess.Popen[bytes]:
+        log = self._log(name)
+        try:
+            return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    preexec_fn=_join_cgroup(*cgroup), start_new_session=True)
+        finally:
+            os.close(log)
+
+    def in_node(self, node: NodeSpec, argv: Sequence[str]) -> list[str]:
+        """argv run in a node's network and mount namespaces (where its containerd socket and /run are)."""
+        holder = self.holders[node.name].pid
+        return ["nsenter", f"--mount=/proc/{holder}/ns/mnt", f"--net=/proc/{holder}/ns/net", "--", *argv]
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True,
+                timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        try:
+            result = subprocess.run(["kubectl", f"--kubeconfig={self.kubeconfig}", *args], input=stdin,
+                                    capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise ClusterError(f"kubectl {' '.join(args)}: no answer within {timeout:.0f} s") from None
+        if check and result.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args)}: {result.stderr.strip()[-500:]}")
+        return result
+
+    def kubectl_json(self, *args: str) -> Any:
+        """What kubectl prints with -o json (the API's objects, as plain JSON values)."""
+        return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+    # ---- bringing it up ----------------------------------------------------------------------------------------
+
+    def up(self, progress: Progress) -> None:
+        started = time.monotonic()
+        self.state.mkdir(parents=True)
+        _make_cgroup("control-plane")
+        progress("network: router, control plane, nodes, peers, partner, Cloud NAT, internet")
+        self._network()
+        _make_pki(self.state / "pki")
+        tokens = self._tokens()
+        self._control_plane(tokens)
+        progress(f"control plane up ({time.monotonic() - started:.0f} s)")
+        for node in self.nodes:
+            self._node(node, tokens)
+        self.wait_nodes_ready()
+        progress(f"nodes Ready: {', '.join(n.name for n in self.nodes)} ({time.monotonic() - started:.0f} s)")
+        self._probe_pods()
+        progress(f"probe pods Running ({time.monotonic() - started:.0f} s)")
+
+    def _network(self) -> None:
+        net = self.net
+        router = net.add("router")
+        router.run(["ip", "link", "add", "vpc", "type", "bridge"])
+        router.run(["ip", "addr", "add", f"{ADDR.router}/20", "dev", "vpc"])
+        router.run(["ip", "link", "set", "vpc", "up"])
+        self.world = Lab(net, str(self.state / "world"))
+        os.makedirs(self.world.workdir)
+        build_world(self.world, router)
+        control_plane = net.add("cp")
+        _, port = net.link(control_plane, [f"{CONTROL_PLANE}/20"], router, [])
+        router.run(["ip", "link", "set", port, "master", "vpc"])
+        control_plane.run(["ip", "route", "add", "default", "via", ADDR.router])
+        for node in self.nodes:
+            ns = net.add(node.role)
+            _, port = net.link(ns, [f"{node.address}/20", *(f"{a}/20" for a in node.extra_addresses)], router, [])
+            router.run(["ip", "link", "set", port, "master", "vpc"])
+            ns.run(["ip", "route", "add", "default", "via", ADDR.router])
+            ns.sysctl("net.ipv4.ip_forward", "1")
+            ns.sysctl("net.ipv4.conf.all.rp_filter", "0")
+            router.run(["ip", "route", "add", node.pod_cidr, "via", node.address])
+
+    def _tokens(self) -> dict[str, str]:
+        users = {"admin": ("admin", "system:masters"), "kube-proxy": ("system:kube-proxy", ""),
+                 "controller-manager": ("system:kube-controller-manager", ""),
+                 "scheduler": ("system:kube-scheduler", "")}
+        users.update({node.name: (f"system:node:{node.name}", "system:nodes") for node in self.nodes})
+        tokens = {name: secrets.token_hex(16) for name in users}
+        lines = [f'{tokens[name]},{user},{user},"{groups}"' if groups else f"{tokens[name]},{user},{user}"
+                 for name, (user, groups) in users.items()]
+        (self.state / "pki" / "tokens.csv").write_text("\n".join(lines) + "\n")
+        ca = self.state / "pki" / "ca.crt"
+        # the machine's kubectl goes through the loopback port only: the lab's addresses exist only inside the lab,
+        # and on the machine's own network they may well be somebody else's
+        _kubeconfig(self.kubeconfig, f"https://127.0.0.1:{self.api_port}", ca, tokens["admin"], "admin")
+        for name in tokens:
+            if name != "admin":  # the daemons inside the lab reach the API server at its lab address
+                _kubeconfig(self.state / f"{name}.kubeconfig", f"https://{CONTROL_PLANE}:6443", ca, tokens[name],
+                            name)
+        return tokens
+
+    def _control_plane(self, tokens: dict[str, str]) -> None:
+        cp = self.net["cp"]
+        pki = self.state / "pki"
+        tools = self.artifacts.toolchain
+        enter = ["nsenter", f"--net=/run/netns/{cp.name}", "--"]
+        group = ("control-plane",)
+        self._start("etcd", [*enter, tools.etcd, f"--data-dir={self.state / 'etcd'}", "--name=lab",
+                             "--listen-client-urls=http://127.0.0.1:2379",
+                             "--advertise-client-urls=http://127.0.0.1:2379",
+                             "--listen-peer-urls=http://127.0.0.1:2380",
+                             "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+                             "--initial-cluster=lab=http://127.0.0.1:2380"], group)
+        self._start("kube-apiserver", [
+            *enter, tools.binaries["kube-apiserver"], "--etcd-servers=http://127.0.0.1:2379",
+            f"--advertise-address={CONTROL_PLANE}", "--bind-address=0.0.0.0", "--secure-port=6443",
+            "--insecure-port=0", f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--token-auth-file={pki / 'tokens.csv'}", "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--allow-privileged=true", "--kubelet-preferred-address-types=InternalIP",
+            f"--cert-dir={self.state / 'apiserver-certs'}"], group)
+        # kubectl on the machine: a loopback port forwarded into the control plane's namespace
+        try:
+            probe = socket.socket()
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("127.0.0.1", self.api_port))
+            probe.close()
+        except OSError as exc:
+            raise ClusterError(f"127.0.0.1:{self.api_port} (the lab's API port) is in use: {exc.strerror}") from None
+        self._start("forward", [sys.executable, "-m", "ipmasq.lab.kubernetes.forward", f"127.0.0.1:{self.api_port}",
+                                f"/run/netns/{cp.name}", f"{CONTROL_PLANE}:6443"], group)
+        if not _wait(lambda: self.kubectl("get", "--raw", "/readyz", check=False, timeout=5).returncode == 0, 60,
+                     interval=0.5):
+            raise ClusterError(f"the API server is not ready after 60 s (logs: {self.state / 'logs'})")
+        self._start("kube-controller-manager", [
+            *enter, tools.binaries["kube-controller-manager"],
+            f"--kubeconfig={self.state / 'controller-manager.kubeconfig'}", "--leader-elect=false",
+            f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
+            # each controller acts as its own service account, with its bootstrap role (as kubeadm runs it)
+            "--use-service-account-credentials=true", "--bind-address=127.0.0.1"], group)
+        self._start("kube-scheduler", [
+            *enter, tools.binaries["kube-scheduler"], f"--kubeconfig={self.state / 'scheduler.kubeconfig'}",
+            "--leader-elect=false", "--bind-address=127.0.0.1", "--port=0"], group)
+
+    def _node(self, node: NodeSpec, tokens: dict[str, str]) -> None:
+        home = self.state / "nodes" / node.name
+        (home / "cni").mkdir(parents=True)
+        (home / "sysctl").mkdir()
+        _make_cgroup(node.name, "daemons")
+        mounts = ["set -e", "mount -t tmpfs -o mode=755 node-run /run", "mkdir -p /run/lock",
+                  "mount -t tmpfs -o mode=755 node-log /var/log"]
+        for key, value in KUBELET_KERNEL_SETTINGS.items():
+            shown = home / "sysctl" / key.replace("/", ".")
+            shown.write_text(value + "\n")
+            mounts.append(f"mount --bind {shown} /proc/sys/{key}")
+        mounts += ["echo ready", "exec sleep infinity"]
+        ns = self.namespace(node)
+        log = self._log(f"{node.name}-holder")
+        try:
+            holder = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "--", "nsenter", f"--net=/run/netns/{ns.name}",
+                 "--", "sh", "-c", "\n".join(mounts)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+                preexec_fn=_join_cgroup(node.name, "daemons"), start_new_session=True)
+        finally:
+            os.close(log)
+        assert holder.stdout is not None
+        if holder.stdout.readline().strip() != b"ready":
+            raise ClusterError(f"{node.name}: its mount namespace could not be set up "
+                               f"(log: {self.state / 'logs' / (node.name + '-holder.log')})")
+        self.holders[node.name] = holder
+        (home / "containerd.toml").write_text(_containerd_config(home))
+        (home / "cni" / "10-lab.conflist").write_text(_cni_config(node, home))
+        group = (node.name, "daemons")
+        self._start(f"{node.name}-containerd",
+                    self.in_node(node, ["containerd", f"--config={home / 'containerd.toml'}"]), group)
+        ctr = ["ctr", "--address=/run/containerd/containerd.sock", "--namespace=k8s.io"]
+        if not _wait(lambda: subprocess.run(self.in_node(node, [*ctr, "version"]), capture_output=True).returncode
+                     == 0, 30):
+            raise ClusterError(f"{node.name}: containerd did not start (log: {self.state / 'logs'})")
+        for archive in (self.artifacts.pause_archive, self.artifacts.image_archive):
+            result = subprocess.run(self.in_node(node, [*ctr, "images", "import", str(archive)]),
+                                    capture_output=True, text=True, timeout=300)
+            if result.returncode != 0:
+                raise ClusterError(f"{node.name}: importing {archive.name}: {result.stderr.strip()[-300:]}")
+        self.tag_image(node, self.artifacts.image, self.artifacts.image)
+        (home / "kubelet.yaml").write_text(_kubelet_config(node, self.sync_frequency))
+        self.start_kubelet(node)
+        (home / "kube-proxy.yaml").write_text(_kube_proxy_config(node, self.state / "kube-proxy.kubeconfig"))
+        self.start_kube_proxy(node)
+
+    def tag_image(self, node: NodeSpec, image: str, as_name: str) -> None:
+        """Name an imported image as the kubelet asks for it (docker.io/NAME:TAG, whatever name podman saved)."""
+        ctr = ["ctr", "--address=/run/containerd/containerd.sock", "--namespace=k8s.io"]
+        listing = subprocess.run(self.in_node(node, [*ctr, "images", "ls", "-q"]), capture_output=True, text=True)
+        tag = image.rsplit(":", 1)[1]
+        source = next((ref for ref in listing.stdout.split() if ref.endswith(f"ipmasq/ipmasq:{tag}")), None)
+        if source is None:
+            raise ClusterError(f"{node.name}: the image {image} was not imported")
+        target = f"docker.io/{as_name}"
+        if source != target:
+            subprocess.run(self.in_node(node, [*ctr, "images", "tag", "--force", source, target]),
+                           capture_output=True, check=True)
+
+    def start_kubelet(self, node: NodeSpec) -> None:
+        home = self.state / "nodes" / node.name
+        self.kubelets[node.name] = self._start(f"{node.name}-kubelet", self.in_node(node, [
+            self.artifacts.toolchain.binaries["kubelet"], f"--config={home / 'kubelet.yaml'}",
+            f"--kubeconfig={self.state / (node.name + '.kubeconfig')}", "--container-runtime=remote",
+            "--container-runtime-endpoint=unix:///run/containerd/containerd.sock",
+            f"--root-dir={home / 'kubelet'}", f"--node-ip={node.address}", f"--hostname-override={node.name}",
+            f"--node-labels=cloud.google.com/gke-nodepool={node.pool}", "--v=1"]), (node.name, "daemons"))
+
+    def start_kube_proxy(self, node: NodeSpec) -> None:
+        home = self.state / "nodes" / node.name
+        self.proxies[node.name] = self._start(
+            f"{node.name}-kube-proxy",
+            self.in_node(node, [self.artifacts.toolchain.binaries["kube-proxy"],
+                                f"--config={home / 'kube-proxy.yaml'}"]),
+            (node.name, "daemons"))
+
+    def restart_kube_proxy(self, node: NodeSpec) -> None:
+        """A new kube-proxy writes all of its rules at start (a flushed node has them back at once)."""
+        proxy = self.proxies.pop(node.name)
+        proxy.terminate()
+        proxy.wait(30)
+        self.start_kube_proxy(node)
+
+    def restart_kubelets(self, sync_frequency: str) -> None:
+        """Restart every kubelet with another pod sync period (its pods keep running meanwhile)."""
+        if sync_frequency == self.sync_frequency:
+            return
+        self.sync_frequency = sync_frequency
+        for node in self.nodes:
+            kubelet = self.kubelets.pop(node.name)
+            kubelet.terminate()
+            kubelet.wait(30)
+            (self.state / "nodes" / node.name / "kubelet.yaml").write_text(_kubelet_config(node, sync_frequency))
+            self.start_kubelet(node)
+        healthz = [sys.executable, "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:10248/healthz')"]
+        for node in self.nodes:  # the node stays Ready in the API meanwhile: ask each kubelet itself
+            namespace = self.namespace(node)
+
+            def healthy(ns: Namespace = namespace) -> bool:
+                return ns.run(healthz, check=False).returncode == 0
+
+            if not _wait(healthy, 60, 0.5):
+                raise ClusterError(f"{node.name}: kubelet did not come back within 60 s")
+        self.wait_nodes_ready()
+
+    def wait_nodes_ready(self, timeout: float = 120.0) -> None:
+        def ready() -> bool:
+            result = self.kubectl("get", "nodes", "-o", "json", check=False, timeout=10)
+            if result.returncode != 0:
+                return False
+            states = {item["metadata"]["name"]: any(c["type"] == "Ready" and c["status"] == "True"
+                                                    for c in item["status"].get("conditions", []))
+                      for item in json.loads(result.stdout)["items"]}
+            return all(states.get(node.name) for node in self.nodes)
+
+        if not _wait(ready, timeout, interval=1.0):
+            raise ClusterError(f"nodes not Ready after {timeout:.0f} s (kubelet logs: {self.state / 'logs'})")
+
+    def _probe_pods(self) -> None:
+        """A long-running pod on every node, from the agent's image: where probes start, `kubectl exec` works."""
+        self.kubectl("apply", "-f", "-", stdin=json.dumps({
+            "apiVersion": "v1", "kind": "List", "items": [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LAB_NAMESPACE}},
+                {"apiVersion": "apps/v1", "kind": "DaemonSet",
+                 "metadata": {"name": PROBE_DAEMONSET, "namespace": LAB_NAMESPACE},
+                 "spec": {"selector": {"matchLabels": {"app": PROBE_DAEMONSET}},
+                          "template": {"metadata": {"labels": {"app": PROBE_DAEMONSET}}, "spec": {
+                              "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0,
+                              "containers": [{"name": "probe", "image": self.artifacts.image,
+                                              "imagePullPolicy": "Never", "command": ["sleep", "infinity"]}]}}}},
+            ]}))
+        if not _wait(lambda: len(self.probe_pods()) == len(self.nodes), 120, interval=1.0):
+            raise ClusterError("the probe pods did not start within 120 s "
+                               f"({self.kubectl('get', 'pods', '-A', '-o', 'wide', check=False).stdout.strip()})")
+
+    def probe_pods(self) -> dict[str, tuple[str, str]]:
+        """node name -> (probe pod name, pod IP), for Running pods."""
+        pods = self.kubectl_json("get", "pods", "-n", LAB_NAMESPACE, "-l", f"app={PROBE_DAEMONSET}")
+        found: dict[str, tuple[str, str]] = {}
+        for pod in pods["items"]:
+            status = pod["status"]
+            if status.get("phase") == "Running" and status.get("podIP"):
+                found[pod["spec"]["nodeName"]] = (pod["metadata"]["name"], status["podIP"])
+        return found
+
+    # ---- what --keep hands over --------------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        agents = self.kubectl_json("get", "pods", "-n", "kube-system", "-l", "k8s-app=ip-masq-agent")
+        probes = self.probe_pods()
+        return {
+            "kubeconfig": str(self.kubeconfig),
+            "nodes": [{"name": n.name, "pool": n.pool, "address": n.address, "pod_cidr": n.pod_cidr,
+                       "netns": self.namespace(n).name} for n in self.nodes],
+            "pods": [{"namespace": LAB_NAMESPACE, "name": probes[n.name][0], "node": n.name, "ip": probes[n.name][1]}
+                     for n in self.nodes if n.name in probes]
+            + [{"namespace": "kube-system", "name": p["metadata"]["name"], "node": p["spec"].get("nodeName"),
+                "ip": p["status"].get("podIP")} for p in agents["items"]],
+            "image": self.artifacts.image,
+        }
+
+    def save(self) -> None:
+        (self.state / "cluster.json").write_text(json.dumps({
+            "namespaces": [ns.name for ns in self.net.namespaces.values()], "kubeconfig": str(self.kubeconfig),
+            "creator": os.getpid()}, indent=2) + "\n")
+
+
+def _containerd_config(home: Path) -> str:
+    return f"""version = 2
+root = "{home / 'containerd'}"
+state = "/run/containerd"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # root here cannot lower a process's oom_score_adj: runc would fail every sandbox
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{home / 'cni'}"
+"""
+
+
+def _cni_config(node: NodeSpec, home: Path) -> str:
+    """A bridge for the node's pods, addressed from its own pod range; no masquerade (the agent decides that)."""
+    return json.dumps({"cniVersion": "0.4.0", "name": "lab", "plugins": [
+        {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
+         "ipam": {"type": "host-local", "dataDir": str(home / "ipam"),
+                  "ranges": [[{"subnet": node.pod_cidr, "gateway": node.pod_gateway}]],
+                  "routes": [{"dst": "0.0.0.0/0"}]}},
+    ]}, indent=2) + "\n"
+
+
+def _kubelet_config(node: NodeSpec, sync_frequency: str) -> str:
+    return json.dumps({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        "cgroupDriver": "cgroupfs", "cgroupRoot": f"/{CGROUP_ROOT}/{node.name}", "failSwapOn": False,
+        "address": node.address, "readOnlyPort": 0, "healthzBindAddress": "127.0.0.1",
+        "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "syncFrequency": sync_frequency, "resolvConf": "/etc/resolv.conf", "clusterDomain": "cluster.local",
+        # a shared disk: no evictions or image garbage collection because the machine's disk is busy
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                         "nodefs.inodesFree": "1%"},
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+    }, indent=2) + "\n"
+
+
+def _kube_proxy_config(node: NodeSpec, kubeconfig: Path) -> str:
+    return json.dumps({
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)}, "mode": "iptables", "clusterCIDR": ADDR.pod_range,
+        "hostnameOverride": node.name, "bindAddress": node.address,
+        "metricsBindAddress": "127.0.0.1:10249", "healthzBindAddress": "127.0.0.1:10256",
+        # 0: leave the machine-wide conntrack table size and hash alone (kube-proxy would set them for everyone)
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+        "iptables": {"syncPeriod": "30s", "minSyncPeriod": "1s"},
+    }, indent=2) + "\n"
+
+
+def cluster_is_up() -> bool:
+    """A cluster kept with --keep (or one being used) holds processes in the lab's cgroup tree."""
+    return bool(_cgroup_pids())
+
+
+def tear_down(net: Network | None = None) -> None:
+    """Everything the lab started or made: processes (the whole cgroup tree), network namespaces, the state
+    directory. Safe to call on a half-built cluster, twice, or after a crash (it reads what a kept cluster saved)."""
+    state = state_dir()
+    _kill_cgroup_tree()
+    names: set[str] = set()
+    if net is not None:
+        names.update(ns.name for ns in net.namespaces.values())
+        net.namespaces.clear()
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        names.update(json.loads((state / "cluster.json").read_text())["namespaces"])
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    names.update(line.split()[0] for line in listing.splitlines() if line.startswith(f"{NETNS_PREFIX}-"))
+    for name in sorted(names):
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    # mounts made by kubelet and containerd lived in the nodes' mount namespaces, gone with their processes
+    shutil.rmtree(state, ignore_errors=True)

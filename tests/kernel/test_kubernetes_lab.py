@@ -1,0 +1,358 @@
+"""The Kubernetes lab: the shipped DaemonSet on a real cluster (kube-apiserver, kubelet, containerd, kube-proxy), the
+image built from the Dockerfile, every namespace-lab scenario on real pods, and what an operator does with kubectl.
+
+One cluster for the module (about a minute to come up with the cache warm; a first run builds Kubernetes from
+Debian's source package and the image first). In CI a missing package or root is a failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ipmasq.lab.kubernetes import agent
+from ipmasq.lab.kubernetes.artifacts import ensure_artifacts, missing_packages
+from ipmasq.lab.kubernetes.cluster import (
+    FAST_SYNC_FREQUENCY,
+    KUBELET_SYNC_FREQUENCY,
+    LAB_NAMESPACE,
+    NETNS_PREFIX,
+    Cluster,
+    cluster_is_up,
+    state_dir,
+    tear_down,
+)
+from ipmasq.lab.kubernetes.scenarios import run_scenario
+from ipmasq.lab.netns import Network
+from ipmasq.lab.scenarios import (
+    EGRESS_NODE,
+    GENERAL_NODE,
+    GKE_OPTIONS,
+    KEEP_10_8,
+    ONPREM_RULE,
+    PARTNER_RULE,
+    PRESERVE_ONLY_10_8,
+    REFERENCE_OPTIONS,
+    SCENARIOS,
+)
+from ipmasq.lab.topology import ADDR, STRICT_PORT, Probe
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.kubernetes
+
+
+
+def _progress(line: str) -> None:
+    print(f"[kubernetes lab] {line}", file=sys.stderr, flush=True)
+
+
+def _host_netfilter() -> tuple[str, str]:
+    """The machine's own rules: the lab must never write them."""
+    iptables = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+    nft = subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True).stdout
+    return "\n".join(line for line in iptables.splitlines() if not line.startswith("#")), nft
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Cluster]:
+    """The cluster as users run it (kubelet's default sync period)."""
+    missing = missing_packages()
+    if missing or os.geteuid() != 0:
+        reason = f"the Kubernetes lab needs root and {' '.join(missing)}"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI is set: the Kubernetes lab must run)")
+        pytest.skip(reason)
+    if cluster_is_up():
+        pytest.fail("a Kubernetes lab cluster is already up (ipmasq lab --kubernetes --down removes it)")
+    tear_down()
+    artifacts = ensure_artifacts(ROOT, _progress)
+    before = _host_netfilter()
+    lab = Cluster(artifacts, ROOT, Network(NETNS_PREFIX), state_dir())
+    try:
+        started = time.monotonic()
+        lab.up(_progress)
+        _progress(f"cluster up in {time.monotonic() - started:.1f} s")
+        yield lab
+    finally:
+        tear_down(lab.net)
+        assert not cluster_is_up()
+        assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                    if n.startswith(f"{NETNS_PREFIX}-")]
+        assert _host_netfilter() == before, "the lab changed the machine's own netfilter rules"
+
+
+@pytest.fixture
+def cluster(lab: Cluster) -> Cluster:
+    """The cluster with kubelets syncing pods every 10 s: a ConfigMap change reaches the nodes within seconds."""
+    lab.restart_kubelets(FAST_SYNC_FREQUENCY)
+    return lab
+
+
+def _shipped_container(path: Path) -> dict[str, object]:
+    built = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True, check=True).stdout
+    (daemonset,) = [d for d in yaml.safe_load_all(built) if d and d["kind"] == "DaemonSet"]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    return container  # type: ignore[no-any-return]
+
+
+def _ready(pod: dict[str, object]) -> bool:
+    conditions = pod["status"].get("conditions", [])  # type: ignore[attr-defined]
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _wait(condition: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.5)
+
+
+def _probe_from(lab: Cluster, node_name: str, probe: Probe) -> str | None:
+    """One connection from the probe pod on a node: the source the peer saw, None when it was refused."""
+    pod, _ip = lab.probe_pods()[node_name]
+    result = agent.run_in_pod(lab, LAB_NAMESPACE, pod, ["python", "-m", "ipmasq.lab.probe", "connect",
+                                                         probe.destination, str(probe.port), "2"])
+    seen = result.stdout.strip()
+    assert seen == "FAILED" or seen.count(".") == 3, f"kubectl exec failed: {result.stderr.strip()}"
+    return None if seen == "FAILED" else seen
+
+
+def _nat_lines(lab: Cluster, node_name: str, prefix: str) -> list[str]:
+    ns = lab.namespace(lab.node(node_name))
+    save = ns.run(["iptables-save", "-t", "nat"]).stdout + ns.run(["iptables-save", "-t", "filter"]).stdout
+    return sorted(line for line in save.splitlines() if prefix in line and not line.startswith("#"))
+
+
+def test_the_shipped_daemonset_is_ready_on_every_node_as_shipped(lab: Cluster) -> None:
+    agent.apply_config(lab, None)
+    agent.deploy_agent(lab)
+    pods = agent.agent_pods(lab)
+    assert set(pods) == {n.name for n in lab.nodes}
+    shipped = _shipped_container(ROOT / "deploy")
+    for node in lab.nodes:
+        pod = pods[node.name]
+        assert pod["status"]["phase"] == "Running" and _ready(pod)
+        (container,) = pod["spec"]["containers"]
+        # what kubelet runs is what the repository ships: not privileged, its probes, its mounts
+        for key in ("securityContext", "livenessProbe", "readinessProbe", "args", "resources"):
+            assert {k: v for k, v in container[key].items() if k in shipped[key]} == shipped[key] \
+                if isinstance(shipped[key], dict) else container[key] == shipped[key], key
+        assert container["securityContext"]["privileged"] is False
+        assert pod["spec"]["hostNetwork"] is True
+        agent.wait_synced(lab, node, None, REFERENCE_OPTIONS, timeout=30)
+
+
+def test_gke_default_change_cuts_the_aws_vpc_and_the_configmap_fixes_it_through_kubelets_volume(
+        lab: Cluster) -> None:
+    """The outage end to end: GKE 1.14's defaults preserve pod IPs to 172.16.0.0/12, the AWS VPC behind the VPN
+    refuses them; `kubectl apply` of the fixing ConfigMap reaches every node through kubelet's ConfigMap volume,
+    with kubelet's default sync period (the figures printed are the baseline the API watch must beat)."""
+    agent.remove_agent(lab)
+    agent.apply_config(lab, None)
+    agent.deploy_agent(lab, "deploy/overlays/gke")
+    aws = Probe(ADDR.aws_db, STRICT_PORT)
+    pod_ips = {name: ip for name, (_pod, ip) in lab.probe_pods().items()}
+    for node in lab.nodes:
+        agent.wait_synced(lab, node, None, GKE_OPTIONS, timeout=30)
+        assert _probe_from(lab, node.name, aws) is None  # refused ...
+        # ... because the peer saw the pod's address (its firewall logs what it refused)
+        log = Path(lab.world.workdir, f"peers-{STRICT_PORT}.log").read_text()  # type: ignore[union-attr]
+        assert f"REJECT {ADDR.aws_db} {pod_ips[node.name]}" in log
+    assert lab.sync_frequency == KUBELET_SYNC_FREQUENCY  # kubelet's default, as the lab came up
+    applied = time.monotonic()
+    agent.apply_config(lab, PRESERVE_ONLY_10_8)
+    seconds: dict[str, float] = {}
+
+    def wait(name: str) -> None:
+        agent.wait_synced(lab, lab.node(name), PRESERVE_ONLY_10_8, GKE_OPTIONS, timeout=180)
+        seconds[name] = time.monotonic() - applied
+
+    threads = [threading.Thread(target=wait, args=(n.name,)) for n in lab.nodes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    _progress("kubectl apply -> kernel with kubelet's default sync period: "
+              + ", ".join(f"{name} {s:.1f} s" for name, s in sorted(seconds.items())))
+    assert set(seconds) == {n.name for n in lab.nodes}
+    for node in lab.nodes:
+        assert _probe_from(lab, node.name, aws) == node.address  # the peer sees the node and admits it
+    agent.remove_agent(lab)
+    for node in lab.nodes:
+        agent.uninstall(lab, node, GKE_OPTIONS.masq_chain)
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_every_namespace_lab_scenario_on_real_pods(cluster: Cluster, name: str) -> None:
+    result = run_scenario(cluster, SCENARIOS[name], progress=_progress)
+    mismatches = [f"{p.node} {p.target}: predicted {p.predicted_source}, saw {p.seen_source}"
+                  for phase in result.phases for p in phase.probes if not p.ok]
+    assert result.error is None, result.error
+    assert result.ok, mismatches
+    probed_nodes = {p.node for phase in result.phases for p in phase.probes}
+    assert probed_nodes <= {n.name for n in cluster.nodes} and probed_nodes
+
+
+def test_a_rule_for_a_pool_is_written_only_on_that_pools_node(cluster: Cluster) -> None:
+    agent.apply_config(cluster, PARTNER_RULE)
+    agent.deploy_agent(cluster)
+    for node in cluster.nodes:
+        agent.wait_synced(cluster, node, PARTNER_RULE, REFERENCE_OPTIONS)
+    assert any("partner-sees-egress-address" in line for line in _nat_lines(cluster, EGRESS_NODE, "ip-masq"))
+    assert not any("partner-sees-egress-address" in line for line in _nat_lines(cluster, GENERAL_NODE, "ip-masq"))
+    assert _probe_from(cluster, EGRESS_NODE, Probe(ADDR.partner, STRICT_PORT)) == ADDR.spare_node
+    assert _probe_from(cluster, GENERAL_NODE, Probe(ADDR.partner, STRICT_PORT)) is None
+
+
+def test_a_bad_configmap_keeps_every_nodes_rules_and_says_why_in_kubectl(cluster: Cluster) -> None:
+    good = KEEP_10_8 + "resyncInterval: 2s\n"
+    agent.apply_config(cluster, good)
+    agent.deploy_agent(cluster)
+    for node in cluster.nodes:
+        agent.wait_synced(cluster, node, good, REFERENCE_OPTIONS)
+    agent.apply_config(cluster, "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n  - 10.300.0.0/16\n")
+    _wait(lambda: not any(_ready(p) for p in agent.agent_pods(cluster).values()), 90, "every agent NotReady")
+    for node in cluster.nodes:
+        pod = agent.agent_pods(cluster)[node.name]["metadata"]["name"]
+        described = cluster.kubectl("describe", "pod", "-n", "kube-system", pod).stdout
+        assert "Readiness probe failed" in described and "10.300.0.0/16" in described, described[-1500:]
+        agent.wait_synced(cluster, node, good, REFERENCE_OPTIONS, timeout=0)  # the last good rules stay
+        # drift on a node with a bad config is still repaired (its last good config, at its resync interval)
+        cluster.namespace(node).run(["iptables", "-t", "nat", "-F", REFERENCE_OPTIONS.masq_chain])
+        agent.wait_synced(cluster, node, good, REFERENCE_OPTIONS, timeout=30)
+    agent.apply_config(cluster, KEEP_10_8)
+    _wait(lambda: all(_ready(p) for p in agent.agent_pods(cluster).values()), 90, "every agent Ready again")
+
+
+def test_a_rolling_update_hands_over_without_a_connection_leaving_with_a_wrong_source(cluster: Cluster) -> None:
+    agent.apply_config(cluster, KEEP_10_8)
+    agent.deploy_agent(cluster)
+    for node in cluster.nodes:
+        agent.wait_synced(cluster, node, KEEP_10_8, REFERENCE_OPTIONS)
+    old = {p["spec"]["containers"][0]["image"] for p in agent.agent_pods(cluster).values()}
+    image = cluster.artifacts.image + "-next"  # a new tag of the same build: what a release rollout changes
+    for node in cluster.nodes:
+        cluster.tag_image(node, cluster.artifacts.image, image)
+    pods = cluster.probe_pods()
+    clients = {node.name: subprocess.Popen(
+        ["kubectl", f"--kubeconfig={cluster.kubeconfig}", "exec", "-n", LAB_NAMESPACE, pods[node.name][0], "--",
+         "python", "-m", "ipmasq.lab.probe", "repeat", f"{ADDR.aws_db}:{STRICT_PORT}", "--seconds", "45",
+         "--interval", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node in cluster.nodes}
+    try:
+        time.sleep(2)  # traffic flowing before the rollout starts
+        cluster.kubectl("set", "image", "daemonset/ip-masq-agent", "-n", "kube-system", f"ip-masq-agent={image}")
+        agent.wait_agents_ready(cluster, timeout=120)
+        outputs = {name: client.communicate(timeout=120) for name, client in clients.items()}
+    finally:
+        for client in clients.values():
+            client.kill()
+    new = {p["spec"]["containers"][0]["image"] for p in agent.agent_pods(cluster).values()}
+    assert new == {image} and new != old
+    for node in cluster.nodes:
+        seen = outputs[node.name][0].split()
+        assert len(seen) > 100, outputs[node.name]
+        assert set(seen) == {node.address}, f"{node.name}: {sorted(set(seen))}"  # never FAILED, never a pod IP
+        pod = agent.agent_pods(cluster)[node.name]["metadata"]["name"]
+        logs = cluster.kubectl("logs", "-n", "kube-system", pod).stdout
+        assert "took the node lock" in logs
+
+
+def test_kube_proxys_rules_are_never_touched_and_check_finds_nothing_about_them(cluster: Cluster) -> None:
+    agent.apply_config(cluster, KEEP_10_8)
+    agent.deploy_agent(cluster)
+    before = {n.name: _nat_lines(cluster, n.name, "KUBE-") for n in cluster.nodes}
+    for node in cluster.nodes:
+        assert any("KUBE-SERVICES" in line for line in before[node.name])  # a real kube-proxy wrote them
+        assert any("default/kubernetes" in line for line in before[node.name])
+    for pod in agent.agent_pods(cluster).values():  # new agents write their rules anew
+        cluster.kubectl("delete", "pod", "-n", "kube-system", pod["metadata"]["name"])
+    agent.wait_agents_ready(cluster)
+    for node in cluster.nodes:
+        agent.wait_synced(cluster, node, KEEP_10_8, REFERENCE_OPTIONS)
+        assert _nat_lines(cluster, node.name, "KUBE-") == before[node.name]
+    for node, pod in agent.agent_pods(cluster).items():
+        result = agent.run_in_pod(cluster, "kube-system", pod["metadata"]["name"], ["ipmasq", "check"])
+        assert result.returncode == 0, (node, result.stdout, result.stderr)
+        assert "KUBE-" not in result.stdout
+        assert "ok: the node's rules match the config" in result.stdout
+
+
+def test_kubectl_exec_runs_check_and_trace_against_the_config_the_agent_enforces(cluster: Cluster) -> None:
+    agent.remove_agent(cluster)
+    agent.apply_config(cluster, ONPREM_RULE)
+    agent.deploy_agent(cluster, "deploy/overlays/gke")
+    for node in cluster.nodes:
+        agent.wait_synced(cluster, node, ONPREM_RULE, GKE_OPTIONS)
+    # the first command an operator runs: no flags, no config named, in the agent's pod
+    check = cluster.kubectl("exec", "-n", "kube-system", "ds/ip-masq-agent", "--", "ipmasq", "check", check=False)
+    assert check.returncode == 0, (check.stdout, check.stderr)
+    assert "--config=/etc/config/ip-masq-agent" in check.stderr and "--masq-chain=IP-MASQ" in check.stderr
+    assert "ok: the node's rules match the config" in check.stdout
+    pods = cluster.probe_pods()
+    for node in cluster.nodes:
+        agent_pod = agent.agent_pods(cluster)[node.name]["metadata"]["name"]
+        argv = ["ipmasq", "trace", ADDR.onprem_endpoint, "--source", pods[node.name][1], "--protocol", "tcp",
+                "--port", str(STRICT_PORT)]
+        in_pod = agent.run_in_pod(cluster, "kube-system", agent_pod, argv)
+        on_node = cluster.namespace(node).run([sys.executable, "-m", *argv], check=False)
+        assert in_pod.stdout == on_node.stdout and in_pod.returncode == on_node.returncode
+        # the rule's sources are the egress node's pod range: only its pods are masqueraded
+        if node.name == EGRESS_NODE:
+            assert "onprem-endpoint-sees-node-ip" in in_pod.stdout and "masquerade" in in_pod.stdout.lower()
+        else:
+            assert "onprem-endpoint-sees-node-ip" not in in_pod.stdout.split("decided")[-1]
+    agent.remove_agent(cluster)
+    for node in cluster.nodes:
+        agent.uninstall(cluster, node, GKE_OPTIONS.masq_chain)
+
+
+def test_kubectl_debug_node_checks_a_node_whose_chain_another_agent_owns(cluster: Cluster) -> None:
+    """GKE's managed agent owns IP-MASQ: no ipmasq pod runs there; a debug pod with the ipmasq image checks it."""
+    agent.remove_agent(cluster)
+    node = cluster.node(GENERAL_NODE)
+    managed = subprocess.run([sys.executable, "-m", "ipmasq", "render", "--masq-chain=IP-MASQ",
+                              "--nomasq-all-reserved-ranges"], capture_output=True, text=True, check=True).stdout
+    cluster.namespace(node).run(["iptables-restore", "--noflush"], stdin=managed)
+    try:
+        created = cluster.kubectl("debug", f"node/{node.name}", f"--image={cluster.artifacts.image}",
+                                  "--image-pull-policy=Never", "--profile=netadmin", "--", "ipmasq", "check",
+                                  "--masq-chain=IP-MASQ", "--nomasq-all-reserved-ranges")
+        pod = next(word for word in created.stdout.split() if word.startswith("node-debugger-"))
+
+        def finished() -> bool:
+            status = cluster.kubectl_json("get", "pod", pod)["status"]
+            return bool(status.get("phase") in ("Succeeded", "Failed"))
+
+        _wait(finished, 90, f"the debug pod {pod} to finish")
+        status = cluster.kubectl_json("get", "pod", pod)["status"]
+        logs = cluster.kubectl("logs", pod).stdout
+        assert status["phase"] == "Succeeded", logs
+        assert "ok: the node's rules match the config" in logs
+        cluster.kubectl("delete", "pod", pod, "--wait=false")
+    finally:
+        cluster.namespace(node).run([sys.executable, "-m", "ipmasq", "uninstall", "--masq-chain=IP-MASQ"],
+                                    check=False)
+
+
+def test_settings_endpoint_round_trips_through_json(cluster: Cluster) -> None:
+    """What /settings serves is what check adopts (a running agent's own answer, read from its node)."""
+    agent.apply_config(cluster, KEEP_10_8)
+    agent.deploy_agent(cluster)
+    node = cluster.nodes[0]
+    answer = cluster.namespace(node).run([sys.executable, "-c", "from ipmasq.agent.client import query; "
+                                          "print(query('127.0.0.1:9847', '/settings').why)"]).stdout
+    settings = json.loads(answer)
+    assert settings["config"] == "/etc/config/ip-masq-agent" and settings["node_name"] == node.name
+    assert settings["masq_chain"] == REFERENCE_OPTIONS.masq_chain and settings["backend"] == "iptables (nft)"
+    agent.remove_agent(cluster)
