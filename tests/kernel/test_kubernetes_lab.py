@@ -92,7 +92,7 @@ def lab() -> Iterator[Cluster]:
 
 @pytest.fixture
 def cluster(lab: Cluster) -> Cluster:
-    """The cluster with kubelets syncing pods every 10 s: a ConfigMap change reaches the nodes within seconds."""
+    """The cluster with kubelets syncing pods every 2 s: a ConfigMap change reaches the nodes within seconds."""
     lab.restart_kubelets(FAST_SYNC_FREQUENCY)
     return lab
 

@@ -27,6 +27,7 @@ def kustomize(path: Path) -> list[dict[str, Any]]:
         pytest.skip("kubectl is missing")
     result = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+    assert result.stderr == "", result.stderr  # today's fields: no deprecation warning from kubectl's kustomize
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 

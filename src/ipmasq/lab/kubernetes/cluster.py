@@ -57,7 +57,7 @@ PROBE_DAEMONSET = "ipmasq-probe"
 # kubelet's pod sync period: its ConfigMap volumes are refreshed on that beat. The cluster comes up with kubelet's
 # default (1m), as users run it; the scenarios change configs often and switch to FAST_SYNC_FREQUENCY.
 KUBELET_SYNC_FREQUENCY = "1m"
-FAST_SYNC_FREQUENCY = "10s"
+FAST_SYNC_FREQUENCY = "2s"
 # what kubelet sets unless told otherwise (pkg/kubelet/cm: setupKernelTunables): shown to it, never written
 KUBELET_KERNEL_SETTINGS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
 
@@ -280,6 +280,13 @@ class Cluster:
 
     def up(self, progress: Progress) -> None:
         started = time.monotonic()
+        with socket.socket() as probe:  # before anything is made: the one thing on the machine the lab binds
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", self.api_port))
+            except OSError as exc:
+                raise ClusterError(f"127.0.0.1:{self.api_port} (the lab's API port) is in use: {exc.strerror}"
+                                   ) from None
         self.state.mkdir(parents=True)
         _make_cgroup("control-plane")
         progress("network: router, control plane, nodes, peers, partner, Cloud NAT, internet")
@@ -361,13 +368,6 @@ class Cluster:
             "--allow-privileged=true", "--kubelet-preferred-address-types=InternalIP",
             f"--cert-dir={self.state / 'apiserver-certs'}"], group)
         # kubectl on the machine: a loopback port forwarded into the control plane's namespace
-        try:
-            probe = socket.socket()
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(("127.0.0.1", self.api_port))
-            probe.close()
-        except OSError as exc:
-            raise ClusterError(f"127.0.0.1:{self.api_port} (the lab's API port) is in use: {exc.strerror}") from None
         self._start("forward", [sys.executable, "-m", "ipmasq.lab.kubernetes.forward", f"127.0.0.1:{self.api_port}",
                                 f"/run/netns/{cp.name}", f"{CONTROL_PLANE}:6443"], group)
         if not _wait(lambda: self.kubectl("get", "--raw", "/readyz", check=False, timeout=5).returncode == 0, 60,

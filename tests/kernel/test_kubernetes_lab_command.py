@@ -1,0 +1,108 @@
+"""`ipmasq lab --kubernetes` as a user runs it: one scenario with -o json and --keep (the cluster stays up, kubectl
+works with the kubeconfig it names, a pod on every node takes `kubectl exec` probes), then --down; and bad input
+(the API port in use) is one line, with nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from ipmasq.lab.kubernetes.artifacts import missing_packages
+from ipmasq.lab.kubernetes.cluster import API_PORT, NETNS_PREFIX, cluster_is_up, state_dir, tear_down
+from ipmasq.lab.topology import ADDR, OPEN_PORT
+
+pytestmark = pytest.mark.kubernetes
+
+
+@pytest.fixture(autouse=True)
+def _lab_possible() -> None:
+    missing = missing_packages()
+    if missing or os.geteuid() != 0:
+        reason = f"the Kubernetes lab needs root and {' '.join(missing)}"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI is set: the Kubernetes lab must run)")
+        pytest.skip(reason)
+    if cluster_is_up():
+        pytest.fail("a Kubernetes lab cluster is already up (ipmasq lab --kubernetes --down removes it)")
+
+
+def _lab(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ipmasq", "lab", "--kubernetes", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _left_behind() -> list[str]:
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    return [n for n in namespaces if n.startswith(f"{NETNS_PREFIX}-")] + (["state"] if state_dir().exists() else [])
+
+
+def test_keep_leaves_a_cluster_kubectl_can_use_and_down_removes_it() -> None:
+    try:
+        run = _lab("--scenario", "vpn-inside-10-8", "-o", "json", "--keep")
+        assert run.returncode == 0, run.stderr[-3000:]
+        report = json.loads(run.stdout)
+        assert report["ok"] and [s["name"] for s in report["scenarios"]] == ["vpn-inside-10-8"]
+        assert {p["node"] for phase in report["scenarios"][0]["phases"] for p in phase["probes"]} == {
+            n["name"] for n in report["nodes"]}
+        kubeconfig = report["kubeconfig"]
+        nodes = subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "get", "nodes", "-o", "name"],
+                               capture_output=True, text=True, check=True).stdout.split()
+        assert sorted(nodes) == sorted(f"node/{n['name']}" for n in report["nodes"])
+        probes = [p for p in report["pods"] if p["namespace"] == "ipmasq-lab"]
+        agents = [p for p in report["pods"] if p["namespace"] == "kube-system"]
+        assert len(probes) == len(agents) == len(report["nodes"])  # the agent is left running, as installed
+        for pod in probes:
+            seen = subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "exec", "-n", "ipmasq-lab", pod["name"],
+                                   "--", "python", "-m", "ipmasq.lab.probe", "connect", ADDR.vpc_vm,
+                                   str(OPEN_PORT)], capture_output=True, text=True, timeout=60).stdout.strip()
+            assert seen == pod["ip"]  # 10/8 keeps the pod's address (the reference defaults)
+        assert "[" in run.stderr and "cluster up" in run.stderr  # progress, with the seconds each step took
+    finally:
+        down = _lab("--down", timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert not cluster_is_up() and _left_behind() == []
+
+
+def test_the_api_port_in_use_is_one_line_and_nothing_is_left() -> None:
+    tear_down()
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the last cluster's port may be in TIME_WAIT
+        taken.bind(("127.0.0.1", API_PORT))
+        taken.listen()
+        run = _lab("--scenario", "vpn-inside-10-8", timeout=300)
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert last == f"ipmasq lab: 127.0.0.1:{API_PORT} (the lab's API port) is in use: Address already in use"
+    assert "Traceback" not in run.stderr
+    assert not cluster_is_up() and _left_behind() == []
+
+
+def test_ctrl_c_while_the_cluster_comes_up_leaves_nothing() -> None:
+    lab = subprocess.Popen([sys.executable, "-m", "ipmasq", "lab", "--kubernetes", "--scenario", "vpn-inside-10-8"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert lab.stderr is not None
+    try:
+        for line in lab.stderr:  # interrupted once kubelets and containerd run: the most there is to clean up
+            if "nodes Ready" in line:
+                break
+        assert cluster_is_up()
+        lab.send_signal(signal.SIGINT)
+        lab.wait(120)
+    finally:
+        lab.kill()
+    assert lab.returncode == 130
+    assert not cluster_is_up() and _left_behind() == []
+
+
+def test_down_without_a_cluster_and_kubernetes_flags_misused() -> None:
+    assert _lab("--down", timeout=60).returncode == 0
+    misuse = subprocess.run([sys.executable, "-m", "ipmasq", "lab", "--down"], capture_output=True, text=True)
+    assert misuse.returncode == 2 and "use it with --kubernetes" in misuse.stderr
+    fleet = _lab("--scenario", "fleet-rollout", timeout=60)
+    assert fleet.returncode == 2 and "namespace lab only" in fleet.stderr
