@@ -32,22 +32,32 @@ SCRIPT = textwrap.dedent("""
     import json, logging, subprocess, sys
     from ipmasq.agent.reconcile import Reconciler
     from ipmasq.backends.choose import make_backend
-    from ipmasq.backends.generation import node_fingerprint
+    from ipmasq.backends.generation import KernelFingerprint
+    from ipmasq.backends.xtables_lock import xtables_lock_path
     from ipmasq.backends.runner import SubprocessRunner
     from ipmasq.config import ConfigInput
     from ipmasq.options import PolicyOptions
 
     backend_name, variant, tamper, foreign = json.loads(sys.argv[1])
-    real = SubprocessRunner()
     calls = []
 
-    def run(argv, stdin=None):
-        calls.append(argv[0])
-        return real(argv, stdin)
+    class Counting(SubprocessRunner):
+        def __call__(self, argv, stdin=None):
+            calls.append(argv[0])
+            return super().__call__(argv, stdin)
+
+        def stream(self, argv, chunks):
+            calls.append(argv[0])
+            return super().stream(argv, chunks)
+
+        def read_lines(self, argv, consume):
+            calls.append(argv[0])
+            return super().read_lines(argv, consume)
 
     options = PolicyOptions()
-    backend, others = make_backend(backend_name, options, run, variant=variant)
-    rec = Reconciler(backend, options, log=logging.getLogger("agent"), others=others, fingerprint=node_fingerprint)
+    backend, others = make_backend(backend_name, options, Counting(), variant=variant)
+    rec = Reconciler(backend, options, log=logging.getLogger("agent"), others=others,
+                     fingerprint=KernelFingerprint(xtables_lock=xtables_lock_path()))
     rec.observe(ConfigInput((("/etc/config/ip-masq-agent", b"nonMasqueradeCIDRs: [10.0.0.0/8, 172.30.0.0/16]\\n"),)))
 
     def step(what):

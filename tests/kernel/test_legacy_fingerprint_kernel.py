@@ -15,7 +15,8 @@ from ipmasq.lab.netns import Network
 
 SCRIPT = textwrap.dedent("""
     import json, socket, subprocess
-    from ipmasq.backends.generation import LegacyNatDigests, legacy_nat_digest
+    from ipmasq.backends.generation import KernelFingerprint, LegacyNatDigests
+    from ipmasq.backends.xtables_lock import xtables_lock_path
     from ipmasq.prefix import Family
 
     def sh(*argv):
@@ -39,6 +40,7 @@ SCRIPT = textwrap.dedent("""
                 s.sendto(b"x", ("127.9.0.7", 9000 + port))
 
     reader = LegacyNatDigests()
+    agents = KernelFingerprint(xtables_lock=xtables_lock_path())  # as `ipmasq agent` builds it
     out = []
 
     def step(what):
@@ -46,7 +48,7 @@ SCRIPT = textwrap.dedent("""
         out.append({"what": what, "digest": table.digest.hex(), "walked": table.walked_bytes,
                     "size": table.chunks[-1].end, "chunks": len(table.chunks),
                     "fresh": LegacyNatDigests().read(Family.V4).digest.hex(),
-                    "module": legacy_nat_digest(Family.V4).hex()})
+                    "agent's": agents.legacy(Family.V4).hex()})
 
     step("first read")
     step("idle")
@@ -77,8 +79,8 @@ def test_legacy_fingerprint_notices_same_size_edits_and_ignores_counters(net: Ne
     by_what = {s["what"]: s for s in steps}
     first = by_what["first read"]
     assert first["chunks"] >= 15 and first["walked"] == first["size"]
-    for s in steps:  # the remembered walk always agrees with a fresh one, and the module's reader with both
-        assert s["digest"] == s["fresh"] == s["module"], s["what"]
+    for s in steps:  # the remembered walk always agrees with a fresh one, and the agent's reader with both
+        assert s["digest"] == s["fresh"] == s["agent's"], s["what"]
         assert s["size"] == first["size"], s["what"]  # every edit kept the table's size: GET_INFO cannot tell
     assert steps[1]["what"] == "idle" and steps[1]["digest"] == first["digest"] and steps[1]["walked"] == 0
     moved = by_what["counters moved"]

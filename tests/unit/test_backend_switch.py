@@ -18,7 +18,7 @@ from ipmasq.config import ConfigInput
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
 from ipmasq.prefix import Family
-from ipmasq.testing import FakeIptables, FakeNft
+from ipmasq.testing import FakeIptables, FakeNft, FakeRunner
 
 LOG = logging.getLogger("test.switch")
 FOREIGN = (
@@ -33,11 +33,12 @@ DUAL = PolicyOptions(enable_ipv6=True)
 V4_ONLY = ConfigInput((("/etc/config/ip-masq-agent", b"nonMasqueradeCIDRs: [10.0.0.0/8]\n"),))
 
 
-class Node:
+class Node(FakeRunner):
     """One node's kernel: nft and both iptables variants, each its own stateful fake (the plain `iptables-save`
     is the nft variant, as on today's Debian)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.nft = FakeNft()
         self.legacy = FakeIptables()
         self.iptables = FakeIptables()  # the nft variant

@@ -1,7 +1,8 @@
 """The idle pass's fast path: no read while the kernel's fingerprint equals the one taken before a matching read.
 
-The fingerprint here is the fake's write counter plus a number a test bumps for "another program wrote": the real
-one (ipmasq.backends.generation) changes on any write by anyone, which the kernel tests prove.
+The fingerprint here is ipmasq.testing.FakeFingerprint over the fake iptables: it moves with every write the fake
+takes, as the real one (ipmasq.backends.generation.KernelFingerprint) does with any write by anyone, which the kernel
+tests prove.
 """
 
 from __future__ import annotations
@@ -19,27 +20,22 @@ from ipmasq.agent.reconcile import FOREIGN_RECOUNT_PASSES, Reconciler, SyncResul
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.config import ConfigInput
 from ipmasq.options import PolicyOptions
-from ipmasq.testing import FakeIptables
+from ipmasq.testing import FakeFingerprint, FakeIptables
 
 LOG = logging.getLogger("test.fast_path")
 CONFIG = ConfigInput((("/etc/config/ip-masq-agent", b"nonMasqueradeCIDRs: [10.0.0.0/8, 172.30.0.0/16]\n"),))
 
 
 class Node:
-    """The fake kernel and a fingerprint of it: every restore bumps it, and so does `someone_wrote`."""
+    """The fake kernel and its fingerprint: every restore moves it, ours and `someone_wrote`'s."""
 
     def __init__(self) -> None:
         self.fake = FakeIptables()
-        self.others = 0
-        self.readable = True
+        self.fingerprint = FakeFingerprint(self.fake)
         self.foreign_counts = 0
-
-    def fingerprint(self) -> tuple[int, int] | None:
-        return (self.fake.writes, self.others) if self.readable else None
 
     def someone_wrote(self, restore: str) -> None:
         assert self.fake.restore("iptables", restore).returncode == 0
-        self.others += 1
 
     def count_foreign(self) -> int:
         self.foreign_counts += 1
@@ -106,7 +102,7 @@ def test_a_change_by_another_program_is_read_and_repaired() -> None:
 
 def test_no_fingerprint_means_every_pass_reads() -> None:
     node = Node()
-    node.readable = False
+    node.fingerprint.readable = False
     rec = reconciler(node)
     rec.reconcile()
     for _ in range(3):

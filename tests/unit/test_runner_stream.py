@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from ipmasq.backends.base import Result, StreamingRunner, run_chunks
+from ipmasq.backends.base import Result
 from ipmasq.backends.iptables import IptablesBackend, Variant, restore_payload
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.config import ConfigInput, config_from_bytes
@@ -20,7 +20,7 @@ from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family
-from ipmasq.testing import FakeIptables
+from ipmasq.testing import FakeIptables, FakeRunner
 
 SLOW_READER = ("import sys, time\n"
                "n = 0\n"
@@ -75,14 +75,12 @@ def test_the_restore_streamed_is_the_payload_byte_for_byte() -> None:
     expected = hashlib.sha256(restore_payload(policy, Family.V4, current).encode()).hexdigest()
     received: list[str] = []
 
-    class Recording:
-        """The real runner, with the restore replaced by a program that hashes what it is given."""
+    class Recording(FakeRunner):
+        """The fake, with the restore replaced by the real runner streaming to a program that hashes its input."""
 
         def __init__(self) -> None:
+            super().__init__(fake)
             self.real = SubprocessRunner(timeout=30)
-
-        def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result:
-            return fake(argv, stdin)
 
         def stream(self, argv: Sequence[str], chunks: Iterator[str]) -> Result:
             result = self.real.stream([sys.executable, "-c", SHA256_OF_STDIN], chunks)
@@ -90,18 +88,16 @@ def test_the_restore_streamed_is_the_payload_byte_for_byte() -> None:
             return Result(0)
 
     recording = Recording()
-    assert isinstance(recording, StreamingRunner)
     IptablesBackend(recording, chain="IP-MASQ-AGENT", variant=Variant.NFT).apply(policy, Family.V4, current)
     assert received == [expected]
 
 
-def test_a_runner_without_stream_gets_the_input_joined() -> None:
+def test_a_fake_gets_a_streamed_input_joined() -> None:
     seen: list[str | None] = []
 
     def plain(argv: Sequence[str], stdin: str | None = None) -> Result:
         seen.append(stdin)
         return Result(0)
 
-    assert not isinstance(plain, StreamingRunner)
-    run_chunks(plain, ["cat"], iter(["a\n", "b\n"]))
+    FakeRunner(plain).stream(["cat"], iter(["a\n", "b\n"]))
     assert seen == ["a\nb\n"]

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ipmasq.backends.base import Backend, Removable, Runner, run_parsed
+from ipmasq.backends.base import Backend, Removable, Runner
 from ipmasq.backends.iptables import IptablesBackend, Variant, detect_variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.errors import BackendError
@@ -126,7 +126,7 @@ def count_foreign_masquerade(run: Runner) -> int:
     count = 0
     for tool in SAVE_TOOLS:
         try:  # counted line by line as the tool prints them: 140,000 rules are never one string here
-            save, counted = run_parsed(run, [tool, "-t", "nat"], count_foreign_nat)
+            save, counted = run.read_lines([tool, "-t", "nat"], count_foreign_nat)
         except BackendError:
             continue
         if save.returncode == 0 and counted is not None:

@@ -24,7 +24,8 @@ those reads when nothing at all changed, and they are built so that a change can
   (ipmasq.backends.xtables_lock: every iptables and iptables-restore that writes takes it) and GET_INFO is the
   same; a full read still happens at least every LEGACY_FULL_READ_EVERY reads, for a writer that skips the lock.
 
-Every function answers None when it cannot tell (no permission, no such table, an unexpected reply): the caller
+KernelFingerprint is the whole answer, built once by `ipmasq agent` (nothing is read or opened at import). Every
+function answers None when it cannot tell (no permission, no such table, an unexpected reply): the caller
 must then read everything, as it would without a fingerprint. This is the only module that opens such sockets.
 """
 
@@ -42,13 +43,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ipmasq.backends.xtables_lock import XtablesLockWatch, xtables_lock_path
+from ipmasq.backends.xtables_lock import XtablesLockWatch
 from ipmasq.prefix import Family
 from ipmasq.sha256 import LARGE_INPUT_BYTES, Sha256, sha256
 
-__all__ = ["LEGACY_CHUNK_BYTES", "LEGACY_DIGEST_MAX_BYTES", "LEGACY_FULL_READ_EVERY", "LegacyNatDigests",
-           "LegacyTableDigest", "NodeFingerprint", "digest_legacy_entries", "legacy_nat_digest", "nftables_generation",
-           "node_fingerprint"]
+__all__ = ["LEGACY_CHUNK_BYTES", "LEGACY_DIGEST_MAX_BYTES", "LEGACY_FULL_READ_EVERY", "KernelFingerprint",
+           "LegacyNatDigests", "LegacyTableDigest", "NodeFingerprint", "digest_legacy_entries", "nftables_generation"]
 
 # The legacy nat table is copied whole into this process to be hashed (x_tables keeps no change counter): 100,000
 # commented rules and 40,000 kube-proxy rules are ~66 MiB, copied in ~0.2 s of system time, still a tenth of the
@@ -95,7 +95,6 @@ _NO_COUNTERS = bytes(_COUNTERS_SIZE)
 _ENTRIES_AT = _GET_ENTRIES_HEADER.size + (-_GET_ENTRIES_HEADER.size) % 8  # the entries hold u64s: 8-aligned
 _U16 = struct.Struct("=H")
 _LEVEL = {Family.V4: socket.IPPROTO_IP, Family.V6: socket.IPPROTO_IPV6}
-_LIBC = ctypes.CDLL(None, use_errno=True)
 _ADDRESS_FAMILY = {Family.V4: socket.AF_INET, Family.V6: socket.AF_INET6}
 
 
@@ -166,17 +165,12 @@ class LegacyTableDigest:
     copied: bool = True  # False: the last read's answer, kept because no writer took the xtables lock since
 
 
-def legacy_nat_digest(family: Family) -> bytes | None:
-    """A digest of the iptables-legacy nat table's rules (counters left out); b"" when the kernel has no legacy nat
-    table for the family (x_tables without it: nothing can be in it); None when it cannot be read. Remembers the
-    last read per family (this process's one reader), so an unchanged table is not walked again."""
-    return _READER(family)
-
-
 class LegacyNatDigests:
-    """legacy_nat_digest with its memory: per family the chunks of the last read (a few hundred KiB for a 66 MiB
-    table), and a watch on the xtables lock file (`xtables_lock`, None: copy on every read). Thread-safe: the
-    agent's loop is its only caller, a lock keeps a second one from mixing two reads."""
+    """`digests(family)`: a digest of the iptables-legacy nat table's rules (counters left out); b"" when the kernel
+    has no legacy nat table for the family (x_tables without it: nothing can be in it); None when it cannot be read.
+    Remembers per family the chunks of the last read (a few hundred KiB for a 66 MiB table), so an unchanged table
+    is not walked again, and watches the xtables lock file (`xtables_lock`, None: copy on every read). Thread-safe:
+    the agent's loop is its only caller, a lock keeps a second one from mixing two reads."""
 
     def __init__(self, *, chunk_bytes: int = LEGACY_CHUNK_BYTES, xtables_lock: str | None = None,
                  full_read_every: int = LEGACY_FULL_READ_EVERY) -> None:
@@ -220,9 +214,6 @@ class LegacyNatDigests:
         else:
             self._last[family] = table
         return table
-
-
-_READER = LegacyNatDigests(xtables_lock=xtables_lock_path())
 
 
 def _raw_socket(family: Family) -> socket.socket | None:
@@ -402,7 +393,8 @@ def _getsockopt_buffer(sock: socket.socket, level: int, option: int, request: by
     buffer = ctypes.create_string_buffer(size)
     ctypes.memmove(buffer, request, len(request))
     length = ctypes.c_uint32(size)
-    if _LIBC.getsockopt(sock.fileno(), level, option, buffer, ctypes.byref(length)) != 0:
+    libc = ctypes.CDLL(None, use_errno=True)  # this process's own C library, already loaded: no state kept here
+    if libc.getsockopt(sock.fileno(), level, option, buffer, ctypes.byref(length)) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
     return buffer, length.value
@@ -416,21 +408,28 @@ class NodeFingerprint:
     legacy_nat: tuple[bytes, ...]  # per family, IPv4 then IPv6
 
 
-def node_fingerprint() -> NodeFingerprint | None:
-    """The fingerprint of this network namespace's NAT rules (nf_tables and iptables-legacy, both families), or
-    None when any part cannot be read (the caller then reads everything)."""
-    if os.geteuid() != 0 and not _has_net_admin():
-        return None
-    generation = nftables_generation()
-    if generation is None:
-        return None
-    digests = []
-    for family in Family:
-        digest = legacy_nat_digest(family)
-        if digest is None:
+class KernelFingerprint:
+    """The Fingerprint (backends.base) of this network namespace's NAT rules: nf_tables and iptables-legacy, both
+    families; None when any part cannot be read (the caller then reads everything). Keeps the legacy reader's memory
+    of its last walks, so `ipmasq agent` builds one and hands it to the Reconciler; `xtables_lock` as in
+    LegacyNatDigests (xtables_lock.xtables_lock_path(): the one iptables here would take)."""
+
+    def __init__(self, *, xtables_lock: str | None = None) -> None:
+        self.legacy = LegacyNatDigests(xtables_lock=xtables_lock)
+
+    def __call__(self) -> NodeFingerprint | None:
+        if os.geteuid() != 0 and not _has_net_admin():
             return None
-        digests.append(digest)
-    return NodeFingerprint(generation, tuple(digests))
+        generation = nftables_generation()
+        if generation is None:
+            return None
+        digests = []
+        for family in Family:
+            digest = self.legacy(family)
+            if digest is None:
+                return None
+            digests.append(digest)
+        return NodeFingerprint(generation, tuple(digests))
 
 
 def _has_net_admin() -> bool:

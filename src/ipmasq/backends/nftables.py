@@ -182,7 +182,7 @@ class NftablesBackend:
         return state_from_table(structure, family, elements=elements)
 
     def rule_counters(self, families: Sequence[Family], *, reread: bool) -> dict[str, tuple[int, int]]:
-        """See backends.base.RuleCounting: one table holds both families; a reread is the terse structure listing
+        """See Backend.rule_counters: one table holds both families; a reread is the terse structure listing
         (5 ms with a 50,000-element set, where `nft -j list chain` takes 460 ms: nft fetches every set's elements
         for it)."""
         if reread or self._counted is None:

@@ -18,8 +18,9 @@ from ipmasq.agent.nodelock import DEFAULT_LOCK_DIRECTORY, NodeLock, default_lock
 from ipmasq.agent.reconcile import Reconciler
 from ipmasq.backends.base import Backend, Removable, Runner
 from ipmasq.backends.choose import count_foreign_masquerade, make_backend
-from ipmasq.backends.generation import node_fingerprint
+from ipmasq.backends.generation import KernelFingerprint
 from ipmasq.backends.runner import SubprocessRunner
+from ipmasq.backends.xtables_lock import xtables_lock_path
 from ipmasq.commands.common import add_backend_flags, add_policy_flags, go_bool, options_from_args
 from ipmasq.config.isolated import load_config_isolated
 from ipmasq.errors import IpmasqError
@@ -105,8 +106,8 @@ def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptio
            runner: Runner, log: logging.Logger, args: argparse.Namespace, status: AgentStatus) -> Agent:
     on_change = _conntrack_flusher(runner, log) if args.flush_conntrack else None
     reconciler = Reconciler(backend, options, log=log, others=others, on_policy_change=on_change,
-                            count_foreign=lambda: count_foreign_masquerade(runner), fingerprint=node_fingerprint,
-                            load=load_config_isolated)
+                            count_foreign=lambda: count_foreign_masquerade(runner),
+                            fingerprint=KernelFingerprint(xtables_lock=xtables_lock_path()), load=load_config_isolated)
     return Agent(reconciler, settings, log=log, observer=status)
 
 

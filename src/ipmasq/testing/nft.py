@@ -29,6 +29,7 @@ from ipmasq.rules.nft import (
     NftTable,
     format_element,
 )
+from ipmasq.testing.runner import FakeRunner
 
 __all__ = ["FakeNft", "ScriptCommand", "list_json", "parse_script", "rule_to_json"]
 
@@ -47,10 +48,11 @@ def _rename(objects: list[dict[str, Any]], family: str, name: str) -> list[dict[
     return out
 
 
-class FakeNft:
+class FakeNft(FakeRunner):
     """A Runner (`fake(argv, stdin) -> Result`) for argv[0] == "nft"; `tables` is the kernel's state."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.tables: dict[tuple[str, str], NftTable] = {}
         self.transactions = 0  # successful `nft -f` writes: an idle agent must not add any
         self.counts: dict[str, tuple[int, int]] = {}  # (packets, bytes) by rule comment: simulated traffic
@@ -94,6 +96,7 @@ class FakeNft:
                                        tuple(sorted(current.chains + command.definition.chains, key=lambda c: c.name)))
         self.tables = tables
         self.transactions += 1
+        self.generation += 1
         return Result(0)
 
     def _objects(self, key: tuple[str, str], *, terse: bool) -> list[dict[str, Any]]:
@@ -161,6 +164,7 @@ class FakeNft:
             self._put(key, table, chain=replace(chain, rules=(*chain.rules, rule)))
         else:
             return Result(1, "", f"Error: fake nft: unsupported command {args}\n")
+        self.generation += 1
         return Result(0)
 
     def _put(self, key: tuple[str, str], table: NftTable, *, chain: NftChain) -> None:
