@@ -30,7 +30,7 @@ from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.findings import Finding, Severity, has_errors
 from ipmasq.policy import Policy
 from ipmasq.prefix import Family, Prefix, parse_cidr
-from ipmasq.ranges import Span, append_span, subtract, to_prefixes, union_of_prefixes
+from ipmasq.ranges import Span, append_span, subtract, to_prefixes, union, union_of_prefixes
 from ipmasq.rules.iptables import (
     RULE_COMMENT_PREFIX,
     NatTable,
@@ -367,12 +367,7 @@ class _Space:
         for address in local:
             points.update((address, address + 1))
         self.points = sorted(p for p in points if p <= family.max_address)
-        merged: list[Span] = []
-        for first, last in sorted(rich):
-            if merged and first <= merged[-1][1] + 1:
-                merged[-1] = (merged[-1][0], max(last, merged[-1][1]))
-            else:
-                merged.append((first, last))
+        merged = union(rich)
         self.rich_starts = [first for first, _ in merged]
         self.rich_spans = merged
         self.plain = _Traffic(pod_ranges, None, None, None)

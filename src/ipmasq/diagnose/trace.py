@@ -23,12 +23,12 @@ from enum import Enum
 from functools import lru_cache, partial
 from typing import NamedTuple, Protocol
 
+from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
 from ipmasq.prefix import Family, Prefix, PrefixError, format_address, parse_address, parse_cidr
 from ipmasq.ranges import FirstMatchTable, first_match_table
 from ipmasq.rules.iptables import RULE_COMMENT_PREFIX, Condition, Match, NatTable, Rule, RuleParseError, parse_rule
 
 __all__ = [
-    "MAX_STEPS",
     "PORT_MATCHES",
     "PROTOCOL_NUMBERS",
     "Outcome",
@@ -45,9 +45,6 @@ __all__ = [
 ]
 
 BUILTIN_CHAINS = frozenset({"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING", "FORWARD"})
-# Rules one trace may evaluate. Without loops a walk is finite, but a hand-written dump whose chains jump to the
-# same chain many times over can make it exponential; past this budget the answer is "depth limit", not a hang.
-MAX_STEPS = 1_000_000
 _SIMPLE_TARGETS = frozenset({"RETURN", "ACCEPT", "MASQUERADE", "SNAT"})
 PROTOCOL_NUMBERS = {"tcp": 6, "udp": 17, "icmp": 1, "sctp": 132, "icmpv6": 58, "ipv6-icmp": 58, "udplite": 136}
 _LOOPBACK = {Family.V4: parse_cidr("127.0.0.0/8"), Family.V6: parse_cidr("::1/128")}
@@ -212,12 +209,9 @@ class Tracer:
         steps: list[Step] = []
         entered = [chain]
         mark = packet.mark
-        # frames to resume after a RETURN: (chain, next index)
-        stack: list[tuple[str, int]] = []
-        current, index = chain, 0
+        walk: ChainWalk[str, Rule | _Bad] = ChainWalk(self.chains, chain, ends=BUILTIN_CHAINS)
         # the last RETURN taken: when the packet then falls off POSTROUTING, that RETURN is what decided
         last_return: Rule | None = None
-        budget = MAX_STEPS
 
         def result(outcome: Outcome, rule: Rule | None, **extra: str | None) -> TraceResult:
             return TraceResult(tuple(steps), outcome, None if rule is None else rule.text,
@@ -231,21 +225,17 @@ class Tracer:
         if chain in self._loops:
             return result(Outcome.UNDECIDED, None, reason=self._loop_reason(chain))
         while True:
-            rules = self.chains.get(current, [])
-            if index == 0 and not record_steps:
-                table = self._compiled_chain(current, packet.family)
+            if walk.index == 0 and not record_steps:
+                table = self._compiled_chain(walk.current, packet.family)
                 if table is not None:
                     label = table.label_at(packet.destination)
-                    index = len(rules) if label < 0 else label  # straight to the first rule that matches
-            if index >= len(rules):
-                if current in BUILTIN_CHAINS or not stack:
-                    return self._policy(result, current, last_return)
-                current, index = stack.pop()
-                continue
-            rule = rules[index]
-            index += 1
-            budget -= 1
-            if budget < 0:
+                    # straight to the first rule that matches
+                    walk.index = len(self.chains.get(walk.current, [])) if label < 0 else label
+            rule = walk.next_rule()
+            if rule is None:
+                return self._policy(result, walk.current, last_return)
+            current = walk.current
+            if walk.exhausted:
                 return result(Outcome.UNDECIDED, None, reason=f"depth limit: more than {MAX_STEPS} rules evaluated "
                               "for one packet (chains jumping to the same chains over and over)")
             if isinstance(rule, _Bad):
@@ -262,9 +252,9 @@ class Tracer:
                 continue
             target = rule.target
             if target == "RETURN":
-                if current in BUILTIN_CHAINS or not stack:
+                if not walk.can_return():
                     return self._policy(result, current, rule)
-                current, index = stack.pop()
+                walk.return_()
                 last_return = rule
             elif target == "ACCEPT":
                 return result(Outcome.UNCHANGED, rule)
@@ -288,9 +278,7 @@ class Tracer:
             elif target in self.chains and target not in BUILTIN_CHAINS:
                 if target in self._loops:
                     return result(Outcome.UNDECIDED, rule, reason=self._loop_reason(target))
-                if not rule.goto:
-                    stack.append((current, index))
-                current, index = target, 0
+                walk.enter(target, goto=rule.goto)
                 entered.append(target)
             else:
                 return result(Outcome.UNDECIDED, rule, reason=f"target {target} is not understood by trace "
