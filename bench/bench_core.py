@@ -22,8 +22,8 @@ import yaml
 
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 from ipmasq.rules.iptables import render_restore
 
 SIZES = (10, 1_000, 10_000, 100_000)

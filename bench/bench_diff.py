@@ -26,7 +26,7 @@ from ipmasq.config.source import MAX_CONFIG_BYTES
 from ipmasq.diff import diff_policies
 from ipmasq.lint import lint_source
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
+from ipmasq.policy.policy import Policy
 
 TARGET_S = 1.0
 

@@ -43,8 +43,8 @@ from pathlib import Path
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.lab.netns import Namespace, Network, network
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 from ipmasq.rules.iptables import render_restore
 from ipmasq.rules.nft import render_script
 

@@ -243,7 +243,7 @@ def legacy_profile(count: int, foreign: int, repeat: int = 5) -> list[tuple[str,
     import zlib
 
     from ipmasq.backends import generation as g
-    from ipmasq.prefix import Family
+    from ipmasq.policy.prefix import Family
 
     subprocess.run(["iptables-legacy-restore", "--noflush"], input=kube_proxy_rules(foreign), text=True, check=True)
     workdir = Path(tempfile.mkdtemp(prefix="ipmasq-bench-legacy-"))

@@ -40,9 +40,9 @@ from ipmasq.audit import AuditReport, audit, count_flows
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.config.model import Rule, RuleAction
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Packet, Policy, Reason, Verdict
-from ipmasq.prefix import Family, Prefix, format_address, parse_cidr
-from ipmasq.rule_index import RuleIndex
+from ipmasq.policy.policy import Packet, Policy, Reason, Verdict
+from ipmasq.policy.prefix import Family, Prefix, format_address, parse_cidr
+from ipmasq.policy.rule_index import RuleIndex
 from ipmasq.testing.first_match import first_match_walk
 
 POD_RANGE = parse_cidr("10.44.0.0/14")

@@ -26,8 +26,8 @@ from typing import IO, Any
 
 from ipmasq.errors import IpmasqError, clip
 from ipmasq.input_files import NotAFile, NoWriter, open_input
-from ipmasq.policy import Policy, Reason, Verdict
-from ipmasq.prefix import Family, Prefix, format_address, parse_address
+from ipmasq.policy.policy import Policy, Reason, Verdict
+from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address
 
 __all__ = ["AuditReport", "FlowAction", "FlowLogError", "Group", "RawCounts", "audit", "count_flows"]
 

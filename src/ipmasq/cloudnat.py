@@ -12,8 +12,8 @@ import ipaddress
 from dataclasses import dataclass
 from enum import Enum
 
-from ipmasq.policy import Verdict
-from ipmasq.prefix import Prefix, parse_address
+from ipmasq.policy.policy import Verdict
+from ipmasq.policy.prefix import Prefix, parse_address
 
 __all__ = ["CloudNat", "CloudNatMode", "PathResult", "follow_path", "is_internet"]
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from ipmasq.backends.base import Runner
 from ipmasq.diff import diff_rule_policies, flipped_ranges, has_rules
 from ipmasq.errors import BackendError
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, Prefix
-from ipmasq.ranges import Span, to_prefixes, union
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, Prefix
+from ipmasq.policy.ranges import Span, to_prefixes, union
 
 __all__ = ["FlushResult", "StaleDestinations", "delete_argv", "delete_by_orig_dst", "flush_stale_conntrack",
            "stale_destinations"]

@@ -6,7 +6,7 @@ cover it exactly. Conntrack cleanup deletes the entries of the same flipped rang
 
 With `rules` in either config, a packet's outcome depends on more than its destination: `diff_rule_policies`
 reports the regions of destination x source x protocol x port x node whose outcome (masquerade to the node IP,
-keep the pod IP, snat to an address) differs, with the rule that decided on each side (ipmasq.packet_space).
+keep the pod IP, snat to an address) differs, with the rule that decided on each side (ipmasq.policy.packet_space).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from ipmasq.config.model import Rule
-from ipmasq.packet_space import (
+from ipmasq.policy.packet_space import (
     MAX_PORT,
     OTHER,
     NodeClass,
@@ -29,9 +29,9 @@ from ipmasq.packet_space import (
     paint,
     protocol_atoms,
 )
-from ipmasq.policy import Packet, Policy
-from ipmasq.prefix import Family, Prefix, parse_address, parse_cidr
-from ipmasq.ranges import (
+from ipmasq.policy.policy import Packet, Policy
+from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
+from ipmasq.policy.ranges import (
     Span,
     count_inside,
     inside_runs,

@@ -21,8 +21,8 @@ from ipmasq.conntrack import flush_stale_conntrack
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import Namespace, NamespaceRunner, Network
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, parse_cidr
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, parse_cidr
 from ipmasq.rules.iptables import render_restore
 
 POD, NODE_POD_SIDE, NODE_PEER_SIDE, PEER = "10.44.14.15", "10.44.14.1", "172.30.12.1", "172.30.12.110"

@@ -12,8 +12,8 @@ import pytest
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.lab.netns import Network
 from ipmasq.options import PolicyOptions, parse_to_ports
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 from ipmasq.rules.iptables import canonical, parse_save, render_restore
 
 CASES = {

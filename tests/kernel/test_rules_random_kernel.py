@@ -32,8 +32,8 @@ from ipmasq.lab.run import NodeAgent
 from ipmasq.lab.scenarios import policy_for
 from ipmasq.lab.topology import ADDR, build_lab
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Packet, rule_match
-from ipmasq.prefix import parse_address
+from ipmasq.policy.policy import Packet, rule_match
+from ipmasq.policy.prefix import parse_address
 
 BACKENDS = ("iptables", "nftables")
 PROBE = str(Path(__file__).with_name("rule_probe.py"))

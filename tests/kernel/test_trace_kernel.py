@@ -28,8 +28,8 @@ from ipmasq.diagnose.trace import Packet, Tracer, trace
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.lab.netns import Network
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, parse_address, parse_cidr
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, parse_address, parse_cidr
 from ipmasq.rules.iptables import parse_save, render_restore
 from ipmasq.rules.nft import parse_list_json, render_script
 

@@ -18,8 +18,8 @@ from ipmasq.config import ConfigInput
 from ipmasq.errors import ConfigError
 from ipmasq.lab.kubelet import publish
 from ipmasq.options import PolicyOptions
-from ipmasq.policy_hash import policy_hash
-from ipmasq.prefix import Family
+from ipmasq.policy.hash import policy_hash
+from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeIptables
 
 LOG = logging.getLogger("test.agent")

@@ -27,8 +27,8 @@ from ipmasq.diagnose.leftovers import OTHER_VARIANT_RULES, leftover_findings, re
 from ipmasq.errors import IpmasqError
 from ipmasq.findings import Severity
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeIptables
 from tests.conftest import PYTHON
 from tests.unit.test_backend_switch import Node, iptables_pass

@@ -12,8 +12,8 @@ from ipmasq.audit import FlowLogError, audit, count_flows
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import parse_cidr
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import parse_cidr
 
 FLOWLOGS = Path(__file__).resolve().parent.parent / "flowlogs"
 PODS = (parse_cidr("10.44.0.0/14"),)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ipmasq.audit import RawCounts, audit
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
+from ipmasq.policy.policy import Policy
 
 RULES = """\
 nonMasqueradeCIDRs: [10.0.0.0/8]

@@ -17,7 +17,7 @@ from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.config import ConfigInput
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
-from ipmasq.prefix import Family
+from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeIptables, FakeNft, FakeRunner
 
 LOG = logging.getLogger("test.switch")

@@ -13,8 +13,8 @@ from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
 from ipmasq.diagnose.sources import family_of_dump
 from ipmasq.findings import Finding, Severity
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, parse_cidr
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, parse_cidr
 from ipmasq.rules.iptables import parse_save, render_restore
 from ipmasq.rules.nft import desired_table, parse_list_json
 from ipmasq.testing.nft import list_json

@@ -17,8 +17,8 @@ from ipmasq.diagnose.check import FindingId, check_nft
 from ipmasq.diagnose.trace import Outcome, Packet
 from ipmasq.diagnose.trace_nft import NftTraceError, NftTracer
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import parse_address, parse_cidr
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import parse_address, parse_cidr
 from ipmasq.rules.nft import parse_list_json, render_script
 from ipmasq.testing.nft import FakeNft
 

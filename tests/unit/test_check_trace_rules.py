@@ -15,8 +15,8 @@ from ipmasq.diagnose.check import check_iptables
 from ipmasq.diagnose.trace import Outcome, Packet, Tracer, trace
 from ipmasq.findings import Finding
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, parse_address, parse_cidr
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, parse_address, parse_cidr
 from ipmasq.rules.iptables import parse_save, render_restore
 
 CONFIG = """\

@@ -9,7 +9,7 @@ from ipmasq.backends.choose import choose, detect, foreign_nat_rules
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
+from ipmasq.policy.policy import Policy
 from ipmasq.testing import FakeNft
 
 KUBE_PROXY = ("table ip kube-proxy {\n\tchain nat-postrouting {\n"

@@ -228,6 +228,6 @@ def test_the_agent_process_never_imports_the_yaml_parser(backend: str) -> None:
 def test_the_link_local_constant_written_out_is_fe80_10() -> None:
     # written as integers so that importing the model does not load ipaddress; it must be what parsing gives
     from ipmasq.config.model import LINK_LOCAL_V6
-    from ipmasq.prefix import parse_cidr
+    from ipmasq.policy.prefix import parse_cidr
 
     assert parse_cidr("fe80::/10") == LINK_LOCAL_V6 and str(LINK_LOCAL_V6) == "fe80::/10"

@@ -8,7 +8,7 @@ from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.config.model import RuleAction
 from ipmasq.errors import ConfigError
 from ipmasq.options import PolicyOptions, PortRange
-from ipmasq.prefix import Family, parse_cidr
+from ipmasq.policy.prefix import Family, parse_cidr
 
 NAME = "/etc/config/ip-masq-agent"
 V4 = PolicyOptions(node_name="gke-prod-egress-1")
@@ -178,7 +178,7 @@ def test_enable_ipv6_in_the_config() -> None:
 
 
 def test_enable_ipv6_from_the_config_decides_without_the_flag() -> None:
-    from ipmasq.policy import Policy
+    from ipmasq.policy.policy import Policy
 
     text = "nonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\nenableIPv6: true\n" + FULL.split("\n", 1)[1] + \
         "  - name: v6-snat\n    destinations: ['2001:db8::/32']\n    action: snat\n    snatTo: 'fd00::50'\n"

@@ -11,8 +11,8 @@ from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.conntrack import delete_argv, delete_by_orig_dst, flush_stale_conntrack, stale_destinations
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, parse_address, parse_cidr
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, parse_address, parse_cidr
 
 
 def _policy(text: str, options: PolicyOptions | None = None) -> Policy:

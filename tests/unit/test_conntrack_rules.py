@@ -10,8 +10,8 @@ import pytest
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.conntrack import stale_destinations
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, Prefix, format_address, parse_address, parse_cidr
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address, parse_cidr
 
 NODE = "egress-1"
 

@@ -15,8 +15,8 @@ from ipmasq.cli import main
 from ipmasq.config.model import LINK_LOCAL_V4, Entry, MasqConfig, Origin
 from ipmasq.diff import Treatment, diff_policies
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, Prefix, parse_address, parse_cidr
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
 from tests.conftest import ROOT
 
 BASE = parse_address("10.0.0.0")[1]

@@ -15,8 +15,8 @@ from ipmasq.cli import main
 from ipmasq.config.model import Entry, MasqConfig, Origin, Rule, RuleAction
 from ipmasq.diff import Treatment, diff_rule_policies
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Packet, Policy
-from ipmasq.prefix import Family, Prefix, parse_address
+from ipmasq.policy.policy import Packet, Policy
+from ipmasq.policy.prefix import Family, Prefix, parse_address
 from tests.unit.test_diff import BASE, UNIVERSE, brute_masquerade, prefixes
 
 SOURCE_BASE = parse_address("10.8.0.0")[1]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ipmasq.cli import main
-from ipmasq.prefix import Family, parse_address
+from ipmasq.policy.prefix import Family, parse_address
 
 
 def test_v4_mapped_address_is_the_ipv4_address() -> None:

@@ -13,7 +13,7 @@ from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.config import ConfigInput
 from ipmasq.options import PolicyOptions
-from ipmasq.prefix import Family
+from ipmasq.policy.prefix import Family
 from ipmasq.rules.nft import SET_NAMES, NftSet
 from ipmasq.testing import FakeIptables, FakeNft
 

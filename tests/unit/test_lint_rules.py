@@ -16,8 +16,8 @@ from ipmasq.findings import Severity
 from ipmasq.lint import Expectations, lint_config
 from ipmasq.lint.rules import lint_rules
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Packet, Policy
-from ipmasq.prefix import Family, Prefix, parse_address, parse_cidr
+from ipmasq.policy.policy import Packet, Policy
+from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
 from tests.unit.test_diff import BASE, brute_masquerade
 from tests.unit.test_diff_rules import GLOBS, NODES, SNAT, SOURCE_BASE
 

@@ -15,8 +15,8 @@ from ipmasq.config.model import MasqConfig
 from ipmasq.errors import ConfigError
 from ipmasq.lint import lint_source
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 from ipmasq.rules.iptables import render_restore
 
 OPTIONS = (PolicyOptions(), PolicyOptions(enable_ipv6=True, nomasq_all_reserved_ranges=True))

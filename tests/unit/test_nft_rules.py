@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.options import PolicyOptions, parse_to_ports
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, parse_address
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, parse_address
 from ipmasq.rules.nft import (
     NftParseError,
     desired_table,

@@ -14,7 +14,7 @@ from ipmasq.diagnose.check import FindingId, Severity, check_nft
 from ipmasq.diagnose.trace import Outcome, Packet
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
+from ipmasq.policy.policy import Policy
 from ipmasq.rules.nft import RULES_CHAIN, desired_table, format_elements, parse_list_json, render_script
 from ipmasq.testing.nft import FakeNft
 

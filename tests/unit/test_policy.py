@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from ipmasq.config import ConfigInput, config_from_bytes, load_config
 from ipmasq.diff import flipped_ranges
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy, Reason
-from ipmasq.prefix import Family, Prefix
-from ipmasq.ranges import to_prefixes
+from ipmasq.policy.policy import Policy, Reason
+from ipmasq.policy.prefix import Family, Prefix
+from ipmasq.policy.ranges import to_prefixes
 
 V4 = PolicyOptions()
 

@@ -8,8 +8,8 @@ import pytest
 
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.options import PolicyOptions, PortRange
-from ipmasq.policy import Policy
-from ipmasq.policy_hash import canonical_policy, policy_hash
+from ipmasq.policy.hash import canonical_policy, policy_hash
+from ipmasq.policy.policy import Policy
 from tests.conftest import PYTHON
 
 BASE = "nonMasqueradeCIDRs: [10.0.0.0/8, 172.30.0.0/16]\nmasqueradeCIDRs: [10.11.0.0/24]\nresyncInterval: 60s\n"
@@ -66,8 +66,8 @@ def test_the_same_in_another_process() -> None:
     script = ("import sys\n"
               "from ipmasq.config import ConfigInput, config_from_bytes\n"
               "from ipmasq.options import PolicyOptions\n"
-              "from ipmasq.policy import Policy\n"
-              "from ipmasq.policy_hash import policy_hash\n"
+              "from ipmasq.policy.policy import Policy\n"
+              "from ipmasq.policy.hash import policy_hash\n"
               "o = PolicyOptions(enable_ipv6=True)\n"
               "c = config_from_bytes(ConfigInput((('x', sys.stdin.read().encode()),)), o)\n"
               "print(policy_hash(Policy(c, o)))\n")

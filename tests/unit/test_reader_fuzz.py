@@ -19,8 +19,8 @@ from ipmasq.diagnose.sources import rules_from_dump
 from ipmasq.diagnose.trace import Packet, Tracer
 from ipmasq.errors import IpmasqError
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import parse_cidr
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import parse_cidr
 
 OPTIONS = PolicyOptions()
 POLICY = Policy(config_from_bytes(ConfigInput((("c", b"nonMasqueradeCIDRs: [10.0.0.0/8]\n"),)), OPTIONS), OPTIONS)

@@ -12,8 +12,8 @@ from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 from ipmasq.rules.iptables import chain_rules, render_restore
 from ipmasq.rules.nft import (
     CHAIN,

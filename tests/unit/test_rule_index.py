@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.config.model import MasqConfig, Rule, RuleAction
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import PACKET_FIELDS, Packet, Policy, Reason
-from ipmasq.prefix import Family, Prefix
-from ipmasq.rule_index import RuleIndex
+from ipmasq.policy.policy import PACKET_FIELDS, Packet, Policy, Reason
+from ipmasq.policy.prefix import Family, Prefix
+from ipmasq.policy.rule_index import RuleIndex
 from ipmasq.testing.first_match import first_match_walk
 
 PROTOCOLS = ("tcp", "udp", "sctp", "icmp")

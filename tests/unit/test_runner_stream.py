@@ -18,8 +18,8 @@ from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeIptables, FakeRunner
 
 SLOW_READER = ("import sys, time\n"

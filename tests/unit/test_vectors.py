@@ -9,8 +9,8 @@ import pytest
 from ipmasq.config import load_config
 from ipmasq.errors import ConfigError
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 from ipmasq.rules.iptables import canonical, render_restore
 from tests.conftest import VECTORS
 

@@ -41,9 +41,9 @@ from ipmasq.config.model import DEFAULT_RESYNC_SECONDS, MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes
 from ipmasq.errors import BackendError, ConfigError, IpmasqError
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.policy_hash import policy_hash
-from ipmasq.prefix import Family
+from ipmasq.policy.hash import policy_hash
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 
 __all__ = ["ConfigReport", "FamilyWrite", "ObjectCount", "PassReport", "Readiness", "Reconciler", "RuleCount",
            "StopRequested", "SyncResult", "count_objects"]

@@ -19,7 +19,7 @@ from ipmasq.backends.iptables import IptablesBackend, Variant, detect_variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
-from ipmasq.prefix import Family
+from ipmasq.policy.prefix import Family
 from ipmasq.rules.iptables import count_foreign_nat, count_rules
 from ipmasq.rules.nft import TABLE, TABLE_FAMILY
 from ipmasq.rules.nft import count_foreign_nat as count_foreign_nft

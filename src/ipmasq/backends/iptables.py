@@ -18,8 +18,8 @@ from enum import Enum
 
 from ipmasq.backends.base import Result, Runner, State
 from ipmasq.errors import BackendError, LockBusyError
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 from ipmasq.rules.iptables import (
     RULE_COMMENT_PREFIX,
     NatTable,

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 from ipmasq.backends.base import Result, Runner, State
 from ipmasq.errors import BackendError
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 from ipmasq.rules.nft import (
     OUR_SET_NAMES,
     RULES_SET_NAMES,

@@ -25,7 +25,7 @@ from ipmasq.commands.common import add_backend_flags, add_policy_flags, go_bool,
 from ipmasq.config.isolated import load_config_isolated
 from ipmasq.errors import IpmasqError
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
+from ipmasq.policy.policy import Policy
 
 __all__ = ["DEFAULT_CONFIG", "register"]
 

@@ -23,9 +23,9 @@ from ipmasq.commands import common
 from ipmasq.diff import DiffResult, Region, RuleDiffResult, diff_policies, diff_rule_policies, has_rules, parse_probe
 from ipmasq.errors import UsageError
 from ipmasq.options import PolicyOptions
-from ipmasq.packet_space import Outcome
-from ipmasq.policy import Policy
-from ipmasq.ranges import to_prefixes
+from ipmasq.policy.packet_space import Outcome
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.ranges import to_prefixes
 
 __all__ = ["register", "run"]
 

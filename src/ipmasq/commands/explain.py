@@ -10,8 +10,8 @@ from ipmasq.cloudnat import CloudNat, CloudNatMode, PathResult, follow_path, is_
 from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, load_policy, print_json
 from ipmasq.config.model import Rule, RuleAction
 from ipmasq.errors import UsageError, clip
-from ipmasq.policy import Policy, Reason, Verdict
-from ipmasq.prefix import parse_address
+from ipmasq.policy.policy import Policy, Reason, Verdict
+from ipmasq.policy.prefix import parse_address
 
 _REASON_TEXT = {
     Reason.DEFAULT: "in the agent's default non-masquerade list",

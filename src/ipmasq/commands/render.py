@@ -14,8 +14,8 @@ from typing import Any
 
 from ipmasq.commands.common import add_policy_flags, command_parser, load_policy
 from ipmasq.errors import UsageError
-from ipmasq.policy_hash import config_hash, policy_hash
-from ipmasq.prefix import Family
+from ipmasq.policy.hash import config_hash, policy_hash
+from ipmasq.policy.prefix import Family
 from ipmasq.rules.iptables import render_restore
 
 

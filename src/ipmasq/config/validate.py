@@ -24,7 +24,7 @@ from ipmasq.config.model import (
 )
 from ipmasq.errors import ConfigError
 from ipmasq.options import PolicyOptions
-from ipmasq.prefix import Family, Prefix, PrefixError, format_address, parse_address, parse_cidr
+from ipmasq.policy.prefix import Family, Prefix, PrefixError, format_address, parse_address, parse_cidr
 
 __all__ = [
     "KNOWN_KEYS",

@@ -28,9 +28,9 @@ from ipmasq.config.model import Rule as ConfigRule
 from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, Outcome, Packet, RuleShape, Tracer, TraceResult
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.findings import Finding, Severity, has_errors
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, Prefix, parse_cidr
-from ipmasq.ranges import Span, append_span, subtract, to_prefixes, union, union_of_prefixes
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, Prefix, parse_cidr
+from ipmasq.policy.ranges import Span, append_span, subtract, to_prefixes, union, union_of_prefixes
 from ipmasq.rules.iptables import (
     RULE_COMMENT_PREFIX,
     NatTable,

@@ -17,7 +17,7 @@ from ipmasq.backends.iptables import Variant, detect_variant, tools
 from ipmasq.diagnose.check import NodeRules
 from ipmasq.errors import BackendError, IpmasqError, clip
 from ipmasq.input_files import NotAFile, NoWriter, open_input
-from ipmasq.prefix import Family
+from ipmasq.policy.prefix import Family
 from ipmasq.rules.iptables import NatTable, RuleParseError, our_chains, parse_save, save_lines
 from ipmasq.rules.nft import NftParseError, NftTable, parse_list_json
 

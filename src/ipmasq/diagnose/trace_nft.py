@@ -31,8 +31,8 @@ from ipmasq.diagnose.trace import (
 )
 from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
 from ipmasq.errors import IpmasqError, clip
-from ipmasq.prefix import Family, format_address, parse_address, parse_cidr
-from ipmasq.ranges import Span, union
+from ipmasq.policy.prefix import Family, format_address, parse_address, parse_cidr
+from ipmasq.policy.ranges import Span, union
 from ipmasq.rules.iptables import RULE_COMMENT_PREFIX
 from ipmasq.rules.nft import NftParseError, parse_address_element, rule_from_json
 

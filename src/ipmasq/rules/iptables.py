@@ -15,8 +15,8 @@ from ipmasq.config.model import Entry, RuleAction
 from ipmasq.config.model import Rule as ConfigRule
 from ipmasq.errors import IpmasqError
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 from ipmasq.rules.lines import iter_lines
 
 __all__ = [

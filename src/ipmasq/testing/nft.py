@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ipmasq.backends.base import Result
-from ipmasq.prefix import Family
+from ipmasq.policy.prefix import Family
 from ipmasq.rules.nft import (
     SRCNAT_PRIORITY,
     TABLE,

@@ -20,8 +20,8 @@ from fnmatch import fnmatchcase
 from typing import NamedTuple
 
 from ipmasq.config.model import Rule, RuleAction
-from ipmasq.prefix import Family
-from ipmasq.ranges import Span, cut_points, first_match_table, inside_runs, label_runs
+from ipmasq.policy.prefix import Family
+from ipmasq.policy.ranges import Span, cut_points, first_match_table, inside_runs, label_runs
 
 __all__ = [
     "MAX_NODE_GLOB_SETS",

@@ -20,9 +20,9 @@ from typing import NamedTuple
 from ipmasq.config.model import LINK_LOCAL_V4, LINK_LOCAL_V6, Entry, MasqConfig, Origin, Rule, RuleAction
 from ipmasq.config.source import paused_gc
 from ipmasq.options import PolicyOptions
-from ipmasq.prefix import Family, Prefix, format_address, parse_address
-from ipmasq.ranges import FirstMatchTable, Span, first_match_table, union_of_prefixes
-from ipmasq.rule_index import NO_MATCH, RuleIndex
+from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address
+from ipmasq.policy.ranges import FirstMatchTable, Span, first_match_table, union_of_prefixes
+from ipmasq.policy.rule_index import NO_MATCH, RuleIndex
 
 __all__ = ["PACKET_FIELDS", "Packet", "Policy", "Reason", "Verdict", "rule_match"]
 

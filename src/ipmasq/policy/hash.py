@@ -11,7 +11,7 @@ often the agent checks does change it. Python's own hash() is salted per process
 from __future__ import annotations
 
 from ipmasq.config.model import Rule
-from ipmasq.policy import Policy
+from ipmasq.policy.policy import Policy
 from ipmasq.sha256 import sha256
 
 __all__ = ["CONFIG_HASH_CHARS", "POLICY_HASH_VERSION", "config_hash", "policy_hash"]
