@@ -13,23 +13,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 from typing import NamedTuple
 
 from ipmasq.config.model import Rule
+from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.packet_space import (
     MAX_PORT,
     OTHER,
+    Decision,
     NodeClass,
-    Outcome,
     cells,
     compare,
-    list_outcome,
+    list_decision,
     node_classes,
     paint,
     protocol_atoms,
 )
-from ipmasq.policy.policy import Packet, Policy
+from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
 from ipmasq.policy.ranges import (
     Span,
@@ -42,7 +42,7 @@ from ipmasq.policy.ranges import (
     union_of_prefixes,
 )
 
-__all__ = ["DiffResult", "Flip", "FlippedPrefix", "ProbeResult", "Region", "RuleDiffResult", "Treatment",
+__all__ = ["DiffResult", "Flip", "FlippedPrefix", "ProbeResult", "Region", "RuleDiffResult",
            "diff_policies", "diff_rule_policies", "flipped_ranges", "has_rules", "parse_probe"]
 
 
@@ -71,30 +71,23 @@ def flipped_ranges(before: Policy, after: Policy, family: Family) -> list[Flip]:
     return _flips(before.preserved_ranges(family), after.preserved_ranges(family), family)
 
 
-class Treatment(Enum):
-    MASQUERADE = "masquerade"  # the destination sees the node IP
-    PRESERVE = "preserve"  # the destination sees the pod IP
-    MIXED = "mixed"  # a probe CIDR whose addresses are treated both ways
-    SNAT = "snat"  # a config rule's snat: the destination sees its snatTo address
-
-
-_TO_PRESERVE = (Treatment.MASQUERADE, Treatment.PRESERVE)
-_TO_MASQUERADE = (Treatment.PRESERVE, Treatment.MASQUERADE)
+_TO_PRESERVE = (Outcome.MASQUERADE, Outcome.PRESERVE)
+_TO_MASQUERADE = (Outcome.PRESERVE, Outcome.MASQUERADE)
 
 
 class FlippedPrefix(NamedTuple):
     """One CIDR of the flipped set (a NamedTuple: a diff of 100,000-CIDR configs makes this many of them)."""
 
     prefix: Prefix
-    before: Treatment
-    after: Treatment
+    before: Outcome
+    after: Outcome
 
 
 @dataclass(frozen=True, slots=True)
 class ProbeResult:
     destination: str
-    before: Treatment
-    after: Treatment
+    before: Outcome
+    after: Outcome
     flips: bool
     decided_before: str  # which rule decided (for one address), for the text output
     decided_after: str
@@ -136,7 +129,7 @@ def diff_policies(before: Policy, after: Policy, probes: tuple[str, ...] = ()) -
         flipped = [f for f in by_family[probe.family] if f.first <= probe.last and f.last >= probe.first]
         results.append(ProbeResult(
             destination=text,
-            before=_treatment(preserved[0, probe.family], probe), after=_treatment(preserved[1, probe.family], probe),
+            before=_outcome(preserved[0, probe.family], probe), after=_outcome(preserved[1, probe.family], probe),
             flips=bool(flipped),
             decided_before=_decided(before, probe.family, probe.network),
             decided_after=_decided(after, probe.family, probe.network),
@@ -144,12 +137,12 @@ def diff_policies(before: Policy, after: Policy, probes: tuple[str, ...] = ()) -
     return DiffResult(tuple(flips), tuple(results))
 
 
-def _treatment(preserved: list[Span], probe: Prefix) -> Treatment:
+def _outcome(preserved: list[Span], probe: Prefix) -> Outcome:
     """Masquerade, preserve, or mixed across the probe's addresses."""
     covered = count_inside(preserved, probe.first, probe.last)
     if covered == 0:
-        return Treatment.MASQUERADE
-    return Treatment.PRESERVE if covered == probe.last - probe.first + 1 else Treatment.MIXED
+        return Outcome.MASQUERADE
+    return Outcome.PRESERVE if covered == probe.last - probe.first + 1 else Outcome.MIXED
 
 
 def _decided(policy: Policy, family: Family, address: int) -> str:
@@ -188,8 +181,8 @@ class Region:
     protocols: tuple[str, ...] | None  # OTHER: any protocol none of `named_protocols`
     ports: tuple[Span, ...] | None  # destination ports (a protocol without ports: any)
     nodes: tuple[NodeClass, ...] | None
-    before: Outcome
-    after: Outcome
+    before: Decision
+    after: Decision
     named_protocols: tuple[str, ...] = ()
 
     def contains(self, packet: Packet, node: str) -> bool:
@@ -199,7 +192,7 @@ class Region:
 
         if packet.family is not self.family or not within(self.destinations, packet.destination):
             return False
-        if not within(self.sources, packet.source) or not within(self.ports, packet.port):
+        if not within(self.sources, packet.source_address) or not within(self.ports, packet.port):
             return False
         if self.protocols is not None:
             atom = packet.protocol if packet.protocol in self.named_protocols else OTHER
@@ -260,7 +253,7 @@ def _rules_of(policy: Policy, family: Family) -> tuple[Rule, ...]:
     return tuple(r for r in policy.config.rules if r.family is family)
 
 
-_Key = tuple[Outcome, Outcome]
+_Key = tuple[Decision, Decision]
 _Pieces = dict[_Key, tuple[Span, ...]]
 
 
@@ -277,9 +270,9 @@ class _FamilyDiff:
         self.protocols = protocol_atoms(every)
         self.classes = node_classes([r.nodes for r in every if r.nodes], node_names)
         self.ruled = union_of_prefixes([p for r in every for p in r.destinations], family.bits)
-        self._painted: dict[tuple[tuple[Rule, ...], ...], tuple[list[tuple[int, int, Outcome]], ...]] = {}
+        self._painted: dict[tuple[tuple[Rule, ...], ...], tuple[list[tuple[int, int, Decision]], ...]] = {}
 
-    def painted(self, active: tuple[tuple[Rule, ...], ...]) -> tuple[list[tuple[int, int, Outcome]], ...]:
+    def painted(self, active: tuple[tuple[Rule, ...], ...]) -> tuple[list[tuple[int, int, Decision]], ...]:
         got = self._painted.get(active)
         if got is None:
             got = tuple(paint(rules, preserved, self.ruled, self.family.max_address)
@@ -296,8 +289,8 @@ class _FamilyDiff:
         for kept_before in (True, False):
             spans = subtract([(a, b) for a, b, in_before in flips if in_before is kept_before], self.ruled)
             if spans:
-                out.append(Region(family, tuple(spans), None, None, None, None, list_outcome(kept_before),
-                                  list_outcome(not kept_before)))
+                out.append(Region(family, tuple(spans), None, None, None, None, list_decision(kept_before),
+                                  list_decision(not kept_before)))
         # inside them, cell by cell: (class index, protocol, ports, sources) -> key -> destinations
         pieces: list[tuple[int, str, Span, Span, _Key, tuple[Span, ...]]] = []
         class_index = {c: i for i, c in enumerate(self.classes)}
@@ -348,14 +341,14 @@ class _FamilyDiff:
                 was, now, self.protocols))
         return out
 
-    def outcomes_over(self, first: int, last: int) -> tuple[list[Outcome], list[Outcome]]:
+    def outcomes_over(self, first: int, last: int) -> tuple[list[Decision], list[Decision]]:
         """Every outcome each side gives some packet to a destination in first..last, in first-seen order."""
-        seen: tuple[dict[Outcome, None], dict[Outcome, None]] = ({}, {})
+        seen: tuple[dict[Decision, None], dict[Decision, None]] = ({}, {})
         outside = subtract([(first, last)], self.ruled)
         for side, preserved in enumerate(self.preserved):
             for a, b in outside:
                 for _, _, inside in inside_runs(preserved, a, b):
-                    seen[side].setdefault(list_outcome(inside), None)
+                    seen[side].setdefault(list_decision(inside), None)
         if len(outside) != 1 or outside[0] != (first, last):
             for _, active in cells(self.family, self.sides, self.classes, self.protocols):
                 for side, painting in enumerate(self.painted(active)):
@@ -365,12 +358,12 @@ class _FamilyDiff:
         return list(seen[0]), list(seen[1])
 
 
-def _probe_treatment(outcomes: list[Outcome]) -> Treatment:
-    actions = {o.action for o in outcomes}
-    return Treatment(actions.pop()) if len(actions) == 1 else Treatment.MIXED
+def _probe_outcome(decisions: list[Decision]) -> Outcome:
+    outcomes = {d.outcome for d in decisions}
+    return outcomes.pop() if len(outcomes) == 1 else Outcome.MIXED
 
 
-def _probe_decided(outcomes: list[Outcome], policy: Policy, probe: Prefix) -> str:
+def _probe_decided(outcomes: list[Decision], policy: Policy, probe: Prefix) -> str:
     if all(o.rule is None for o in outcomes):
         return _decided(policy, probe.family, probe.network)
     deciders = list(dict.fromkeys("CIDR lists" if o.rule is None else f"rule {o.rule}" for o in outcomes))
@@ -398,6 +391,6 @@ def diff_rule_policies(before: Policy, after: Policy, probes: tuple[str, ...] = 
         was, now = by_family[probe.family].outcomes_over(probe.first, probe.last)
         flipped = any(r.family is probe.family and any(a <= probe.last and b >= probe.first
                                                       for a, b in r.destinations) for r in regions)
-        results.append(ProbeResult(text, _probe_treatment(was), _probe_treatment(now), flipped,
+        results.append(ProbeResult(text, _probe_outcome(was), _probe_outcome(now), flipped,
                                    _probe_decided(was, before, probe), _probe_decided(now, after, probe)))
     return RuleDiffResult(tuple(regions), tuple(results))

@@ -32,7 +32,8 @@ from ipmasq.lab.run import NodeAgent
 from ipmasq.lab.scenarios import policy_for
 from ipmasq.lab.topology import ADDR, build_lab
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.policy import Packet, rule_match
+from ipmasq.policy.packet import Packet
+from ipmasq.policy.policy import rule_match
 from ipmasq.policy.prefix import parse_address
 
 BACKENDS = ("iptables", "nftables")
@@ -189,7 +190,7 @@ def _coverage(config_text: str, node_name: str, packet: Packet4) -> set[str]:
         if rule.nodes and not any(fnmatchcase(node_name, g) for g in rule.nodes):
             missed.add("nodes")
             continue
-        if rule_match(rule, Packet(family, address, source=source_address)) is None:
+        if rule_match(rule, Packet.exact(family, address, source=source_address)) is None:
             missed.add("source")
         if rule_match(rule, Packet(family, address, protocol=protocol)) is None:
             missed.add("protocol")

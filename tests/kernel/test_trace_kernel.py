@@ -24,10 +24,11 @@ import pytest
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
-from ipmasq.diagnose.trace import Packet, Tracer, trace
+from ipmasq.diagnose.trace import Tracer, trace
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.lab.netns import Network
 from ipmasq.options import PolicyOptions
+from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, parse_address, parse_cidr
 from ipmasq.rules.iptables import parse_save, render_restore

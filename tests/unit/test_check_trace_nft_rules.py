@@ -14,9 +14,9 @@ import pytest
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import FindingId, check_nft
-from ipmasq.diagnose.trace import Outcome, Packet
 from ipmasq.diagnose.trace_nft import NftTraceError, NftTracer
 from ipmasq.options import PolicyOptions
+from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import parse_address, parse_cidr
 from ipmasq.rules.nft import parse_list_json, render_script
@@ -112,7 +112,7 @@ def test_nft_trace_names_the_missing_field_and_local_destinations() -> None:
     no_source = tracer.trace(Packet.of("10.2.0.9"))
     assert no_source.outcome is Outcome.UNDECIDED and "source is unknown" in (no_source.undecided_reason or "")
     local = tracer.trace(Packet.of(NODE, source="10.44.0.1", local_addresses=[NODE]))
-    assert local.outcome is Outcome.UNCHANGED and "fib daddr type local" in (local.decided_by or "")
+    assert local.outcome is Outcome.PRESERVE and "fib daddr type local" in (local.decided_by or "")
 
 
 def test_nft_check_is_ok_on_our_own_listing() -> None:
@@ -165,13 +165,13 @@ def test_nft_rule_missing_and_edited_by_name() -> None:
 @pytest.mark.parametrize(("expr", "packet", "outcome", "seen"), [
     ([{"match": {"op": "!=", "left": {"payload": {"protocol": "th", "field": "dport"}},
                  "right": {"set": [53, {"range": [5000, 5100]}]}}}, {"masquerade": None}],
-     {"protocol": "udp", "port": 5050}, "unchanged", "10.44.0.1"),
+     {"protocol": "udp", "port": 5050}, "preserve", "10.44.0.1"),
     ([{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": {"set": ["tcp", "udp"]}}},
       {"snat": {"family": "ip", "addr": {"range": ["10.142.0.50", "10.142.0.52"]}, "port": 1024}}],
      {"protocol": "udp", "port": 9}, "snat", "10.142.0.50-10.142.0.52"),
     ([{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}},
                  "right": {"prefix": {"addr": "10.44.0.0", "len": 16}}}}, {"jump": {"target": "sub"}}],
-     {"protocol": "icmp"}, "masqueraded", "10.142.15.203"),
+     {"protocol": "icmp"}, "masquerade", "10.142.15.203"),
 ])
 def test_nft_matches_and_targets(expr: list[dict[str, Any]], packet: dict[str, Any], outcome: str,
                                  seen: str) -> None:

@@ -12,9 +12,10 @@ import pytest
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import check_iptables
-from ipmasq.diagnose.trace import Outcome, Packet, Tracer, trace
+from ipmasq.diagnose.trace import Tracer, trace
 from ipmasq.findings import Finding
 from ipmasq.options import PolicyOptions
+from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, parse_address, parse_cidr
 from ipmasq.rules.iptables import parse_save, render_restore
@@ -107,20 +108,20 @@ def test_trace_says_which_field_it_needs() -> None:
     assert "443,8000:8080" in (no_port.undecided_reason or "")
     # a rule whose destinations do not hold the packet needs neither: the destination test fails first
     elsewhere = trace(table, Packet.of("10.7.0.1", source="10.44.0.1"))
-    assert elsewhere.outcome is Outcome.UNCHANGED
+    assert elsewhere.outcome is Outcome.PRESERVE
 
 
 @pytest.mark.parametrize(("rule", "packet", "outcome"), [
-    ("-p udp -m multiport ! --dports 53,5000:5100 -j MASQUERADE", {"protocol": "udp", "port": 5050}, "unchanged"),
-    ("-p udp -m multiport ! --dports 53,5000:5100 -j MASQUERADE", {"protocol": "udp", "port": 5101}, "masqueraded"),
-    ("-p tcp -m tcp ! --dport 1024: -j MASQUERADE", {"protocol": "tcp", "port": 1023}, "masqueraded"),
+    ("-p udp -m multiport ! --dports 53,5000:5100 -j MASQUERADE", {"protocol": "udp", "port": 5050}, "preserve"),
+    ("-p udp -m multiport ! --dports 53,5000:5100 -j MASQUERADE", {"protocol": "udp", "port": 5101}, "masquerade"),
+    ("-p tcp -m tcp ! --dport 1024: -j MASQUERADE", {"protocol": "tcp", "port": 1023}, "masquerade"),
     ("-p tcp -m tcp --sport 30000:32767 -j MASQUERADE", {"protocol": "tcp", "port": 80, "source_port": 31000},
-     "masqueraded"),
+     "masquerade"),
     ("-p tcp -m multiport --ports 80 -j MASQUERADE", {"protocol": "tcp", "port": 81, "source_port": 80},
-     "masqueraded"),
-    ("! -p tcp -j MASQUERADE", {"protocol": "udp"}, "masqueraded"),
-    ("! -p tcp -j MASQUERADE", {"protocol": "tcp"}, "unchanged"),
-    ("-p 17 -j MASQUERADE", {"protocol": "udp"}, "masqueraded"),
+     "masquerade"),
+    ("! -p tcp -j MASQUERADE", {"protocol": "udp"}, "masquerade"),
+    ("! -p tcp -j MASQUERADE", {"protocol": "tcp"}, "preserve"),
+    ("-p 17 -j MASQUERADE", {"protocol": "udp"}, "masquerade"),
 ])
 def test_port_and_protocol_matches(rule: str, packet: dict[str, object], outcome: str) -> None:
     dump = f"*nat\n:POSTROUTING ACCEPT [0:0]\n-A POSTROUTING {rule}\nCOMMIT\n"

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from ipmasq.baselines import BASELINES, baseline_policy
 from ipmasq.cli import main
 from ipmasq.config.model import LINK_LOCAL_V4, Entry, MasqConfig, Origin
-from ipmasq.diff import Treatment, diff_policies
+from ipmasq.diff import diff_policies
 from ipmasq.options import PolicyOptions
+from ipmasq.policy.packet import Outcome
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
 from tests.conftest import ROOT
@@ -76,8 +77,8 @@ def test_flips_match_brute_force(before: MasqConfig, after: MasqConfig) -> None:
             assert not covering, (address, covering)
         else:
             [flip] = covering
-            assert flip.before is (Treatment.MASQUERADE if was else Treatment.PRESERVE)
-            assert flip.after is (Treatment.MASQUERADE if now else Treatment.PRESERVE)
+            assert flip.before is (Outcome.MASQUERADE if was else Outcome.PRESERVE)
+            assert flip.after is (Outcome.MASQUERADE if now else Outcome.PRESERVE)
 
 
 @settings(max_examples=200, deadline=None)
@@ -101,11 +102,11 @@ def test_gke_1_14_upgrade_kubenet_to_gke() -> None:
     result = diff_policies(baseline_policy("kubenet", options), baseline_policy("gke", options),
                            ("172.30.12.110", "10.44.14.15", "8.8.8.8"))
     flips = {str(f.prefix): (f.before, f.after) for f in result.flips}
-    assert flips["172.16.0.0/12"] == (Treatment.MASQUERADE, Treatment.PRESERVE)
-    assert flips["169.254.0.0/16"] == (Treatment.MASQUERADE, Treatment.PRESERVE)  # kubenet masqueraded link-local
+    assert flips["172.16.0.0/12"] == (Outcome.MASQUERADE, Outcome.PRESERVE)
+    assert flips["169.254.0.0/16"] == (Outcome.MASQUERADE, Outcome.PRESERVE)  # kubenet masqueraded link-local
     assert "10.0.0.0/8" not in flips and len(flips) == 11
     vpn, pod, internet = result.probes
-    assert (vpn.before, vpn.after, vpn.flips) == (Treatment.MASQUERADE, Treatment.PRESERVE, True)
+    assert (vpn.before, vpn.after, vpn.flips) == (Outcome.MASQUERADE, Outcome.PRESERVE, True)
     assert not pod.flips and not internet.flips
 
 
@@ -116,7 +117,7 @@ def test_named_sets() -> None:
     assert same.flips == ()
     # kubenet writes no IPv6 rules; the reference with --enable-ipv6 masquerades all but fe80::/10
     v6 = diff_policies(baseline_policy("kubenet", options), baseline_policy("reference", options), ("2001:db8::1",))
-    assert v6.probes[0].flips and v6.probes[0].before is Treatment.PRESERVE
+    assert v6.probes[0].flips and v6.probes[0].before is Outcome.PRESERVE
     assert any(f.prefix.family is Family.V6 for f in v6.flips)
     # the flag that picks the default list does not change a named set
     flagged = PolicyOptions(nomasq_all_reserved_ranges=True, enable_ipv6=True)
@@ -128,8 +129,8 @@ def test_probe_cidr_mixed() -> None:
     result = diff_policies(baseline_policy("reference", options), baseline_policy("kubenet", options),
                            ("172.0.0.0/8", "10.0.0.0/8"))
     mixed, ten = result.probes
-    assert (mixed.before, mixed.after, mixed.flips) == (Treatment.MIXED, Treatment.MASQUERADE, True)
-    assert (ten.before, ten.after, ten.flips) == (Treatment.PRESERVE, Treatment.PRESERVE, False)
+    assert (mixed.before, mixed.after, mixed.flips) == (Outcome.MIXED, Outcome.MASQUERADE, True)
+    assert (ten.before, ten.after, ten.flips) == (Outcome.PRESERVE, Outcome.PRESERVE, False)
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from ipmasq.cli import main
 from ipmasq.config.model import Entry, MasqConfig, Origin, Rule, RuleAction
-from ipmasq.diff import Treatment, diff_rule_policies
+from ipmasq.diff import diff_rule_policies
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.policy import Packet, Policy
+from ipmasq.policy.packet import Outcome, Packet
+from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix, parse_address
 from tests.unit.test_diff import BASE, UNIVERSE, brute_masquerade, prefixes
 
@@ -74,28 +75,28 @@ def config_pairs(draw: st.DrawFn) -> tuple[MasqConfig, MasqConfig]:
     return draw(configs(pool)), draw(configs(pool))
 
 
-def brute_outcome(config: MasqConfig, packet: Packet, node: str) -> tuple[str, str | None]:
+def brute_outcome(config: MasqConfig, packet: Packet, node: str) -> tuple[Outcome, str | None]:
     """First match over the rules as the README states them, else the lists; (action, snat address)."""
-    assert packet.source is not None and packet.port is not None
+    assert packet.source_address is not None and packet.port is not None
     for rule in config.rules:
         if rule.nodes and not any(fnmatchcase(node, glob) for glob in rule.nodes):
             continue
         if not any(p.network <= packet.destination <= p.last for p in rule.destinations):
             continue
-        if rule.sources and not any(p.network <= packet.source <= p.last for p in rule.sources):
+        if rule.sources and not any(p.network <= packet.source_address <= p.last for p in rule.sources):
             continue
         if rule.protocol is not None and rule.protocol != packet.protocol:
             continue
         if rule.ports and not any(low <= packet.port <= high for low, high in rule.ports):
             continue
-        return rule.action.value, rule.snat_to
-    return ("masquerade" if brute_masquerade(config, packet.destination) else "preserve"), None
+        return Outcome(rule.action.value), rule.snat_to
+    return (Outcome.MASQUERADE if brute_masquerade(config, packet.destination) else Outcome.PRESERVE), None
 
 
 def _packets() -> list[tuple[Packet, str]]:
     destinations = [BASE + i for i in range(1, UNIVERSE, 4)] + [BASE - 1, BASE + UNIVERSE, 0, (1 << 32) - 1]
     source_points = [SOURCE_BASE + i for i in range(0, SOURCES, 5)] + [SOURCE_BASE - 1, SOURCE_BASE + SOURCES]
-    return [(Packet(Family.V4, d, s, proto, port), node)
+    return [(Packet.exact(Family.V4, d, s, proto, port), node)
             for d in destinations for s in source_points for proto in PROTOCOLS
             for port in (PORTS if proto in ("tcp", "udp") else (0,)) for node in NODES]
 
@@ -154,11 +155,11 @@ def test_a_reordered_rule_reports_the_overlap_and_who_decides() -> None:
     assert (region.before.sees(), region.before.rule) == ("snat to 10.142.0.50", "partner")
     assert (region.after.sees(), region.after.rule) == ("preserve pod IP", "keep-vpn")
     inside, outside = result.probes
-    assert inside.flips and inside.before is Treatment.MIXED and inside.after is Treatment.PRESERVE
-    assert not outside.flips and outside.before is Treatment.MIXED
+    assert inside.flips and inside.before is Outcome.MIXED and inside.after is Outcome.PRESERVE
+    assert not outside.flips and outside.before is Outcome.MIXED
     # removing every rule: the lists masquerade everything
     gone = diff_rule_policies(Policy(old, options), Policy(base, options))
-    assert {(r.before.action, r.after.action) for r in gone.regions} == {("snat", "masquerade"),
+    assert {(r.before.outcome.value, r.after.outcome.value) for r in gone.regions} == {("snat", "masquerade"),
                                                                          ("preserve", "masquerade")}
 
 
@@ -169,7 +170,7 @@ def test_node_scoped_rule_per_node_class_and_per_named_node() -> None:
     options = PolicyOptions()
     [*regions] = diff_rule_policies(Policy(old, options), Policy(new, options)).regions
     assert {r.nodes_shown() for r in regions} == {"nodes matching gke-prod-egress-*"}
-    assert {r.before.action for r in regions} == {"preserve", "masquerade"}
+    assert {r.before.outcome for r in regions} == {Outcome.PRESERVE, Outcome.MASQUERADE}
     named = diff_rule_policies(Policy(old, options), Policy(new, options), node_names=("gke-prod-default-1",))
     assert named.regions == ()
     named = diff_rule_policies(Policy(old, options), Policy(new, options),

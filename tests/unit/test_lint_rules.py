@@ -16,7 +16,8 @@ from ipmasq.findings import Severity
 from ipmasq.lint import Expectations, lint_config
 from ipmasq.lint.rules import lint_rules
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.policy import Packet, Policy
+from ipmasq.policy.packet import Packet
+from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
 from tests.unit.test_diff import BASE, brute_masquerade
 from tests.unit.test_diff_rules import GLOBS, NODES, SNAT, SOURCE_BASE
@@ -165,10 +166,10 @@ def configs(draw: st.DrawFn) -> MasqConfig:
 
 
 def _matches(r: Rule, packet: Packet, node: str) -> bool:
-    assert packet.source is not None and packet.port is not None
+    assert packet.source_address is not None and packet.port is not None
     return ((not r.nodes or any(fnmatchcase(node, g) for g in r.nodes))
             and any(p.contains(packet.destination) for p in r.destinations)
-            and (not r.sources or any(p.contains(packet.source) for p in r.sources))
+            and (not r.sources or any(p.contains(packet.source_address) for p in r.sources))
             and (r.protocol is None or r.protocol == packet.protocol)
             and (not r.ports or any(low <= packet.port <= high for low, high in r.ports)))
 
@@ -189,7 +190,7 @@ def test_shadowed_and_no_effect_are_exact(config: MasqConfig) -> None:
         listed = "masquerade" if brute_masquerade(config, destination) else "preserve"
         for source in SOURCE_POINTS:
             for protocol, port in PROTOCOL_PORTS:
-                packet = Packet(Family.V4, destination, source, protocol, port)
+                packet = Packet.exact(Family.V4, destination, source, protocol, port)
                 for node in NODES:
                     matching = [i for i, r in enumerate(config.rules) if _matches(r, packet, node)]
                     if not matching:

@@ -11,9 +11,9 @@ from typing import Any
 
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import FindingId, Severity, check_nft
-from ipmasq.diagnose.trace import Outcome, Packet
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.options import PolicyOptions
+from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.rules.nft import RULES_CHAIN, desired_table, format_elements, parse_list_json, render_script
 from ipmasq.testing.nft import FakeNft
@@ -63,12 +63,12 @@ def _rule_named(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
 def test_trace_enters_the_rules_chain_and_a_preserve_there_ends_the_decision() -> None:
     tracer = NftTracer(_text(_objects(_policy())))
     keep = tracer.trace(Packet.of("34.10.1.1", source="10.44.0.1", local_addresses=[NODE]))
-    assert keep.outcome is Outcome.UNCHANGED and keep.decided_label == "rule partner-keep"
+    assert keep.outcome is Outcome.PRESERVE and keep.decided_label == "rule partner-keep"
     assert keep.chains == (f"{OURS} postrouting", f"{OURS} {RULES_CHAIN}")
     # nothing after the accept ran: not the set lookups, not the masquerade
     assert keep.steps[-1].chain == f"{OURS} {RULES_CHAIN}" and keep.steps[-1].matched
     v6 = tracer.trace(Packet.of("2600:1900::1", source="fd00::1"))
-    assert v6.outcome is Outcome.UNCHANGED and v6.decided_label == "rule v6-keep"
+    assert v6.outcome is Outcome.PRESERVE and v6.decided_label == "rule v6-keep"
     rest = tracer.trace(Packet.of("34.99.0.1", source="10.44.0.1"))
     assert rest.outcome is Outcome.MASQUERADE and rest.decided_label == "rule partner-rest"
     snat = tracer.trace(Packet.of("10.9.0.1", source="10.44.0.1", protocol="tcp"))
@@ -82,7 +82,7 @@ def test_trace_of_a_destination_no_rule_names_never_enters_the_rules_chain() -> 
     assert not any(RULES_CHAIN in step.chain for step in other.steps)
     # in a rule's destinations, but no rule matches (udp): back from the jump to the lookups (10/8 is kept)
     fallthrough = tracer.trace(Packet.of("10.9.0.1", source="10.44.0.1", protocol="udp", port=53))
-    assert fallthrough.outcome is Outcome.UNCHANGED and "@nomasq_v4" in (fallthrough.decided_by or "")
+    assert fallthrough.outcome is Outcome.PRESERVE and "@nomasq_v4" in (fallthrough.decided_by or "")
     assert fallthrough.chains == (f"{OURS} postrouting", f"{OURS} {RULES_CHAIN}")
 
 

@@ -11,7 +11,8 @@ from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.config.model import MasqConfig, Rule, RuleAction
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.hash import canonical_policy, policy_hash
-from ipmasq.policy.policy import Packet, Policy, Reason, rule_match
+from ipmasq.policy.packet import Packet
+from ipmasq.policy.policy import Policy, Reason, rule_match
 from ipmasq.policy.prefix import Family, Prefix, parse_address
 
 NODE = "gke-prod-egress-1"

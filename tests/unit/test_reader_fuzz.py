@@ -16,9 +16,10 @@ from ipmasq.audit import audit, count_flows
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import check_node
 from ipmasq.diagnose.sources import rules_from_dump
-from ipmasq.diagnose.trace import Packet, Tracer
+from ipmasq.diagnose.trace import Tracer
 from ipmasq.errors import IpmasqError
 from ipmasq.options import PolicyOptions
+from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import parse_cidr
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.config.model import MasqConfig, Rule, RuleAction
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.policy import PACKET_FIELDS, Packet, Policy, Reason
+from ipmasq.policy.packet import Packet
+from ipmasq.policy.policy import PACKET_FIELDS, Policy, Reason
 from ipmasq.policy.prefix import Family, Prefix
 from ipmasq.policy.rule_index import RuleIndex
 from ipmasq.testing.first_match import first_match_walk
@@ -77,9 +78,9 @@ def brute_force(config: MasqConfig, node: str, packet: Packet) -> tuple[str | No
             continue
         needs = set()
         if rule.sources:
-            if packet.source is None:
+            if packet.source_address is None:
                 needs.add("source")
-            elif not any(p.network <= packet.source <= p.last for p in rule.sources):
+            elif not any(p.network <= packet.source_address <= p.last for p in rule.sources):
                 continue
         if rule.protocol is not None:
             if packet.protocol is None:
@@ -107,7 +108,7 @@ def packets(draw: st.DrawFn, rules: tuple[Rule, ...], family: Family) -> list[Pa
         source = draw(st.one_of(st.none(), st.sampled_from(points)))
         protocol = draw(st.sampled_from((None, *PROTOCOLS, "gre")))
         port = draw(st.one_of(st.none(), st.integers(0, 12)))
-        out.append(Packet(family, destination, source, protocol, port))
+        out.append(Packet.exact(family, destination, source, protocol, port))
     return out
 
 
@@ -118,7 +119,7 @@ def test_the_index_finds_what_the_walk_finds(data: st.DataObject, family: Family
     rules = data.draw(rule_sets(family))
     index = RuleIndex(rules, merge_limit)
     for packet in packets(data.draw, rules, family):
-        found = index.first_match(packet.destination, packet.source, packet.protocol, packet.port)
+        found = index.first_match(packet.destination, packet.source_address, packet.protocol, packet.port)
         assert (found.rule, found.conditional, found.depends_on) == first_match_walk(rules, packet), packet
         # the candidates are exactly the rules holding the destination, each once
         held = [i for i, rule in enumerate(rules) if any(p.contains(packet.destination) for p in rule.destinations)]
@@ -135,8 +136,8 @@ def test_the_policy_verdict_is_the_brute_force_first_match(data: st.DataObject, 
     policy = Policy(config, PolicyOptions(node_name=node))
     lists = Policy(MasqConfig(base.non_masquerade, base.masquerade), PolicyOptions(node_name=node))
     for packet in packets(data.draw, rules, Family.V4):
-        verdict = policy.verdict_for(Family.V4, packet.destination, source=packet.source, protocol=packet.protocol,
-                                     port=packet.port)
+        verdict = policy.verdict_for(Family.V4, packet.destination, source=packet.source_address,
+                                     protocol=packet.protocol, port=packet.port)
         decider, conditional, depends_on = brute_force(config, node, packet)
         assert (None if verdict.rule is None else verdict.rule.name) == decider, packet
         assert [r.name for r in verdict.conditional] == conditional and list(verdict.depends_on) == depends_on

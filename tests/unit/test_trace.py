@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from ipmasq.cli import main
-from ipmasq.diagnose.trace import Outcome, Packet, Tracer, trace
+from ipmasq.diagnose.trace import Tracer, trace
+from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.rules.iptables import parse_save
 
 DUMPS = Path(__file__).resolve().parent.parent / "dumps"
@@ -27,7 +28,7 @@ def _trace(name: str, dest: str, **kw: object) -> tuple[Outcome, str | None, str
 
 def test_gke_1_14_chain_keeps_the_pod_ip_for_the_aws_vpc() -> None:
     outcome, rule, seen = _trace("gke-1.14-aws-vpn.save", "172.30.12.110")
-    assert outcome is Outcome.UNCHANGED and seen == POD
+    assert outcome is Outcome.PRESERVE and seen == POD
     assert rule is not None and "-d 172.16.0.0/12" in rule and "-j RETURN" in rule  # the RETURN, then the policy
 
 
@@ -40,13 +41,13 @@ def test_catch_all_masquerades_the_internet() -> None:
 def test_kubenet_rule_after_our_return_masquerades() -> None:
     outcome, rule, _ = _trace("gke-kubenet.save", "172.30.12.110")
     assert outcome is Outcome.MASQUERADE and rule is not None and "kubenet" in rule
-    assert _trace("gke-kubenet.save", "10.2.1.100")[0] is Outcome.UNCHANGED
+    assert _trace("gke-kubenet.save", "10.2.1.100")[0] is Outcome.PRESERVE
 
 
 def test_node_local_destination_skips_our_chain() -> None:
     packet = Packet.of(NODE, source=POD, local_addresses=[NODE])
     result = trace(parse_save(_dump("gke-1.14-aws-vpn.save")), packet)
-    assert result.outcome is Outcome.UNCHANGED
+    assert result.outcome is Outcome.PRESERVE
     assert [s.matched for s in result.steps] == [False]  # the jump's ! --dst-type LOCAL fails
 
 
@@ -58,13 +59,13 @@ def test_kube_proxy_mark_and_return() -> None:
 
 def test_fix_nat_daemonset_rule() -> None:
     assert _trace("fix-nat-daemonset.save", "10.11.0.5")[0] is Outcome.MASQUERADE
-    assert _trace("fix-nat-daemonset.save", "10.12.0.5")[0] is Outcome.UNCHANGED
+    assert _trace("fix-nat-daemonset.save", "10.12.0.5")[0] is Outcome.PRESERVE
 
 
 def test_hand_written_rule_source_condition() -> None:
     assert _trace("manual-private-endpoint.save", "10.1.2.100", source="100.64.3.4")[0] is Outcome.MASQUERADE
     # same destination, a source outside -s 100.64.0.0/16: GKE's chain keeps it (10.0.0.0/8)
-    assert _trace("manual-private-endpoint.save", "10.1.2.100", source=POD)[0] is Outcome.UNCHANGED
+    assert _trace("manual-private-endpoint.save", "10.1.2.100", source=POD)[0] is Outcome.PRESERVE
 
 
 def test_snat_target() -> None:
@@ -101,10 +102,10 @@ def test_cannot_decide_instead_of_guessing(rule: str, why: str) -> None:
 
 def test_a_condition_that_surely_fails_decides_despite_an_unknown_one() -> None:
     dump = "*nat\n:POSTROUTING ACCEPT [0:0]\n-A POSTROUTING -d 10.0.0.0/8 -o eth0 -j MASQUERADE\nCOMMIT\n"
-    assert trace(parse_save(dump), Packet.of("1.1.1.1", source=POD)).outcome is Outcome.UNCHANGED
+    assert trace(parse_save(dump), Packet.of("1.1.1.1", source=POD)).outcome is Outcome.PRESERVE
     assert trace(parse_save(dump), Packet.of("10.1.1.1", source=POD)).outcome is Outcome.UNDECIDED
     assert trace(parse_save(dump), Packet.of("10.1.1.1", source=POD, out_interface="eth1")).outcome \
-        is Outcome.UNCHANGED
+        is Outcome.PRESERVE
 
 
 def test_loop_is_reported() -> None:

@@ -23,7 +23,7 @@ from ipmasq.commands import common
 from ipmasq.diff import DiffResult, Region, RuleDiffResult, diff_policies, diff_rule_policies, has_rules, parse_probe
 from ipmasq.errors import UsageError
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.packet_space import Outcome
+from ipmasq.policy.packet_space import Decision
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.ranges import to_prefixes
 
@@ -134,8 +134,9 @@ def _as_text(result: DiffResult, old: str, new: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _outcome_json(outcome: Outcome) -> dict[str, str | None]:
-    return {"action": outcome.action, "snatTo": outcome.snat_to, "rule": outcome.rule, "where": outcome.where}
+def _decision_json(decision: Decision) -> dict[str, str | None]:
+    return {"action": decision.outcome.value, "snatTo": decision.snat_to, "rule": decision.rule,
+            "where": decision.where}
 
 
 def _region_json(region: Region) -> str:
@@ -147,7 +148,7 @@ def _region_json(region: Region) -> str:
         "protocols": None if region.protocols is None else list(region.protocols),
         "ports": ports,
         "nodes": None if region.nodes is None else _node_list(region),
-        "before": _outcome_json(region.before), "after": _outcome_json(region.after),
+        "before": _decision_json(region.before), "after": _decision_json(region.after),
     })
 
 

@@ -25,9 +25,10 @@ from enum import StrEnum
 from typing import NamedTuple, Protocol
 
 from ipmasq.config.model import Rule as ConfigRule
-from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, Outcome, Packet, RuleShape, Tracer, TraceResult
+from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Tracer, TraceResult
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.findings import Finding, Severity, has_errors
+from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix, parse_cidr
 from ipmasq.policy.ranges import Span, append_span, subtract, to_prefixes, union, union_of_prefixes
@@ -454,7 +455,7 @@ def _semantic_walk(policy: Policy, tracer: _Walker, family: Family, ours: set[st
             continue  # node-local destinations never reach our chain (! --dst-type LOCAL), by design
         for traffic in space.classes if any_rich and space.is_rich(start) else plain:
             port = None if traffic.ports is None else traffic.ports[0]
-            packet = Packet(family, start, traffic.sources, None, None, traffic.protocol, 0, local, port)
+            packet = Packet(family, start, traffic.sources, traffic.protocol, port, local_addresses=local)
             result = tracer.trace(packet, record_steps=False)
             if result.outcome is Outcome.UNDECIDED:
                 rule = result.decided_by or "(dump)"

@@ -17,22 +17,20 @@ the trace is the fate of a new connection.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from enum import Enum
 from functools import lru_cache, partial
 from typing import NamedTuple, Protocol
 
 from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
-from ipmasq.policy.prefix import Family, Prefix, PrefixError, format_address, parse_address, parse_cidr
+from ipmasq.policy.packet import Outcome, Packet
+from ipmasq.policy.prefix import Family, Prefix, PrefixError, parse_address, parse_cidr
 from ipmasq.policy.ranges import FirstMatchTable, first_match_table
 from ipmasq.rules.iptables import RULE_COMMENT_PREFIX, Condition, Match, NatTable, Rule, RuleParseError, parse_rule
 
 __all__ = [
     "PORT_MATCHES",
     "PROTOCOL_NUMBERS",
-    "Outcome",
-    "Packet",
     "RuleShape",
     "Step",
     "TraceResult",
@@ -54,61 +52,6 @@ PORT_MATCHES = frozenset({"tcp", "udp", "sctp", "udplite", "dccp"})
 _PORT_OPTIONS = {"--dport": "dport", "--destination-port": "dport", "--sport": "sport", "--source-port": "sport"}
 _MULTIPORT_OPTIONS = {"--dports": "dport", "--destination-ports": "dport", "--sports": "sport",
                       "--source-ports": "sport", "--ports": "either"}
-
-
-class Outcome(Enum):
-    UNCHANGED = "unchanged"  # the source address leaves as it is
-    MASQUERADE = "masqueraded"  # to the out interface's address
-    SNAT = "snat"  # to the address of a SNAT rule
-    UNDECIDED = "cannot-decide"
-
-
-@dataclass(frozen=True, slots=True)
-class Packet:
-    """What is known of a new connection's first packet at POSTROUTING.
-
-    `source` is a set of prefixes the source lies in: one /32 (/128) for an exact address, a class of pod
-    addresses for `check`, empty when unknown. Unknown interfaces, protocol and ports are None; a rule testing
-    them cannot be decided (the reason names the field to give).
-    """
-
-    family: Family
-    destination: int
-    source: tuple[Prefix, ...] = ()
-    out_interface: str | None = None
-    in_interface: str | None = None
-    protocol: str | None = None  # a name (tcp, udp, ...) or a number as text
-    mark: int = 0
-    local_addresses: tuple[int, ...] = ()
-    port: int | None = None  # the destination port
-    source_port: int | None = None
-
-    @classmethod
-    def of(cls, destination: str, *, source: str | None = None, out_interface: str | None = None,
-           in_interface: str | None = None, protocol: str | None = None, mark: int = 0,
-           local_addresses: Sequence[str] = (), port: int | None = None,
-           source_port: int | None = None) -> Packet:
-        """From text (ValueError on an address that does not parse or a family mix)."""
-        family, dest = parse_address(destination)
-        sources: tuple[Prefix, ...] = ()
-        if source is not None:
-            source_family, address = parse_address(source)
-            if source_family is not family:
-                raise ValueError(f"source {source} and destination {destination} are of different families")
-            sources = (Prefix(family, address, family.bits),)
-        local = []
-        for text in local_addresses:
-            local_family, address = parse_address(text)
-            if local_family is family:
-                local.append(address)
-        return cls(family, dest, sources, out_interface, in_interface, None if protocol is None else protocol.lower(),
-                   mark, tuple(local), port, source_port)
-
-    @property
-    def exact_source(self) -> str | None:
-        if len(self.source) == 1 and self.source[0].length == self.family.bits:
-            return format_address(self.family, self.source[0].network)
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +91,7 @@ class TraceResult:
 
     def source_seen(self, packet: Packet, *, masquerade_address: str | None) -> str | None:
         """The source the destination sees; None when not determined (undecided, or the masquerade address unknown)."""
-        if self.outcome is Outcome.UNCHANGED:
+        if self.outcome is Outcome.PRESERVE:
             return packet.exact_source
         if self.outcome is Outcome.MASQUERADE:
             return masquerade_address
@@ -257,7 +200,7 @@ class Tracer:
                 walk.return_()
                 last_return = rule
             elif target == "ACCEPT":
-                return result(Outcome.UNCHANGED, rule)
+                return result(Outcome.PRESERVE, rule)
             elif target == "MASQUERADE":
                 return result(Outcome.MASQUERADE, rule)
             elif target == "SNAT":
@@ -300,7 +243,7 @@ class Tracer:
         """The end of a built-in chain (or a RETURN in one): its policy decides; `returned_by` is that RETURN."""
         policy = self.policies.get(chain, "ACCEPT")
         if policy in ("ACCEPT", "-"):
-            return result(Outcome.UNCHANGED, returned_by)
+            return result(Outcome.PRESERVE, returned_by)
         return result(Outcome.UNDECIDED, returned_by, reason=f"chain {chain} has policy {policy}")
 
     def reachable(self, chain: str = "POSTROUTING") -> list[str]:

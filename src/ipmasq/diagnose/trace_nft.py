@@ -19,18 +19,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ipmasq.diagnose.trace import (
-    PROTOCOL_NUMBERS,
-    Outcome,
-    Packet,
-    RuleShape,
-    Step,
-    TraceResult,
-    Undecidable,
-    is_local,
-)
+from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Step, TraceResult, Undecidable, is_local
 from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
 from ipmasq.errors import IpmasqError, clip
+from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.prefix import Family, format_address, parse_address, parse_cidr
 from ipmasq.policy.ranges import Span, union
 from ipmasq.rules.iptables import RULE_COMMENT_PREFIX
@@ -182,7 +174,7 @@ class NftTracer:
             evaluated = walk.evaluated
             if base.policy == "drop":
                 return result(Outcome.UNDECIDED, None, reason=f"chain {_chain_name(base.key)} has policy drop")
-        return result(Outcome.UNCHANGED, last_return)
+        return result(Outcome.PRESERVE, last_return)
 
     def _run(self, rule: _Rule, packet: Packet, mark: int,
              table: tuple[str, str]) -> tuple[tuple[str, str | None] | None, int]:

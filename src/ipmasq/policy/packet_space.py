@@ -20,6 +20,7 @@ from fnmatch import fnmatchcase
 from typing import NamedTuple
 
 from ipmasq.config.model import Rule, RuleAction
+from ipmasq.policy.packet import Outcome
 from ipmasq.policy.prefix import Family
 from ipmasq.policy.ranges import Span, cut_points, first_match_table, inside_runs, label_runs
 
@@ -29,15 +30,15 @@ __all__ = [
     "OTHER",
     "PORT_PROTOCOLS",
     "Cell",
+    "Decision",
     "NodeClass",
-    "Outcome",
     "cells",
     "compare",
-    "list_outcome",
+    "list_decision",
     "node_classes",
     "paint",
     "protocol_atoms",
-    "rule_outcome",
+    "rule_decision",
 ]
 
 PORT_PROTOCOLS = ("tcp", "udp", "sctp")
@@ -47,38 +48,38 @@ MAX_PORT = 65535
 MAX_NODE_GLOB_SETS = 10
 
 
-class Outcome(NamedTuple):
+class Decision(NamedTuple):
     """What a packet's destination sees, and what decided it (rule None: no rule matched, the CIDR lists did)."""
 
-    action: str  # masquerade | preserve | snat
+    outcome: Outcome  # MASQUERADE, PRESERVE or SNAT
     snat_to: str | None = None
     rule: str | None = None
     where: str | None = None
 
-    def effect(self) -> tuple[str, str | None]:
-        """What the destination sees, without who decided it: two outcomes with one effect are no change."""
-        return self.action, self.snat_to
+    def effect(self) -> tuple[Outcome, str | None]:
+        """What the destination sees, without who decided it: two decisions with one effect are no change."""
+        return self.outcome, self.snat_to
 
     def sees(self) -> str:
-        if self.action == "snat":
+        if self.outcome is Outcome.SNAT:
             return f"snat to {self.snat_to}"
-        return "masquerade to node IP" if self.action == "masquerade" else "preserve pod IP"
+        return "masquerade to node IP" if self.outcome is Outcome.MASQUERADE else "preserve pod IP"
 
     def decided(self) -> str:
         return "no rule matches: CIDR lists" if self.rule is None else f"rule {self.rule}, {self.where}"
 
 
-LIST_MASQUERADE = Outcome("masquerade")
-LIST_PRESERVE = Outcome("preserve")
+LIST_MASQUERADE = Decision(Outcome.MASQUERADE)
+LIST_PRESERVE = Decision(Outcome.PRESERVE)
 
 
-def list_outcome(preserved: bool) -> Outcome:
+def list_decision(preserved: bool) -> Decision:
     return LIST_PRESERVE if preserved else LIST_MASQUERADE
 
 
-def rule_outcome(rule: Rule) -> Outcome:
-    return Outcome(rule.action.value, rule.snat_to if rule.action is RuleAction.SNAT else None, rule.name,
-                   rule.where())
+def rule_decision(rule: Rule) -> Decision:
+    return Decision(Outcome(rule.action.value), rule.snat_to if rule.action is RuleAction.SNAT else None, rule.name,
+                    rule.where())
 
 
 class NodeClass(NamedTuple):
@@ -185,25 +186,25 @@ def cells(family: Family, sides: Sequence[Sequence[Rule]], classes: Sequence[Nod
 
 
 def paint(rules: Sequence[Rule], preserved: list[Span], windows: list[Span],
-          top: int) -> list[tuple[int, int, Outcome]]:
+          top: int) -> list[tuple[int, int, Decision]]:
     """The outcome of every destination in `windows` (a normal list) for packets the rules match by every field
     but the destination: the first rule holding it, else the lists (preserved or masqueraded)."""
     prefixes = [p for r in rules for p in r.destinations]
     owners = [i for i, r in enumerate(rules) for _ in r.destinations]  # increasing: a lower prefix index wins
-    outcomes = [rule_outcome(r) for r in rules]
+    outcomes = [rule_decision(r) for r in rules]
     table = first_match_table(prefixes, top)
-    out: list[tuple[int, int, Outcome]] = []
+    out: list[tuple[int, int, Decision]] = []
     for first, last in windows:
         for start, end, label in label_runs(table, first, last):
             if label >= 0:
                 out.append((start, end, outcomes[owners[label]]))
             else:
-                out += [(s, e, list_outcome(inside)) for s, e, inside in inside_runs(preserved, start, end)]
+                out += [(s, e, list_decision(inside)) for s, e, inside in inside_runs(preserved, start, end)]
     return out
 
 
-def compare(before: list[tuple[int, int, Outcome]],
-            after: list[tuple[int, int, Outcome]]) -> Iterator[tuple[int, int, Outcome, Outcome]]:
+def compare(before: list[tuple[int, int, Decision]],
+            after: list[tuple[int, int, Decision]]) -> Iterator[tuple[int, int, Decision, Decision]]:
     """The pieces where two paintings of the same destinations differ in effect, in address order."""
     i = j = 0
     while i < len(before) and j < len(after):

@@ -15,16 +15,16 @@ from dataclasses import dataclass
 from enum import Enum
 from fnmatch import fnmatchcase
 from functools import cached_property
-from typing import NamedTuple
 
 from ipmasq.config.model import LINK_LOCAL_V4, LINK_LOCAL_V6, Entry, MasqConfig, Origin, Rule, RuleAction
 from ipmasq.config.source import paused_gc
 from ipmasq.options import PolicyOptions
+from ipmasq.policy.packet import Packet
 from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address
 from ipmasq.policy.ranges import FirstMatchTable, Span, first_match_table, union_of_prefixes
 from ipmasq.policy.rule_index import NO_MATCH, RuleIndex
 
-__all__ = ["PACKET_FIELDS", "Packet", "Policy", "Reason", "Verdict", "rule_match"]
+__all__ = ["PACKET_FIELDS", "Policy", "Reason", "Verdict", "rule_match"]
 
 
 class Reason(Enum):
@@ -49,16 +49,6 @@ _REASON_OF_ORIGIN = {
 PACKET_FIELDS = ("source", "protocol", "port")  # what a rule may test besides the destination
 
 
-class Packet(NamedTuple):
-    """What the rules look at; None: not known (the verdict then says what it depends on)."""
-
-    family: Family
-    destination: int
-    source: int | None = None
-    protocol: str | None = None  # tcp | udp | sctp | icmp | icmpv6 (or any other name: no rule's protocol)
-    port: int | None = None  # the destination port
-
-
 def rule_match(rule: Rule, packet: Packet) -> tuple[str, ...] | None:
     """None: the rule does not match the packet; (): it matches; else the unknown fields (PACKET_FIELDS) that
     decide whether it matches. The node was decided when the rule was selected (Policy.rules)."""
@@ -66,9 +56,10 @@ def rule_match(rule: Rule, packet: Packet) -> tuple[str, ...] | None:
         return None
     unknown: list[str] = []
     if rule.sources:
-        if packet.source is None:
+        inside = packet.source_within(rule.sources)
+        if inside is None:
             unknown.append("source")
-        elif not any(p.contains(packet.source) for p in rule.sources):
+        elif not inside:
             return None
     if rule.protocol is not None:
         if packet.protocol is None:

@@ -5,7 +5,8 @@ measures the index against it. Never used by the agent or the tools."""
 from __future__ import annotations
 
 from ipmasq.config.model import Rule
-from ipmasq.policy.policy import PACKET_FIELDS, Packet, rule_match
+from ipmasq.policy.packet import Packet
+from ipmasq.policy.policy import PACKET_FIELDS, rule_match
 
 __all__ = ["first_match_walk"]
 
