@@ -20,10 +20,10 @@ from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.conntrack import flush_stale_conntrack
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import Namespace, NamespaceRunner, Network
+from ipmasq.netfilter.iptables import render_restore
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, parse_cidr
-from ipmasq.rules.iptables import render_restore
 
 POD, NODE_POD_SIDE, NODE_PEER_SIDE, PEER = "10.44.14.15", "10.44.14.1", "172.30.12.1", "172.30.12.110"
 PORT = 8080

@@ -17,9 +17,9 @@ import pytest
 
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.lab.netns import Namespace, Network
+from ipmasq.netfilter.nft import desired_table, parse_list_json, render_script
 from ipmasq.options import PolicyOptions, parse_to_ports
 from ipmasq.policy.policy import Policy
-from ipmasq.rules.nft import desired_table, parse_list_json, render_script
 from ipmasq.testing.nft import list_json
 
 CASES = {

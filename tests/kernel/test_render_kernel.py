@@ -11,10 +11,10 @@ import pytest
 
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.lab.netns import Network
+from ipmasq.netfilter.iptables import canonical, parse_save, render_restore
 from ipmasq.options import PolicyOptions, parse_to_ports
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
-from ipmasq.rules.iptables import canonical, parse_save, render_restore
 
 CASES = {
     "reference-defaults": ("", PolicyOptions()),

@@ -27,12 +27,12 @@ from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
 from ipmasq.diagnose.trace import Tracer, trace
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.lab.netns import Network
+from ipmasq.netfilter.iptables import parse_save, render_restore
+from ipmasq.netfilter.nft import parse_list_json, render_script
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, parse_address, parse_cidr
-from ipmasq.rules.iptables import parse_save, render_restore
-from ipmasq.rules.nft import parse_list_json, render_script
 
 POD, NODE_POD_SIDE, NODE, PEER_SIDE = "100.64.0.50", "100.64.0.1", "10.142.15.203", "10.142.15.1"
 PORT = 8080

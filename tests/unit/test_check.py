@@ -12,11 +12,11 @@ from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
 from ipmasq.diagnose.sources import family_of_dump
 from ipmasq.findings import Finding, Severity
+from ipmasq.netfilter.iptables import parse_save, render_restore
+from ipmasq.netfilter.nft import desired_table, parse_list_json
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, parse_cidr
-from ipmasq.rules.iptables import parse_save, render_restore
-from ipmasq.rules.nft import desired_table, parse_list_json
 from ipmasq.testing.nft import list_json
 
 DUMPS = Path(__file__).resolve().parent.parent / "dumps"

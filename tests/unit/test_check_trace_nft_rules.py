@@ -15,11 +15,11 @@ from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import FindingId, check_nft
 from ipmasq.diagnose.trace_nft import NftTraceError, NftTracer
+from ipmasq.netfilter.nft import parse_list_json, render_script
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import parse_address, parse_cidr
-from ipmasq.rules.nft import parse_list_json, render_script
 from ipmasq.testing.nft import FakeNft
 
 CONFIG = """\

@@ -14,11 +14,11 @@ from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import check_iptables
 from ipmasq.diagnose.trace import Tracer, trace
 from ipmasq.findings import Finding
+from ipmasq.netfilter.iptables import parse_save, render_restore
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, parse_address, parse_cidr
-from ipmasq.rules.iptables import parse_save, render_restore
 
 CONFIG = """\
 nonMasqueradeCIDRs: [10.0.0.0/8]

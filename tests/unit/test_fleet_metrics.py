@@ -101,8 +101,8 @@ table ip kube-proxy {
 
 
 def test_foreign_nat_rules_are_counted_ours_and_iptables_nft_tables_aside() -> None:
-    from ipmasq.rules.iptables import count_foreign_nat as count_iptables
-    from ipmasq.rules.nft import count_foreign_nat as count_nft
+    from ipmasq.netfilter.iptables import count_foreign_nat as count_iptables
+    from ipmasq.netfilter.nft import count_foreign_nat as count_nft
 
     assert count_iptables(KUBENET_SAVE) == 2  # kubenet's MASQUERADE and the hand-written SNAT; not ours, not filter
     assert count_nft(NFT_RULESET) == 2  # kube-proxy's masquerade and snat; not our table, not iptables-nft's nat

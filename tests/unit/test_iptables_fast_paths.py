@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipmasq.rules import iptables
+from ipmasq.netfilter import iptables
 
 addresses = st.one_of(
     st.ip_addresses(v=4).map(str),

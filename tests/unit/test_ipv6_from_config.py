@@ -12,9 +12,9 @@ from ipmasq.agent.reconcile import Reconciler, SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.config import ConfigInput
+from ipmasq.netfilter.nft import SET_NAMES, NftSet
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.prefix import Family
-from ipmasq.rules.nft import SET_NAMES, NftSet
 from ipmasq.testing import FakeIptables, FakeNft
 
 LOG = logging.getLogger("test.ipv6-from-config")

@@ -14,10 +14,10 @@ from ipmasq.config.document import MAX_DEPTH, _depth_bound
 from ipmasq.config.model import MasqConfig
 from ipmasq.errors import ConfigError
 from ipmasq.lint import lint_source
+from ipmasq.netfilter.iptables import render_restore
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
-from ipmasq.rules.iptables import render_restore
 
 OPTIONS = (PolicyOptions(), PolicyOptions(enable_ipv6=True, nomasq_all_reserved_ranges=True))
 

@@ -10,10 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipmasq.config import ConfigInput, config_from_bytes
-from ipmasq.options import PolicyOptions, parse_to_ports
-from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, parse_address
-from ipmasq.rules.nft import (
+from ipmasq.netfilter.nft import (
     NftParseError,
     desired_table,
     format_element,
@@ -22,6 +19,9 @@ from ipmasq.rules.nft import (
     render_script,
     rule_from_json,
 )
+from ipmasq.options import PolicyOptions, parse_to_ports
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, parse_address
 from ipmasq.testing.nft import list_json, parse_script, rule_to_json
 
 DEFAULT_OPTIONS = PolicyOptions()

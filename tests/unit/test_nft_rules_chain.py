@@ -12,10 +12,10 @@ from typing import Any
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import FindingId, Severity, check_nft
 from ipmasq.diagnose.trace_nft import NftTracer
+from ipmasq.netfilter.nft import RULES_CHAIN, desired_table, format_elements, parse_list_json, render_script
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
-from ipmasq.rules.nft import RULES_CHAIN, desired_table, format_elements, parse_list_json, render_script
 from ipmasq.testing.nft import FakeNft
 
 CONFIG = """\

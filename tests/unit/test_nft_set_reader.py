@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from ipmasq.rules.nft import NftParseError, parse_list_json
-from ipmasq.rules.nft_set import parse_set_json
+from ipmasq.netfilter.nft import NftParseError, parse_list_json
+from ipmasq.netfilter.nft_set import parse_set_json
 
 META = {"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}
 

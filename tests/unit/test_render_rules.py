@@ -11,11 +11,8 @@ from ipmasq.agent.reconcile import Reconciler, SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.config import ConfigInput, config_from_bytes
-from ipmasq.options import PolicyOptions
-from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
-from ipmasq.rules.iptables import chain_rules, render_restore
-from ipmasq.rules.nft import (
+from ipmasq.netfilter.iptables import chain_rules, render_restore
+from ipmasq.netfilter.nft import (
     CHAIN,
     RULES_CHAIN,
     RULES_JUMP_COMMENT,
@@ -25,6 +22,9 @@ from ipmasq.rules.nft import (
     render_script,
     rule_from_json,
 )
+from ipmasq.options import PolicyOptions
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeIptables, FakeNft
 from ipmasq.testing.nft import rule_to_json
 

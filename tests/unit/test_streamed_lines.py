@@ -13,7 +13,7 @@ import pytest
 
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.errors import BackendError
-from ipmasq.rules.lines import iter_lines, iter_lines_of_pieces
+from ipmasq.netfilter.lines import iter_lines, iter_lines_of_pieces
 
 BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 

@@ -9,8 +9,8 @@ import pytest
 
 from ipmasq.cli import main
 from ipmasq.diagnose.trace import Tracer, trace
+from ipmasq.netfilter.iptables import parse_save
 from ipmasq.policy.packet import Outcome, Packet
-from ipmasq.rules.iptables import parse_save
 
 DUMPS = Path(__file__).resolve().parent.parent / "dumps"
 POD, NODE = "10.44.14.15", "10.142.15.203"

@@ -18,11 +18,11 @@ from ipmasq.backends.base import Backend, Removable, Runner
 from ipmasq.backends.iptables import IptablesBackend, Variant, detect_variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.errors import BackendError
+from ipmasq.netfilter.iptables import count_foreign_nat, count_rules
+from ipmasq.netfilter.nft import TABLE, TABLE_FAMILY
+from ipmasq.netfilter.nft import count_foreign_nat as count_foreign_nft
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.prefix import Family
-from ipmasq.rules.iptables import count_foreign_nat, count_rules
-from ipmasq.rules.nft import TABLE, TABLE_FAMILY
-from ipmasq.rules.nft import count_foreign_nat as count_foreign_nft
 
 __all__ = ["Choice", "choose", "count_foreign_masquerade", "detect", "foreign_nat_rules", "make_backend",
            "nft_nat_tables"]

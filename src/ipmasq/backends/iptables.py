@@ -1,6 +1,6 @@
 """The iptables backend: read with `iptables-save -t nat`, write with one `iptables-restore --noflush -w` transaction.
 
-Our objects (ipmasq.rules.iptables.our_chains, found by the reference agent's comments, so a chain left under an old
+Our objects (ipmasq.netfilter.iptables.our_chains, found by the reference agent's comments, so a chain left under an old
 --masq-chain is ours too): the POSTROUTING jumps carrying our jump comment, the chains they target, the chain named
 by --masq-chain, and any chain holding a rule with an `ip-masq-agent:` comment. Nothing else is read or written.
 
@@ -18,9 +18,7 @@ from enum import Enum
 
 from ipmasq.backends.base import Result, Runner, State
 from ipmasq.errors import BackendError, LockBusyError
-from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
-from ipmasq.rules.iptables import (
+from ipmasq.netfilter.iptables import (
     RULE_COMMENT_PREFIX,
     NatTable,
     canonical,
@@ -31,6 +29,8 @@ from ipmasq.rules.iptables import (
     our_chains,
     parse_save,
 )
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 
 __all__ = ["IptablesBackend", "Variant", "choose_variant", "detect_variant", "tools"]
 

@@ -31,9 +31,7 @@ from dataclasses import dataclass
 
 from ipmasq.backends.base import Result, Runner, State
 from ipmasq.errors import BackendError
-from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
-from ipmasq.rules.nft import (
+from ipmasq.netfilter.nft import (
     OUR_SET_NAMES,
     RULES_SET_NAMES,
     SET_NAMES,
@@ -48,7 +46,9 @@ from ipmasq.rules.nft import (
     parse_list_json,
     replace_script,
 )
-from ipmasq.rules.nft_set import parse_set_json
+from ipmasq.netfilter.nft_set import parse_set_json
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 
 __all__ = ["NFT", "NftablesBackend", "state_from_table"]
 

@@ -11,7 +11,7 @@ from typing import IO, Any, TypeVar
 
 from ipmasq.backends.base import Result
 from ipmasq.errors import BackendError
-from ipmasq.rules.lines import iter_lines_of_pieces
+from ipmasq.netfilter.lines import iter_lines_of_pieces
 
 __all__ = ["SubprocessRunner"]
 

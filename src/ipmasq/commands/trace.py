@@ -19,9 +19,9 @@ from ipmasq.diagnose.sources import parse_save_dump, read_nat_save, read_nft_rul
 from ipmasq.diagnose.trace import TraceResult, trace
 from ipmasq.diagnose.trace_nft import NftTraceError, NftTracer
 from ipmasq.errors import IpmasqError, UsageError, clip
+from ipmasq.netfilter.iptables import parse_save
+from ipmasq.netfilter.nft import NftParseError, parse_list_json
 from ipmasq.policy.packet import Outcome, Packet
-from ipmasq.rules.iptables import parse_save
-from ipmasq.rules.nft import NftParseError, parse_list_json
 
 __all__ = ["register", "run"]
 

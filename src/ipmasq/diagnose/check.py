@@ -28,11 +28,7 @@ from ipmasq.config.model import Rule as ConfigRule
 from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Tracer, TraceResult
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.findings import Finding, Severity, has_errors
-from ipmasq.policy.packet import Outcome, Packet
-from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix, parse_cidr
-from ipmasq.policy.ranges import Span, append_span, subtract, to_prefixes, union, union_of_prefixes
-from ipmasq.rules.iptables import (
+from ipmasq.netfilter.iptables import (
     RULE_COMMENT_PREFIX,
     NatTable,
     canonical,
@@ -43,7 +39,7 @@ from ipmasq.rules.iptables import (
     parse_rule,
     rule_target,
 )
-from ipmasq.rules.nft import (
+from ipmasq.netfilter.nft import (
     CHAIN,
     RULES_CHAIN,
     RULES_SET_NAMES,
@@ -54,6 +50,10 @@ from ipmasq.rules.nft import (
     config_rule_text,
     desired_table,
 )
+from ipmasq.policy.packet import Outcome, Packet
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, Prefix, parse_cidr
+from ipmasq.policy.ranges import Span, append_span, subtract, to_prefixes, union, union_of_prefixes
 
 __all__ = ["CheckReport", "FindingId", "NodeRules", "check_iptables", "check_nft", "check_node"]
 

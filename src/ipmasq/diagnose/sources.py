@@ -17,9 +17,9 @@ from ipmasq.backends.iptables import Variant, detect_variant, tools
 from ipmasq.diagnose.check import NodeRules
 from ipmasq.errors import BackendError, IpmasqError, clip
 from ipmasq.input_files import NotAFile, NoWriter, open_input
+from ipmasq.netfilter.iptables import NatTable, RuleParseError, our_chains, parse_save, save_lines
+from ipmasq.netfilter.nft import NftParseError, NftTable, parse_list_json
 from ipmasq.policy.prefix import Family
-from ipmasq.rules.iptables import NatTable, RuleParseError, our_chains, parse_save, save_lines
-from ipmasq.rules.nft import NftParseError, NftTable, parse_list_json
 
 __all__ = ["MAX_DUMP_BYTES", "MAX_DUMP_LINE", "family_of_dump", "parse_save_dump", "read_dump_file", "read_live_rules",
            "read_nat_save", "rules_from_dump"]

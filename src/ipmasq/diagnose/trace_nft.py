@@ -22,11 +22,11 @@ from typing import Any
 from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Step, TraceResult, Undecidable, is_local
 from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
 from ipmasq.errors import IpmasqError, clip
+from ipmasq.netfilter.iptables import RULE_COMMENT_PREFIX
+from ipmasq.netfilter.nft import NftParseError, parse_address_element, rule_from_json
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.prefix import Family, format_address, parse_address, parse_cidr
 from ipmasq.policy.ranges import Span, union
-from ipmasq.rules.iptables import RULE_COMMENT_PREFIX
-from ipmasq.rules.nft import NftParseError, parse_address_element, rule_from_json
 
 __all__ = ["NftTraceError", "NftTracer"]
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ipmasq.backends.base import Result
-from ipmasq.rules.iptables import RuleParseError, canonical, rule_target
+from ipmasq.netfilter.iptables import RuleParseError, canonical, rule_target
 from ipmasq.testing.runner import FakeRunner
 
 __all__ = ["FakeIptables", "FakeTable"]

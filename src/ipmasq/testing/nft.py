@@ -18,8 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ipmasq.backends.base import Result
-from ipmasq.policy.prefix import Family
-from ipmasq.rules.nft import (
+from ipmasq.netfilter.nft import (
     SRCNAT_PRIORITY,
     TABLE,
     TABLE_FAMILY,
@@ -29,6 +28,7 @@ from ipmasq.rules.nft import (
     NftTable,
     format_element,
 )
+from ipmasq.policy.prefix import Family
 from ipmasq.testing.runner import FakeRunner
 
 __all__ = ["FakeNft", "ScriptCommand", "list_json", "parse_script", "rule_to_json"]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 from ipmasq.backends.base import Result
-from ipmasq.rules.lines import iter_lines
+from ipmasq.netfilter.lines import iter_lines
 
 __all__ = ["FakeRunner"]
 

@@ -1,6 +1,6 @@
 """Reading one interval set from `nft -j list set FAMILY TABLE NAME`, without holding nft's JSON tree.
 
-`parse_list_json` (ipmasq.rules.nft) builds the whole document first: for a set of 100,000 prefixes that is two
+`parse_list_json` (ipmasq.netfilter.nft) builds the whole document first: for a set of 100,000 prefixes that is two
 dicts and a string per element, ~55 MiB alive at once next to the policy, the agent's peak. Here each element
 becomes its (first, last) range as soon as the JSON decoder has built it (an object_hook), so only the ranges stay
 alive. The set it returns is equal to the one parse_list_json(text, table_listed=False).set_named(name) returns
@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from ipmasq.errors import clip
-from ipmasq.rules.nft import TABLE, TABLE_FAMILY, NftParseError, NftSet, parse_address_element
+from ipmasq.netfilter.nft import TABLE, TABLE_FAMILY, NftParseError, NftSet, parse_address_element
 
 __all__ = ["parse_set_json"]
 

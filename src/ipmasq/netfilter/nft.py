@@ -30,11 +30,11 @@ from typing import Any
 from ipmasq.config.model import Rule as ConfigRule
 from ipmasq.config.model import RuleAction
 from ipmasq.errors import IpmasqError, clip
+from ipmasq.netfilter.iptables import MASQ_COMMENT, NON_MASQ_COMMENT, RULE_COMMENT_PREFIX, rule_comment
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix
 from ipmasq.policy.ranges import union_of_prefixes
-from ipmasq.rules.iptables import MASQ_COMMENT, NON_MASQ_COMMENT, RULE_COMMENT_PREFIX, rule_comment
 
 __all__ = [
     "CHAIN",

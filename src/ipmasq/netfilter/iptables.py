@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from ipmasq.config.model import Entry, RuleAction
 from ipmasq.config.model import Rule as ConfigRule
 from ipmasq.errors import IpmasqError
+from ipmasq.netfilter.lines import iter_lines
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
-from ipmasq.rules.lines import iter_lines
 
 __all__ = [
     "EXCEPTION_COMMENT",
