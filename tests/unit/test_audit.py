@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ipmasq.audit import FlowLogError, audit, count_flows
+from ipmasq.audit import audit, count_flows
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
+from ipmasq.errors import FlowLogError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import parse_cidr

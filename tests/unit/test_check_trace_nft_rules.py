@@ -14,7 +14,8 @@ import pytest
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import FindingId, check_nft
-from ipmasq.diagnose.trace_nft import NftTraceError, NftTracer
+from ipmasq.diagnose.trace_nft import NftTracer
+from ipmasq.errors import NftTraceError
 from ipmasq.netfilter.nft import parse_list_json, render_script
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipmasq.cli import main
-from ipmasq.netfilter.nft import NftParseError, parse_list_json
+from ipmasq.errors import NftParseError
+from ipmasq.netfilter.nft import parse_list_json
 
 TABLE = {"table": {"family": "inet", "name": "ip-masq-agent"}}
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipmasq.config import ConfigInput, config_from_bytes
+from ipmasq.errors import NftParseError
 from ipmasq.netfilter.nft import (
-    NftParseError,
     desired_table,
     format_element,
     format_elements,

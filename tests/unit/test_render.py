@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipmasq.config import ConfigInput, config_from_bytes
-from ipmasq.errors import UsageError
-from ipmasq.netfilter.iptables import RuleParseError, _tokens, canonical, chain_rules, parse_save, render_restore
+from ipmasq.errors import RuleParseError, UsageError
+from ipmasq.netfilter.iptables import _tokens, canonical, chain_rules, parse_save, render_restore
 from ipmasq.options import PolicyOptions, PortRange, parse_to_ports
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family

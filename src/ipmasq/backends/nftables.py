@@ -30,14 +30,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ipmasq.backends.base import Result, Runner, State
-from ipmasq.errors import BackendError
+from ipmasq.errors import BackendError, NftParseError
 from ipmasq.netfilter.nft import (
     OUR_SET_NAMES,
     RULES_SET_NAMES,
     SET_NAMES,
     TABLE,
     TABLE_FAMILY,
-    NftParseError,
     NftSet,
     NftTable,
     delete_script,

@@ -17,10 +17,10 @@ from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands.common import add_output_flag, command_parser, print_json, read_dump_input
 from ipmasq.diagnose.sources import parse_save_dump, read_nat_save, read_nft_ruleset
 from ipmasq.diagnose.trace import TraceResult, trace
-from ipmasq.diagnose.trace_nft import NftTraceError, NftTracer
-from ipmasq.errors import IpmasqError, UsageError, clip
+from ipmasq.diagnose.trace_nft import NftTracer
+from ipmasq.errors import IpmasqError, NftParseError, NftTraceError, UsageError, clip
 from ipmasq.netfilter.iptables import parse_save
-from ipmasq.netfilter.nft import NftParseError, parse_list_json
+from ipmasq.netfilter.nft import parse_list_json
 from ipmasq.policy.packet import Outcome, Packet
 
 __all__ = ["register", "run"]

@@ -23,9 +23,10 @@ from functools import lru_cache, partial
 from typing import NamedTuple, Protocol
 
 from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
-from ipmasq.netfilter.iptables import RULE_COMMENT_PREFIX, Condition, Match, NatTable, Rule, RuleParseError, parse_rule
+from ipmasq.errors import PrefixError, RuleParseError
+from ipmasq.netfilter.iptables import RULE_COMMENT_PREFIX, Condition, Match, NatTable, Rule, parse_rule
 from ipmasq.policy.packet import Outcome, Packet
-from ipmasq.policy.prefix import Family, Prefix, PrefixError, parse_address, parse_cidr
+from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
 from ipmasq.policy.ranges import FirstMatchTable, first_match_table
 
 __all__ = [

@@ -21,23 +21,19 @@ from typing import Any
 
 from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Step, TraceResult, Undecidable, is_local
 from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
-from ipmasq.errors import IpmasqError, clip
+from ipmasq.errors import NftParseError, NftTraceError, clip
 from ipmasq.netfilter.iptables import RULE_COMMENT_PREFIX
-from ipmasq.netfilter.nft import NftParseError, parse_address_element, rule_from_json
+from ipmasq.netfilter.nft import parse_address_element, rule_from_json
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.prefix import Family, format_address, parse_address, parse_cidr
 from ipmasq.policy.ranges import Span, union
 
-__all__ = ["NftTraceError", "NftTracer"]
+__all__ = ["NftTracer"]
 
 _PORT_PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132, "udplite": 136, "dccp": 33}
 _NAMES = {**PROTOCOL_NUMBERS, "dccp": 33, "gre": 47, "esp": 50, "ah": 51}
 _FAMILIES = {"ip": (Family.V4,), "ip6": (Family.V6,), "inet": (Family.V4, Family.V6)}
 _SKIPPED = frozenset({"counter", "log"})
-
-
-class NftTraceError(IpmasqError):
-    """An nft JSON listing trace cannot read at all (one line: what and where)."""
 
 
 @dataclass(frozen=True, slots=True)

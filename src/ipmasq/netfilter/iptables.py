@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ipmasq.config.model import Entry, RuleAction
 from ipmasq.config.model import Rule as ConfigRule
-from ipmasq.errors import IpmasqError
+from ipmasq.errors import RuleParseError
 from ipmasq.netfilter.lines import iter_lines
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
@@ -30,7 +30,6 @@ __all__ = [
     "Match",
     "NatTable",
     "Rule",
-    "RuleParseError",
     "canonical",
     "chain_rules",
     "config_rule_lines",
@@ -188,10 +187,6 @@ def rule_target(rule: str) -> str | None:
         if token in ("-j", "-g"):
             return tokens[i + 1]
     return None
-
-
-class RuleParseError(IpmasqError):
-    """A line of iptables-save/restore text we cannot read."""
 
 
 # Options iptables-save prints before any -m match, in this order; each may be negated with a preceding "!".

@@ -29,7 +29,7 @@ from typing import Any
 
 from ipmasq.config.model import Rule as ConfigRule
 from ipmasq.config.model import RuleAction
-from ipmasq.errors import IpmasqError, clip
+from ipmasq.errors import NftParseError, clip
 from ipmasq.netfilter.iptables import MASQ_COMMENT, NON_MASQ_COMMENT, RULE_COMMENT_PREFIX, rule_comment
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
@@ -48,7 +48,6 @@ __all__ = [
     "TABLE_FAMILY",
     "V6_UNMANAGED_COMMENT",
     "NftChain",
-    "NftParseError",
     "NftSet",
     "NftTable",
     "config_rule_text",
@@ -78,10 +77,6 @@ LOCAL_COMMENT = "ip-masq-agent: local destinations are not subject to MASQUERADE
 V6_UNMANAGED_COMMENT = "ip-masq-agent: IPv6 is not managed without --enable-ipv6"
 RULES_JUMP_COMMENT = "ip-masq-agent: the config's rules decide first for the destinations they name"
 PROTOCOLS_WITH_PORTS = "{ tcp, udp, sctp }"
-
-
-class NftParseError(IpmasqError):
-    """nft output or an nft script that is not what we expect."""
 
 
 @dataclass(frozen=True, slots=True)

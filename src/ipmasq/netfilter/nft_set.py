@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ipmasq.errors import clip
-from ipmasq.netfilter.nft import TABLE, TABLE_FAMILY, NftParseError, NftSet, parse_address_element
+from ipmasq.errors import NftParseError, clip
+from ipmasq.netfilter.nft import TABLE, TABLE_FAMILY, NftSet, parse_address_element
 
 __all__ = ["parse_set_json"]
 

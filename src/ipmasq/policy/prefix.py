@@ -10,7 +10,9 @@ import socket
 from enum import IntEnum
 from typing import NamedTuple
 
-__all__ = ["Family", "Prefix", "PrefixError", "format_address", "parse_address", "parse_cidr"]
+from ipmasq.errors import PrefixError
+
+__all__ = ["Family", "Prefix", "format_address", "parse_address", "parse_cidr"]
 
 
 class Family(IntEnum):
@@ -24,10 +26,6 @@ class Family(IntEnum):
     @property
     def max_address(self) -> int:
         return (1 << self.bits) - 1
-
-
-class PrefixError(ValueError):
-    """A CIDR that does not parse or is not aligned; the message is the reference agent's."""
 
 
 class Prefix(NamedTuple):

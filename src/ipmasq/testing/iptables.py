@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ipmasq.backends.base import Result
-from ipmasq.netfilter.iptables import RuleParseError, canonical, rule_target
+from ipmasq.errors import RuleParseError
+from ipmasq.netfilter.iptables import canonical, rule_target
 from ipmasq.testing.runner import FakeRunner
 
 __all__ = ["FakeIptables", "FakeTable"]

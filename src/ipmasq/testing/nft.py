@@ -18,16 +18,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ipmasq.backends.base import Result
-from ipmasq.netfilter.nft import (
-    SRCNAT_PRIORITY,
-    TABLE,
-    TABLE_FAMILY,
-    NftChain,
-    NftParseError,
-    NftSet,
-    NftTable,
-    format_element,
-)
+from ipmasq.errors import NftParseError
+from ipmasq.netfilter.nft import SRCNAT_PRIORITY, TABLE, TABLE_FAMILY, NftChain, NftSet, NftTable, format_element
 from ipmasq.policy.prefix import Family
 from ipmasq.testing.runner import FakeRunner
 
