@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ipmasq.backends.base import Runner
-from ipmasq.diff import diff_rule_policies, flipped_ranges, has_rules
+from ipmasq.diff.diff import diff_rule_policies, flipped_ranges, has_rules
 from ipmasq.errors import BackendError, IpmasqError
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix

@@ -211,7 +211,7 @@ print(" ".join(sorted(sys.modules)))
 # quotes loads it), ipaddress (IPv6 loads it), anything for HTTP clients or TLS
 NOT_IN_THE_AGENT = ("yaml", "_yaml", "ipmasq.config.document", "ipmasq.config.validate", "datetime", "base64",
                     "shlex", "ipaddress", "http", "urllib", "ssl", "email", "prometheus_client", "ipmasq.lint",
-                    "ipmasq.diff")
+                    "ipmasq.diff.diff")
 
 
 @pytest.mark.parametrize("backend", ["iptables", "nftables"])

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipmasq.baselines import BASELINES, baseline_policy
 from ipmasq.cli import main
 from ipmasq.config.model import LINK_LOCAL_V4, Entry, MasqConfig, Origin
-from ipmasq.diff import diff_policies
+from ipmasq.diff.baselines import BASELINES, baseline_policy
+from ipmasq.diff.diff import diff_policies
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome
 from ipmasq.policy.policy import Policy

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ipmasq.baselines import BASELINES, BUILTIN_PREFIX, builtin_set
 from ipmasq.cli import main
+from ipmasq.diff.baselines import BASELINES, BUILTIN_PREFIX, builtin_set
 
 CONFIG = "nonMasqueradeCIDRs: [10.0.0.0/8]\n"  # kubenet's one preserved range, without its link-local
 

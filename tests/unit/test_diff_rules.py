@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ipmasq.cli import main
 from ipmasq.config.model import Entry, MasqConfig, Origin, Rule, RuleAction
-from ipmasq.diff import diff_rule_policies
+from ipmasq.diff.diff import diff_rule_policies
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy

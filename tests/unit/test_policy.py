@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipmasq.config import ConfigInput, config_from_bytes, load_config
-from ipmasq.diff import flipped_ranges
+from ipmasq.diff.diff import flipped_ranges
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy, Reason
 from ipmasq.policy.prefix import Family, Prefix

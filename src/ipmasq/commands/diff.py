@@ -18,9 +18,17 @@ import os
 import sys
 from typing import Any
 
-from ipmasq.baselines import BASELINES, BUILTIN_PREFIX, baseline_policy, builtin_set
 from ipmasq.commands import common
-from ipmasq.diff import DiffResult, Region, RuleDiffResult, diff_policies, diff_rule_policies, has_rules, parse_probe
+from ipmasq.diff.baselines import BASELINES, BUILTIN_PREFIX, baseline_policy, builtin_set
+from ipmasq.diff.diff import (
+    DiffResult,
+    Region,
+    RuleDiffResult,
+    diff_policies,
+    diff_rule_policies,
+    has_rules,
+    parse_probe,
+)
 from ipmasq.errors import UsageError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet_space import Decision

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
 
 from ipmasq.config.model import MasqConfig, Rule, RuleAction
-from ipmasq.diff import diff_rule_policies
+from ipmasq.diff.diff import diff_rule_policies
 from ipmasq.findings import Severity
 from ipmasq.policy.packet_space import MAX_PORT, OTHER, Cell, NodeClass, cells, node_classes, protocol_atoms
 from ipmasq.policy.policy import Policy
