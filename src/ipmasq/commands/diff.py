@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _as_json(result: DiffResult) -> str:
-    """One object per line: readable, and json.dumps without indent stays in C (indent=2 is 10x slower)."""
+    """One object per line: readable, and json.dumps without indent stays in C (indent=2 is not)."""
     flips = [json.dumps({"range": str(f.prefix), "before": f.before.value, "after": f.after.value})
              for f in result.flips]
     probes = [json.dumps({"destination": p.destination, "before": p.before.value, "after": p.after.value,

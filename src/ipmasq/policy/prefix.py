@@ -29,7 +29,7 @@ class Family(IntEnum):
 
 
 class Prefix(NamedTuple):
-    """A CIDR; a NamedTuple because 100,000-entry configs create this many of them (a frozen dataclass is 3x slower)."""
+    """A CIDR; a NamedTuple because 100,000-entry configs create this many of them (a frozen dataclass is slower)."""
 
     family: Family
     network: int
