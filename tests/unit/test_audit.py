@@ -15,8 +15,9 @@ from ipmasq.errors import FlowLogError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import parse_cidr
+from tests.conftest import ROOT
 
-FLOWLOGS = Path(__file__).resolve().parent.parent / "flowlogs"
+FLOWLOGS = ROOT / "tests" / "flowlogs"
 PODS = (parse_cidr("10.44.0.0/14"),)
 UPGRADE_FIX = "nonMasqueradeCIDRs: [10.0.0.0/8]\n"
 

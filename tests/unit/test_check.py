@@ -18,8 +18,9 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, parse_cidr
 from ipmasq.testing.nft import list_json
+from tests.conftest import ROOT
 
-DUMPS = Path(__file__).resolve().parent.parent / "dumps"
+DUMPS = ROOT / "tests" / "dumps"
 GKE = PolicyOptions(masq_chain="IP-MASQ", nomasq_all_reserved_ranges=True, random_fully=False)
 REFERENCE_2_9 = PolicyOptions(random_fully=False)  # the vectors' reference agent predates --random-fully
 # the config of vector 03 (nonMasqueradeCIDRs [10.0.0.0/8], masqLinkLocal), whose output several dumps hold

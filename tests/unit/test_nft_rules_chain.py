@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 from ipmasq.config import ConfigInput, config_from_bytes
@@ -17,6 +16,7 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.testing.nft import FakeNft
+from tests.conftest import ROOT
 
 CONFIG = """\
 nonMasqueradeCIDRs: [10.0.0.0/8]
@@ -144,7 +144,7 @@ def test_check_finds_a_missing_jump_in_postrouting() -> None:
 
 def test_the_readme_shows_the_layout_the_agent_renders() -> None:
     """README's nftables layout for its HTTPS and peered-VPC rules examples is what render writes for them."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```yaml\n((?:.*\n)*?)```", readme)
     wanted = ("onprem-https-sees-node-ip", "peered-vpc-sees-pod-ips")
     rules = ["rules:"]

@@ -21,6 +21,7 @@ from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.config import ConfigInput
 from ipmasq.options import PolicyOptions
 from ipmasq.testing import FakeFingerprint, FakeIptables
+from tests.conftest import ROOT
 
 LOG = logging.getLogger("test.fast_path")
 CONFIG = ConfigInput((("/etc/config/ip-masq-agent", b"nonMasqueradeCIDRs: [10.0.0.0/8, 172.30.0.0/16]\n"),))
@@ -167,7 +168,7 @@ def test_sigterm_while_parsing_a_large_config_exits_at_once(tmp_path: Path) -> N
         agent.run(wakeup)
         print("stopped", flush=True)
     """)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
     assert proc.stdout is not None

@@ -11,8 +11,9 @@ from ipmasq.cli import main
 from ipmasq.diagnose.trace import Tracer, trace
 from ipmasq.netfilter.iptables import parse_save
 from ipmasq.policy.packet import Outcome, Packet
+from tests.conftest import ROOT
 
-DUMPS = Path(__file__).resolve().parent.parent / "dumps"
+DUMPS = ROOT / "tests" / "dumps"
 POD, NODE = "10.44.14.15", "10.142.15.203"
 
 
