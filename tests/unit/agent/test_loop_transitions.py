@@ -31,7 +31,7 @@ from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeIptables
 from tests.conftest import PYTHON
-from tests.unit.test_backend_switch import Node, iptables_pass
+from tests.unit.backends.test_choose_switch import Node, iptables_pass
 
 LOG = logging.getLogger("test.agent.transitions")
 

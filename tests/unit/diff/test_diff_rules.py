@@ -18,7 +18,7 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix, parse_address
-from tests.unit.test_diff import BASE, UNIVERSE, brute_masquerade, prefixes
+from tests.unit.diff.test_diff import BASE, UNIVERSE, brute_masquerade, prefixes
 
 SOURCE_BASE = parse_address("10.8.0.0")[1]
 SOURCES = 16  # 10.8.0.0/28

@@ -23,7 +23,7 @@ from ipmasq.config.source import ConfigInput, config_from_bytes
 from ipmasq.errors import ConfigError, IpmasqError
 from ipmasq.options import PolicyOptions, PortRange
 from ipmasq.testing import FakeIptables
-from tests.unit.test_hostile_configs import NESTED
+from tests.unit.config.test_document_hostile import NESTED
 
 OPTIONS = PolicyOptions(node_name="gke-prod-egress-pool-1")
 RULES = """\
