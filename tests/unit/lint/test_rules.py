@@ -19,8 +19,7 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
-from tests.unit.diff.test_diff import BASE, brute_masquerade
-from tests.unit.diff.test_diff_rules import GLOBS, NODES, SNAT, SOURCE_BASE
+from tests.unit.diff.test_diff import BASE, GLOBS, NODES, SNAT, SOURCE_BASE, brute_masquerade
 
 OPTIONS = PolicyOptions()
 
