@@ -22,6 +22,7 @@ from ipmasq.commands import common
 from ipmasq.diff.baselines import BASELINES, BUILTIN_PREFIX, baseline_policy, builtin_set
 from ipmasq.diff.diff import (
     DiffResult,
+    ProbeResult,
     Region,
     RuleDiffResult,
     diff_policies,
@@ -135,11 +136,13 @@ def _as_text(result: DiffResult, old: str, new: str) -> str:
         lines += [f"  {f.prefix!s:<{width}}  {f.before.value} -> {f.after.value}" for f in result.flips]
     else:
         lines.append(f"{old} -> {new}: no destination changes verdict")
-    for p in result.probes:
-        mark = "FLIPS" if p.flips else "unchanged"
-        lines.append(f"probe {p.destination}: {p.before.value} ({p.decided_before}) -> {p.after.value} "
-                     f"({p.decided_after}): {mark}")
+    lines += [_probe_text(p) for p in result.probes]
     return "\n".join(lines) + "\n"
+
+
+def _probe_text(probe: ProbeResult) -> str:
+    return (f"probe {probe.destination}: {probe.before.value} ({probe.decided_before}) -> {probe.after.value} "
+            f"({probe.decided_after}): {'FLIPS' if probe.flips else 'unchanged'}")
 
 
 def _decision_json(decision: Decision) -> dict[str, str | None]:
@@ -203,8 +206,5 @@ def _rules_as_text(result: RuleDiffResult, old: str, new: str) -> str:
         lines += [_region_text(r) for r in result.regions]
     else:
         lines.append(f"{old} -> {new}: no packet changes outcome")
-    for p in result.probes:
-        mark = "FLIPS" if p.flips else "unchanged"
-        lines.append(f"probe {p.destination}: {p.before.value} ({p.decided_before}) -> {p.after.value} "
-                     f"({p.decided_after}): {mark}")
+    lines += [_probe_text(p) for p in result.probes]
     return "\n".join(lines) + "\n"
