@@ -181,6 +181,18 @@ def _json_value(token: str) -> Any:
     return int(token) if token.isdigit() else token
 
 
+def _nat_flags(tokens: list[str], i: int, into: dict[str, Any]) -> int:
+    """Read the NAT flags at tokens[i:] into `into["flags"]` as nft -j lists them (one as a string, several as a
+    list); the index after them."""
+    flags: list[str] = []
+    while i < len(tokens) and tokens[i] in ("fully-random", "random", "persistent"):
+        flags.append(tokens[i])
+        i += 1
+    if flags:
+        into["flags"] = flags[0] if len(flags) == 1 else flags
+    return i
+
+
 def rule_to_json(text: str) -> dict[str, Any]:
     """Canonical rule text (our dialect only) as the kernel lists it in JSON: {"expr": [...], "comment"?: ...}.
 
@@ -212,12 +224,7 @@ def rule_to_json(text: str) -> dict[str, Any]:
                 raise NftParseError(f"unsupported snat in {text!r}")
             i += 4
             snat: dict[str, Any] = {"family": family, "addr": address}
-            snat_flags: list[str] = []
-            while i < len(tokens) and tokens[i] in ("fully-random", "random", "persistent"):
-                snat_flags.append(tokens[i])
-                i += 1
-            if snat_flags:
-                snat["flags"] = snat_flags[0] if len(snat_flags) == 1 else snat_flags
+            i = _nat_flags(tokens, i, snat)
             expr.append({"snat": snat})
             continue
         elif t == "meta":
@@ -250,12 +257,7 @@ def rule_to_json(text: str) -> dict[str, Any]:
                 low, _, high = port.partition("-")
                 body["port"] = {"range": [int(low), int(high)]} if high else int(low)
                 i += 2
-            masq_flags: list[str] = []
-            while i < len(tokens) and tokens[i] in ("fully-random", "random", "persistent"):
-                masq_flags.append(tokens[i])
-                i += 1
-            if masq_flags:
-                body["flags"] = masq_flags[0] if len(masq_flags) == 1 else masq_flags
+            i = _nat_flags(tokens, i, body)
             expr.append({"masquerade": body or None})
             continue
         elif t == "comment":
