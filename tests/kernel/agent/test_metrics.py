@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import Namespace, Network
+from tests.conftest import ROOT
 from tests.kernel.agent_harness import agent, wait_until
 
 ADDRESS = "127.0.0.1:9847"  # the default, on the namespace's own loopback
@@ -159,7 +160,7 @@ def test_metrics_are_served_without_prometheus_client(net: Network, tmp_path: Pa
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('simulated: not installed')\n")
     with agent(node, tmp_path / "agent.log", f"--config={tmp_path}/absent", "--backend=iptables",
-               env={"PYTHONPATH": f"{tmp_path / 'shadow'}:{Path(__file__).parents[2] / 'src'}"}) as running:
+               env={"PYTHONPATH": f"{tmp_path / 'shadow'}:{ROOT / 'src'}"}) as running:
         assert wait_until(lambda: health(node).returncode == 0, 10), running.log
         m = scrape(node)  # parsed by prometheus-client in this process; the agent cannot import it
         assert m["ipmasq_syncs_total{result=applied}"] == 1 and m["ipmasq_ready"] == 1

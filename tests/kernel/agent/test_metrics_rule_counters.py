@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from ipmasq.lab.netns import Network
+from tests.kernel.agent.test_metrics import scrape
 from tests.kernel.agent_harness import AWS_DB, NODE, ONPREM, POD, agent, wait_until, world
 from tests.kernel.flavors import FLAVORS, Flavor
-from tests.kernel.test_agent_metrics_kernel import scrape
 
 CONFIG = f"""\
 nonMasqueradeCIDRs: [10.0.0.0/8]

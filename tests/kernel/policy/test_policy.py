@@ -21,7 +21,6 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from fnmatch import fnmatchcase
-from pathlib import Path
 
 import pytest
 
@@ -35,9 +34,10 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import rule_match
 from ipmasq.policy.prefix import parse_address
+from tests.conftest import ROOT
 
 BACKENDS = ("iptables", "nftables")
-PROBE = str(Path(__file__).with_name("rule_probe.py"))
+PROBE = str(ROOT / "tests" / "kernel" / "rule_probe.py")
 PORTS = (53, 123, 993, 3306, 5432, 6443, 8443, 9090, 9995, 11211)  # the peer answers tcp and udp on each
 PODS = (ADDR.pod, "10.44.14.16", "10.44.14.77", "10.44.14.200")  # addresses of the pod namespace
 SPARES = (ADDR.spare_node, "10.142.15.205", "10.142.15.206")  # secondary node addresses a snat rule may use
@@ -204,7 +204,7 @@ def test_random_rules_the_peer_sees_what_explain_answers(net: Network, backend: 
     """360 random (config, packet) cases per backend: the source the peer saw equals explain's answer."""
     rng_start = int(os.environ.get("IPMASQ_RULES_RANDOM_START", 20261123 + BACKENDS.index(backend)))
     replay = (f"random.Random({rng_start}) (replay: IPMASQ_RULES_RANDOM_START={rng_start} pytest "
-              f"'tests/kernel/test_rules_random_kernel.py::test_random_rules_the_peer_sees_what_explain_answers"
+              f"'tests/kernel/policy/test_policy.py::test_random_rules_the_peer_sees_what_explain_answers"
               f"[{backend}]')")
     rng = random.Random(rng_start)
     lab = build_lab(net, anyip_peers=True)
