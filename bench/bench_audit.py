@@ -22,8 +22,8 @@ from bench_core import best_of  # type: ignore[import-not-found]
 from ipmasq.audit import AWS_DEFAULT_FIELDS, audit, count_flows
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import parse_cidr
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import parse_cidr
 
 TARGET = 300_000
 

@@ -41,11 +41,11 @@ from pathlib import Path
 
 from ipmasq.config import ConfigInput, config_from_bytes, load_config
 from ipmasq.lab.netns import Namespace, Network, network
+from ipmasq.netfilter.iptables import render_restore
+from ipmasq.netfilter.nft import render_script
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
-from ipmasq.rules.iptables import render_restore
-from ipmasq.rules.nft import render_script
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 
 POD, NODE, PEER = "10.44.14.15", "10.142.15.203", "10.142.0.1"
 DESTINATION = "34.120.0.10"  # in no set: every rule of the iptables chain is walked, then MASQUERADE

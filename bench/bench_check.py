@@ -22,10 +22,10 @@ from pathlib import Path
 from bench_core import cidrs  # type: ignore[import-not-found]
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.config.source import MAX_CONFIG_BYTES
+from ipmasq.netfilter.iptables import render_restore
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
-from ipmasq.rules.iptables import render_restore
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 
 TARGETS = {10_000: 2.0, 100_000: 15.0}
 FOREIGN = (":KUBE-POSTROUTING - [0:0]\n"

@@ -21,10 +21,10 @@ from pathlib import Path
 import yaml
 
 from ipmasq.config import ConfigInput, config_from_bytes
+from ipmasq.netfilter.iptables import render_restore
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
-from ipmasq.rules.iptables import render_restore
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 
 SIZES = (10, 1_000, 10_000, 100_000)
 

@@ -23,10 +23,10 @@ from bench_core import best_of, cidrs  # type: ignore[import-not-found]
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.config.source import MAX_CONFIG_BYTES
-from ipmasq.diff import diff_policies
+from ipmasq.diff.diff import diff_policies
 from ipmasq.lint import lint_source
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
+from ipmasq.policy.policy import Policy
 
 TARGET_S = 1.0
 

@@ -243,7 +243,7 @@ def legacy_profile(count: int, foreign: int, repeat: int = 5) -> list[tuple[str,
     import zlib
 
     from ipmasq.backends import generation as g
-    from ipmasq.prefix import Family
+    from ipmasq.policy.prefix import Family
 
     subprocess.run(["iptables-legacy-restore", "--noflush"], input=kube_proxy_rules(foreign), text=True, check=True)
     workdir = Path(tempfile.mkdtemp(prefix="ipmasq-bench-legacy-"))
@@ -273,11 +273,12 @@ def legacy_profile(count: int, foreign: int, repeat: int = 5) -> list[tuple[str,
             lambda: g._getsockopt_buffer(sock, socket.IPPROTO_IP, g._SO_GET_ENTRIES, request, total))
     measure("  the new buffer alone (allocated, zeroed)", lambda: ctypes.create_string_buffer(total))
     kept = ctypes.create_string_buffer(total)
+    libc = ctypes.CDLL(None, use_errno=True)
 
     def copy_into_kept() -> None:
         ctypes.memmove(kept, request, len(request))
         length = ctypes.c_uint32(total)
-        if g._LIBC.getsockopt(sock.fileno(), socket.IPPROTO_IP, g._SO_GET_ENTRIES, kept, ctypes.byref(length)):
+        if libc.getsockopt(sock.fileno(), socket.IPPROTO_IP, g._SO_GET_ENTRIES, kept, ctypes.byref(length)):
             raise OSError(ctypes.get_errno(), "GET_ENTRIES")
 
     measure("GET_ENTRIES into a kept buffer (the kernel's copy)", copy_into_kept)

@@ -40,9 +40,10 @@ from ipmasq.audit import AuditReport, audit, count_flows
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.config.model import Rule, RuleAction
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Packet, Policy, Reason, Verdict
-from ipmasq.prefix import Family, Prefix, format_address, parse_cidr
-from ipmasq.rule_index import RuleIndex
+from ipmasq.policy.packet import Packet
+from ipmasq.policy.policy import Policy, Reason, Verdict
+from ipmasq.policy.prefix import Family, Prefix, format_address, parse_cidr
+from ipmasq.policy.rule_index import RuleIndex
 from ipmasq.testing.first_match import first_match_walk
 
 POD_RANGE = parse_cidr("10.44.0.0/14")
@@ -60,7 +61,7 @@ class WalkPolicy(Policy):
                     protocol: str | None = None, port: int | None = None) -> Verdict:
         shown = text if text is not None else format_address(family, address)
         rule, conditional, depends_on = first_match_walk(self.rules(family),
-                                                         Packet(family, address, source, protocol, port))
+                                                         Packet.exact(family, address, source, protocol, port))
         if rule is not None:
             return Verdict(shown, family, rule.action is not RuleAction.PRESERVE, Reason.RULE, None, rule,
                            rule.snat_to, conditional, depends_on)

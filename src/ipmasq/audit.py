@@ -24,20 +24,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import IO, Any
 
-from ipmasq.errors import IpmasqError, clip
-from ipmasq.input_files import NotAFile, NoWriter, open_input
-from ipmasq.policy import Policy, Reason, Verdict
-from ipmasq.prefix import Family, Prefix, format_address, parse_address
+from ipmasq.errors import FlowLogError, NotAFile, NoWriter, clip
+from ipmasq.input_files import open_input
+from ipmasq.policy.policy import Policy, Reason, Verdict
+from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address
 
-__all__ = ["AuditReport", "FlowAction", "FlowLogError", "Group", "RawCounts", "audit", "count_flows"]
+__all__ = ["AuditReport", "FlowAction", "Group", "RawCounts", "audit", "count_flows"]
 
 AWS_DEFAULT_FIELDS = ("version", "account-id", "interface-id", "srcaddr", "dstaddr", "srcport", "dstport",
                       "protocol", "packets", "bytes", "start", "end", "action", "log-status")
 _GZIP_MAGIC = b"\x1f\x8b"
-
-
-class FlowLogError(IpmasqError):
-    """A flow log line that is neither of the formats we read; names the file and line."""
 
 
 class FlowAction(Enum):

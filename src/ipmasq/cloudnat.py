@@ -12,8 +12,8 @@ import ipaddress
 from dataclasses import dataclass
 from enum import Enum
 
-from ipmasq.policy import Verdict
-from ipmasq.prefix import Prefix, parse_address
+from ipmasq.policy.policy import Verdict
+from ipmasq.policy.prefix import Prefix, parse_address
 
 __all__ = ["CloudNat", "CloudNatMode", "PathResult", "follow_path", "is_internet"]
 
@@ -60,18 +60,28 @@ def is_internet(destination: str) -> bool:
 
 def follow_path(verdict: Verdict, *, pod_ip: str | None, node_ip: str | None,
                 cloud_nat: CloudNat | None) -> PathResult:
-    after_node = (node_ip or "node") if verdict.masquerade else (pod_ip or "pod")
-    hops = [f"node: {'masquerade to the node IP' if verdict.masquerade else 'source unchanged (pod IP)'}"]
+    """The source address after the node (the node's, the pod's, or a snat rule's) and after a Cloud NAT gateway
+    behind it, for traffic to the internet; a source the gateway does not translate is dropped there."""
+    known: str | None  # the source the gateway sees, when the flags name it
+    if verdict.snat_to is not None:
+        after_node = known = verdict.snat_to
+        hops = [f"node: SNAT to {verdict.snat_to} (rule {verdict.rule.name if verdict.rule else '?'})"]
+    else:
+        after_node = (node_ip or "node") if verdict.masquerade else (pod_ip or "pod")
+        known = node_ip if verdict.masquerade else pod_ip
+        hops = [f"node: {'masquerade to the node IP' if verdict.masquerade else 'source unchanged (pod IP)'}"]
     if cloud_nat is None or not is_internet(verdict.destination):
         return PathResult(after_node, after_node, tuple(hops))
-    known = node_ip if verdict.masquerade else pod_ip
     if known is None:
         raise ValueError("--cloud-nat needs --source and --node-ip to tell which range the packet comes from")
     if cloud_nat.translates(known):
         hops.append(f"Cloud NAT ({cloud_nat.mode.value}): {known} -> {cloud_nat.nat_ip}")
         return PathResult(after_node, cloud_nat.nat_ip, tuple(hops))
-    which = "node (primary)" if verdict.masquerade else "pod (secondary)"
-    reason = (f"Cloud NAT is set to {cloud_nat.mode.value}, which does not translate the {which} range of {known}; "
-              "a private source cannot reach the internet, so the packet is dropped")
     hops.append(f"Cloud NAT ({cloud_nat.mode.value}): {known} not translated -> dropped")
+    if verdict.snat_to is not None:
+        reason = f"Cloud NAT is set to {cloud_nat.mode.value}, which does not translate {known}; the packet is dropped"
+    else:
+        which = "node (primary)" if verdict.masquerade else "pod (secondary)"
+        reason = (f"Cloud NAT is set to {cloud_nat.mode.value}, which does not translate the {which} range of "
+                  f"{known}; a private source cannot reach the internet, so the packet is dropped")
     return PathResult(after_node, None, tuple(hops), reason)

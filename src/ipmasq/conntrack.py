@@ -14,24 +14,26 @@ connection to such a destination whose own source, protocol or port kept its out
 packet is decided again, the same way). It never under-approximates: every changed packet's destination is flushed.
 
 The decision (`stale_destinations`, `delete_argv`) is pure; `flush_stale_conntrack` runs
-`conntrack -D -f FAMILY --orig-dst CIDR` through the injected runner (the agent's `--flush-conntrack`).
+`conntrack -D -f FAMILY --orig-dst CIDR` through the injected runner, and `conntrack_flusher` is the agent's
+`--flush-conntrack`: it runs that after every verified policy change.
 """
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ipmasq.backends.base import Runner
-from ipmasq.diff import diff_rule_policies, flipped_ranges, has_rules
-from ipmasq.errors import BackendError
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, Prefix
-from ipmasq.ranges import Span, to_prefixes, union
+from ipmasq.diff.diff import diff_rule_policies, flipped_ranges, has_rules
+from ipmasq.errors import BackendError, IpmasqError
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, Prefix
+from ipmasq.policy.ranges import Span, to_prefixes, union
 
-__all__ = ["FlushResult", "StaleDestinations", "delete_argv", "delete_by_orig_dst", "flush_stale_conntrack",
-           "stale_destinations"]
+__all__ = ["FlushResult", "StaleDestinations", "conntrack_flusher", "delete_argv", "delete_by_orig_dst",
+           "flush_stale_conntrack", "stale_destinations"]
 
 _DELETED = re.compile(r"(\d+) flow entries have been deleted")
 
@@ -106,3 +108,20 @@ def flush_stale_conntrack(run: Runner, before: Policy, after: Policy) -> FlushRe
     """Delete the entries (both families) whose original destination's verdict differs between the policies."""
     prefixes = [p for stale in stale_destinations(before, after) for p in stale.prefixes]
     return delete_by_orig_dst(run, prefixes)
+
+
+def conntrack_flusher(run: Runner, log: logging.Logger) -> Callable[[Policy, Policy], None]:
+    """The agent's `--flush-conntrack`: a Reconciler's on_policy_change that flushes the stale entries once the new
+    rules are verified, and logs what it did. A failure is logged, never raised: the rules are in place."""
+
+    def flush(before: Policy, after: Policy) -> None:
+        try:
+            result = flush_stale_conntrack(run, before, after)
+        except IpmasqError as exc:
+            log.error("conntrack: %s (the new rules are in place; old connections keep their NAT decision)", exc)
+            return
+        if result.prefixes:
+            log.info("conntrack: deleted %d entries to the %d ranges whose verdict changed", result.deleted,
+                     len(result.prefixes))
+
+    return flush

@@ -1,17 +1,28 @@
-"""Errors raised by ipmasq, translated at the seam where they happen.
+"""Every error ipmasq raises, in one tree, translated at the seam where it happens.
 
     IpmasqError                 anything ipmasq reports to an operator (one line, no traceback)
     ├── ConfigError             a config file or flag value is wrong; names file, line and offending value
     ├── UsageError              the command line is wrong (exit 2)
-    └── BackendError            a kernel tool failed; carries the tool's argv and stderr
-        └── LockBusyError       the xtables lock is held by someone else (retry later)
+    ├── BackendError            a kernel tool failed; carries the tool's argv and stderr
+    │   └── LockBusyError       the xtables lock is held by someone else (retry later)
+    ├── RuleParseError          a line of iptables-save/restore text that cannot be read (netfilter.iptables)
+    ├── NftParseError           nft output or an nft script that is not what we expect (netfilter.nft)
+    ├── NftTraceError           an nft JSON listing `trace`/`check` cannot read at all (diagnose.trace_nft)
+    └── FlowLogError            a flow log line of no format `audit` reads; names the file and line (audit)
+    PrefixError (ValueError)    a CIDR that does not parse or is not aligned; callers locate it as a ConfigError
+    NotAFile, NoWriter          an input path that is not a file to read (input_files); callers name the path
+
+The lab's errors (NetnsError, LabError, FleetError, PrometheusError) are IpmasqErrors of ipmasq.lab. Exceptions
+that only steer control flow inside one module, never reported as such, stay there: diagnose.trace.Undecidable (a
+rule a trace cannot decide: the outcome says why), agent.reconcile.StopRequested (SIGTERM during a pass).
 
 The CLI maps ConfigError to exit 1, UsageError to exit 2; everything is printed as ``ipmasq: <message>``.
 """
 
 from __future__ import annotations
 
-__all__ = ["BackendError", "ConfigError", "IpmasqError", "LockBusyError", "UsageError", "clip", "one_line"]
+__all__ = ["BackendError", "ConfigError", "FlowLogError", "IpmasqError", "LockBusyError", "NftParseError",
+           "NftTraceError", "NoWriter", "NotAFile", "PrefixError", "RuleParseError", "UsageError", "clip", "one_line"]
 
 # How much of an offending value a one-line error quotes: enough to recognise it, never a 10 MB line.
 CLIP_CHARS = 60
@@ -71,3 +82,31 @@ class BackendError(IpmasqError):
 
 class LockBusyError(BackendError):
     """Another process holds the xtables lock; the caller should back off and retry."""
+
+
+class RuleParseError(IpmasqError):
+    """A line of iptables-save/restore text we cannot read."""
+
+
+class NftParseError(IpmasqError):
+    """nft output or an nft script that is not what we expect."""
+
+
+class NftTraceError(IpmasqError):
+    """An nft JSON listing trace cannot read at all (one line: what and where)."""
+
+
+class FlowLogError(IpmasqError):
+    """A flow log line that is neither of the formats we read; names the file and line."""
+
+
+class PrefixError(ValueError):
+    """A CIDR that does not parse or is not aligned; the message is the reference agent's."""
+
+
+class NotAFile(Exception):
+    """The path is a device, socket or directory: what it is, as "a socket"."""
+
+
+class NoWriter(Exception):
+    """The path is a FIFO that no process holds open for writing: reading it would be an empty file or a wait."""

@@ -10,19 +10,13 @@ from __future__ import annotations
 import os
 import stat
 
-__all__ = ["NoWriter", "NotAFile", "open_input"]
+from ipmasq.errors import NotAFile, NoWriter
+
+__all__ = ["open_input"]
 
 _NOT_A_FILE = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
                (stat.S_ISDIR, "a directory"))
 _PROBE_BYTES = 1 << 16
-
-
-class NotAFile(Exception):
-    """The path is a device, socket or directory: what it is, as "a socket"."""
-
-
-class NoWriter(Exception):
-    """The path is a FIFO that no process holds open for writing: reading it would be an empty file or a wait."""
 
 
 def _refuse_special(mode: int) -> None:

@@ -11,8 +11,9 @@ from ipmasq.cli import main
 from ipmasq.diagnose.check import FindingId
 from ipmasq.findings import Finding, Severity, count, has_errors
 from ipmasq.lint.hints import HINTS, lint_finding
+from tests.conftest import ROOT
 
-DUMPS = Path(__file__).resolve().parent.parent / "dumps"
+DUMPS = ROOT / "tests" / "dumps"
 
 
 def test_a_finding_in_a_file_is_one_compiler_style_line() -> None:

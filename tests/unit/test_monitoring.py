@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from ipmasq.monitoring import ALERTS, prometheus_rule, rules_file
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "deploy" / "monitoring"
 JOB = 'job="ip-masq-agent"'
 

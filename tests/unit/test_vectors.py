@@ -8,10 +8,10 @@ import pytest
 
 from ipmasq.config import load_config
 from ipmasq.errors import ConfigError
+from ipmasq.netfilter.iptables import canonical, render_restore
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
-from ipmasq.rules.iptables import canonical, render_restore
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 from tests.conftest import VECTORS
 
 CASES = sorted((VECTORS / "cases").iterdir())

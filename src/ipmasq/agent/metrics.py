@@ -45,7 +45,7 @@ from functools import cache
 from ipmasq.agent import exposition
 from ipmasq.agent.exposition import MetricFamily
 from ipmasq.agent.reconcile import ConfigReport, PassReport, RuleCount, SyncResult
-from ipmasq.policy_hash import config_hash
+from ipmasq.policy.hash import config_hash
 
 __all__ = ["DURATION_BUCKETS", "LIVENESS_GRACE_SECONDS", "READINESS_GRACE_SECONDS", "AgentStatus", "Check", "Snapshot",
            "metric_families", "process_metric_families", "render_metrics"]

@@ -11,10 +11,11 @@ applied and verified: make before break, so a switch never leaves the node witho
 between. While both are installed both hold our rules, so the same policy decides. Anything that stays (a failed
 removal) is named in the PassReport's `leftovers` and keeps the agent not ready.
 
-An idle pass need not read anything: `fingerprint` (ipmasq.backends.generation.node_fingerprint) is a cheap kernel
-fact that changes whenever any NAT rule the pass would read changes (the nf_tables generation, a digest of the
-iptables-legacy nat tables). It is taken at the START of every pass; when a pass read everything, found it equal to
-the policy and wrote nothing, that fingerprint is kept. A later pass whose fingerprint equals the kept one, for the
+An idle pass need not read anything: `fingerprint` (a backends.base.Fingerprint: on a node the kernel's, built by
+`ipmasq agent`; in tests ipmasq.testing.FakeFingerprint) is a cheap kernel fact that changes whenever any NAT rule
+the pass would read changes (the nf_tables generation, a digest of the iptables-legacy nat tables). It is taken at
+the START of every pass; when a pass read everything, found it equal to the policy and wrote nothing, that
+fingerprint is kept. A later pass whose fingerprint equals the kept one, for the
 same policy, is IN_SYNC without a read: nothing has been written since a read that verified it. Any write by
 anyone (our rules deleted, a foreign rule added, even a no-op transaction) changes the fingerprint, and that pass
 reads everything as before; a fingerprint that cannot be read (None) always means a full read.
@@ -35,14 +36,14 @@ from dataclasses import dataclass
 from enum import Enum
 from types import FrameType
 
-from ipmasq.backends.base import Backend, Removable, RuleCounting, State
+from ipmasq.backends.base import Backend, Fingerprint, Removable, State
 from ipmasq.config.model import DEFAULT_RESYNC_SECONDS, MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes
 from ipmasq.errors import BackendError, ConfigError, IpmasqError
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.policy_hash import policy_hash
-from ipmasq.prefix import Family
+from ipmasq.policy.hash import policy_hash
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 
 __all__ = ["ConfigReport", "FamilyWrite", "ObjectCount", "PassReport", "Readiness", "Reconciler", "RuleCount",
            "StopRequested", "SyncResult", "count_objects"]
@@ -188,7 +189,7 @@ class Reconciler:
                  others: Sequence[Removable] = (),
                  on_policy_change: Callable[[Policy, Policy], None] | None = None,
                  count_foreign: Callable[[], int] | None = None,
-                 fingerprint: Callable[[], Hashable | None] | None = None,
+                 fingerprint: Fingerprint | None = None,
                  load: Callable[[ConfigInput, PolicyOptions], MasqConfig] = config_from_bytes) -> None:
         self.backend = backend
         # bytes -> validated config; the agent loads in a child process (ipmasq.config.isolated), tests in-process
@@ -252,7 +253,6 @@ class Reconciler:
                 raise config_input
             with _stop_signals_interrupt():
                 config = self.load(config_input, self.options)
-                self._refuse_unrendered_rules(config)
         except ConfigError as exc:
             self.config_error = exc.located()
             keeping = "keeping the last good config" if self.policy is not None else "leaving the rules untouched"
@@ -278,21 +278,6 @@ class Reconciler:
                           config.resync_interval, self._policy_hash[:12])
         self.config_error = None
         return self._config_report(changed=True)
-
-    def _refuse_unrendered_rules(self, config: MasqConfig) -> None:
-        """A `rules` entry the backend does not write would leave the node deciding otherwise than the config (and
-        explain) say: refuse the config instead, keeping the last good one, until the backend renders every rule
-        (each rule's name appears in the objects it writes)."""
-        if not config.rules:
-            return
-        policy = Policy(config, self.options)
-        written = "\n".join(line for family in policy.families for line in self.backend.desired(policy, family).objects)
-        # only this node's rules: a rule whose `nodes` do not match this node is rightly absent
-        missing = [rule for family in policy.families for rule in policy.rules(family) if rule.name not in written]
-        if missing:
-            raise ConfigError(f"rule {missing[0].name}: the {self.backend.name} backend of this version does not "
-                              "write config rules yet; remove the rules section or use a backend that does",
-                              source=config.sources[0] if config.sources else None)
 
     def _config_report(self, *, changed: bool) -> ConfigReport:
         return ConfigReport(changed=changed, config_error=self.config_error, policy_hash=self._policy_hash,
@@ -361,7 +346,7 @@ class Reconciler:
         (a config without rules reads nothing more), from this pass's reads where it made them. A failed read keeps
         the last values."""
         rules = [(rule, family) for family in policy.families for rule in policy.rules(family)]
-        if not rules or not isinstance(self.backend, RuleCounting):
+        if not rules:
             self._rule_counts = ()
             return
         try:

@@ -1,13 +1,18 @@
 """The backend interface: the agent's loop talks to the kernel only through this.
 
     Runner      run(argv, stdin) -> Result         the ONE seam that executes programs (real: backends.runner;
-                                                   tests: a stateful fake that parses what it is given)
+                stream(argv, chunks) -> Result     tests: ipmasq.testing's stateful fakes that parse what they are
+                read_lines(argv, consume)          given)
+    Fingerprint fingerprint() -> Hashable | None   a cheap kernel fact that changes with any NAT rule (real:
+                                                   backends.generation.KernelFingerprint; tests:
+                                                   ipmasq.testing.FakeFingerprint); None: unknown, read everything
     Backend     name                               "iptables", "nftables", ...
                 read(family) -> State              our objects as the kernel has them now, normalised
                 desired(policy, family) -> State   the same objects as `policy` wants them
                 apply(policy, family, current)     ONE atomic transaction turning `current` into `desired`
                                                    (including removing stale objects `current` holds)
                 remove_all()                       uninstall: our objects gone, both families; nothing else touched
+                rule_counters(families, reread)    the config rules' packet and byte counters, by rule name
     Removable   name, present(), remove_all()      our objects in the other backend or iptables variant, which must not
                                                    stay once one is chosen (every pass looks with present(), a cheap
                                                    read, and removes them after its own rules are verified)
@@ -26,18 +31,16 @@ one, the payload line it rejected); a busy xtables lock becomes LockBusyError. T
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, TypeVar
 
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
-from ipmasq.rules.lines import iter_lines
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 
 T = TypeVar("T")
 
-__all__ = ["BACKEND_NAMES", "Backend", "LineReadingRunner", "Removable", "Result", "RuleCounting", "Runner", "State",
-           "StreamingRunner", "run_chunks", "run_parsed"]
+__all__ = ["BACKEND_NAMES", "Backend", "Fingerprint", "Removable", "Result", "Runner", "State"]
 
 # What `--backend` accepts; auto: see ipmasq.backends.choose.
 BACKEND_NAMES: tuple[str, ...] = ("auto", "iptables", "nftables")
@@ -53,45 +56,29 @@ class Result:
 
 
 class Runner(Protocol):
-    """Runs one program to completion. Raises BackendError only when the program cannot be started at all."""
+    """Runs programs to completion. Raises BackendError only when a program cannot be started at all (or was
+    cancelled, or timed out); a program that fails is a Result with its exit status and stderr."""
 
-    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result: ...
+    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result:
+        """Run with `stdin` (None: no input) and hand the whole output back."""
+        ...
 
+    def stream(self, argv: Sequence[str], chunks: Iterable[str]) -> Result:
+        """Run with `chunks` as the input, piece by piece (a 100,000-rule restore is never built as one string)."""
+        ...
 
-@runtime_checkable
-class StreamingRunner(Protocol):
-    """A Runner that can also feed a program its input piece by piece (a 100,000-rule restore is never built as one
-    string). Backends use it when the runner has it, and join the pieces for any other runner (the test fakes)."""
-
-    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result: ...
-
-    def stream(self, argv: Sequence[str], chunks: Iterable[str]) -> Result: ...
-
-
-@runtime_checkable
-class LineReadingRunner(Protocol):
-    """A Runner that can also hand a program's output over line by line as it is printed (SubprocessRunner)."""
-
-    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result: ...
-
-    def read_lines(self, argv: Sequence[str], consume: Callable[[Iterator[str]], T]) -> tuple[Result, T | None]: ...
+    def read_lines(self, argv: Sequence[str], consume: Callable[[Iterator[str]], T]) -> tuple[Result, T | None]:
+        """Run with no input and hand the output's lines to `consume`: (the Result, without stdout where the lines
+        came as printed; what `consume` returned, None when the program failed: its failure is reported, not what
+        reading a partial output said)."""
+        ...
 
 
-def run_parsed(run: Runner, argv: Sequence[str], parse: Callable[[Iterator[str]], T]) -> tuple[Result, T | None]:
-    """Run a program with no input and `parse` its output's lines: as they come where the runner can, from the
-    whole output otherwise. (the Result, without stdout when streamed; what `parse` returned, None when the program
-    failed: its failure is reported, not what parsing a partial output said)."""
-    if isinstance(run, LineReadingRunner):
-        return run.read_lines(argv, parse)
-    result = run(argv, None)
-    return result, parse(iter_lines(result.stdout)) if result.returncode == 0 else None
+class Fingerprint(Protocol):
+    """A cheap fact about the node's NAT rules that changes whenever any of them changes, by any program: equal
+    answers mean nothing was written in between. None when it cannot be read (the caller then reads everything)."""
 
-
-def run_chunks(run: Runner, argv: Sequence[str], chunks: Iterable[str]) -> Result:
-    """`run` with `chunks` as the program's input: streamed where the runner can, joined otherwise."""
-    if isinstance(run, StreamingRunner):
-        return run.stream(argv, chunks)
-    return run(argv, "".join(chunks))
+    def __call__(self) -> Hashable | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,14 +111,11 @@ class Backend(Protocol):
 
     def remove_all(self) -> None: ...
 
-
-@runtime_checkable
-class RuleCounting(Protocol):
-    """A backend whose config rules count their packets (ipmasq_rule_packets_total). `reread` False: the counters of
-    the reads this pass already made (taken from the same listing, no extra program); True: one counters-only read
-    (the idle pass, which reads nothing else). Keyed by rule name, summed over the rule's kernel rules."""
-
-    def rule_counters(self, families: Sequence[Family], *, reread: bool) -> dict[str, tuple[int, int]]: ...
+    def rule_counters(self, families: Sequence[Family], *, reread: bool) -> dict[str, tuple[int, int]]:
+        """The config rules' counters (ipmasq_rule_packets_total), keyed by rule name, summed over the rule's kernel
+        rules. `reread` False: the counters of the reads this pass already made (taken from the same listing, no
+        extra program); True: one counters-only read (the idle pass, which reads nothing else)."""
+        ...
 
 
 class Removable(Protocol):

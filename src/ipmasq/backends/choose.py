@@ -14,15 +14,15 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ipmasq.backends.base import Backend, Removable, Runner, run_parsed
+from ipmasq.backends.base import Backend, Removable, Runner
 from ipmasq.backends.iptables import IptablesBackend, Variant, detect_variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.errors import BackendError
+from ipmasq.netfilter.iptables import count_foreign_nat, count_rules
+from ipmasq.netfilter.nft import TABLE, TABLE_FAMILY
+from ipmasq.netfilter.nft import count_foreign_nat as count_foreign_nft
 from ipmasq.options import PolicyOptions
-from ipmasq.prefix import Family
-from ipmasq.rules.iptables import count_foreign_nat, count_rules
-from ipmasq.rules.nft import TABLE, TABLE_FAMILY
-from ipmasq.rules.nft import count_foreign_nat as count_foreign_nft
+from ipmasq.policy.prefix import Family
 
 __all__ = ["Choice", "choose", "count_foreign_masquerade", "detect", "foreign_nat_rules", "make_backend",
            "nft_nat_tables"]
@@ -126,7 +126,7 @@ def count_foreign_masquerade(run: Runner) -> int:
     count = 0
     for tool in SAVE_TOOLS:
         try:  # counted line by line as the tool prints them: 140,000 rules are never one string here
-            save, counted = run_parsed(run, [tool, "-t", "nat"], count_foreign_nat)
+            save, counted = run.read_lines([tool, "-t", "nat"], count_foreign_nat)
         except BackendError:
             continue
         if save.returncode == 0 and counted is not None:

@@ -1,8 +1,9 @@
 """Cheap answers to "did anything in the node's NAT rules change since I last read them all?", read from the kernel.
 
 An idle resync used to read every table it looks at (our rules, the other backend's and variant's, the foreign NAT
-rules it counts): seconds of CPU with 100,000 CIDRs or 40,000 kube-proxy rules. These fingerprints let it skip
-those reads when nothing at all changed, and they are built so that a change can never go unseen:
+rules it counts), which costs seconds of CPU on a large node. These fingerprints let it skip those reads when nothing
+at all changed, and they are built so that a change can never go unseen (the figures behind the choices below are in
+docs/measurements.md):
 
 - nf_tables (the nftables backend and every iptables-nft table, both families): the ruleset generation, read with
   one NFT_MSG_GETGEN request over a NETLINK_NETFILTER socket. The kernel bumps it on every committed nf_tables
@@ -10,21 +11,22 @@ those reads when nothing at all changed, and they are built so that a change can
 - iptables-legacy (x_tables, per family): the nat table's blob as IPT_SO_GET_ENTRIES / IP6T_SO_GET_ENTRIES returns
   it, hashed with each entry's packet and byte counters zeroed (they move with traffic, the rules do not). Every
   rule, chain and jump is in that blob, so equal hashes mean iptables-legacy-save would print the same rules.
-  x_tables has no change counter, so the blob is copied every time (the kernel's copy is most of the cost: ~160 ms
-  of system time for 180,000 entries); what this process does with it is kept small by remembering the last walk:
-  the entries are grouped into chunks of about 64 KiB cut at entry boundaries, and per chunk a sha256 of its bytes
+  x_tables has no change counter, so the blob is copied every time (the kernel's copy is most of the cost); what
+  this process does with it is kept small by remembering the last walk: the entries are grouped into chunks of
+  LEGACY_CHUNK_BYTES cut at entry boundaries, and per chunk a sha256 of its bytes
   as read and a sha256 of its bytes with counters zeroed. The next read with the same GET_INFO (hooks, underflows,
   entry count, size) hashes each chunk as read (C speed); a chunk whose bytes are the same has the same rules and
   reuses its zeroed digest; only a chunk whose bytes differ (its counters moved, or a rule changed) is walked again,
   and it must still tile its place exactly (same boundaries) or the whole table is walked afresh. The digest is the
   sha256 of GET_INFO and every chunk's zeroed digest in order: equal digests mean equal zeroed bytes, chunk by chunk.
-  A raw comparison by crc32 would be twice as fast and could call a changed chunk unchanged (a collision): the
+  A raw comparison by crc32 would be faster and could call a changed chunk unchanged (a collision): the
   "unchanged" decision is only ever taken on sha256.
   The copy itself is skipped when no program took the xtables lock since the last full read of that family
   (ipmasq.backends.xtables_lock: every iptables and iptables-restore that writes takes it) and GET_INFO is the
   same; a full read still happens at least every LEGACY_FULL_READ_EVERY reads, for a writer that skips the lock.
 
-Every function answers None when it cannot tell (no permission, no such table, an unexpected reply): the caller
+KernelFingerprint is the whole answer, built once by `ipmasq agent` (nothing is read or opened at import). Every
+function answers None when it cannot tell (no permission, no such table, an unexpected reply): the caller
 must then read everything, as it would without a fingerprint. This is the only module that opens such sockets.
 """
 
@@ -42,29 +44,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ipmasq.backends.xtables_lock import XtablesLockWatch, xtables_lock_path
-from ipmasq.prefix import Family
+from ipmasq.backends.xtables_lock import XtablesLockWatch
+from ipmasq.policy.prefix import Family
 from ipmasq.sha256 import LARGE_INPUT_BYTES, Sha256, sha256
 
-__all__ = ["LEGACY_CHUNK_BYTES", "LEGACY_DIGEST_MAX_BYTES", "LEGACY_FULL_READ_EVERY", "LegacyNatDigests",
-           "LegacyTableDigest", "NodeFingerprint", "digest_legacy_entries", "legacy_nat_digest", "nftables_generation",
-           "node_fingerprint"]
+__all__ = ["LEGACY_CHUNK_BYTES", "LEGACY_DIGEST_MAX_BYTES", "LEGACY_FULL_READ_EVERY", "KernelFingerprint",
+           "LegacyNatDigests", "LegacyTableDigest", "NodeFingerprint", "digest_legacy_entries", "nftables_generation"]
 
-# The legacy nat table is copied whole into this process to be hashed (x_tables keeps no change counter): 100,000
-# commented rules and 40,000 kube-proxy rules are ~66 MiB, copied in ~0.2 s of system time, still a tenth of the
-# full read it saves (iptables-legacy-save and parsing 140,000 rules: ~3.6 s, and as much memory). Past this bound
-# the fingerprint is "unknown" and every pass reads in full: no single allocation of this process grows without
-# limit with a table someone else fills. The copy is freed after each read (kept, it would save ~50 ms of page
-# faults per read but hold its size resident between passes).
+# The legacy nat table is copied whole into this process to be hashed (x_tables keeps no change counter), still far
+# cheaper than the full read it saves (iptables-legacy-save and parsing every rule, with as much memory). Past this
+# bound the fingerprint is "unknown" and every pass reads in full: no single allocation of this process grows without
+# limit with a table someone else fills. The copy is freed after each read (kept, it would save page faults per read
+# but hold its size resident between passes).
 LEGACY_DIGEST_MAX_BYTES = 128 * 1024 * 1024
-# The unit of "these bytes did not change": large enough that hashing chunk by chunk costs what one hash of the
-# whole table does (measured: 51 ms per 64 KiB chunk vs 44 ms for 66 MiB at once), small enough that counters moving
-# on a few hot rules send only a few hundred entries through the Python walk.
+# The unit of "these bytes did not change": large enough that hashing chunk by chunk costs about what one hash of
+# the whole table does, small enough that counters moving on a few hot rules send only a few hundred entries through
+# the Python walk.
 LEGACY_CHUNK_BYTES = 64 * 1024
 # How often a family's table is copied and hashed even though no program took the xtables lock and GET_INFO did not
 # change: a writer that bypasses the lock and keeps the table's size is seen within this many reads (with the
 # default 60 s resync, 10 minutes; the drift is then repaired as any other). One full read in ten also keeps the
-# mean cost of an idle read on a 66 MiB table near 30 ms of CPU, from ~290.
+# mean cost of an idle read of a large table a small fraction of a copy's.
 LEGACY_FULL_READ_EVERY = 10
 
 # linux/netlink.h, linux/netfilter/nfnetlink.h, linux/netfilter/nf_tables.h
@@ -95,7 +95,6 @@ _NO_COUNTERS = bytes(_COUNTERS_SIZE)
 _ENTRIES_AT = _GET_ENTRIES_HEADER.size + (-_GET_ENTRIES_HEADER.size) % 8  # the entries hold u64s: 8-aligned
 _U16 = struct.Struct("=H")
 _LEVEL = {Family.V4: socket.IPPROTO_IP, Family.V6: socket.IPPROTO_IPV6}
-_LIBC = ctypes.CDLL(None, use_errno=True)
 _ADDRESS_FAMILY = {Family.V4: socket.AF_INET, Family.V6: socket.AF_INET6}
 
 
@@ -166,17 +165,12 @@ class LegacyTableDigest:
     copied: bool = True  # False: the last read's answer, kept because no writer took the xtables lock since
 
 
-def legacy_nat_digest(family: Family) -> bytes | None:
-    """A digest of the iptables-legacy nat table's rules (counters left out); b"" when the kernel has no legacy nat
-    table for the family (x_tables without it: nothing can be in it); None when it cannot be read. Remembers the
-    last read per family (this process's one reader), so an unchanged table is not walked again."""
-    return _READER(family)
-
-
 class LegacyNatDigests:
-    """legacy_nat_digest with its memory: per family the chunks of the last read (a few hundred KiB for a 66 MiB
-    table), and a watch on the xtables lock file (`xtables_lock`, None: copy on every read). Thread-safe: the
-    agent's loop is its only caller, a lock keeps a second one from mixing two reads."""
+    """`digests(family)`: a digest of the iptables-legacy nat table's rules (counters left out); b"" when the kernel
+    has no legacy nat table for the family (x_tables without it: nothing can be in it); None when it cannot be read.
+    Remembers per family the chunks of the last read (a few hundred KiB for a 66 MiB table), so an unchanged table
+    is not walked again, and watches the xtables lock file (`xtables_lock`, None: copy on every read). Thread-safe:
+    the agent's loop is its only caller, a lock keeps a second one from mixing two reads."""
 
     def __init__(self, *, chunk_bytes: int = LEGACY_CHUNK_BYTES, xtables_lock: str | None = None,
                  full_read_every: int = LEGACY_FULL_READ_EVERY) -> None:
@@ -220,9 +214,6 @@ class LegacyNatDigests:
         else:
             self._last[family] = table
         return table
-
-
-_READER = LegacyNatDigests(xtables_lock=xtables_lock_path())
 
 
 def _raw_socket(family: Family) -> socket.socket | None:
@@ -346,8 +337,8 @@ def _table(info: bytes, chunks: tuple[_Chunk, ...], walked_bytes: int,
 
 
 def _sha256_for(total_bytes: int) -> Callable[[Any], Sha256]:
-    """sha256 for the chunks of a table of `total_bytes`: OpenSSL's (~8 times faster, SHA extensions) once the
-    table is large enough to be worth loading it, CPython's own below that (see ipmasq.sha256)."""
+    """sha256 for the chunks of a table of `total_bytes`: OpenSSL's (much faster, SHA extensions) once the table is
+    large enough to be worth loading it, CPython's own below that (see ipmasq.sha256)."""
     if total_bytes >= LARGE_INPUT_BYTES:
         import hashlib
 
@@ -359,7 +350,7 @@ def _walk(entries: memoryview, family: Family, start: int, stop: int,
           chunk_bytes: int) -> list[tuple[int, int, array[int]]] | None:
     """Follow the entries' next_offset chain from `start` to exactly `stop`, cut into chunks of at least
     `chunk_bytes` at entry boundaries (the last one may be shorter): per chunk (start, end, where each entry's
-    counters are: 4 bytes each, not a Python int, 0.7 MiB for 180,000 entries instead of 6.5). None when an entry
+    counters are: 4 bytes each in an array, not a Python int each). None when an entry
     is malformed or the chain does not end exactly at `stop`."""
     next_at, counters_at = _ENTRY_LAYOUT[family]
     least = counters_at + _COUNTERS_SIZE
@@ -402,7 +393,8 @@ def _getsockopt_buffer(sock: socket.socket, level: int, option: int, request: by
     buffer = ctypes.create_string_buffer(size)
     ctypes.memmove(buffer, request, len(request))
     length = ctypes.c_uint32(size)
-    if _LIBC.getsockopt(sock.fileno(), level, option, buffer, ctypes.byref(length)) != 0:
+    libc = ctypes.CDLL(None, use_errno=True)  # this process's own C library, already loaded: no state kept here
+    if libc.getsockopt(sock.fileno(), level, option, buffer, ctypes.byref(length)) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
     return buffer, length.value
@@ -416,21 +408,28 @@ class NodeFingerprint:
     legacy_nat: tuple[bytes, ...]  # per family, IPv4 then IPv6
 
 
-def node_fingerprint() -> NodeFingerprint | None:
-    """The fingerprint of this network namespace's NAT rules (nf_tables and iptables-legacy, both families), or
-    None when any part cannot be read (the caller then reads everything)."""
-    if os.geteuid() != 0 and not _has_net_admin():
-        return None
-    generation = nftables_generation()
-    if generation is None:
-        return None
-    digests = []
-    for family in Family:
-        digest = legacy_nat_digest(family)
-        if digest is None:
+class KernelFingerprint:
+    """The Fingerprint (backends.base) of this network namespace's NAT rules: nf_tables and iptables-legacy, both
+    families; None when any part cannot be read (the caller then reads everything). Keeps the legacy reader's memory
+    of its last walks, so `ipmasq agent` builds one and hands it to the Reconciler; `xtables_lock` as in
+    LegacyNatDigests (xtables_lock.xtables_lock_path(): the one iptables here would take)."""
+
+    def __init__(self, *, xtables_lock: str | None = None) -> None:
+        self.legacy = LegacyNatDigests(xtables_lock=xtables_lock)
+
+    def __call__(self) -> NodeFingerprint | None:
+        if os.geteuid() != 0 and not _has_net_admin():
             return None
-        digests.append(digest)
-    return NodeFingerprint(generation, tuple(digests))
+        generation = nftables_generation()
+        if generation is None:
+            return None
+        digests = []
+        for family in Family:
+            digest = self.legacy(family)
+            if digest is None:
+                return None
+            digests.append(digest)
+        return NodeFingerprint(generation, tuple(digests))
 
 
 def _has_net_admin() -> bool:

@@ -1,6 +1,6 @@
 """The iptables backend: read with `iptables-save -t nat`, write with one `iptables-restore --noflush -w` transaction.
 
-Our objects (ipmasq.rules.iptables.our_chains, found by the reference agent's comments, so a chain left under an old
+Our objects (ipmasq.netfilter.iptables.our_chains, found by the reference agent's comments, so a chain left under an old
 --masq-chain is ours too): the POSTROUTING jumps carrying our jump comment, the chains they target, the chain named
 by --masq-chain, and any chain holding a rule with an `ip-masq-agent:` comment. Nothing else is read or written.
 
@@ -16,11 +16,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from ipmasq.backends.base import Result, Runner, State, run_chunks, run_parsed
+from ipmasq.backends.base import Result, Runner, State
 from ipmasq.errors import BackendError, LockBusyError
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
-from ipmasq.rules.iptables import (
+from ipmasq.netfilter.iptables import (
     RULE_COMMENT_PREFIX,
     NatTable,
     canonical,
@@ -31,6 +29,8 @@ from ipmasq.rules.iptables import (
     our_chains,
     parse_save,
 )
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 
 __all__ = ["IptablesBackend", "Variant", "choose_variant", "detect_variant", "tools"]
 
@@ -204,7 +204,7 @@ class IptablesBackend:
         self._families = tuple(families)
         self._counted: dict[Family, dict[str, tuple[int, int]]] = {}  # config rules' counters, from the last read
         # families whose policy (as last asked for in desired) has config rules: only their reads take counters
-        # (-c costs the parse ~35% at 10,000 rules; a config without rules reads exactly as before)
+        # (-c makes the parse dearer; a config without rules reads exactly as before)
         self._counting: set[Family] = set()
 
     @property
@@ -222,7 +222,7 @@ class IptablesBackend:
         counts: dict[str, tuple[int, int]] = {}
         parse: Callable[[Iterator[str]], NatTable] = (
             (lambda lines: parse_save(counted_lines(lines, counts))) if counting else parse_save)
-        result, table = run_parsed(self._run, argv, parse)
+        result, table = self._run.read_lines(argv, parse)
         if result.returncode != 0 or table is None:
             raise _error(f"{' '.join(argv)} failed", argv, result)
         if counting:
@@ -232,14 +232,14 @@ class IptablesBackend:
         return state_from_save(table, self._chain, family)
 
     def rule_counters(self, families: Sequence[Family], *, reread: bool) -> dict[str, tuple[int, int]]:
-        """See backends.base.RuleCounting; a reread is one `iptables-save -c -t nat` per family, scanned, not
-        parsed into rules."""
+        """See Backend.rule_counters; a reread is one `iptables-save -c -t nat` per family, scanned, not parsed into
+        rules."""
         out: dict[str, tuple[int, int]] = {}
         for family in families:
             if reread or family not in self._counted:
                 argv = [tools(self.variant, family).save, "-c", "-t", "nat"]
                 counts: dict[str, tuple[int, int]] = {}
-                result, _ = run_parsed(self._run, argv, functools.partial(_scan_counters, into=counts))
+                result, _ = self._run.read_lines(argv, functools.partial(_scan_counters, into=counts))
                 if result.returncode != 0:
                     raise _error(f"{' '.join(argv)} failed", argv, result)
                 self._counted[family] = counts
@@ -293,7 +293,7 @@ class IptablesBackend:
     def _restore(self, family: Family, payload: Callable[[], Iterable[str]]) -> None:
         """One iptables-restore of `payload()` (made again, only to name the line it rejected, when it fails)."""
         argv = [tools(self.variant, family).restore, "--noflush", *_LOCK_WAIT]
-        result = run_chunks(self._run, argv, _chunks(payload()))
+        result = self._run.stream(argv, _chunks(payload()))
         if result.returncode == 0:
             return
         if result.returncode == _LOCK_EXIT and "xtables lock" in result.stderr:

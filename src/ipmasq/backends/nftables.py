@@ -30,16 +30,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ipmasq.backends.base import Result, Runner, State
-from ipmasq.errors import BackendError
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
-from ipmasq.rules.nft import (
+from ipmasq.errors import BackendError, NftParseError
+from ipmasq.netfilter.nft import (
     OUR_SET_NAMES,
     RULES_SET_NAMES,
     SET_NAMES,
     TABLE,
     TABLE_FAMILY,
-    NftParseError,
     NftSet,
     NftTable,
     delete_script,
@@ -48,7 +45,9 @@ from ipmasq.rules.nft import (
     parse_list_json,
     replace_script,
 )
-from ipmasq.rules.nft_set import parse_set_json
+from ipmasq.netfilter.nft_set import parse_set_json
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 
 __all__ = ["NFT", "NftablesBackend", "state_from_table"]
 
@@ -182,9 +181,8 @@ class NftablesBackend:
         return state_from_table(structure, family, elements=elements)
 
     def rule_counters(self, families: Sequence[Family], *, reread: bool) -> dict[str, tuple[int, int]]:
-        """See backends.base.RuleCounting: one table holds both families; a reread is the terse structure listing
-        (5 ms with a 50,000-element set, where `nft -j list chain` takes 460 ms: nft fetches every set's elements
-        for it)."""
+        """See Backend.rule_counters: one table holds both families; a reread is the terse structure listing (`nft -j
+        list chain` would fetch every set's elements too: docs/measurements.md)."""
         if reread or self._counted is None:
             self._counted = _counters_of(self.read_structure())
         return dict(self._counted)

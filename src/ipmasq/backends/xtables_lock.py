@@ -1,7 +1,7 @@
 """Has any program that writes iptables-legacy rules run since I last looked? Answered by watching the xtables lock.
 
 x_tables keeps no change counter, so knowing that a legacy table did not change means copying it whole from the
-kernel (~0.2 s of system time for 100,000 CIDRs and 40,000 kube-proxy rules). But every program that writes
+kernel (a large part of an idle resync's cost: docs/measurements.md). But every program that writes
 x_tables the supported way takes the xtables lock first: iptables, ip6tables, iptables-restore and
 ip6tables-restore (legacy) open the lock file (XTABLES_LOCKFILE, default /run/xtables.lock), flock it, replace the
 table and close it; kube-proxy, kubelet, Calico and the agent itself go through those tools, and the DaemonSet

@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import signal
-from collections.abc import Callable
 from typing import Any
 
 from ipmasq import __version__
@@ -18,13 +17,12 @@ from ipmasq.agent.nodelock import DEFAULT_LOCK_DIRECTORY, NodeLock, default_lock
 from ipmasq.agent.reconcile import Reconciler
 from ipmasq.backends.base import Backend, Removable, Runner
 from ipmasq.backends.choose import count_foreign_masquerade, make_backend
-from ipmasq.backends.generation import node_fingerprint
+from ipmasq.backends.generation import KernelFingerprint
 from ipmasq.backends.runner import SubprocessRunner
+from ipmasq.backends.xtables_lock import xtables_lock_path
 from ipmasq.commands.common import add_backend_flags, add_policy_flags, agent_settings, go_bool, options_from_args
 from ipmasq.config.isolated import load_config_isolated
-from ipmasq.errors import IpmasqError
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
 
 __all__ = ["DEFAULT_CONFIG", "register"]
 
@@ -105,10 +103,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptions, settings: LoopSettings,
            runner: Runner, log: logging.Logger, args: argparse.Namespace, status: AgentStatus) -> Agent:
-    on_change = _conntrack_flusher(runner, log) if args.flush_conntrack else None
+    on_change = None
+    if args.flush_conntrack:
+        # imported only with --flush-conntrack: it brings ipmasq.diff (about 1 MiB resident) that no other pass needs
+        from ipmasq.conntrack import conntrack_flusher
+
+        on_change = conntrack_flusher(runner, log)
     reconciler = Reconciler(backend, options, log=log, others=others, on_policy_change=on_change,
-                            count_foreign=lambda: count_foreign_masquerade(runner), fingerprint=node_fingerprint,
-                            load=load_config_isolated)
+                            count_foreign=lambda: count_foreign_masquerade(runner),
+                            fingerprint=KernelFingerprint(xtables_lock=xtables_lock_path()), load=load_config_isolated)
     return Agent(reconciler, settings, log=log, observer=status)
 
 
@@ -120,20 +123,3 @@ def _serve_status(status: AgentStatus, address: str, log: logging.Logger) -> Sta
     if server.serving:
         log.info("serving /metrics, /healthz and /readyz on %s", address)
     return server
-
-
-def _conntrack_flusher(runner: Runner, log: logging.Logger) -> Callable[[Policy, Policy], None]:
-    # imported only with --flush-conntrack: it brings ipmasq.diff (about 1 MiB resident) that no other pass needs
-    from ipmasq.conntrack import flush_stale_conntrack
-
-    def flush(before: Policy, after: Policy) -> None:
-        try:
-            result = flush_stale_conntrack(runner, before, after)
-        except IpmasqError as exc:
-            log.error("conntrack: %s (the new rules are in place; old connections keep their NAT decision)", exc)
-            return
-        if result.prefixes:
-            log.info("conntrack: deleted %d entries to the %d ranges whose verdict changed", result.deleted,
-                     len(result.prefixes))
-
-    return flush

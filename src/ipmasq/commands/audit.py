@@ -13,7 +13,7 @@ from typing import Any
 from ipmasq.audit import AuditReport, Group, audit, count_flows
 from ipmasq.commands import common
 from ipmasq.errors import UsageError
-from ipmasq.prefix import Family
+from ipmasq.policy.prefix import Family
 
 __all__ = ["register", "run"]
 

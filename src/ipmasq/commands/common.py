@@ -11,10 +11,10 @@ from ipmasq.backends.base import BACKEND_NAMES
 from ipmasq.backends.iptables import Variant
 from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes, load_config, read_config_input
-from ipmasq.errors import ConfigError, UsageError
+from ipmasq.errors import ConfigError, PrefixError, UsageError
 from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse_to_ports, quoted
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, Prefix, PrefixError, parse_address, parse_cidr
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
 
 __all__ = ["add_backend_flags", "add_policy_flags", "load_policy_config", "normalise_go_flags", "options_from_args"]
 

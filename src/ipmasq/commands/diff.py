@@ -18,14 +18,23 @@ import os
 import sys
 from typing import Any
 
-from ipmasq.baselines import BASELINES, BUILTIN_PREFIX, baseline_policy, builtin_set
 from ipmasq.commands import common
-from ipmasq.diff import DiffResult, Region, RuleDiffResult, diff_policies, diff_rule_policies, has_rules, parse_probe
+from ipmasq.diff.baselines import BASELINES, BUILTIN_PREFIX, baseline_policy, builtin_set
+from ipmasq.diff.diff import (
+    DiffResult,
+    ProbeResult,
+    Region,
+    RuleDiffResult,
+    diff_policies,
+    diff_rule_policies,
+    has_rules,
+    parse_probe,
+)
 from ipmasq.errors import UsageError
 from ipmasq.options import PolicyOptions
-from ipmasq.packet_space import Outcome
-from ipmasq.policy import Policy
-from ipmasq.ranges import to_prefixes
+from ipmasq.policy.packet_space import Decision
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.ranges import to_prefixes
 
 __all__ = ["register", "run"]
 
@@ -106,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _as_json(result: DiffResult) -> str:
-    """One object per line: readable, and json.dumps without indent stays in C (indent=2 is 10x slower)."""
+    """One object per line: readable, and json.dumps without indent stays in C (indent=2 is not)."""
     flips = [json.dumps({"range": str(f.prefix), "before": f.before.value, "after": f.after.value})
              for f in result.flips]
     probes = [json.dumps({"destination": p.destination, "before": p.before.value, "after": p.after.value,
@@ -127,15 +136,18 @@ def _as_text(result: DiffResult, old: str, new: str) -> str:
         lines += [f"  {f.prefix!s:<{width}}  {f.before.value} -> {f.after.value}" for f in result.flips]
     else:
         lines.append(f"{old} -> {new}: no destination changes verdict")
-    for p in result.probes:
-        mark = "FLIPS" if p.flips else "unchanged"
-        lines.append(f"probe {p.destination}: {p.before.value} ({p.decided_before}) -> {p.after.value} "
-                     f"({p.decided_after}): {mark}")
+    lines += [_probe_text(p) for p in result.probes]
     return "\n".join(lines) + "\n"
 
 
-def _outcome_json(outcome: Outcome) -> dict[str, str | None]:
-    return {"action": outcome.action, "snatTo": outcome.snat_to, "rule": outcome.rule, "where": outcome.where}
+def _probe_text(probe: ProbeResult) -> str:
+    return (f"probe {probe.destination}: {probe.before.value} ({probe.decided_before}) -> {probe.after.value} "
+            f"({probe.decided_after}): {'FLIPS' if probe.flips else 'unchanged'}")
+
+
+def _decision_json(decision: Decision) -> dict[str, str | None]:
+    return {"action": decision.outcome.value, "snatTo": decision.snat_to, "rule": decision.rule,
+            "where": decision.where}
 
 
 def _region_json(region: Region) -> str:
@@ -147,7 +159,7 @@ def _region_json(region: Region) -> str:
         "protocols": None if region.protocols is None else list(region.protocols),
         "ports": ports,
         "nodes": None if region.nodes is None else _node_list(region),
-        "before": _outcome_json(region.before), "after": _outcome_json(region.after),
+        "before": _decision_json(region.before), "after": _decision_json(region.after),
     })
 
 
@@ -194,8 +206,5 @@ def _rules_as_text(result: RuleDiffResult, old: str, new: str) -> str:
         lines += [_region_text(r) for r in result.regions]
     else:
         lines.append(f"{old} -> {new}: no packet changes outcome")
-    for p in result.probes:
-        mark = "FLIPS" if p.flips else "unchanged"
-        lines.append(f"probe {p.destination}: {p.before.value} ({p.decided_before}) -> {p.after.value} "
-                     f"({p.decided_after}): {mark}")
+    lines += [_probe_text(p) for p in result.probes]
     return "\n".join(lines) + "\n"

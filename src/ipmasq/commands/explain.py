@@ -6,12 +6,12 @@ import argparse
 import os
 from typing import Any
 
-from ipmasq.cloudnat import CloudNat, CloudNatMode, PathResult, follow_path, is_internet
+from ipmasq.cloudnat import CloudNat, CloudNatMode, follow_path
 from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, load_policy, print_json
 from ipmasq.config.model import Rule, RuleAction
 from ipmasq.errors import UsageError, clip
-from ipmasq.policy import Policy, Reason, Verdict
-from ipmasq.prefix import parse_address
+from ipmasq.policy.policy import Policy, Reason, Verdict
+from ipmasq.policy.prefix import parse_address
 
 _REASON_TEXT = {
     Reason.DEFAULT: "in the agent's default non-masquerade list",
@@ -120,7 +120,7 @@ def _as_dict(verdict: Verdict, policy: Policy, args: argparse.Namespace, cloud_n
     else:
         target = "MASQUERADE" if entry.masquerade else "RETURN"
         rule = f"-A {chain} -d {entry.prefix} -j {target}"
-    path = _path(verdict, args, cloud_nat)
+    path = follow_path(verdict, pod_ip=args.source, node_ip=args.node_ip, cloud_nat=cloud_nat)
     defined_at = verdict.rule.where() if verdict.rule is not None else None if entry is None else entry.where()
     return {
         "destination": verdict.destination,
@@ -147,21 +147,6 @@ def _conditional(rule: Rule) -> dict[str, Any]:
     """An earlier rule that decides instead when the fields not given match it."""
     return {"rule_name": rule.name, "defined_at": rule.where(), "action": _ACTION_TEXT[rule.action],
             "snat_to": rule.snat_to}
-
-
-def _path(verdict: Verdict, args: argparse.Namespace, cloud_nat: CloudNat | None) -> PathResult:
-    """follow_path, or for a snat rule: the rule's address leaves the node, and a Cloud NAT behind it sees that."""
-    if verdict.snat_to is None:
-        return follow_path(verdict, pod_ip=args.source, node_ip=args.node_ip, cloud_nat=cloud_nat)
-    hops = [f"node: SNAT to {verdict.snat_to} (rule {verdict.rule.name if verdict.rule else '?'})"]
-    if cloud_nat is None or not is_internet(verdict.destination):
-        return PathResult(verdict.snat_to, verdict.snat_to, tuple(hops))
-    if cloud_nat.translates(verdict.snat_to):
-        hops.append(f"Cloud NAT ({cloud_nat.mode.value}): {verdict.snat_to} -> {cloud_nat.nat_ip}")
-        return PathResult(verdict.snat_to, cloud_nat.nat_ip, tuple(hops))
-    hops.append(f"Cloud NAT ({cloud_nat.mode.value}): {verdict.snat_to} not translated -> dropped")
-    return PathResult(verdict.snat_to, None, tuple(hops), f"Cloud NAT is set to {cloud_nat.mode.value}, which does "
-                      f"not translate {verdict.snat_to}; the packet is dropped")
 
 
 def _as_text(r: dict[str, Any]) -> str:

@@ -14,9 +14,9 @@ from typing import Any
 
 from ipmasq.commands.common import add_policy_flags, command_parser, load_policy
 from ipmasq.errors import UsageError
-from ipmasq.policy_hash import config_hash, policy_hash
-from ipmasq.prefix import Family
-from ipmasq.rules.iptables import render_restore
+from ipmasq.netfilter.iptables import render_restore
+from ipmasq.policy.hash import config_hash, policy_hash
+from ipmasq.policy.prefix import Family
 
 
 def register(subparsers: Any) -> None:
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         print(config_hash(policy_hash(policy)))
         return 0
     if args.backend == "nftables":
-        from ipmasq.rules.nft import render_script
+        from ipmasq.netfilter.nft import render_script
 
         sys.stdout.write(render_script(policy))
     else:

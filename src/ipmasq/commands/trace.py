@@ -16,22 +16,27 @@ from typing import Any
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands.common import add_output_flag, command_parser, print_json, read_dump_input
 from ipmasq.diagnose.sources import parse_save_dump, read_nat_save, read_nft_ruleset
-from ipmasq.diagnose.trace import Outcome, Packet, TraceResult, trace
-from ipmasq.diagnose.trace_nft import NftTraceError, NftTracer
-from ipmasq.errors import IpmasqError, UsageError, clip
-from ipmasq.rules.iptables import parse_save
-from ipmasq.rules.nft import NftParseError, parse_list_json
+from ipmasq.diagnose.trace import TraceResult, trace
+from ipmasq.diagnose.trace_nft import NftTracer
+from ipmasq.errors import IpmasqError, NftParseError, NftTraceError, UsageError, clip
+from ipmasq.netfilter.iptables import parse_save
+from ipmasq.netfilter.nft import parse_list_json
+from ipmasq.policy.packet import Outcome, Packet
 
 __all__ = ["register", "run"]
 
 _WITH_PORTS = ("tcp", "udp", "sctp", "udplite", "dccp")
 
 _OUTCOME_TEXT = {
-    Outcome.UNCHANGED: "source unchanged",
+    Outcome.PRESERVE: "source unchanged",
     Outcome.MASQUERADE: "masqueraded to the out interface's address",
     Outcome.SNAT: "SNAT",
     Outcome.UNDECIDED: "CANNOT DECIDE",
 }
+# the words `trace --json` has always printed for each outcome (scripts read them)
+_OUTCOME_JSON = {Outcome.PRESERVE: "unchanged", Outcome.MASQUERADE: "masqueraded", Outcome.SNAT: "snat",
+                 Outcome.UNDECIDED: "cannot-decide"}
+_OUTCOME_OF_JSON = {word: outcome for outcome, word in _OUTCOME_JSON.items()}
 
 
 def register(subparsers: Any) -> None:
@@ -131,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 def as_dict(result: TraceResult, packet: Packet, *, masquerade_address: str | None) -> dict[str, Any]:
     return {
         "steps": [{"chain": s.chain, "rule": s.rule, "matched": s.matched} for s in result.steps],
-        "outcome": result.outcome.value,
+        "outcome": _OUTCOME_JSON[result.outcome],
         "source_seen": result.source_seen(packet, masquerade_address=masquerade_address),
         "decided_by": result.decided_by,
         "decided_by_name": result.decided_label,
@@ -145,7 +150,7 @@ def as_text(d: dict[str, Any]) -> str:
     lines = []
     for step in d["steps"]:
         lines.append(f"  {'MATCH' if step['matched'] else '  no '}  {step['rule']}")
-    outcome = Outcome(d["outcome"])
+    outcome = _OUTCOME_OF_JSON[d["outcome"]]
     head = _OUTCOME_TEXT[outcome]
     if outcome is Outcome.SNAT:
         head += f" to {d['snat_to']}"

@@ -35,13 +35,13 @@ __all__ = [
     "yaml_error",
 ]
 
-try:  # the C loader is ~10x faster; 100,000-entry configs depend on it
+try:  # the C loader is many times faster; 100,000-entry configs depend on it
     YAML_LOADER: Any = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover - PyYAML built without libyaml
     YAML_LOADER = yaml.SafeLoader
 
 # A config is a mapping of lists (depth 2), a ConfigMap manifest in a `kind: List` about 6: 64 is far beyond any
-# real input, and far below what the recursive composers survive (~330 levels of Python frames).
+# real input, and far below the nesting the recursive composers survive in Python frames.
 MAX_DEPTH = 64
 # go-yaml (the reference) refuses "excessive aliasing" by a ratio; we need no aliases at all in a config, so a flat
 # budget: a few aliased lists pass, a bomb stops at ~10 MiB of nodes instead of GiBs.
@@ -63,7 +63,7 @@ _GO_EXTRA_BOOLS = {"y": True, "Y": True, "n": False, "N": False}
 class Node(NamedTuple):
     """A value with the 1-based line it starts on (None when unknown).
 
-    A NamedTuple, not a dataclass: a 100,000-entry config makes this many, and a frozen dataclass is 3x slower.
+    A NamedTuple, not a dataclass: a 100,000-entry config makes this many, and a frozen dataclass is much slower.
     """
 
     value: Any  # None | bool | int | float | str | list[Node] | list[Field]
@@ -189,7 +189,7 @@ _BLOCK_PREFIX = re.compile(r"^[ ]*(?:(?:---|[-?:]|[&!][^ \t\n]*)[ \t]+)*", re.MU
 
 
 def _depth_bound(text: str) -> int:
-    """An upper bound of the nesting depth, ~4x cheaper than the parser's events.
+    """An upper bound of the nesting depth, cheaper than the parser's events.
 
     A block collection nested in another starts at a greater column, except a sequence that is a mapping's value
     (same column; its own children are deeper again): block depth <= 2 x (the widest line prefix + 1). Every flow

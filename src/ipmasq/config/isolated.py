@@ -27,7 +27,7 @@ from ipmasq.config.model import Entry, MasqConfig, Origin, Rule, RuleAction
 from ipmasq.config.source import ConfigInput
 from ipmasq.errors import ConfigError, IpmasqError, clip
 from ipmasq.options import PolicyOptions, PortRange
-from ipmasq.prefix import Family, Prefix
+from ipmasq.policy.prefix import Family, Prefix
 
 __all__ = ["decode_config", "encode_config", "encode_options", "load_config_isolated", "main"]
 

@@ -22,9 +22,9 @@ from ipmasq.config.model import (
     RuleAction,
     default_entries,
 )
-from ipmasq.errors import ConfigError
+from ipmasq.errors import ConfigError, PrefixError
 from ipmasq.options import PolicyOptions
-from ipmasq.prefix import Family, Prefix, PrefixError, format_address, parse_address, parse_cidr
+from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address, parse_cidr
 
 __all__ = [
     "KNOWN_KEYS",

@@ -25,13 +25,10 @@ from enum import StrEnum
 from typing import NamedTuple, Protocol
 
 from ipmasq.config.model import Rule as ConfigRule
-from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, Outcome, Packet, RuleShape, Tracer, TraceResult
+from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Tracer, TraceResult
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.findings import Finding, Severity, has_errors
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, Prefix, parse_cidr
-from ipmasq.ranges import Span, append_span, subtract, to_prefixes, union_of_prefixes
-from ipmasq.rules.iptables import (
+from ipmasq.netfilter.iptables import (
     RULE_COMMENT_PREFIX,
     NatTable,
     canonical,
@@ -42,7 +39,7 @@ from ipmasq.rules.iptables import (
     parse_rule,
     rule_target,
 )
-from ipmasq.rules.nft import (
+from ipmasq.netfilter.nft import (
     CHAIN,
     RULES_CHAIN,
     RULES_SET_NAMES,
@@ -53,6 +50,10 @@ from ipmasq.rules.nft import (
     config_rule_text,
     desired_table,
 )
+from ipmasq.policy.packet import Outcome, Packet
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, Prefix, parse_cidr
+from ipmasq.policy.ranges import Span, append_span, subtract, to_prefixes, union, union_of_prefixes
 
 __all__ = ["CheckReport", "FindingId", "NodeRules", "check_iptables", "check_nft", "check_node"]
 
@@ -367,12 +368,7 @@ class _Space:
         for address in local:
             points.update((address, address + 1))
         self.points = sorted(p for p in points if p <= family.max_address)
-        merged: list[Span] = []
-        for first, last in sorted(rich):
-            if merged and first <= merged[-1][1] + 1:
-                merged[-1] = (merged[-1][0], max(last, merged[-1][1]))
-            else:
-                merged.append((first, last))
+        merged = union(rich)
         self.rich_starts = [first for first, _ in merged]
         self.rich_spans = merged
         self.plain = _Traffic(pod_ranges, None, None, None)
@@ -459,7 +455,7 @@ def _semantic_walk(policy: Policy, tracer: _Walker, family: Family, ours: set[st
             continue  # node-local destinations never reach our chain (! --dst-type LOCAL), by design
         for traffic in space.classes if any_rich and space.is_rich(start) else plain:
             port = None if traffic.ports is None else traffic.ports[0]
-            packet = Packet(family, start, traffic.sources, None, None, traffic.protocol, 0, local, port)
+            packet = Packet(family, start, traffic.sources, traffic.protocol, port, local_addresses=local)
             result = tracer.trace(packet, record_steps=False)
             if result.outcome is Outcome.UNDECIDED:
                 rule = result.decided_by or "(dump)"

@@ -15,11 +15,11 @@ from ipmasq.backends.base import Runner
 from ipmasq.backends.choose import detect
 from ipmasq.backends.iptables import Variant, detect_variant, tools
 from ipmasq.diagnose.check import NodeRules
-from ipmasq.errors import BackendError, IpmasqError, clip
-from ipmasq.input_files import NotAFile, NoWriter, open_input
-from ipmasq.prefix import Family
-from ipmasq.rules.iptables import NatTable, RuleParseError, our_chains, parse_save, save_lines
-from ipmasq.rules.nft import NftParseError, NftTable, parse_list_json
+from ipmasq.errors import BackendError, IpmasqError, NftParseError, NotAFile, NoWriter, RuleParseError, clip
+from ipmasq.input_files import open_input
+from ipmasq.netfilter.iptables import NatTable, our_chains, parse_save, save_lines
+from ipmasq.netfilter.nft import NftTable, parse_list_json
+from ipmasq.policy.prefix import Family
 
 __all__ = ["MAX_DUMP_BYTES", "MAX_DUMP_LINE", "family_of_dump", "parse_save_dump", "read_dump_file", "read_live_rules",
            "read_nat_save", "rules_from_dump"]

@@ -17,22 +17,21 @@ the trace is the fate of a new connection.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from enum import Enum
 from functools import lru_cache, partial
 from typing import NamedTuple, Protocol
 
-from ipmasq.prefix import Family, Prefix, PrefixError, format_address, parse_address, parse_cidr
-from ipmasq.ranges import FirstMatchTable, first_match_table
-from ipmasq.rules.iptables import RULE_COMMENT_PREFIX, Condition, Match, NatTable, Rule, RuleParseError, parse_rule
+from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
+from ipmasq.errors import PrefixError, RuleParseError
+from ipmasq.netfilter.iptables import RULE_COMMENT_PREFIX, Condition, Match, NatTable, Rule, parse_rule
+from ipmasq.policy.packet import Outcome, Packet
+from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
+from ipmasq.policy.ranges import FirstMatchTable, first_match_table
 
 __all__ = [
-    "MAX_STEPS",
     "PORT_MATCHES",
     "PROTOCOL_NUMBERS",
-    "Outcome",
-    "Packet",
     "RuleShape",
     "Step",
     "TraceResult",
@@ -45,9 +44,6 @@ __all__ = [
 ]
 
 BUILTIN_CHAINS = frozenset({"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING", "FORWARD"})
-# Rules one trace may evaluate. Without loops a walk is finite, but a hand-written dump whose chains jump to the
-# same chain many times over can make it exponential; past this budget the answer is "depth limit", not a hang.
-MAX_STEPS = 1_000_000
 _SIMPLE_TARGETS = frozenset({"RETURN", "ACCEPT", "MASQUERADE", "SNAT"})
 PROTOCOL_NUMBERS = {"tcp": 6, "udp": 17, "icmp": 1, "sctp": 132, "icmpv6": 58, "ipv6-icmp": 58, "udplite": 136}
 _LOOPBACK = {Family.V4: parse_cidr("127.0.0.0/8"), Family.V6: parse_cidr("::1/128")}
@@ -57,61 +53,6 @@ PORT_MATCHES = frozenset({"tcp", "udp", "sctp", "udplite", "dccp"})
 _PORT_OPTIONS = {"--dport": "dport", "--destination-port": "dport", "--sport": "sport", "--source-port": "sport"}
 _MULTIPORT_OPTIONS = {"--dports": "dport", "--destination-ports": "dport", "--sports": "sport",
                       "--source-ports": "sport", "--ports": "either"}
-
-
-class Outcome(Enum):
-    UNCHANGED = "unchanged"  # the source address leaves as it is
-    MASQUERADE = "masqueraded"  # to the out interface's address
-    SNAT = "snat"  # to the address of a SNAT rule
-    UNDECIDED = "cannot-decide"
-
-
-@dataclass(frozen=True, slots=True)
-class Packet:
-    """What is known of a new connection's first packet at POSTROUTING.
-
-    `source` is a set of prefixes the source lies in: one /32 (/128) for an exact address, a class of pod
-    addresses for `check`, empty when unknown. Unknown interfaces, protocol and ports are None; a rule testing
-    them cannot be decided (the reason names the field to give).
-    """
-
-    family: Family
-    destination: int
-    source: tuple[Prefix, ...] = ()
-    out_interface: str | None = None
-    in_interface: str | None = None
-    protocol: str | None = None  # a name (tcp, udp, ...) or a number as text
-    mark: int = 0
-    local_addresses: tuple[int, ...] = ()
-    port: int | None = None  # the destination port
-    source_port: int | None = None
-
-    @classmethod
-    def of(cls, destination: str, *, source: str | None = None, out_interface: str | None = None,
-           in_interface: str | None = None, protocol: str | None = None, mark: int = 0,
-           local_addresses: Sequence[str] = (), port: int | None = None,
-           source_port: int | None = None) -> Packet:
-        """From text (ValueError on an address that does not parse or a family mix)."""
-        family, dest = parse_address(destination)
-        sources: tuple[Prefix, ...] = ()
-        if source is not None:
-            source_family, address = parse_address(source)
-            if source_family is not family:
-                raise ValueError(f"source {source} and destination {destination} are of different families")
-            sources = (Prefix(family, address, family.bits),)
-        local = []
-        for text in local_addresses:
-            local_family, address = parse_address(text)
-            if local_family is family:
-                local.append(address)
-        return cls(family, dest, sources, out_interface, in_interface, None if protocol is None else protocol.lower(),
-                   mark, tuple(local), port, source_port)
-
-    @property
-    def exact_source(self) -> str | None:
-        if len(self.source) == 1 and self.source[0].length == self.family.bits:
-            return format_address(self.family, self.source[0].network)
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +92,7 @@ class TraceResult:
 
     def source_seen(self, packet: Packet, *, masquerade_address: str | None) -> str | None:
         """The source the destination sees; None when not determined (undecided, or the masquerade address unknown)."""
-        if self.outcome is Outcome.UNCHANGED:
+        if self.outcome is Outcome.PRESERVE:
             return packet.exact_source
         if self.outcome is Outcome.MASQUERADE:
             return masquerade_address
@@ -212,12 +153,9 @@ class Tracer:
         steps: list[Step] = []
         entered = [chain]
         mark = packet.mark
-        # frames to resume after a RETURN: (chain, next index)
-        stack: list[tuple[str, int]] = []
-        current, index = chain, 0
+        walk: ChainWalk[str, Rule | _Bad] = ChainWalk(self.chains, chain, ends=BUILTIN_CHAINS)
         # the last RETURN taken: when the packet then falls off POSTROUTING, that RETURN is what decided
         last_return: Rule | None = None
-        budget = MAX_STEPS
 
         def result(outcome: Outcome, rule: Rule | None, **extra: str | None) -> TraceResult:
             return TraceResult(tuple(steps), outcome, None if rule is None else rule.text,
@@ -231,21 +169,17 @@ class Tracer:
         if chain in self._loops:
             return result(Outcome.UNDECIDED, None, reason=self._loop_reason(chain))
         while True:
-            rules = self.chains.get(current, [])
-            if index == 0 and not record_steps:
-                table = self._compiled_chain(current, packet.family)
+            if walk.index == 0 and not record_steps:
+                table = self._compiled_chain(walk.current, packet.family)
                 if table is not None:
                     label = table.label_at(packet.destination)
-                    index = len(rules) if label < 0 else label  # straight to the first rule that matches
-            if index >= len(rules):
-                if current in BUILTIN_CHAINS or not stack:
-                    return self._policy(result, current, last_return)
-                current, index = stack.pop()
-                continue
-            rule = rules[index]
-            index += 1
-            budget -= 1
-            if budget < 0:
+                    # straight to the first rule that matches
+                    walk.index = len(self.chains.get(walk.current, [])) if label < 0 else label
+            rule = walk.next_rule()
+            if rule is None:
+                return self._policy(result, walk.current, last_return)
+            current = walk.current
+            if walk.exhausted:
                 return result(Outcome.UNDECIDED, None, reason=f"depth limit: more than {MAX_STEPS} rules evaluated "
                               "for one packet (chains jumping to the same chains over and over)")
             if isinstance(rule, _Bad):
@@ -262,12 +196,12 @@ class Tracer:
                 continue
             target = rule.target
             if target == "RETURN":
-                if current in BUILTIN_CHAINS or not stack:
+                if not walk.can_return():
                     return self._policy(result, current, rule)
-                current, index = stack.pop()
+                walk.return_()
                 last_return = rule
             elif target == "ACCEPT":
-                return result(Outcome.UNCHANGED, rule)
+                return result(Outcome.PRESERVE, rule)
             elif target == "MASQUERADE":
                 return result(Outcome.MASQUERADE, rule)
             elif target == "SNAT":
@@ -288,9 +222,7 @@ class Tracer:
             elif target in self.chains and target not in BUILTIN_CHAINS:
                 if target in self._loops:
                     return result(Outcome.UNDECIDED, rule, reason=self._loop_reason(target))
-                if not rule.goto:
-                    stack.append((current, index))
-                current, index = target, 0
+                walk.enter(target, goto=rule.goto)
                 entered.append(target)
             else:
                 return result(Outcome.UNDECIDED, rule, reason=f"target {target} is not understood by trace "
@@ -312,7 +244,7 @@ class Tracer:
         """The end of a built-in chain (or a RETURN in one): its policy decides; `returned_by` is that RETURN."""
         policy = self.policies.get(chain, "ACCEPT")
         if policy in ("ACCEPT", "-"):
-            return result(Outcome.UNCHANGED, returned_by)
+            return result(Outcome.PRESERVE, returned_by)
         return result(Outcome.UNDECIDED, returned_by, reason=f"chain {chain} has policy {policy}")
 
     def reachable(self, chain: str = "POSTROUTING") -> list[str]:

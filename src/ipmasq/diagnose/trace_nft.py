@@ -19,33 +19,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ipmasq.diagnose.trace import (
-    MAX_STEPS,
-    PROTOCOL_NUMBERS,
-    Outcome,
-    Packet,
-    RuleShape,
-    Step,
-    TraceResult,
-    Undecidable,
-    is_local,
-)
-from ipmasq.errors import IpmasqError, clip
-from ipmasq.prefix import Family, format_address, parse_address, parse_cidr
-from ipmasq.rules.iptables import RULE_COMMENT_PREFIX
-from ipmasq.rules.nft import NftParseError, parse_address_element, rule_from_json
+from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Step, TraceResult, Undecidable, is_local
+from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
+from ipmasq.errors import NftParseError, NftTraceError, clip
+from ipmasq.netfilter.iptables import RULE_COMMENT_PREFIX
+from ipmasq.netfilter.nft import parse_address_element, rule_from_json
+from ipmasq.policy.packet import Outcome, Packet
+from ipmasq.policy.prefix import Family, format_address, parse_address, parse_cidr
+from ipmasq.policy.ranges import Span, union
 
-__all__ = ["NftTraceError", "NftTracer"]
+__all__ = ["NftTracer"]
 
-Span = tuple[int, int]
 _PORT_PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132, "udplite": 136, "dccp": 33}
 _NAMES = {**PROTOCOL_NUMBERS, "dccp": 33, "gre": 47, "esp": 50, "ah": 51}
 _FAMILIES = {"ip": (Family.V4,), "ip6": (Family.V6,), "inet": (Family.V4, Family.V6)}
 _SKIPPED = frozenset({"counter", "log"})
-
-
-class NftTraceError(IpmasqError):
-    """An nft JSON listing trace cannot read at all (one line: what and where)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +116,7 @@ class NftTracer:
         entered: list[str] = []
         mark = packet.mark
         last_return: _Rule | None = None
-        budget = MAX_STEPS
+        evaluated = 0
 
         def result(outcome: Outcome, rule: _Rule | None, snat_to: str | None = None,
                    reason: str | None = None) -> TraceResult:
@@ -138,20 +126,14 @@ class NftTracer:
                                named=None if rule is None else rule.label)
 
         for base in self.base_chains(packet.family):
-            stack: list[tuple[tuple[str, str, str], int]] = []
-            current, index = base.key, 0
-            entered.append(_chain_name(current))
+            walk = ChainWalk(self.chains, base.key, evaluated=evaluated)
+            entered.append(_chain_name(base.key))
             while True:
-                rules = self.chains.get(current, [])
-                if index >= len(rules):
-                    if not stack:
-                        break  # the base chain's policy: accept hands the packet to the next base chain
-                    current, index = stack.pop()
-                    continue
-                rule = rules[index]
-                index += 1
-                budget -= 1
-                if budget < 0:
+                rule = walk.next_rule()
+                if rule is None:
+                    break  # the base chain's policy: accept hands the packet to the next base chain
+                current = walk.current
+                if walk.exhausted:
                     return result(Outcome.UNDECIDED, None, reason=f"depth limit: more than {MAX_STEPS} rules "
                                   "evaluated for one packet")
                 try:
@@ -170,8 +152,8 @@ class NftTracer:
                     return result(Outcome.SNAT, rule, snat_to=argument)
                 if action == "drop":
                     return result(Outcome.UNDECIDED, rule, reason="the packet is dropped (no connection at all)")
-                if action == "return" and stack:
-                    current, index = stack.pop()
+                if action == "return" and walk.can_return():
+                    walk.return_()
                     last_return = rule
                     continue
                 if action in ("return", "accept"):
@@ -181,15 +163,14 @@ class NftTracer:
                 if target not in self.chains:
                     return result(Outcome.UNDECIDED, rule, reason=f"{action} to a chain the listing lacks: "
                                   f"{argument}")
-                if len(stack) > 64:
+                if len(walk.stack) > 64:
                     return result(Outcome.UNDECIDED, rule, reason="jumps nested deeper than 64 chains (a loop?)")
-                if action == "jump":
-                    stack.append((current, index))
-                current, index = target, 0
+                walk.enter(target, goto=action == "goto")
                 entered.append(_chain_name(target))
+            evaluated = walk.evaluated
             if base.policy == "drop":
                 return result(Outcome.UNDECIDED, None, reason=f"chain {_chain_name(base.key)} has policy drop")
-        return result(Outcome.UNCHANGED, last_return)
+        return result(Outcome.PRESERVE, last_return)
 
     def _run(self, rule: _Rule, packet: Packet, mark: int,
              table: tuple[str, str]) -> tuple[tuple[str, str | None] | None, int]:
@@ -313,11 +294,11 @@ class NftTracer:
                 elements = body.get("elem", [])
                 if not isinstance(elements, list):
                     raise Undecidable(f"set {right} holds no list of elements")
-                self._set_cache[cache_key] = _merged([s for e in elements for s in _element(e, kind, family)])
+                self._set_cache[cache_key] = union([s for e in elements for s in _element(e, kind, family)])
             return self._set_cache[cache_key]
         if isinstance(right, dict) and "set" in right and isinstance(right["set"], list):
-            return _merged([s for e in right["set"] for s in _element(e, kind, family)])
-        return _merged(list(_element(right, kind, family)))
+            return union([s for e in right["set"] for s in _element(e, kind, family)])
+        return union(list(_element(right, kind, family)))
 
     def shapes(self, family: Family) -> Iterator[RuleShape]:
         """What each reachable rule tests, for check's classes of packets (RuleShape)."""
@@ -430,16 +411,6 @@ def _number(value: Any, kind: str) -> int:
     if isinstance(value, str) and value.isdigit():
         return int(value)
     raise Undecidable(f"cannot read {kind} {clip(json.dumps(value))}")
-
-
-def _merged(spans: list[Span]) -> list[Span]:
-    out: list[Span] = []
-    for first, last in sorted(spans):
-        if out and first <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(last, out[-1][1]))
-        else:
-            out.append((first, last))
-    return out
 
 
 def _contains(spans: list[Span], value: int) -> bool:

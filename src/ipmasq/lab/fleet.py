@@ -36,7 +36,7 @@ from ipmasq.lab.netns import Namespace, NetnsError, Network, stop_process
 from ipmasq.lab.prometheus import Alert, PrometheusServer, ScrapeTarget
 from ipmasq.lab.scenarios import GKE_FLAGS, GKE_OPTIONS, policy_for
 from ipmasq.lab.topology import OPEN_PORT
-from ipmasq.policy_hash import config_hash, policy_hash
+from ipmasq.policy.hash import config_hash, policy_hash
 
 __all__ = ["FLEET", "FleetLab", "FleetNode", "FleetResult", "NodeReport", "build_fleet", "run_fleet_rollout"]
 

@@ -11,9 +11,10 @@ import os
 import secrets
 import signal
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ipmasq.backends.base import Result
 from ipmasq.errors import IpmasqError
@@ -23,6 +24,7 @@ __all__ = [
 ]
 
 LAB_PREFIX = "ipmq"
+T = TypeVar("T")
 
 
 class NetnsError(IpmasqError):
@@ -145,6 +147,12 @@ class NamespaceRunner:
 
     def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Result:
         return self._run(self._namespace.argv(argv), stdin)
+
+    def stream(self, argv: Sequence[str], chunks: Iterable[str]) -> Result:
+        return self._run.stream(self._namespace.argv(argv), chunks)
+
+    def read_lines(self, argv: Sequence[str], consume: Callable[[Iterator[str]], T]) -> tuple[Result, T | None]:
+        return self._run.read_lines(self._namespace.argv(argv), consume)
 
 
 def stop_process(proc: subprocess.Popen[str], *, timeout: float = 5.0) -> None:

@@ -21,8 +21,8 @@ from ipmasq.lab.netns import NamespaceRunner, stop_process
 from ipmasq.lab.scenarios import NO_RULES, Phase, PhaseResult, Scenario, policy_for, run_phase
 from ipmasq.lab.topology import Lab
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 
 __all__ = ["LabError", "NodeAgent", "ScenarioResult", "run_scenario"]
 

@@ -18,8 +18,8 @@ from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.config.model import Origin, Rule, RuleAction
 from ipmasq.lab.topology import ADDR, OPEN_PORT, PLAIN_PORT, STRICT_PORT, Lab, Probe, ProbeResult, admits
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy, Reason, Verdict
-from ipmasq.prefix import parse_address, parse_cidr
+from ipmasq.policy.policy import Policy, Reason, Verdict
+from ipmasq.policy.prefix import parse_address, parse_cidr
 
 __all__ = [
     "NO_RULES", "SCENARIOS", "Decision", "HandWrittenRule", "Phase", "PhaseResult", "ProbeOutcome", "Scenario",

@@ -39,9 +39,9 @@ from ipmasq.findings import Finding, Severity
 from ipmasq.lint.hints import lint_finding
 from ipmasq.lint.rules import lint_rules
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, Prefix
-from ipmasq.ranges import cut_points, to_prefixes
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, Prefix
+from ipmasq.policy.ranges import cut_points, to_prefixes
 
 __all__ = ["Expectations", "Placement", "is_indentation_problem", "lint_config"]
 

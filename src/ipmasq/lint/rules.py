@@ -1,7 +1,7 @@
 """Findings about the config's `rules` that the agent accepts: rules no packet reaches, rules that change nothing,
 node globs that match no node, snat addresses that cannot work.
 
-Exact over destinations, sources, protocols and ports (ipmasq.packet_space). Node names cannot be listed: a rule
+Exact over destinations, sources, protocols and ports (ipmasq.policy.packet_space). Node names cannot be listed: a rule
 is reached on a node class (the rules' node globs it matches and does not match) unless the earlier rules on that
 class cover it; a class no real node can be in makes a rule look reachable, never shadowed (a finding is never
 wrong, one may be missed). With --node-name the given nodes are the fleet.
@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
 
 from ipmasq.config.model import MasqConfig, Rule, RuleAction
-from ipmasq.diff import diff_rule_policies
+from ipmasq.diff.diff import diff_rule_policies
 from ipmasq.findings import Severity
-from ipmasq.packet_space import MAX_PORT, OTHER, Cell, NodeClass, cells, node_classes, protocol_atoms
-from ipmasq.policy import Policy
-from ipmasq.prefix import Family, Prefix, parse_address
-from ipmasq.ranges import Span, subtract, union_of_prefixes
+from ipmasq.policy.packet_space import MAX_PORT, OTHER, Cell, NodeClass, cells, node_classes, protocol_atoms
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, Prefix, parse_address
+from ipmasq.policy.ranges import Span, subtract, union_of_prefixes
 
 __all__ = ["lint_rules"]
 

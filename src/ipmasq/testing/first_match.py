@@ -1,11 +1,12 @@
-"""The config rules' first match written plainly, as the reference the rules index (ipmasq.rule_index) must equal:
-rule_match over every rule in order. The property tests compare the index with it, and bench_verdict.py measures
-the index against it. Never used by the agent or the tools."""
+"""The config rules' first match written plainly, as the reference the rules index (ipmasq.policy.rule_index) must
+equal: rule_match over every rule in order. The property tests compare the index with it, and bench_verdict.py
+measures the index against it. Never used by the agent or the tools."""
 
 from __future__ import annotations
 
 from ipmasq.config.model import Rule
-from ipmasq.policy import PACKET_FIELDS, Packet, rule_match
+from ipmasq.policy.packet import Packet
+from ipmasq.policy.policy import PACKET_FIELDS, rule_match
 
 __all__ = ["first_match_walk"]
 

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ipmasq.backends.base import Result
-from ipmasq.rules.iptables import RuleParseError, canonical, rule_target
+from ipmasq.errors import RuleParseError
+from ipmasq.netfilter.iptables import canonical, rule_target
+from ipmasq.testing.runner import FakeRunner
 
 __all__ = ["FakeIptables", "FakeTable"]
 
@@ -32,10 +34,11 @@ class FakeTable:
         return [str(r[0]) for r in self.chains[chain]]
 
 
-class FakeIptables:
+class FakeIptables(FakeRunner):
     """Runner for `ip(6)tables[-variant]-save -t nat` and `ip(6)tables[-variant]-restore --noflush ...`."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.tables: dict[str, FakeTable] = {}  # key: "iptables/nat" or "ip6tables/nat"
         self.writes = 0  # successful restore transactions
         self.calls: list[tuple[str, ...]] = []
@@ -105,6 +108,7 @@ class FakeIptables:
         if table_name is not None:
             return _fail(tool, len(text.splitlines()), "no COMMIT")
         self.writes += 1
+        self.generation += 1
         return Result(0, "", "")
 
     def count(self, chain: str, packets: int, family_tool: str = "iptables") -> None:

@@ -18,17 +18,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ipmasq.backends.base import Result
-from ipmasq.prefix import Family
-from ipmasq.rules.nft import (
-    SRCNAT_PRIORITY,
-    TABLE,
-    TABLE_FAMILY,
-    NftChain,
-    NftParseError,
-    NftSet,
-    NftTable,
-    format_element,
-)
+from ipmasq.errors import NftParseError
+from ipmasq.netfilter.nft import SRCNAT_PRIORITY, TABLE, TABLE_FAMILY, NftChain, NftSet, NftTable, format_element
+from ipmasq.policy.prefix import Family
+from ipmasq.testing.runner import FakeRunner
 
 __all__ = ["FakeNft", "ScriptCommand", "list_json", "parse_script", "rule_to_json"]
 
@@ -47,10 +40,11 @@ def _rename(objects: list[dict[str, Any]], family: str, name: str) -> list[dict[
     return out
 
 
-class FakeNft:
+class FakeNft(FakeRunner):
     """A Runner (`fake(argv, stdin) -> Result`) for argv[0] == "nft"; `tables` is the kernel's state."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.tables: dict[tuple[str, str], NftTable] = {}
         self.transactions = 0  # successful `nft -f` writes: an idle agent must not add any
         self.counts: dict[str, tuple[int, int]] = {}  # (packets, bytes) by rule comment: simulated traffic
@@ -94,6 +88,7 @@ class FakeNft:
                                        tuple(sorted(current.chains + command.definition.chains, key=lambda c: c.name)))
         self.tables = tables
         self.transactions += 1
+        self.generation += 1
         return Result(0)
 
     def _objects(self, key: tuple[str, str], *, terse: bool) -> list[dict[str, Any]]:
@@ -161,6 +156,7 @@ class FakeNft:
             self._put(key, table, chain=replace(chain, rules=(*chain.rules, rule)))
         else:
             return Result(1, "", f"Error: fake nft: unsupported command {args}\n")
+        self.generation += 1
         return Result(0)
 
     def _put(self, key: tuple[str, str], table: NftTable, *, chain: NftChain) -> None:
@@ -183,6 +179,18 @@ def _json_value(token: str) -> Any:
     if dash and ((first.isdigit() and last.isdigit()) or "." in first or ":" in first):
         return {"range": [_json_value(first), _json_value(last)]}  # ports or addresses, not a name (ipv6-icmp)
     return int(token) if token.isdigit() else token
+
+
+def _nat_flags(tokens: list[str], i: int, into: dict[str, Any]) -> int:
+    """Read the NAT flags at tokens[i:] into `into["flags"]` as nft -j lists them (one as a string, several as a
+    list); the index after them."""
+    flags: list[str] = []
+    while i < len(tokens) and tokens[i] in ("fully-random", "random", "persistent"):
+        flags.append(tokens[i])
+        i += 1
+    if flags:
+        into["flags"] = flags[0] if len(flags) == 1 else flags
+    return i
 
 
 def rule_to_json(text: str) -> dict[str, Any]:
@@ -216,12 +224,7 @@ def rule_to_json(text: str) -> dict[str, Any]:
                 raise NftParseError(f"unsupported snat in {text!r}")
             i += 4
             snat: dict[str, Any] = {"family": family, "addr": address}
-            snat_flags: list[str] = []
-            while i < len(tokens) and tokens[i] in ("fully-random", "random", "persistent"):
-                snat_flags.append(tokens[i])
-                i += 1
-            if snat_flags:
-                snat["flags"] = snat_flags[0] if len(snat_flags) == 1 else snat_flags
+            i = _nat_flags(tokens, i, snat)
             expr.append({"snat": snat})
             continue
         elif t == "meta":
@@ -254,12 +257,7 @@ def rule_to_json(text: str) -> dict[str, Any]:
                 low, _, high = port.partition("-")
                 body["port"] = {"range": [int(low), int(high)]} if high else int(low)
                 i += 2
-            masq_flags: list[str] = []
-            while i < len(tokens) and tokens[i] in ("fully-random", "random", "persistent"):
-                masq_flags.append(tokens[i])
-                i += 1
-            if masq_flags:
-                body["flags"] = masq_flags[0] if len(masq_flags) == 1 else masq_flags
+            i = _nat_flags(tokens, i, body)
             expr.append({"masquerade": body or None})
             continue
         elif t == "comment":

@@ -22,7 +22,7 @@ from ipmasq.lab.kubernetes.cluster import Cluster, ClusterError, NodeSpec
 from ipmasq.lab.netns import NamespaceRunner
 from ipmasq.lab.scenarios import GKE_FLAGS, NO_RULES, policy_for
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
+from ipmasq.policy.policy import Policy
 
 __all__ = [
     "AGENT_LABEL", "CONFIGMAP", "agent_pods", "apply_config", "deploy_agent", "kernel", "node_options",

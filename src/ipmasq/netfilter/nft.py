@@ -1,0 +1,591 @@
+"""The nftables table for our policy: rendered as an `nft -f` script, parsed back from `nft -j list` JSON.
+
+One table, ``inet ip-masq-agent``: an interval set per family holding the exact disjoint non-masquerade ranges the
+Policy computes (so masqueradeCIDRs exceptions need no rules of their own), and one nat chain at postrouting that
+returns for local destinations and for addresses in the sets, and masquerades the rest. A new connection costs one
+set lookup whatever the number of CIDRs.
+
+The config's `rules`, when it has some, live in a regular chain of their own (config-rules, both families' rules
+in the config's order), which the postrouting chain enters, where the rules would stand, only for destinations in
+an interval set of every rule destination of that family (rules_dst_v4, rules_dst_v6): traffic to any other
+destination costs one more set lookup instead of a walk over every rule. Inside the chain the first match decides:
+masquerade and snat end it; preserve is `accept`, which ends our table's decision as the base chain's `return`
+would (a `return` there would fall back to the set lookups and the masquerade); a packet that no rule matches
+returns from the jump to the lookups. A config without rules renders exactly as before.
+
+Rules are kept as text in the form `nft list` prints them (our canonical form, like iptables-save's for the
+iptables backend); `rule_from_json` reads the kernel's JSON into that form (its inverse, for the stateful fake, is
+in ipmasq.testing). Only our own dialect is read: anything else becomes an "unrecognised" rule that never equals a
+desired one, so the agent repairs it and `check` shows it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipmasq.config.model import Rule as ConfigRule
+from ipmasq.config.model import RuleAction
+from ipmasq.errors import NftParseError, clip
+from ipmasq.netfilter.iptables import MASQ_COMMENT, NON_MASQ_COMMENT, RULE_COMMENT_PREFIX, rule_comment
+from ipmasq.options import PolicyOptions
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family, Prefix
+from ipmasq.policy.ranges import union_of_prefixes
+
+__all__ = [
+    "CHAIN",
+    "LOCAL_COMMENT",
+    "OUR_SET_NAMES",
+    "RULES_CHAIN",
+    "RULES_JUMP_COMMENT",
+    "RULES_SET_NAMES",
+    "SET_NAMES",
+    "TABLE",
+    "TABLE_FAMILY",
+    "V6_UNMANAGED_COMMENT",
+    "NftChain",
+    "NftSet",
+    "NftTable",
+    "config_rule_text",
+    "count_foreign_nat",
+    "delete_script",
+    "desired_table",
+    "format_element",
+    "format_elements",
+    "parse_address_element",
+    "parse_list_json",
+    "render_definition",
+    "render_script",
+    "replace_script",
+    "rule_from_json",
+]
+
+TABLE_FAMILY = "inet"
+TABLE = "ip-masq-agent"
+CHAIN = "postrouting"
+SRCNAT_PRIORITY = 100  # nft's "srcnat" keyword; the JSON listing prints the number
+SET_NAMES = {Family.V4: "nomasq_v4", Family.V6: "nomasq_v6"}
+RULES_CHAIN = "config-rules"  # the config's rules, entered from CHAIN for the destinations they name
+RULES_SET_NAMES = {Family.V4: "rules_dst_v4", Family.V6: "rules_dst_v6"}  # every rule destination, per family
+OUR_SET_NAMES = frozenset({*SET_NAMES.values(), *RULES_SET_NAMES.values()})
+SET_TYPES = {Family.V4: "ipv4_addr", Family.V6: "ipv6_addr"}
+LOCAL_COMMENT = "ip-masq-agent: local destinations are not subject to MASQUERADE"
+V6_UNMANAGED_COMMENT = "ip-masq-agent: IPv6 is not managed without --enable-ipv6"
+RULES_JUMP_COMMENT = "ip-masq-agent: the config's rules decide first for the destinations they name"
+PROTOCOLS_WITH_PORTS = "{ tcp, udp, sctp }"
+
+
+@dataclass(frozen=True, slots=True)
+class NftSet:
+    """A named set of our table: its type and flags, and its elements as ranges of addresses."""
+
+    name: str
+    type: str
+    flags: tuple[str, ...]
+    elements: tuple[tuple[int, int], ...]  # sorted, disjoint inclusive ranges of addresses as integers
+
+    @property
+    def family(self) -> Family:
+        return Family.V6 if self.type == "ipv6_addr" else Family.V4
+
+
+@dataclass(frozen=True, slots=True)
+class NftChain:
+    """A chain of our table: its base-chain hook, priority and policy, and its rules as nft lists them."""
+
+    name: str
+    type: str  # "" for a regular (non-base) chain
+    hook: str
+    priority: int
+    policy: str
+    rules: tuple[str, ...]  # canonical text, as `nft list` prints them (without handles)
+
+
+@dataclass(frozen=True, slots=True)
+class NftTable:
+    """Our table, normalised: two tables are equal when the kernel would treat every packet the same way."""
+
+    sets: tuple[NftSet, ...]  # sorted by name
+    chains: tuple[NftChain, ...]  # sorted by name
+    # (config rule name, packets, bytes) of each listed rule of ours with a counter statement: traffic, not content,
+    # so not compared (a rule's text shows its `counter` without the values)
+    counters: tuple[tuple[str, int, int], ...] = field(default=(), compare=False)
+
+    def set_named(self, name: str) -> NftSet | None:
+        return next((s for s in self.sets if s.name == name), None)
+
+    def chain_named(self, name: str) -> NftChain | None:
+        return next((c for c in self.chains if c.name == name), None)
+
+
+# --- desired state ----------------------------------------------------------------------------------------------
+
+
+def _comment(text: str) -> str:
+    return f' comment "{text}"'
+
+
+def _masquerade_rules(options: PolicyOptions) -> list[str]:
+    """MASQUERADE, or with --to-ports one rule per port range, each taking its share like the iptables backend's."""
+    random_fully = " fully-random" if options.random_fully else ""
+    rules = []
+    ranges = options.to_ports
+    for i, port_range in enumerate(ranges):
+        remaining = len(ranges) - i
+        # nft lists "numgen random mod N 0" without "==": keep the listed form so read-back compares equal
+        pick = f"numgen random mod {remaining} 0 " if remaining > 1 else ""
+        rules.append(f"meta l4proto {PROTOCOLS_WITH_PORTS} {pick}masquerade to :{port_range}{random_fully}"
+                     + _comment(MASQ_COMMENT))
+    rules.append(f"masquerade{random_fully}" + _comment(MASQ_COMMENT))
+    return rules
+
+
+def config_rule_text(rule: ConfigRule, options: PolicyOptions) -> str:
+    """A rule of the config's `rules` in the form `nft list` prints it, as it stands in RULES_CHAIN: several
+    addresses or ports become an anonymous set, merged and sorted as nft lists them (it merges
+    `{ 0.0.0.0/1, 128.0.0.0/1 }` to one prefix). preserve is `accept`: in the jumped-to chain a `return` would
+    resume the base chain at its set lookups and masquerade; `accept` ends our table's decision, source kept."""
+    protocol = "ip" if rule.family is Family.V4 else "ip6"
+    parts = []
+    if rule.sources:
+        parts.append(f"{protocol} saddr {_address_set(rule.family, rule.sources)}")
+    parts.append(f"{protocol} daddr {_address_set(rule.family, rule.destinations)}")
+    if rule.ports:
+        parts.append(f"{rule.protocol} dport {_port_set(rule.ports)}")
+    elif rule.protocol is not None:
+        parts.append(f"meta l4proto {'ipv6-icmp' if rule.protocol == 'icmpv6' else rule.protocol}")
+    random_fully = " fully-random" if options.random_fully else ""
+    # only config rules count (ipmasq_rule_packets_total): configs without rules render byte for byte as before
+    parts.append("counter")
+    if rule.action is RuleAction.PRESERVE:
+        parts.append("accept")
+    elif rule.action is RuleAction.SNAT:
+        parts.append(f"snat {protocol} to {rule.snat_to}{random_fully}")
+    else:
+        parts.append(f"masquerade{random_fully}")
+    return " ".join(parts) + _comment(rule_comment(rule.name))
+
+
+def _braced(elements: list[str]) -> str:
+    return elements[0] if len(elements) == 1 else "{ " + ", ".join(elements) + " }"
+
+
+def _address_set(family: Family, prefixes: tuple[Prefix, ...]) -> str:
+    return _braced([format_element(family, a, b) for a, b in union_of_prefixes(list(prefixes), family.bits)])
+
+
+def _port_set(ports: tuple[tuple[int, int], ...]) -> str:
+    merged: list[tuple[int, int]] = []
+    for low, high in sorted(ports):
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(high, merged[-1][1]))
+        else:
+            merged.append((low, high))
+    return _braced([str(low) if low == high else f"{low}-{high}" for low, high in merged])
+
+
+def desired_table(policy: Policy) -> NftTable:
+    """Our whole table for a policy (every family it manages)."""
+    families = policy.families
+    sets = tuple(
+        NftSet(SET_NAMES[f], SET_TYPES[f], ("interval",), tuple(policy.non_masquerade_ranges(f))) for f in families
+    )
+    rules = ["fib daddr type local return" + _comment(LOCAL_COMMENT)]
+    if Family.V6 not in families:
+        # an inet chain sees IPv6 too; without --enable-ipv6 the reference writes no IPv6 rules, so pod IPs stay
+        rules.append("meta nfproto ipv6 return" + _comment(V6_UNMANAGED_COMMENT))
+    config_rules: list[str] = []
+    for family in families:  # the config's rules ahead of the set lookups: the first that matches decides
+        family_rules = policy.rules(family)
+        if not family_rules:
+            continue
+        config_rules.extend(config_rule_text(rule, policy.options) for rule in family_rules)
+        # one lookup stands for the walk: traffic to a destination no rule names never enters the rules' chain
+        destinations = tuple(union_of_prefixes([p for rule in family_rules for p in rule.destinations], family.bits))
+        sets += (NftSet(RULES_SET_NAMES[family], SET_TYPES[family], ("interval",), destinations),)
+        rules.append(f"{_protocol(family)} daddr @{RULES_SET_NAMES[family]} jump {RULES_CHAIN}"
+                     + _comment(RULES_JUMP_COMMENT))
+    for family in families:
+        rules.append(f"{_protocol(family)} daddr @{SET_NAMES[family]} return" + _comment(NON_MASQ_COMMENT))
+    rules.extend(_masquerade_rules(policy.options))
+    chains = [NftChain(CHAIN, "nat", "postrouting", SRCNAT_PRIORITY, "accept", tuple(rules))]
+    if config_rules:
+        chains.append(NftChain(RULES_CHAIN, "", "", 0, "", tuple(config_rules)))
+    return NftTable(tuple(sorted(sets, key=lambda s: s.name)), tuple(sorted(chains, key=lambda c: c.name)))
+
+
+def _protocol(family: Family) -> str:
+    return "ip" if family is Family.V4 else "ip6"
+
+
+# --- rendering ----------------------------------------------------------------------------------------------------
+
+
+def _v4(n: int) -> str:
+    return f"{n >> 24}.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
+
+
+def _v6(n: int) -> str:
+    return socket.inet_ntop(socket.AF_INET6, n.to_bytes(16, "big"))
+
+
+def format_element(family: Family, first: int, last: int) -> str:
+    """A range as nft writes it: an address, a CIDR when the range is exactly one prefix, else first-last."""
+    fmt = _v4 if family is Family.V4 else _v6
+    if first == last:
+        return fmt(first)
+    size = last - first + 1
+    if size & (size - 1) == 0 and first & (size - 1) == 0:
+        return f"{fmt(first)}/{family.bits - size.bit_length() + 1}"
+    return f"{fmt(first)}-{fmt(last)}"
+
+
+def format_elements(family: Family, elements: tuple[tuple[int, int], ...]) -> list[str]:
+    """format_element over a whole set; IPv4 inlined, because a set may hold 100,000 ranges (agent --once)."""
+    if family is Family.V6:
+        return [format_element(family, a, b) for a, b in elements]
+    ntoa = socket.inet_ntoa
+    out: list[str] = []
+    append = out.append
+    for a, b in elements:
+        first = ntoa(a.to_bytes(4, "big"))
+        if a == b:
+            append(first)
+            continue
+        size = b - a + 1
+        if size & (size - 1) == 0 and a & (size - 1) == 0:
+            append(f"{first}/{33 - size.bit_length()}")
+        else:
+            append(f"{first}-{ntoa(b.to_bytes(4, 'big'))}")
+    return out
+
+
+def _priority(chain: NftChain) -> str:
+    return "srcnat" if chain.type == "nat" and chain.priority == SRCNAT_PRIORITY else str(chain.priority)
+
+
+def render_definition(table: NftTable, *, formatted: Mapping[str, Sequence[str]] | None = None) -> str:
+    """`table inet ip-masq-agent { ... }` for a normalised table; `formatted`: each set's elements as text, when
+    the caller already has them (format_elements)."""
+    out = [f"table {TABLE_FAMILY} {TABLE} {{"]
+    for s in table.sets:
+        out.append(f"\tset {s.name} {{")
+        out.append(f"\t\ttype {s.type}")
+        if s.flags:
+            out.append(f"\t\tflags {', '.join(s.flags)}")
+        if s.elements:  # "elements = { }" is a syntax error
+            texts = formatted[s.name] if formatted is not None else format_elements(s.family, s.elements)
+            out.append("\t\telements = { " + ",\n\t\t\t".join(texts) + " }")
+        out.append("\t}")
+    for c in table.chains:
+        out.append(f"\tchain {c.name} {{")
+        if c.type:
+            out.append(f"\t\ttype {c.type} hook {c.hook} priority {_priority(c)}; policy {c.policy};")
+        out.extend(f"\t\t{rule}" for rule in c.rules)
+        out.append("\t}")
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def render_script(policy: Policy) -> str:
+    """One `nft -f -` transaction that replaces our table whatever state it is in (absent, drifted, current).
+
+    Declaring the table first makes the delete valid when it does not exist yet; the kernel applies the three
+    commands atomically, so no packet ever sees the table half-written or missing.
+    """
+    return replace_script(desired_table(policy))
+
+
+def replace_script(table: NftTable, *, formatted: Mapping[str, Sequence[str]] | None = None) -> str:
+    """render_script for an already built table (see render_definition for `formatted`)."""
+    return delete_script() + render_definition(table, formatted=formatted)
+
+
+def delete_script() -> str:
+    """Remove our table if it exists, in one transaction (nft 1.0.6 has no `destroy`)."""
+    return f"table {TABLE_FAMILY} {TABLE}\ndelete table {TABLE_FAMILY} {TABLE}\n"
+
+
+# --- parsing `nft -j list table` ----------------------------------------------------------------------------------
+
+
+def _address(text: str) -> tuple[Family, int]:
+    try:
+        return Family.V4, int.from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
+    except OSError:
+        pass
+    try:
+        return Family.V6, int.from_bytes(socket.inet_pton(socket.AF_INET6, text), "big")
+    except OSError:
+        raise NftParseError(f"not an address in a set: {clip(repr(text))}") from None
+
+
+def parse_address_element(element: Any) -> tuple[int, int]:
+    """One element of an interval set in nft's JSON: "a", {"prefix": ...}, {"range": [a, b]}, {"elem": ...}."""
+    if isinstance(element, str):
+        _, n = _address(element)
+        return n, n
+    if isinstance(element, dict):
+        if "elem" in element:  # elements with a comment or timeout are wrapped
+            return parse_address_element(element["elem"].get("val"))
+        if "prefix" in element:
+            family, network = _address(element["prefix"]["addr"])
+            length = element["prefix"]["len"]
+            if type(length) is not int or not 0 <= length <= family.bits:
+                raise NftParseError(f"prefix length {_shown(length)} is not one of {family.name}")
+            return network, network | ((1 << (family.bits - length)) - 1)
+        if "range" in element:
+            a, b = element["range"]
+            return _address(a)[1], _address(b)[1]
+    raise NftParseError(f"not an address element: {_shown(element)}")
+
+
+def _elements(raw: list[Any], family: Family) -> tuple[tuple[int, int], ...]:
+    """A set's elements as sorted ranges; the common shapes inline, because a listing may hold 100,000 of them."""
+    af = socket.AF_INET if family is Family.V4 else socket.AF_INET6
+    bits = family.bits
+    pton = socket.inet_pton
+    from_bytes = int.from_bytes
+    out: list[tuple[int, int]] = []
+    append = out.append
+    try:
+        for e in raw:
+            if type(e) is str:
+                n = from_bytes(pton(af, e), "big")
+                append((n, n))
+                continue
+            prefix = e.get("prefix") if type(e) is dict else None
+            if prefix is not None:
+                n = from_bytes(pton(af, prefix["addr"]), "big")
+                length = prefix["len"]
+                if type(length) is not int or not 0 <= length <= bits:  # a huge shift would eat memory
+                    raise ValueError(length)
+                append((n, n | ((1 << (bits - length)) - 1)))
+            else:
+                append(parse_address_element(e))
+    except (OSError, KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError, NftParseError):
+        bad = _shown(raw[len(out)] if isinstance(raw, list) and len(out) < len(raw) else raw)
+        raise NftParseError(f"a {family.name} set holds an element we cannot read: {bad}") from None
+    if any(out[i][0] <= out[i - 1][1] for i in range(1, len(out))):
+        out.sort()  # nft lists interval sets in order; sort only when it did not
+    return tuple(out)
+
+
+def parse_list_json(text: str, *, table: str = TABLE, family: str = TABLE_FAMILY,
+                    table_listed: bool = True) -> NftTable | None:
+    """Our table from `nft -j list table inet ip-masq-agent` (or a whole `list ruleset`); None when it is absent.
+
+    `table_listed=False` reads listings that omit the table object (`nft -j list set ...`).
+    """
+    try:
+        document = json.loads(text)
+        items = document["nftables"]
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise NftParseError(f"nft -j output is not an nftables JSON listing: {clip(str(exc))}") from None
+    if not isinstance(items, list):
+        raise NftParseError(f'"nftables" holds {_shown(items)}, not a list of objects')
+    try:
+        return _table_from_items(items, table=table, family=family, table_listed=table_listed)
+    except (KeyError, TypeError, ValueError, AttributeError, StopIteration) as exc:
+        raise NftParseError(f"nft -j output has an object of an unexpected shape ({type(exc).__name__}: "
+                            f"{clip(str(exc))})") from None
+
+
+def _table_from_items(items: list[Any], *, table: str, family: str, table_listed: bool) -> NftTable | None:
+    """The listing's objects that belong to our table; any malformed object raises (KeyError, TypeError, ...)."""
+    found = not table_listed
+    sets: list[NftSet] = []
+    chains: dict[str, dict[str, Any]] = {}
+    rules: dict[str, list[str]] = {}
+    counters: list[tuple[str, int, int]] = []
+    for number, item in enumerate(items, start=1):
+        if not isinstance(item, dict) or len(item) != 1 or not isinstance(next(iter(item.values())), dict):
+            raise NftParseError(f"object {number} of the listing is not {{KIND: {{...}}}}: "
+                                f"{_shown(item)}")
+        kind, body = next(iter(item.items()))
+        if kind == "metainfo" or body.get("family") != family:
+            continue
+        if kind == "table":
+            found = found or body.get("name") == table
+            continue
+        if body.get("table") != table:
+            continue
+        if kind == "set":
+            set_type = str(body.get("type"))
+            elements = _elements(body.get("elem", []), Family.V6 if set_type == "ipv6_addr" else Family.V4)
+            flags = body.get("flags", ())
+            flags = [flags] if isinstance(flags, str) else flags
+            if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+                raise NftParseError(f"set flags are not a list of words: {_shown(flags)}")
+            sets.append(NftSet(_name(body, "name"), set_type, tuple(flags), elements))
+        elif kind == "chain":
+            chains[_name(body, "name")] = body
+            rules.setdefault(body["name"], [])
+        elif kind == "rule":
+            rules.setdefault(_name(body, "chain"), []).append(rule_from_json(body))
+            counted = rule_counter(body)
+            if counted is not None:
+                counters.append(counted)
+        else:
+            # maps, flowtables, counters...: not ours; record them so the table never compares equal
+            rules.setdefault(f"<{kind}>", []).append(json.dumps(body, sort_keys=True))
+    if not found:
+        return None
+    parsed_chains = [
+        NftChain(name, str(b.get("type", "")), str(b.get("hook", "")), _priority_of(b), str(b.get("policy", "")),
+                 tuple(rules.get(name, ())))
+        for name, b in chains.items()
+    ]
+    parsed_chains += [NftChain(name, "", "", 0, "", tuple(r)) for name, r in rules.items() if name not in chains]
+    return NftTable(tuple(sorted(sets, key=lambda s: s.name)), tuple(sorted(parsed_chains, key=lambda c: c.name)),
+                    tuple(counters))
+
+
+def _shown(value: Any) -> str:
+    """A JSON value for an error line: cut short, and never an error of its own (deep nesting)."""
+    try:
+        return clip(json.dumps(value))
+    except (ValueError, TypeError, RecursionError):
+        return "(a value too deeply nested to show)"
+
+
+NFT_NAME_MAXLEN = 256  # the kernel's NFT_NAME_MAXLEN, its NUL included: nft never lists a longer name
+
+
+def _name(body: dict[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str):
+        raise NftParseError(f"an object without a {key} string: {_shown(body)}")
+    if len(value) >= NFT_NAME_MAXLEN:
+        raise NftParseError(f"a {key} of {len(value):,} characters (nft allows {NFT_NAME_MAXLEN - 1}): "
+                            f"{clip(json.dumps(value[:200]))}")
+    return value
+
+
+def _priority_of(chain: dict[str, Any]) -> int:
+    value = chain.get("prio", 0)
+    if type(value) is not int:
+        raise NftParseError(f"chain {_shown(chain.get('name'))} has priority {_shown(value)}, not a number")
+    return value
+
+
+# --- rule text <-> JSON expressions ------------------------------------------------------------------------------
+
+
+class _Unrecognised(Exception):
+    pass
+
+
+def _value(right: Any) -> str:
+    if isinstance(right, dict) and "set" in right:
+        return "{ " + ", ".join(_value(v) for v in right["set"]) + " }"
+    if isinstance(right, dict) and set(right) == {"prefix"}:  # an address prefix (config rules)
+        prefix = right["prefix"]
+        return f"{_value(prefix['addr'])}/{_value(prefix['len'])}"
+    if isinstance(right, dict) and set(right) == {"range"} and len(right["range"]) == 2:  # addresses or ports
+        return f"{_value(right['range'][0])}-{_value(right['range'][1])}"
+    if isinstance(right, str | int) and not isinstance(right, bool):
+        return str(right)
+    raise _Unrecognised
+
+
+def _left(left: Any) -> str:
+    if not isinstance(left, dict) or len(left) != 1:
+        raise _Unrecognised
+    kind, body = next(iter(left.items()))
+    if kind == "fib":
+        flags = body.get("flags", [])
+        return f"fib {' . '.join([flags] if isinstance(flags, str) else flags)} {body['result']}"
+    if kind == "payload" and "protocol" in body:
+        return f"{body['protocol']} {body['field']}"
+    if kind == "meta":
+        return f"meta {body['key']}"
+    if kind == "numgen":
+        offset = f" offset {body['offset']}" if body.get("offset") else ""
+        return f"numgen {body['mode']} mod {body['mod']}{offset}"
+    raise _Unrecognised
+
+
+def _statement(stmt: Any) -> str:
+    kind, body = next(iter(stmt.items()))
+    if kind == "match":
+        op = body.get("op", "==")
+        if op not in ("==", "!="):
+            raise _Unrecognised
+        return f"{_left(body['left'])} {'!= ' if op == '!=' else ''}{_value(body['right'])}"
+    if kind in ("return", "accept", "drop") and body is None:
+        return str(kind)
+    if kind in ("jump", "goto") and isinstance(body, dict) and set(body) == {"target"}:
+        return f"{kind} {body['target']}"
+    if kind == "counter" and isinstance(body, dict) and set(body) <= {"packets", "bytes"}:
+        return "counter"  # the values are traffic, not the rule: read by rule_counter
+    if kind == "masquerade":
+        if body is None:
+            return "masquerade"
+        text = "masquerade"
+        port = body.get("port")
+        if isinstance(port, dict) and "range" in port:
+            text += f" to :{port['range'][0]}-{port['range'][1]}"
+        elif isinstance(port, int):
+            text += f" to :{port}"
+        elif port is not None:
+            raise _Unrecognised
+        flags = body.get("flags", [])
+        for flag in [flags] if isinstance(flags, str) else flags:
+            text += f" {flag}"
+        if set(body) - {"port", "flags"}:
+            raise _Unrecognised
+        return text
+    if kind == "snat" and isinstance(body, dict) and set(body) <= {"family", "addr", "flags"}:
+        text = f"snat {body['family']} to {_value(body['addr'])}"
+        flags = body.get("flags", [])
+        for flag in [flags] if isinstance(flags, str) else flags:
+            text += f" {flag}"
+        return text
+    raise _Unrecognised
+
+
+def rule_from_json(rule: dict[str, Any]) -> str:
+    """A rule object of `nft -j list` as the canonical text; an unknown shape as "unrecognised: <json>"."""
+    try:
+        text = " ".join(_statement(s) for s in rule.get("expr", ()))
+    except (_Unrecognised, KeyError, TypeError, AttributeError, StopIteration):
+        return "unrecognised: " + json.dumps(rule.get("expr"), sort_keys=True)
+    if "comment" in rule:
+        text += f' comment "{rule["comment"]}"'
+    return text
+
+
+def rule_counter(rule: dict[str, Any]) -> tuple[str, int, int] | None:
+    """(config rule name, packets, bytes) of a listed rule of a config rule (its comment names it) that holds a
+    counter statement; None for any other rule. Values that are not counts are refused, not guessed."""
+    comment = rule.get("comment")
+    if not isinstance(comment, str) or not comment.startswith(RULE_COMMENT_PREFIX):
+        return None
+    for stmt in rule.get("expr", ()):
+        body = stmt.get("counter") if isinstance(stmt, dict) else None
+        if isinstance(body, dict):
+            packets, octets = body.get("packets", 0), body.get("bytes", 0)
+            if type(packets) is not int or type(octets) is not int or packets < 0 or octets < 0:
+                raise NftParseError(f"a counter that is not two counts: {_shown(body)}")
+            return comment[len(RULE_COMMENT_PREFIX):], packets, octets
+    return None
+
+
+def count_foreign_nat(ruleset_text: str) -> int:
+    """Rules in `nft list ruleset` text, outside our table, that masquerade or SNAT. iptables-nft's own tables are
+    left out: the iptables reading counts those rules in iptables' terms."""
+    count = 0
+    table = ""
+    for raw in ruleset_text.splitlines():
+        line = raw.strip()
+        if line.startswith("table "):
+            table = line.removesuffix("{").strip()
+        elif table not in (f"table {TABLE_FAMILY} {TABLE}", "table ip nat", "table ip6 nat") and (
+                line.endswith(" masquerade") or " masquerade " in line or " snat " in line or line.startswith("snat ")):
+            count += 1
+    return count

@@ -1,1 +1,0 @@
-"""Pure renderers and parsers of the kernel's rule dialects."""
