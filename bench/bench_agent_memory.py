@@ -247,11 +247,7 @@ for name in sys.argv[1:]:
         continue
     before = rss()
     try:
-        if name == "dataclasses":  # as build_parser("agent") imports it: without inspect
-            from ipmasq.agent.lean import import_dataclasses_without_inspect
-            import_dataclasses_without_inspect()
-        else:
-            importlib.import_module(name)
+        importlib.import_module(name)
     except Exception:
         continue
     added.append((name, rss() - before))

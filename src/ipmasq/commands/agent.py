@@ -21,7 +21,7 @@ from ipmasq.backends.choose import count_foreign_masquerade, make_backend
 from ipmasq.backends.generation import node_fingerprint
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands.common import add_backend_flags, add_policy_flags, go_bool, options_from_args
-from ipmasq.config.isolated import load_config_isolated
+from ipmasq.conntrack import flush_stale_conntrack
 from ipmasq.errors import IpmasqError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy import Policy
@@ -105,8 +105,7 @@ def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptio
            runner: Runner, log: logging.Logger, args: argparse.Namespace, status: AgentStatus) -> Agent:
     on_change = _conntrack_flusher(runner, log) if args.flush_conntrack else None
     reconciler = Reconciler(backend, options, log=log, others=others, on_policy_change=on_change,
-                            count_foreign=lambda: count_foreign_masquerade(runner), fingerprint=node_fingerprint,
-                            load=load_config_isolated)
+                            count_foreign=lambda: count_foreign_masquerade(runner), fingerprint=node_fingerprint)
     return Agent(reconciler, settings, log=log, observer=status)
 
 
@@ -121,9 +120,6 @@ def _serve_status(status: AgentStatus, address: str, log: logging.Logger) -> Sta
 
 
 def _conntrack_flusher(runner: Runner, log: logging.Logger) -> Callable[[Policy, Policy], None]:
-    # imported only with --flush-conntrack: it brings ipmasq.diff (about 1 MiB resident) that no other pass needs
-    from ipmasq.conntrack import flush_stale_conntrack
-
     def flush(before: Policy, after: Policy) -> None:
         try:
             result = flush_stale_conntrack(runner, before, after)

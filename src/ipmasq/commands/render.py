@@ -17,6 +17,7 @@ from ipmasq.errors import UsageError
 from ipmasq.policy_hash import config_hash, policy_hash
 from ipmasq.prefix import Family
 from ipmasq.rules.iptables import render_restore
+from ipmasq.rules.nft import render_script
 
 
 def register(subparsers: Any) -> None:
@@ -49,8 +50,6 @@ def run(args: argparse.Namespace) -> int:
         print(config_hash(policy_hash(policy)))
         return 0
     if args.backend == "nftables":
-        from ipmasq.rules.nft import render_script
-
         sys.stdout.write(render_script(policy))
     else:
         sys.stdout.write(render_restore(policy, family))
