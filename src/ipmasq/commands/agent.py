@@ -104,8 +104,10 @@ def run(args: argparse.Namespace) -> int:
 def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptions, settings: LoopSettings,
            runner: Runner, log: logging.Logger, args: argparse.Namespace, status: AgentStatus) -> Agent:
     on_change = _conntrack_flusher(runner, log) if args.flush_conntrack else None
+    # the count of foreign NAT rules is a metric: --once serves none, so it does not read every table again for it
+    count_foreign = None if args.once else lambda: count_foreign_masquerade(runner)
     reconciler = Reconciler(backend, options, log=log, others=others, on_policy_change=on_change,
-                            count_foreign=lambda: count_foreign_masquerade(runner), fingerprint=node_fingerprint)
+                            count_foreign=count_foreign, fingerprint=node_fingerprint)
     return Agent(reconciler, settings, log=log, observer=status)
 
 
