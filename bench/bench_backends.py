@@ -21,8 +21,8 @@ load that a ratio of two medians still feels.
 
     sudo .venv/bin/python bench/bench_backends.py [--sizes 0,1000,10000,100000] [--repeats 5] [--seconds 1]
 
-Targets: with 10,000 CIDRs the nftables rate is >= 0.9x its rate with none; a once-run applies 10,000
-CIDRs in < 0.5 s and 100,000 from a YAML config directory in < 2.5 s.
+Targets: with 10,000 CIDRs the nftables rate is >= 0.9x its rate with none; a once-run takes at most 5x what
+`nft -f` alone takes for the same ruleset at 10,000 CIDRs, at most 3x at 100,000 from a YAML config directory.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
     rows = []
-    print(f"{'CIDRs':>7} {'backend':>9} {'tool s':>8} {'once s':>8} {'once-tool':>9} {'conn/s':>9} "
+    print(f"{'CIDRs':>7} {'backend':>9} {'tool s':>8} {'once s':>8} {'x tool':>7} {'conn/s':>9} "
           f"{'(min-max)':>15} {'x rate@0':>8}")
     for backend in backends:
         for n in sizes:
@@ -184,16 +184,17 @@ def main() -> None:
             rates = samples[(backend, n, "rate")]
             r = statistics.median(rates)
             ratio = r / statistics.median(samples[(backend, sizes[0], "rate")])
-            rows.append({"backend": backend, "cidrs": n, "tool": tool, "once": once, "rate": r,
-                         "rate_ratio": ratio, "samples": {k: samples[(backend, n, k)]
+            rows.append({"backend": backend, "cidrs": n, "tool": tool, "once": once, "once_ratio": once / tool,
+                         "rate": r, "rate_ratio": ratio, "samples": {k: samples[(backend, n, k)]
                                                           for k in ("tool", "once", "rate")}})
-            print(f"{n:>7} {backend:>9} {tool:>8.3f} {once:>8.3f} {once - tool:>9.3f} {r:>9.0f} "
+            print(f"{n:>7} {backend:>9} {tool:>8.3f} {once:>8.3f} {once / tool:>7.1f} {r:>9.0f} "
                   f"{f'({min(rates):.0f}-{max(rates):.0f})':>15} {ratio:>8.2f}", flush=True)
     by = {(r["backend"], r["cidrs"]): r for r in rows}
     checks = [
         (("nftables", 10_000), "rate_ratio", ">=", 0.9, "nftables rate at 10,000 CIDRs / rate at 0, unpaired medians"),
-        (("nftables", 10_000), "once", "<", 0.5, "agent --once, 10,000 CIDRs (s)"),
-        (("nftables", 100_000), "once", "<", 2.5, "agent --once, 100,000 CIDRs from a config directory (s)"),
+        (("nftables", 10_000), "once_ratio", "<=", 5.0, "agent --once / nft -f of its ruleset, 10,000 CIDRs"),
+        (("nftables", 100_000), "once_ratio", "<=", 3.0,
+         "agent --once / nft -f of its ruleset, 100,000 CIDRs from a config directory"),
     ]
     for backend, ratios in paired.items():
         print(f"paired rate ratio {backend} {args.pair_size} CIDRs / none: median {statistics.median(ratios):.3f} "
@@ -207,7 +208,7 @@ def main() -> None:
     for key, field, op, bound, label in checks:
         if key in by:
             value = float(by[key][field])
-            ok = value >= bound if op == ">=" else value < bound
+            ok = value >= bound if op == ">=" else value <= bound
             print(f"  {label}: {value:.3f} (target {op} {bound}) {'met' if ok else 'MISSED'}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -48,7 +48,6 @@ from ipmasq.lab.netns import network
 
 ADDRESS = "127.0.0.1:9848"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-MEMORY_LIMIT_MIB = 512.0  # deploy/base/daemonset.yaml's limits.memory
 CPU_PER_RESYNC_TARGET_MS = 50.0
 SIGTERM_TARGET_S = 0.2
 VARIANTS = {  # name: (agent flags, the iptables-restore that writes the foreign rules)
@@ -368,8 +367,8 @@ def _print(results: list[dict[str, object]]) -> None:
     row("peak RSS, VmHWM (MiB)", "peak_rss_mib", ".1f")
     row("peak RSS after a config change (MiB)", "peak_rss_after_change_mib", ".1f")
     row("largest tool's peak RSS (nft / iptables-*) (MiB)", "tool_peak_rss_mib", ".1f")
-    row("agent + largest tool, both at peak (MiB)", "agent_plus_tool_mib", ".1f",
-        f"< {MEMORY_LIMIT_MIB:.0f} (the DaemonSet's limit)")
+    # no target: more CIDRs than one ConfigMap carries (the DaemonSet is sized by bench_pod_memory.py at 1 MiB)
+    row("agent + largest tool, both at peak (MiB)", "agent_plus_tool_mib", ".1f")
     row("CPU per idle resync, agent + tools (ms)", "cpu_per_idle_resync_ms", ".2f",
         f"<= {CPU_PER_RESYNC_TARGET_MS:.0f}")
     row("idle resyncs measured", "idle_resyncs", "d")

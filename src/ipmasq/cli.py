@@ -8,7 +8,6 @@ on stderr, `ipmasq COMMAND: message`, never argparse's usage block: a DaemonSet'
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from importlib import import_module
@@ -38,37 +37,10 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
-    def _get_formatter(self) -> argparse.HelpFormatter:
-        # argparse makes a formatter for every add_argument (to check the metavar), and without a width the formatter
-        # imports shutil for its terminal size, which brings zlib, bz2 and lzma: about 0.5 MiB of the node agent's
-        # resident memory for a help text it never prints. The same width, from os.
-        make: Any = self.formatter_class  # every HelpFormatter takes width; typeshed's protocol names prog alone
-        formatter: argparse.HelpFormatter = make(prog=self.prog, width=terminal_columns() - 2)
-        return formatter
-
-
-def terminal_columns() -> int:
-    """shutil.get_terminal_size().columns: $COLUMNS, else the terminal on stdout, else 80."""
-    try:
-        columns = int(os.environ.get("COLUMNS", "0"))
-    except ValueError:
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns if sys.__stdout__ else 0
-        except (AttributeError, ValueError, OSError):
-            columns = 0
-    return columns or 80
-
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or with `only` just that subcommand: each command module imports what it needs, so a
     node agent's start (`agent --once` runs on every pod start and in benchmarks) does not pay for the toolkit."""
-    if only == "agent":
-        # before anything imports dataclasses: the agent's long-lived process then never holds inspect and ast
-        from ipmasq.agent.lean import import_dataclasses_without_inspect
-
-        import_dataclasses_without_inspect()
     parser = ArgumentParser(
         prog="ipmasq",
         description="Pod SNAT for Kubernetes nodes: a drop-in ip-masq-agent and the tools to see, check and prove it.",

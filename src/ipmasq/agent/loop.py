@@ -35,11 +35,6 @@ __all__ = ["LOCK_POLL_SECONDS", "Agent", "LoopObserver", "LoopSettings", "Wakeup
 
 # How often a waiting agent tries the node lock: the takeover delay once the holder exits.
 LOCK_POLL_SECONDS = 0.1
-# Idle passes free little, but scrapes and resyncs between config changes still fill the interpreter's free lists
-# (about 0.1 MiB over 10 minutes of scrapes): the memory is also handed back after an idle pass when it was not for
-# this long, about 2.5 ms of CPU each time (at the default 60 s resync: after every idle pass, 25 ms per 10 idle
-# minutes). At 120 s a scraped agent measured 16.05 MiB at the end of 10 minutes, at 30 s 15.96.
-RELEASE_IDLE_SECONDS = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +180,6 @@ class Agent:
         # run() pins what --config named when the agent started, as its watcher does: a file config replaced by a
         # directory is a bad config, never an empty config directory (the defaults)
         self._directory_ok = True
-        self._released_at = clock()
 
     def once(self) -> int:
         """One reconcile: 0 when the kernel now matches a good config, 1 otherwise."""
@@ -242,10 +236,8 @@ class Agent:
         report = self.reconciler.reconcile()
         self.observer.reconciled(report, time.perf_counter() - started)
         now = self.clock()
-        # the passes that free the most (see ipmasq.agent.memory), and now and then an idle one
-        if seen.changed or report.writes or now - self._released_at >= RELEASE_IDLE_SECONDS:
+        if seen.changed or report.writes:  # the passes that free the most (see ipmasq.agent.memory)
             release_free_memory()
-            self._released_at = now
         schedule.next_resync = now + report.resync_interval
         if report.result is SyncResult.FAILED:
             schedule.failed(now, self.settings)

@@ -1,16 +1,14 @@
 """Giving the heap the agent freed back to the kernel, after the passes that allocate the most.
 
-A pass after a config change (the loader's answer decoded, a policy built, the rules rendered and written) and the
-start-up (argparse's parser, the imports' temporaries) free megabytes in the middle of glibc's heap, which glibc keeps
+A pass after a config change (the config parsed, a policy built, the rules rendered and written) and the start-up
+(argparse's parser, the imports' temporaries) free megabytes in the middle of glibc's heap, which glibc keeps
 resident: it returns only a free top of the heap by itself. malloc_trim(0) also hands back the free pages inside
-(madvise), about 0.9 MiB of the node agent's resident memory, in about 0.1 ms. Idle resyncs allocate little, so
-they skip it. Where malloc_trim does not exist (musl), nothing happens.
+(madvise). Idle resyncs allocate little, so they skip it. Where malloc_trim does not exist (musl), nothing happens.
 
-Before it, a full garbage collection (about 2 ms over the agent's ~15,000 tracked objects): besides any cycles, it
-empties the interpreter's free lists (tuples, floats, lists, dicts) that a pass fills when it drops thousands of
-small objects at once (a parsed nft set's ranges, a rendered scrape), so their pools are free again instead of held
-for objects of that one size. Without it the agent's resident memory crept up by 0.24 MiB between its 100th and its
-1,000th pass; with it, by about 0.1 MiB.
+Before it, a full garbage collection: besides any cycles, it empties the interpreter's free lists (tuples, floats,
+lists, dicts) that a pass fills when it drops thousands of small objects at once (a parsed config, a parsed nft
+set's ranges), so their pools are free again instead of held for objects of that one size.
+What each step hands back is measured in docs/measurements.md.
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ class Reconciler:
                  fingerprint: Fingerprint | None = None,
                  load: Callable[[ConfigInput, PolicyOptions], MasqConfig] = config_from_bytes) -> None:
         self.backend = backend
-        # bytes -> validated config; the agent loads in a child process (ipmasq.config.isolated), tests in-process
+        # bytes -> validated config (config_from_bytes; tests may hand in another loader)
         self.load = load
         # a cheap kernel fact that changes with any NAT rule a pass reads (see the module docstring); None: unknown
         self.fingerprint = fingerprint

@@ -21,7 +21,7 @@ from ipmasq.backends.generation import KernelFingerprint
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.backends.xtables_lock import xtables_lock_path
 from ipmasq.commands.common import add_backend_flags, add_policy_flags, agent_settings, go_bool, options_from_args
-from ipmasq.config.isolated import load_config_isolated
+from ipmasq.conntrack import conntrack_flusher
 from ipmasq.options import PolicyOptions
 
 __all__ = ["DEFAULT_CONFIG", "register"]
@@ -103,15 +103,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptions, settings: LoopSettings,
            runner: Runner, log: logging.Logger, args: argparse.Namespace, status: AgentStatus) -> Agent:
-    on_change = None
-    if args.flush_conntrack:
-        # imported only with --flush-conntrack: it brings ipmasq.diff (about 1 MiB resident) that no other pass needs
-        from ipmasq.conntrack import conntrack_flusher
-
-        on_change = conntrack_flusher(runner, log)
+    on_change = conntrack_flusher(runner, log) if args.flush_conntrack else None
+    # the count of foreign NAT rules is a metric: --once serves none, so it does not read every table again for it
+    count_foreign = None if args.once else lambda: count_foreign_masquerade(runner)
     reconciler = Reconciler(backend, options, log=log, others=others, on_policy_change=on_change,
-                            count_foreign=lambda: count_foreign_masquerade(runner),
-                            fingerprint=KernelFingerprint(xtables_lock=xtables_lock_path()), load=load_config_isolated)
+                            count_foreign=count_foreign, fingerprint=KernelFingerprint(xtables_lock=xtables_lock_path()))
     return Agent(reconciler, settings, log=log, observer=status)
 
 

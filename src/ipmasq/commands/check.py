@@ -18,7 +18,7 @@ from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands import common
 from ipmasq.diagnose.check import CheckReport, check_node
 from ipmasq.diagnose.leftovers import leftover_findings, read_leftovers
-from ipmasq.diagnose.sources import read_live_rules, read_nft_ruleset, rules_from_dump
+from ipmasq.diagnose.sources import read_dump_file, read_live_rules, read_nft_ruleset, rules_from_dump
 
 __all__ = ["register", "run"]
 
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     pods = common.cidr_flag("--pod-range", args.pod_range)
     local = tuple(common.address_flag("--local-address", t) for t in args.local_address)
     if args.from_dump is not None:
-        path, text = common.read_dump_input(args.from_dump)
+        path, text = read_dump_file(args.from_dump)
         rules = rules_from_dump(text, path)
     else:
         rules = read_live_rules(SubprocessRunner(), policy.families, chain=policy.options.masq_chain,

@@ -12,6 +12,7 @@ from ipmasq.backends.iptables import Variant
 from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes, load_config, read_config_input
 from ipmasq.errors import ConfigError, PrefixError, UsageError
+from ipmasq.lint.manifest import configmap_config
 from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse_to_ports, quoted
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
@@ -168,8 +169,6 @@ def load_config_or_manifest(path: str, options: PolicyOptions) -> MasqConfig:
     Operators hold the manifest they are about to `kubectl apply`; read as a raw config, its keys would be ignored
     as unknown and the defaults would silently stand in for what it says.
     """
-    from ipmasq.lint.manifest import configmap_config  # only the offline tools need the manifest reader
-
     config_input = read_config_input(path, missing_ok=False)
     if len(config_input.files) == 1:
         source, data = config_input.files[0]
@@ -262,17 +261,6 @@ def at_most_one_stdin(*inputs: tuple[str, str | None]) -> None:
 def shown_input(path: str) -> str:
     """How a report names an input given on the command line: `-` is <stdin>."""
     return STDIN_NAME if path == STDIN else path
-
-
-def read_dump_input(path: str) -> tuple[str, str]:
-    """(name shown in messages, text) of a dump of the node's rules: a file, or `-` for standard input.
-
-    Standard input is read as bytes (bounded as a file is) and decoded there, so that a stream that is not UTF-8
-    is the same one-line error as such a file, whatever the locale makes of sys.stdin.
-    """
-    from ipmasq.diagnose.sources import read_dump_file  # check and trace only
-
-    return read_dump_file(path)
 
 
 def command_parser(subparsers: Any, doc: str | None) -> argparse.ArgumentParser:

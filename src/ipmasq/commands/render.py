@@ -15,6 +15,7 @@ from typing import Any
 from ipmasq.commands.common import add_policy_flags, command_parser, load_policy
 from ipmasq.errors import UsageError
 from ipmasq.netfilter.iptables import render_restore
+from ipmasq.netfilter.nft import render_script
 from ipmasq.policy.hash import config_hash, policy_hash
 from ipmasq.policy.prefix import Family
 
@@ -49,8 +50,6 @@ def run(args: argparse.Namespace) -> int:
         print(config_hash(policy_hash(policy)))
         return 0
     if args.backend == "nftables":
-        from ipmasq.netfilter.nft import render_script
-
         sys.stdout.write(render_script(policy))
     else:
         sys.stdout.write(render_restore(policy, family))

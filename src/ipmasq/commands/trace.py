@@ -14,8 +14,8 @@ import argparse
 from typing import Any
 
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.commands.common import add_output_flag, command_parser, print_json, read_dump_input
-from ipmasq.diagnose.sources import parse_save_dump, read_nat_save, read_nft_ruleset
+from ipmasq.commands.common import add_output_flag, command_parser, print_json
+from ipmasq.diagnose.sources import parse_save_dump, read_dump_file, read_nat_save, read_nft_ruleset
 from ipmasq.diagnose.trace import TraceResult, trace
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.errors import IpmasqError, NftParseError, NftTraceError, UsageError, clip
@@ -115,7 +115,7 @@ def _node_uses_nft() -> bool:
 def run(args: argparse.Namespace) -> int:
     packet = _packet(args)
     if args.dump is not None:
-        path, text = read_dump_input(args.dump)
+        path, text = read_dump_file(args.dump)
         if text.lstrip().startswith("{"):  # nft -j list ruleset
             result = _nft_trace(text, path, packet)
         else:

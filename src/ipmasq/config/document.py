@@ -35,10 +35,21 @@ __all__ = [
     "yaml_error",
 ]
 
-try:  # the C loader is many times faster; 100,000-entry configs depend on it
-    YAML_LOADER: Any = yaml.CSafeLoader
+try:  # the C loader is much faster (docs/measurements.md); 100,000-entry configs depend on it
+    _BASE_LOADER: Any = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover - PyYAML built without libyaml
-    YAML_LOADER = yaml.SafeLoader
+    _BASE_LOADER = yaml.SafeLoader
+
+
+class YAML_LOADER(_BASE_LOADER):  # type: ignore[misc]
+    """The safe loader, with one shortcut in tag resolution, which runs in Python once per scalar: a scalar holding
+    "/" (every CIDR) matches none of YAML 1.1's implicit types (bool, int, float, null, timestamp, merge, value: all
+    anchored patterns without "/"), so it is a string without trying each of their patterns."""
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+        if kind is yaml.ScalarNode and "/" in value:
+            return _STR
+        return super().resolve(kind, value, implicit)
 
 # A config is a mapping of lists (depth 2), a ConfigMap manifest in a `kind: List` about 6: 64 is far beyond any
 # real input, and far below the nesting the recursive composers survive in Python frames.

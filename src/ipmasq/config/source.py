@@ -9,17 +9,16 @@ from __future__ import annotations
 import gc
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from ipmasq.config.document import parse_document
 from ipmasq.config.model import MasqConfig
+from ipmasq.config.validate import FileSettings, check_rules_with_flags, merge_settings, settings_from_document
 from ipmasq.errors import ConfigError
 from ipmasq.options import PolicyOptions
-
-if TYPE_CHECKING:
-    from ipmasq.config.validate import FileSettings
 
 __all__ = [
     "CONFIG_PREFIX",
@@ -56,8 +55,6 @@ def read_config_input(path: str, *, missing_ok: bool, directory_ok: bool = True)
     error, not an empty config directory, which would replace the last good config with the defaults.
     """
     if path == "-":
-        import sys
-
         return ConfigInput((("<stdin>", _bounded(sys.stdin.buffer.read(MAX_CONFIG_BYTES + 1), "<stdin>")),))
     try:
         if os.path.isdir(path):
@@ -148,10 +145,6 @@ def paused_gc() -> Iterator[None]:
 
 
 def _config_from_bytes(config_input: ConfigInput, options: PolicyOptions) -> MasqConfig:
-    # imported here: the node agent reads its config through ipmasq.config.isolated and never loads these (PyYAML)
-    from ipmasq.config.document import parse_document
-    from ipmasq.config.validate import check_rules_with_flags, merge_settings, settings_from_document
-
     settings: list[FileSettings] = []
     for source, data in config_input.files:
         doc = parse_document(data, source)

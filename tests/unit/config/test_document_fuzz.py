@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ipmasq.config import ConfigInput, config_from_bytes
-from ipmasq.config.document import MAX_DEPTH, _depth_bound
+from ipmasq.config.document import MAX_DEPTH, YAML_LOADER, _depth_bound
 from ipmasq.config.model import MasqConfig
 from ipmasq.errors import ConfigError
 from ipmasq.lint import lint_source
@@ -129,3 +129,16 @@ def test_random_anchors_and_aliases(definitions: list[tuple[str, list[str]]]) ->
     lines.append(f"nonMasqueradeCIDRs: *{definitions[-1][0]}")
     load_or_config_error("\n".join(lines).encode(), OPTIONS[0])
     lint_source("/fuzz", "\n".join(lines).encode())
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30).map(lambda t: t + "/")
+       | st.from_regex(r"\A[-+0-9.:eExXoObB_TtZz /]{1,30}\Z"), st.booleans())
+def test_the_loaders_shortcut_resolves_as_the_safe_loader(value: str, plain: bool) -> None:
+    # YAML_LOADER answers "a string" at once for any scalar holding "/": what the resolver would have said anyway
+    loader = YAML_LOADER("")
+    try:
+        want = yaml.SafeLoader.resolve(loader, yaml.ScalarNode, value, (plain, not plain))
+        assert loader.resolve(yaml.ScalarNode, value, (plain, not plain)) == want
+    finally:
+        loader.dispose()
