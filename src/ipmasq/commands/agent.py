@@ -106,8 +106,9 @@ def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptio
     on_change = conntrack_flusher(runner, log) if args.flush_conntrack else None
     # the count of foreign NAT rules is a metric: --once serves none, so it does not read every table again for it
     count_foreign = None if args.once else lambda: count_foreign_masquerade(runner)
+    fingerprint = KernelFingerprint(xtables_lock=xtables_lock_path())
     reconciler = Reconciler(backend, options, log=log, others=others, on_policy_change=on_change,
-                            count_foreign=count_foreign, fingerprint=KernelFingerprint(xtables_lock=xtables_lock_path()))
+                            count_foreign=count_foreign, fingerprint=fingerprint)
     return Agent(reconciler, settings, log=log, observer=status)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ipmasq.lab.fleet import FLEET, INVALID, INVALID_ALERT, ROLLOUT_CONFIG, TAMPERED
+from ipmasq.lab.netns import LAB_PREFIX
 from ipmasq.lab.scenarios import GKE_FLAGS
 from tests.conftest import PYTHON
 
@@ -26,8 +27,9 @@ def _prometheus_installed() -> None:
 
 
 def _namespaces() -> set[str]:
+    """The namespace lab's namespaces (the Kubernetes lab's, kl-*, come and go in the test run beside this one)."""
     listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return {line.split()[0] for line in listing.splitlines() if line.strip()}
+    return {line.split()[0] for line in listing.splitlines() if line.startswith(LAB_PREFIX)}
 
 
 def _lab_processes() -> list[str]:
