@@ -14,8 +14,9 @@ echo "== pytest"
 kube_log=$(mktemp)
 .venv/bin/python -m pytest -q -p no:cacheprovider -m kubernetes "$@" >"$kube_log" 2>&1 &
 kube=$!
-# an interrupted run interrupts the cluster's tests too (SIGINT: pytest then tears the cluster down)
-trap 'kill -INT "$kube" 2>/dev/null; wait "$kube" 2>/dev/null; rm -f "$kube_log"' EXIT
+# an interrupted run stops the cluster's tests too: SIGTERM, which their fixture turns into a clean teardown (a
+# background job of a script ignores SIGINT)
+trap 'kill -TERM "$kube" 2>/dev/null; wait "$kube" 2>/dev/null; rm -f "$kube_log"' EXIT
 rest=0
 .venv/bin/python -m pytest -q -p no:cacheprovider -m "not kubernetes" "$@" || rest=$?
 cluster=0

@@ -115,15 +115,18 @@ class _Unobserved:
 
 
 def wait_for_node_lock(lock: NodeLock, wakeup: Wakeup, *, log: logging.Logger,
-                       observer: LoopObserver | None = None, poll: float = LOCK_POLL_SECONDS) -> bool:
+                       observer: LoopObserver | None = None, poll: float = LOCK_POLL_SECONDS,
+                       announce: bool = False) -> bool:
     """Return once this process holds the node lock (True), or when stop was requested first (False).
 
     While waiting the agent writes nothing, stays alive (heartbeats) and not ready, and says for whom it waits.
+    `announce`: say "took the node lock" also when it was free at once (`--once` keeps its output to the reference
+    agent's lines).
     """
     watcher: LoopObserver = observer if observer is not None else _Unobserved()
     if lock.try_acquire():
-        # said also when nobody held it: after a rolling update the new pod's log shows it took over the node
-        log.info("took the node lock %s: this agent now writes the node's rules", lock.path)
+        if announce:  # the long-running agent says it also when nobody held it: its log shows when it took over
+            log.info("took the node lock %s: this agent now writes the node's rules", lock.path)
         return True
     announced: str | None = None  # the holder last logged
     while not wakeup.stop.is_set():

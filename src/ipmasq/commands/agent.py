@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGHUP, lambda *_: wakeup.request_resync())
     try:
-        if not wait_for_node_lock(lock, wakeup, log=log, observer=status):
+        if not wait_for_node_lock(lock, wakeup, log=log, observer=status, announce=True):
             log.info("agent stopping: it never held the node lock, nothing written")
             return 0
         # chosen only now: what the node holds may have changed while the other agent ran

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -74,6 +75,9 @@ def lab() -> Iterator[Cluster]:
     if cluster_is_up():
         pytest.fail("a Kubernetes lab cluster is already up (ipmasq lab --kubernetes --down removes it)")
     tear_down()
+    # a run stopped with SIGTERM (a killed job, scripts/test.sh interrupted) unwinds like Ctrl-C: the teardown below
+    # runs and the cluster goes with it
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     artifacts = ensure_artifacts(ROOT, _progress)
     before = _host_netfilter()
     lab = Cluster(artifacts, ROOT, Network(NETNS_PREFIX), state_dir())
