@@ -134,7 +134,7 @@ def uninstall(cluster: Cluster, node: NodeSpec, chain: str) -> None:
     """What `ipmasq uninstall` does on the node: our chain and jump gone (run from outside, in its namespace)."""
     result = cluster.namespace(node).run([sys.executable, "-m", "ipmasq", "uninstall", f"--masq-chain={chain}"],
                                          check=False)
-    if result.returncode not in (0,):
+    if result.returncode != 0:
         raise ClusterError(f"{node.name}: ipmasq uninstall: {result.stderr.strip()}")
 
 

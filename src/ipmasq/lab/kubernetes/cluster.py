@@ -145,7 +145,7 @@ def _kill_cgroup_tree(timeout: float = 20.0) -> None:
         pids = _cgroup_pids()
         if not pids:
             break
-        # the freezer stops new forks racing the kill (a restarting container, a shim spawning)
+        # again and again until none is left: a shim or a restarting container may fork while the kill goes on
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL if sent_term else signal.SIGTERM)
