@@ -316,9 +316,21 @@ def _image(cache: Path, source: Path, base: str, progress: Progress) -> tuple[Pa
             _run([*argv, "-f", str(source / "Dockerfile"), str(source)], timeout=1200, what="podman build")
         _run(["podman", "save", "-q", "--format", "docker-archive", "-o", str(archive), image], what="podman save")
         _write_stamp(target, key, image=image)
+        _forget_older_images(image)
 
     _step(progress, f"the agent image {image} from {source / 'Dockerfile'}", build)
     return archive, image
+
+
+def _forget_older_images(current: str) -> None:
+    """Earlier builds of the agent's image and the build stages left untagged: the cache keeps only the current one
+    (a rebuild follows every change of the repository)."""
+    listing = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                             text=True).stdout.split()
+    older = [ref for ref in listing if f"{IMAGE_REPOSITORY}:lab-" in ref and not ref.endswith(current)]
+    if older:
+        subprocess.run(["podman", "rmi", "-f", *older], capture_output=True)
+    subprocess.run(["podman", "image", "prune", "-f"], capture_output=True)
 
 
 def ensure_artifacts(source: Path, progress: Progress) -> Artifacts:
