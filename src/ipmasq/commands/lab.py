@@ -40,6 +40,9 @@ def register(subparsers: Any) -> None:
                         "Dockerfile; binaries and images are built once and cached in /var/cache/ipmasq/kube-lab")
     parser.add_argument("--down", action="store_true",
                         help="with --kubernetes: remove a cluster left by --keep (processes, namespaces, state)")
+    parser.add_argument("--prepare", action="store_true",
+                        help="with --kubernetes: build what is not cached yet (binaries, pause image, base, the "
+                        "agent's image), say what and how long, and stop there")
     parser.add_argument("--source", metavar="DIR",
                         help="with --kubernetes: the ipmasq checkout whose Dockerfile and deploy/ are used "
                         "(default: the one this ipmasq runs from, else the current directory)")
@@ -56,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown scenario {args.scenario!r} (known: {', '.join(SCENARIOS)}, {FLEET_SCENARIO}, all)")
     if os.geteuid() != 0:
         raise UsageError("the lab creates network namespaces: run it as root")
-    if args.down and not args.kubernetes:
-        raise UsageError("--down removes the Kubernetes lab's cluster: use it with --kubernetes")
+    if (args.down or args.prepare) and not args.kubernetes:
+        flag = "--down" if args.down else "--prepare"
+        raise UsageError(f"{flag} is for the Kubernetes lab: use it with --kubernetes")
     if args.kubernetes:
         if args.scenario == FLEET_SCENARIO:
             raise UsageError(f"{FLEET_SCENARIO} runs in the namespace lab only (its nodes are agents, not kubelets)")

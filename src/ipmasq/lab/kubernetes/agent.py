@@ -120,8 +120,10 @@ def wait_synced(cluster: Cluster, node: NodeSpec, config: str | None, options: P
         if all(backend.read(f) == backend.desired(policy, f) for f in policy.families):
             return time.monotonic() - started
         if time.monotonic() - started > timeout:
+            pod = _pod_name(cluster, node)
+            logs = cluster.kubectl("logs", "-n", "kube-system", pod, "--tail=4", check=False).stdout.strip()
             raise ClusterError(f"{node.name}: the kernel did not reach the config within {timeout:.0f} s "
-                               f"(kubectl logs -n kube-system {_pod_name(cluster, node)})")
+                               f"(kubectl logs -n kube-system {pod}: ...{' | '.join(logs.splitlines())})")
         time.sleep(0.1)
 
 

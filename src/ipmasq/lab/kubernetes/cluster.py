@@ -292,11 +292,11 @@ class Cluster:
         progress("network: router, control plane, nodes, peers, partner, Cloud NAT, internet")
         self._network()
         _make_pki(self.state / "pki")
-        tokens = self._tokens()
-        self._control_plane(tokens)
+        self._credentials()
+        self._control_plane()
         progress(f"control plane up ({time.monotonic() - started:.0f} s)")
         for node in self.nodes:
-            self._node(node, tokens)
+            self._node(node)
         self.wait_nodes_ready()
         progress(f"nodes Ready: {', '.join(n.name for n in self.nodes)} ({time.monotonic() - started:.0f} s)")
         self._probe_pods()
@@ -324,7 +324,8 @@ class Cluster:
             ns.sysctl("net.ipv4.conf.all.rp_filter", "0")
             router.run(["ip", "route", "add", node.pod_cidr, "via", node.address])
 
-    def _tokens(self) -> dict[str, str]:
+    def _credentials(self) -> None:
+        """A token per user (admin, kube-proxy, the controllers, each node's kubelet) and each one's kubeconfig."""
         users = {"admin": ("admin", "system:masters"), "kube-proxy": ("system:kube-proxy", ""),
                  "controller-manager": ("system:kube-controller-manager", ""),
                  "scheduler": ("system:kube-scheduler", "")}
@@ -341,9 +342,8 @@ class Cluster:
             if name != "admin":  # the daemons inside the lab reach the API server at its lab address
                 _kubeconfig(self.state / f"{name}.kubeconfig", f"https://{CONTROL_PLANE}:6443", ca, tokens[name],
                             name)
-        return tokens
 
-    def _control_plane(self, tokens: dict[str, str]) -> None:
+    def _control_plane(self) -> None:
         cp = self.net["cp"]
         pki = self.state / "pki"
         tools = self.artifacts.toolchain
@@ -383,7 +383,7 @@ class Cluster:
             *enter, tools.binaries["kube-scheduler"], f"--kubeconfig={self.state / 'scheduler.kubeconfig'}",
             "--leader-elect=false", "--bind-address=127.0.0.1", "--port=0"], group)
 
-    def _node(self, node: NodeSpec, tokens: dict[str, str]) -> None:
+    def _node(self, node: NodeSpec) -> None:
         home = self.state / "nodes" / node.name
         (home / "cni").mkdir(parents=True)
         (home / "sysctl").mkdir()

@@ -41,10 +41,13 @@ def run_kubernetes_lab(args: argparse.Namespace, *, print_scenario: Callable[[An
         tear_down()
         print(f"removed the Kubernetes lab (processes, namespaces {NETNS_PREFIX}-*, {state_dir()})")
         return 0
-    if cluster_is_up():
+    if args.prepare:
+        pass  # building touches no cluster: one may be up meanwhile
+    elif cluster_is_up():
         raise UsageError("a Kubernetes lab cluster is already up (left by --keep?): "
                          "ipmasq lab --kubernetes --down removes it")
-    tear_down()  # what a killed run may have left: stale namespaces and state
+    else:
+        tear_down()  # what a killed run may have left: stale namespaces and state
     started = time.monotonic()
     text = args.output == "text"
 
@@ -54,6 +57,8 @@ def run_kubernetes_lab(args: argparse.Namespace, *, print_scenario: Callable[[An
     source = find_source(args.source)
     artifacts = ensure_artifacts(source, progress)
     progress(f"artifacts ready (cache: {cache_dir()})")
+    if args.prepare:
+        return 0
     chosen = list(SCENARIOS.values()) if args.scenario == "all" else [SCENARIOS[args.scenario]]
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -8,7 +8,6 @@ Debian's source package and the image first). In CI a missing package or root is
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pytest
 import yaml
 
 from ipmasq.lab.kubernetes import agent
-from ipmasq.lab.kubernetes.artifacts import ensure_artifacts, missing_packages
+from ipmasq.lab.kubernetes.artifacts import ensure_artifacts
 from ipmasq.lab.kubernetes.cluster import (
     FAST_SYNC_FREQUENCY,
     KUBELET_SYNC_FREQUENCY,
@@ -47,6 +46,7 @@ from ipmasq.lab.scenarios import (
 )
 from ipmasq.lab.topology import ADDR, STRICT_PORT, Probe
 from tests.conftest import ROOT
+from tests.kernel.lab.kubernetes.conftest import require_kubernetes_lab
 
 pytestmark = pytest.mark.kubernetes
 
@@ -66,14 +66,7 @@ def _host_netfilter() -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Cluster]:
     """The cluster as users run it (kubelet's default sync period)."""
-    missing = missing_packages()
-    if missing or os.geteuid() != 0:
-        reason = f"the Kubernetes lab needs root and {' '.join(missing)}"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (CI is set: the Kubernetes lab must run)")
-        pytest.skip(reason)
-    if cluster_is_up():
-        pytest.fail("a Kubernetes lab cluster is already up (ipmasq lab --kubernetes --down removes it)")
+    require_kubernetes_lab()
     tear_down()
     # a run stopped with SIGTERM (a killed job, scripts/test.sh interrupted) unwinds like Ctrl-C: the teardown below
     # runs and the cluster goes with it

@@ -5,7 +5,6 @@ works with the kubeconfig it names, a pod on every node takes `kubectl exec` pro
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -13,23 +12,16 @@ import sys
 
 import pytest
 
-from ipmasq.lab.kubernetes.artifacts import missing_packages
 from ipmasq.lab.kubernetes.cluster import API_PORT, NETNS_PREFIX, cluster_is_up, state_dir, tear_down
 from ipmasq.lab.topology import ADDR, OPEN_PORT
+from tests.kernel.lab.kubernetes.conftest import require_kubernetes_lab
 
 pytestmark = pytest.mark.kubernetes
 
 
 @pytest.fixture(autouse=True)
 def _lab_possible() -> None:
-    missing = missing_packages()
-    if missing or os.geteuid() != 0:
-        reason = f"the Kubernetes lab needs root and {' '.join(missing)}"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (CI is set: the Kubernetes lab must run)")
-        pytest.skip(reason)
-    if cluster_is_up():
-        pytest.fail("a Kubernetes lab cluster is already up (ipmasq lab --kubernetes --down removes it)")
+    require_kubernetes_lab()
 
 
 def _lab(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -102,7 +94,10 @@ def test_ctrl_c_while_the_cluster_comes_up_leaves_nothing() -> None:
 
 def test_down_without_a_cluster_and_kubernetes_flags_misused() -> None:
     assert _lab("--down", timeout=60).returncode == 0
-    misuse = subprocess.run([sys.executable, "-m", "ipmasq", "lab", "--down"], capture_output=True, text=True)
-    assert misuse.returncode == 2 and "use it with --kubernetes" in misuse.stderr
+    for flag in ("--down", "--prepare"):
+        misuse = subprocess.run([sys.executable, "-m", "ipmasq", "lab", flag], capture_output=True, text=True)
+        assert misuse.returncode == 2 and "use it with --kubernetes" in misuse.stderr
+    prepared = _lab("--prepare", timeout=600)  # the cache is warm: nothing to build, and no cluster comes up
+    assert prepared.returncode == 0 and "artifacts ready" in prepared.stderr and not cluster_is_up()
     fleet = _lab("--scenario", "fleet-rollout", timeout=60)
     assert fleet.returncode == 2 and "namespace lab only" in fleet.stderr
