@@ -27,6 +27,7 @@ from ipmasq.lab.kubernetes.cluster import (
     LAB_NAMESPACE,
     NETNS_PREFIX,
     Cluster,
+    ClusterError,
     cluster_is_up,
     state_dir,
     tear_down,
@@ -122,6 +123,11 @@ def _probe_from(lab: Cluster, node_name: str, probe: Probe) -> str | None:
     seen = result.stdout.strip()
     assert seen == "FAILED" or seen.count(".") == 3, f"kubectl exec failed: {result.stderr.strip()}"
     return None if seen == "FAILED" else seen
+
+
+def _restarts(lab: Cluster, node_name: str) -> int:
+    statuses = agent.agent_pods(lab)[node_name]["status"].get("containerStatuses", [])
+    return sum(int(status.get("restartCount", 0)) for status in statuses)
 
 
 def _nat_lines(lab: Cluster, node_name: str, prefix: str) -> list[str]:
@@ -225,8 +231,13 @@ def test_a_bad_configmap_keeps_every_nodes_rules_and_says_why_in_kubectl(cluster
         assert "Readiness probe failed" in described and "10.300.0.0/16" in described, described[-1500:]
         agent.wait_synced(cluster, node, good, REFERENCE_OPTIONS, timeout=0)  # the last good rules stay
         # drift on a node with a bad config is still repaired (its last good config, at its resync interval)
+        restarts = _restarts(cluster, node.name)
         cluster.namespace(node).run(["iptables", "-t", "nat", "-F", REFERENCE_OPTIONS.masq_chain])
-        agent.wait_synced(cluster, node, good, REFERENCE_OPTIONS, timeout=30)
+        try:
+            agent.wait_synced(cluster, node, good, REFERENCE_OPTIONS, timeout=60)
+        except ClusterError as exc:  # a restarted agent has no last good config to repair with: say so
+            raise AssertionError(f"{exc} (agent restarts before the flush {restarts}, now "
+                                 f"{_restarts(cluster, node.name)})") from None
     agent.apply_config(cluster, KEEP_10_8)
     _wait(lambda: all(_ready(p) for p in agent.agent_pods(cluster).values()), 90, "every agent Ready again")
 
