@@ -40,6 +40,19 @@ def cidrs(n: int, variant: int = 1) -> list[str]:
     return out
 
 
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `condition` (an OSError counts as not yet) until it holds; exit naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
 def best_of(repeats: int, fn: Callable[[], object]) -> float:
     times = []
     for _ in range(repeats):

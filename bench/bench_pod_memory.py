@@ -38,9 +38,9 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
+from bench_core import wait_for  # type: ignore[import-not-found]
 from bench_scale import VARIANTS, kube_proxy_rules  # type: ignore[import-not-found]
 from ipmasq.config.source import MAX_CONFIG_BYTES
 from ipmasq.lab.kubelet import publish
@@ -137,18 +137,6 @@ def _status(pid: int) -> dict[str, float]:
     return {key: int(fields[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM")}
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise SystemExit(f"bench_pod_memory: timed out waiting for {what}")
-
-
 def inner(variant: str, foreign: int, size: int, cgroup: CgroupFiles) -> dict[str, object]:
     """Runs inside the variant's namespace (so the scrapes reach its loopback)."""
     flags, restore = VARIANTS[variant]
@@ -179,12 +167,12 @@ def inner(variant: str, foreign: int, size: int, cgroup: CgroupFiles) -> dict[st
     def change(text: str) -> None:
         reloads, syncs = _metric("ipmasq_config_reloads_total"), _metric("ipmasq_syncs_total")
         publish(config_dir, text)
-        _wait_for(lambda: _metric("ipmasq_config_reloads_total") > reloads
+        wait_for(lambda: _metric("ipmasq_config_reloads_total") > reloads
                   and _metric("ipmasq_syncs_total") > syncs and _metric("ipmasq_ready") == 1, 300,
                   "the changed config to be applied")
 
     try:
-        _wait_for(lambda: _metric("ipmasq_ready") == 1, 120, "the agent to apply its first config")
+        wait_for(lambda: _metric("ipmasq_ready") == 1, 120, "the agent to apply its first config")
         record("start (20 CIDRs)")
         reset()
         change(first)
@@ -195,7 +183,7 @@ def inner(variant: str, foreign: int, size: int, cgroup: CgroupFiles) -> dict[st
         reset()
         syncs = _metric("ipmasq_syncs_total")
         proc.send_signal(signal.SIGHUP)
-        _wait_for(lambda: _metric("ipmasq_syncs_total") > syncs, 300, "the idle resync")
+        wait_for(lambda: _metric("ipmasq_syncs_total") > syncs, 300, "the idle resync")
         record("idle resync at full size")
         reset()
         subprocess.run([sys.executable, "-m", "ipmasq", "health", f"--address={ADDRESS}"], check=True,

@@ -44,6 +44,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from bench_core import wait_for  # type: ignore[import-not-found]
 from ipmasq.lab.netns import network
 
 ADDRESS = "127.0.0.1:9848"
@@ -131,18 +132,6 @@ def _cpu(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / CLK_TCK
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise SystemExit(f"timed out waiting for {what}")
-
-
 _MAXRSS = ("import resource, subprocess, sys\n"
            "stdin = open(sys.argv[1]) if sys.argv[1] else None\n"
            "subprocess.run(sys.argv[2:], stdin=stdin, stdout=subprocess.DEVNULL, check=True)\n"
@@ -185,14 +174,14 @@ def inner(variant: str, count: int, foreign: int, idle: int) -> dict[str, object
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     started = time.monotonic()
     try:
-        _wait_for(_ready, 300, "the agent to apply the config")
+        wait_for(_ready, 300, "the agent to apply the config")
         first_apply_s = time.monotonic() - started
         # past the passes that follow the first write (the foreign rules' first count, the pass that reads
         # everything back and finds it matching): from here on every pass is an idle resync
         settled = _syncs() + 3
-        _wait_for(lambda: _syncs() >= settled, 300, "the passes after the first write")
+        wait_for(lambda: _syncs() >= settled, 300, "the passes after the first write")
         syncs0, cpu0 = _syncs(), _cpu(proc.pid)
-        _wait_for(lambda: _syncs() >= syncs0 + idle, 600, f"{idle} idle resyncs")
+        wait_for(lambda: _syncs() >= syncs0 + idle, 600, f"{idle} idle resyncs")
         cpu1 = _cpu(proc.pid)
         syncs1 = _syncs()  # counted after the CPU read: the division slightly understates the cost
         peak = _hwm_mib(proc.pid)
@@ -200,9 +189,9 @@ def inner(variant: str, count: int, foreign: int, idle: int) -> dict[str, object
         # a config change at this size: the old policy stays alive while the new config is parsed and applied
         reloads = _counter("ipmasq_config_reloads_total")
         write_config(config_dir, count - 1, "100ms", limit=count)
-        _wait_for(lambda: _counter("ipmasq_config_reloads_total") > reloads and _ready(), 300, "the changed config")
+        wait_for(lambda: _counter("ipmasq_config_reloads_total") > reloads and _ready(), 300, "the changed config")
         settled = _syncs() + 3
-        _wait_for(lambda: _syncs() >= settled, 300, "the passes after the change")
+        wait_for(lambda: _syncs() >= settled, 300, "the passes after the change")
         peak_after_change = _hwm_mib(proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -213,7 +202,7 @@ def inner(variant: str, count: int, foreign: int, idle: int) -> dict[str, object
     with log_path2.open("w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait_for(lambda: "agent started" in log_path2.read_text(), 120, "the second agent's loop")
+        wait_for(lambda: "agent started" in log_path2.read_text(), 120, "the second agent's loop")
         time.sleep(0.3)
         mid_parse = "config loaded" not in log_path2.read_text()
         sent = time.monotonic()

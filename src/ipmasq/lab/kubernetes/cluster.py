@@ -123,6 +123,14 @@ def _join_cgroup(*parts: str) -> Callable[[], None]:
     return join
 
 
+def _move_to_cgroup(pid: int, *parts: str) -> None:
+    """A process started elsewhere (the world's probe servers) joins ipmasq-lab/PARTS, so teardown takes it too."""
+    for controller in CGROUP_CONTROLLERS:
+        procs = _cgroup(controller, *parts, "cgroup.procs")
+        if procs.exists():
+            procs.write_text(str(pid))
+
+
 def _cgroup_pids() -> set[int]:
     pids: set[int] = set()
     root = Path("/sys/fs/cgroup", "pids", CGROUP_ROOT)
@@ -310,7 +318,12 @@ class Cluster:
         router.run(["ip", "link", "set", "vpc", "up"])
         self.world = Lab(net, str(self.state / "world"))
         os.makedirs(self.world.workdir)
-        build_world(self.world, router)
+        _make_cgroup("world")
+        try:
+            build_world(self.world, router)
+        finally:  # its probe servers go with the cluster, whoever tears it down (--down from another process)
+            for server in self.world.servers:
+                _move_to_cgroup(server.pid, "world")
         control_plane = net.add("cp")
         _, port = net.link(control_plane, [f"{CONTROL_PLANE}/20"], router, [])
         router.run(["ip", "link", "set", port, "master", "vpc"])

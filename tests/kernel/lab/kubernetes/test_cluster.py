@@ -83,6 +83,8 @@ def lab() -> Iterator[Cluster]:
     finally:
         tear_down(lab.net)
         assert not cluster_is_up()
+        leftover = subprocess.run(["pgrep", "-af", f"{state_dir()}/"], capture_output=True, text=True).stdout
+        assert leftover == "", leftover  # every process the lab started (probe servers too) went with it
         assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
                     if n.startswith(f"{NETNS_PREFIX}-")]
         assert _host_netfilter() == before, "the lab changed the machine's own netfilter rules"

@@ -31,7 +31,10 @@ def _lab(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
 
 def _left_behind() -> list[str]:
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-    return [n for n in namespaces if n.startswith(f"{NETNS_PREFIX}-")] + (["state"] if state_dir().exists() else [])
+    # every process the lab starts names its state directory in its arguments (the world's probe servers too)
+    processes = subprocess.run(["pgrep", "-f", f"{state_dir()}/"], capture_output=True, text=True).stdout.split()
+    return ([n for n in namespaces if n.startswith(f"{NETNS_PREFIX}-")] + (["state"] if state_dir().exists() else [])
+            + [f"pid {pid}" for pid in processes])
 
 
 def test_keep_leaves_a_cluster_kubectl_can_use_and_down_removes_it() -> None:
