@@ -14,6 +14,8 @@ for tool in iptables:iptables ip6tables:iptables nft:nftables ip:iproute2 conntr
   command -v "${tool%%:*}" >/dev/null 2>&1 || need_debian+=("${tool#*:}")
 done
 [ -x /usr/lib/cni/bridge ] || need_debian+=(containernetworking-plugins)
+# the Kubernetes lab's build replaces the reflect2 Kubernetes 1.20 vendors (it crashes under Debian's Go) with this one
+[ -d /usr/share/gocode/src/github.com/modern-go/reflect2 ] || need_debian+=(golang-github-modern-go-reflect2-dev)
 if [ ${#need_debian[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing ${need_debian[*]} from Debian" >&2

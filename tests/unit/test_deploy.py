@@ -39,9 +39,31 @@ def daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
 @pytest.mark.parametrize("path", [DEPLOY, DEPLOY / "overlays" / "gke"], ids=["base", "gke"])
 def test_kustomize_output_validates_against_the_kubernetes_schemas(path: Path) -> None:
     docs = kustomize(path)
-    assert {d["kind"] for d in docs} == {"DaemonSet", "ServiceAccount"}
+    assert {d["kind"] for d in docs} == {"DaemonSet", "ServiceAccount", "CustomResourceDefinition", "Role",
+                                         "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_agents_rights_are_exactly_its_configmap_events_status_and_reading_a_node() -> None:
+    docs = kustomize(DEPLOY)
+    granted = sorted(
+        (doc["kind"], doc["metadata"].get("namespace", ""), group, resource, tuple(rule.get("resourceNames", ())),
+         tuple(sorted(rule["verbs"])))
+        for doc in docs if doc["kind"] in ("Role", "ClusterRole")
+        for rule in doc["rules"] for group in rule["apiGroups"] for resource in rule["resources"])
+    assert granted == [
+        ("ClusterRole", "", "", "nodes", (), ("get",)),
+        ("ClusterRole", "", "ipmasq.dev", "ipmasqagentstatuses", (), ("create", "patch")),
+        ("Role", "default", "", "events", (), ("create", "patch")),
+        ("Role", "kube-system", "", "configmaps", ("ip-masq-agent",), ("get", "list", "watch")),
+        ("Role", "kube-system", "", "events", (), ("create", "patch")),
+    ]
+    bound = {(doc["kind"], doc["roleRef"]["name"]): doc["subjects"] for doc in docs if doc["kind"].endswith("Binding")}
+    assert set(bound) == {("RoleBinding", "ip-masq-agent"), ("RoleBinding", "ip-masq-agent-node-events"),
+                          ("ClusterRoleBinding", "ip-masq-agent")}
+    for subjects in bound.values():
+        assert subjects == [{"kind": "ServiceAccount", "name": "ip-masq-agent", "namespace": "kube-system"}]
 
 
 def test_daemonset_is_least_privilege_and_drop_in() -> None:
@@ -51,7 +73,7 @@ def test_daemonset_is_least_privilege_and_drop_in() -> None:
     assert pod["hostNetwork"] is True
     assert pod["priorityClassName"] == "system-node-critical"
     assert {"operator": "Exists"} in pod["tolerations"]
-    assert pod["automountServiceAccountToken"] is False
+    assert pod["automountServiceAccountToken"] is True  # the API: its rights are the test above
     assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     (container,) = pod["containers"]
     security = container["securityContext"]

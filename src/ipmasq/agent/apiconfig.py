@@ -8,7 +8,7 @@ before the first list, and while the API cannot be reached. Which one wins is de
 - a file content is newer only if the API has not shown it: kubelet writes into the volume what the API held, so a
   file that equals the API's current content changes nothing, and one that equals an earlier API content is kubelet
   catching up late (an older config), never a reason to go back;
-- a file content the API never showed wins: the API was out of reach (or its RBAC revoked) while kubelet, which
+- a file content the API never showed, read after a first one, wins: the API was out of reach (or its RBAC revoked) while kubelet, which
   still reached it, brought a newer config; or someone edited the file by hand.
 
 A ConfigMap that does not exist is the reference's defaults, exactly as a missing file is.
@@ -24,7 +24,7 @@ from typing import Literal
 
 from ipmasq.config.source import ConfigInput
 from ipmasq.errors import ConfigError
-from ipmasq.kube.client import KubeClient
+from ipmasq.kube.client import ApiClient
 from ipmasq.kube.configmaps import ConfigMapFollower, ConfigMapState
 
 __all__ = ["ApiConfig", "ConfigChoice", "Read", "configmap_source"]
@@ -69,9 +69,12 @@ class ConfigChoice:
         if self.file is not None and _content(self.file) == content:
             self.file = read
             return
+        first = self.file is None
         self.file = read
-        if self.api is not None and content in self._api_history:
-            return  # the API showed this already: the current one again, or kubelet catching up late
+        if self.api is not None and (first or content in self._api_history):
+            # the API showed this already (the current one again, or kubelet catching up late); or the file's first
+            # read came after the API's list: what the volume held at start-up is not news
+            return
         self.newest = "file"
 
     def current(self) -> Read | None:
@@ -83,7 +86,7 @@ class ConfigChoice:
 class ApiConfig:
     """The agent's ConfigMaps followed through the API, and the choice between them and the mounted file."""
 
-    def __init__(self, client: KubeClient, namespace: str, names: Sequence[str], key: str, *,
+    def __init__(self, client: ApiClient, namespace: str, names: Sequence[str], key: str, *,
                  log: logging.Logger, poke: Callable[[], None], stop: threading.Event) -> None:
         self.namespace, self.names, self.key = namespace, tuple(sorted(set(names))), key
         self.log = log

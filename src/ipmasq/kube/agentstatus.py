@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ipmasq.errors import Conflict, NotFound
-from ipmasq.kube.client import KubeClient
+from ipmasq.kube.client import ApiClient
 
 __all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "NodeStatus", "StatusWriter", "status_from_json", "status_path"]
 
@@ -87,7 +87,7 @@ def status_from_json(obj: dict[str, Any]) -> NodeStatus:
 class StatusWriter:
     """Creates the node's status object once (owned by the Node when its uid can be read), then patches it."""
 
-    def __init__(self, client: KubeClient, node: str) -> None:
+    def __init__(self, client: ApiClient, node: str) -> None:
         self.client = client
         self.node = node
         self._exists = False

@@ -18,7 +18,7 @@ import socket
 import ssl
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 from ipmasq import __version__
@@ -35,7 +35,7 @@ from ipmasq.errors import (
 )
 from ipmasq.kube.credentials import Credentials, TokenFile
 
-__all__ = ["MAX_ANSWER_BYTES", "KubeClient", "WatchEvent"]
+__all__ = ["MAX_ANSWER_BYTES", "ApiClient", "KubeClient", "WatchEvent"]
 
 # The largest answer (or watch line) read: a ConfigMap's 1 MiB of data, JSON-escaped, with its metadata and
 # managedFields, fits several times over.
@@ -52,6 +52,18 @@ class WatchEvent:
 
     type: str
     object: dict[str, Any]
+
+
+class ApiClient(Protocol):
+    """What the agent asks of the API server: KubeClient on a node, ipmasq.testing.kube.FakeKubeClient in tests."""
+
+    def get(self, path: str, *, query: Mapping[str, str] | None = None) -> dict[str, Any]: ...
+
+    def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def watch(self, path: str, *, query: Mapping[str, str], timeout_seconds: int = 300) -> Iterator[WatchEvent]: ...
 
 
 class KubeClient:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ipmasq.errors import ApiError, Gone
-from ipmasq.kube.client import KubeClient
+from ipmasq.kube.client import ApiClient
 
 __all__ = ["ConfigMapFollower", "ConfigMapState", "configmap_state"]
 
@@ -63,7 +63,7 @@ def configmap_state(namespace: str, name: str, key: str, obj: dict[str, Any] | N
 class ConfigMapFollower:
     """Keeps one ConfigMap's state current through list+watch, in a thread of its own."""
 
-    def __init__(self, client: KubeClient, namespace: str, name: str, key: str, *,
+    def __init__(self, client: ApiClient, namespace: str, name: str, key: str, *,
                  on_change: Callable[[ConfigMapState], None], on_trouble: Callable[[str | None], None],
                  stop: threading.Event, watch_seconds: int = WATCH_SECONDS) -> None:
         self.client = client

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from ipmasq.errors import Conflict, NotFound, clip
-from ipmasq.kube.client import KubeClient
+from ipmasq.kube.client import ApiClient
 
 __all__ = ["REPEAT_WRITE_SECONDS", "EventRecorder", "ObjectRef", "Occurrence", "timestamp"]
 
@@ -68,7 +68,7 @@ class _Written:
 
 
 class EventRecorder:
-    def __init__(self, client: KubeClient, *, component: str, host: str,
+    def __init__(self, client: ApiClient, *, component: str, host: str,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.component, self.host = component, host
@@ -98,10 +98,11 @@ class EventRecorder:
         try:
             self.client.create(path, self._event(occurrence, name))
             count = 1
-        except Conflict:  # this agent (before a restart) or its predecessor on the node wrote it: count on
-            existing = self.client.get(f"{path}/{name}")
-            count = int(existing.get("count") or 1) + 1
-            self.client.patch(f"{path}/{name}", {"count": count, "lastTimestamp": timestamp()})
+        except Conflict:
+            # this agent before a restart, or its predecessor on the node, wrote it: say it happened again (the
+            # count it had is not read back: the agent may create and patch Events, not read them)
+            self.client.patch(f"{path}/{name}", {"lastTimestamp": timestamp()})
+            count = 1
         self._remember(occurrence, _Written(name, count, now))
 
     def flush(self) -> None:

@@ -50,6 +50,12 @@ REQUIRED_COMMANDS = {
     "gcc": "gcc", "go": "golang-go", "make": "make", "rsync": "rsync", "jq": "jq", "dpkg-source": "dpkg-dev",
 }
 CNI_PLUGINS_DIR = "/usr/lib/cni"  # containernetworking-plugins
+# Kubernetes 1.20 vendors reflect2 1.0.1, which crashes under Go 1.18 and newer on map iteration (the API server dies
+# with "fatal error: fault" in reflect2's UnsafeIterate the first time it serves a custom resource); Debian's
+# golang-github-modern-go-reflect2-dev is 1.0.2, the release that fixed it, with the same API. It replaces the
+# vendored copy before the build.
+REFLECT2_DIR = "/usr/share/gocode/src/github.com/modern-go/reflect2"
+REFLECT2_PACKAGE = "golang-github-modern-go-reflect2-dev"
 
 
 class BuildError(IpmasqError):
@@ -67,6 +73,8 @@ def missing_packages(*, building: bool = True) -> list[str]:
     missing = {p for c, p in wanted.items() if shutil.which(c) is None}
     if not os.path.exists(os.path.join(CNI_PLUGINS_DIR, "bridge")):
         missing.add("containernetworking-plugins")
+    if building and not os.path.isdir(REFLECT2_DIR):
+        missing.add(REFLECT2_PACKAGE)
     return sorted(missing)
 
 
@@ -161,6 +169,10 @@ def _build_kubernetes(cache: Path, wanted: list[str], key: str) -> None:
     (dsc,) = sorted(work.glob("kubernetes_*.dsc"))
     _run(["dpkg-source", "-x", "--skip-debianization", dsc.name, "tree"], cwd=work, what="dpkg-source -x")
     tree = work / "tree"
+    vendored = tree / "vendor" / "github.com" / "modern-go" / "reflect2"
+    shutil.rmtree(vendored)
+    shutil.copytree(REFLECT2_DIR, vendored,
+                    ignore=shutil.ignore_patterns("*_test.go", "tests", "go.mod", "go.sum", ".*"))
     gopath = tree / ".go"
     (gopath / "src" / "k8s.io").mkdir(parents=True)
     (gopath / "src" / "k8s.io" / "kubernetes").symlink_to("../../..")
@@ -174,6 +186,15 @@ def _build_kubernetes(cache: Path, wanted: list[str], key: str) -> None:
     shutil.rmtree(work, ignore_errors=True)  # 1.5 GB of tree and objects; the Go cache stays for a rebuild
 
 
+def _reflect2_digest() -> str:
+    if not os.path.isdir(REFLECT2_DIR):
+        raise BuildError(f"{REFLECT2_DIR} not found: apt-get install {REFLECT2_PACKAGE}")
+    digest = hashlib.sha256()
+    for path in sorted(Path(REFLECT2_DIR).glob("*.go")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def _toolchain(cache: Path, progress: Progress) -> Toolchain:
     etcd = shutil.which("etcd") or _present_binary("etcd")
     if etcd is None:
@@ -182,7 +203,7 @@ def _toolchain(cache: Path, progress: Progress) -> Toolchain:
     wanted = [name for name, path in present.items() if path is None]
     binaries = {name: path for name, path in present.items() if path is not None}
     if wanted:
-        key = _key("kubernetes bookworm source", _go_version(), *wanted)
+        key = _key("kubernetes bookworm source", _go_version(), _reflect2_digest(), *wanted)
         if not _stamp_matches(cache / "kubernetes", key):
             _step(progress, f"Kubernetes ({', '.join(wanted)}) from Debian's source package",
                   lambda: _build_kubernetes(cache, wanted, key))

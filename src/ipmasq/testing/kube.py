@@ -1,0 +1,99 @@
+"""FakeKubeClient: the API seam in memory, for fast unit tests of what the agent asks of the API server.
+
+It keeps objects by path and answers as the API server does for what the agent uses: create (409 when the name is
+taken), get (404), a JSON merge patch, a list by `metadata.name` field selector with a resourceVersion, and watches
+fed by the test. `refuse` makes the next calls on a path fail with the given ApiError. The proof that the real
+client and the real API server agree is in the Kubernetes lab's tests, never here.
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ipmasq.errors import ApiError, Conflict, NotFound
+from ipmasq.kube.client import WatchEvent
+
+__all__ = ["FakeKubeClient"]
+
+
+def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+    return target
+
+
+class FakeKubeClient:
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}  # full path -> object
+        self.calls: list[tuple[str, str]] = []  # (verb, path) in order
+        self.version = 100
+        self.refusals: dict[str, list[ApiError]] = {}
+        self.watch_events: queue.Queue[WatchEvent | ApiError | None] = queue.Queue()
+
+    def refuse(self, path: str, *errors: ApiError) -> None:
+        self.refusals.setdefault(path, []).extend(errors)
+
+    def _check(self, verb: str, path: str) -> None:
+        self.calls.append((verb, path))
+        waiting = self.refusals.get(path)
+        if waiting:
+            raise waiting.pop(0)
+
+    def _bump(self, obj: dict[str, Any]) -> None:
+        self.version += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.version)
+
+    def get(self, path: str, *, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        self._check("GET", path)
+        if query and "fieldSelector" in query:
+            name = query["fieldSelector"].removeprefix("metadata.name=")
+            found = self.objects.get(f"{path}/{name}")
+            return {"items": [copy.deepcopy(found)] if found else [],
+                    "metadata": {"resourceVersion": str(self.version)}}
+        if path not in self.objects:
+            raise NotFound(404, f"{path} not found", verb="GET", path=path)
+        return copy.deepcopy(self.objects[path])
+
+    def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._check("POST", path)
+        full = f"{path}/{body['metadata']['name']}"
+        if full in self.objects:
+            raise Conflict(409, "already exists", verb="POST", path=path)
+        obj = copy.deepcopy(dict(body))
+        obj["metadata"].setdefault("uid", f"uid-{len(self.objects) + 1}")
+        self._bump(obj)
+        self.objects[full] = obj
+        return copy.deepcopy(obj)
+
+    def patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._check("PATCH", path)
+        if path not in self.objects:
+            raise NotFound(404, f"{path} not found", verb="PATCH", path=path)
+        obj = _merge(self.objects[path], body)
+        self._bump(obj)
+        return copy.deepcopy(obj)
+
+    def put(self, path: str, obj: dict[str, Any]) -> None:
+        """The test writes an object (as kubectl apply would)."""
+        obj = copy.deepcopy(obj)
+        obj.setdefault("metadata", {}).setdefault("uid", f"uid-{len(self.objects) + 1}")
+        self._bump(obj)
+        self.objects[path] = obj
+
+    def watch(self, path: str, *, query: Mapping[str, str], timeout_seconds: int = 300) -> Iterator[WatchEvent]:
+        self._check("WATCH", path)
+        while True:
+            item = self.watch_events.get()
+            if item is None:
+                return  # the server ended the watch
+            if isinstance(item, ApiError):
+                raise item
+            yield item

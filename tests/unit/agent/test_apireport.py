@@ -1,0 +1,89 @@
+"""What the agent tells the API: occurrences and the node's status, once per change, written off the loop."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from ipmasq.agent.apireport import CONFIG, ApiReporter, Narrator
+from ipmasq.agent.reconcile import ConfigReport, ObjectCount, PassReport, Readiness, SyncResult
+from ipmasq.errors import ApiUnreachable
+from ipmasq.kube.agentstatus import StatusWriter, status_from_json, status_path
+from ipmasq.kube.events import EventRecorder
+from ipmasq.policy.prefix import Family
+from ipmasq.testing.kube import FakeKubeClient
+
+READY = Readiness(True, "ready: the kernel matches the current config")
+
+
+def narrator(exists: bool | None = True) -> Narrator:
+    return Narrator("node-a", pod="ip-masq-agent-x1", version="0.1.0", backend="iptables-nft",
+                    source=lambda: "api", configmaps=lambda: (("ip-masq-agent", "41"),),
+                    configmap_exists=lambda: exists, now=lambda: "2026-11-24T10:00:00Z")
+
+
+def applied(policy: str = "a" * 64, *, drift: bool = False, error: str | None = None,
+            result: SyncResult = SyncResult.APPLIED, foreign: int | None = 0) -> PassReport:
+    return PassReport(result=result, config_error=error, backend_error=None, drift_repair=drift, writes=(),
+                      removed_leftovers=(), leftovers=(), policy_hash=policy,
+                      objects=(ObjectCount(Family.V4, 5, 0),), resync_interval=60.0,
+                      readiness=READY if error is None else Readiness(False, f"not ready: config error: {error}"),
+                      foreign_masquerade_rules=foreign, config_digest="d" * 64)
+
+
+def test_applied_once_then_silent_until_something_changes() -> None:
+    teller = narrator()
+    note = teller.reconciled(applied())
+    (said,) = note.occurrences
+    assert (said.target, said.reason) == (CONFIG, "ConfigApplied")
+    assert "node node-a enforces policy aaaaaaaaaaaa (5 rules, iptables-nft)" == said.message
+    assert note.status is not None and note.status.ready and note.status.config_source == "api"
+    quiet = teller.reconciled(applied(result=SyncResult.IN_SYNC))
+    assert quiet.occurrences == () and quiet.status is None
+
+
+def test_a_rejected_config_is_said_once_with_its_line_and_the_policy_kept() -> None:
+    teller = narrator()
+    teller.reconciled(applied())
+    bad = "configmap/ip-masq-agent[config]:3: nonMasqueradeCIDRs[0]: invalid CIDR '10.0.0.0/33'"
+    report = ConfigReport(changed=True, config_error=bad, policy_hash="a" * 64, resync_interval=60.0,
+                          readiness=Readiness(False, f"not ready: config error: {bad}"))
+    (said,) = teller.observed(report).occurrences
+    assert said.reason == "ConfigRejected" and said.type == "Warning"
+    assert said.message == f"node node-a rejected the config: {bad} (keeping policy aaaaaaaaaaaa)"
+    assert teller.observed(report).occurrences == ()
+    assert teller.status.last_rejection == bad
+    # the passes that keep enforcing the last good policy meanwhile say nothing more
+    assert teller.reconciled(applied(error=bad, result=SyncResult.IN_SYNC)).occurrences == ()
+
+
+def test_no_configmap_is_said_on_the_node_drift_and_foreign_rules_too() -> None:
+    teller = narrator(exists=False)
+    (said,) = teller.reconciled(applied()).occurrences
+    assert (said.target.kind, said.reason) == ("Node", "NoConfigMap")
+    reasons = [o.reason for o in teller.reconciled(applied(drift=True, foreign=3)).occurrences]
+    assert reasons == ["DriftRepaired", "ForeignMasqueradeRules"]
+    assert teller.status.drift_repairs == 1
+
+
+def test_the_reporter_writes_events_and_status_and_catches_up_after_the_api_returns() -> None:
+    client = FakeKubeClient()
+    client.put("/api/v1/nodes/node-a", {"metadata": {"name": "node-a", "uid": "node-uid"}})
+    client.refuse("/api/v1/namespaces/default/events", ApiUnreachable("connection refused"))
+    stop = threading.Event()
+    teller = narrator(exists=False)
+    reporter = ApiReporter(teller, EventRecorder(client, component="ip-masq-agent", host="node-a"),
+                           StatusWriter(client, "node-a"), None, log=logging.getLogger("test"), stop=stop)
+    reporter.start()
+    started = time.monotonic()
+    reporter.reconciled(applied(), 0.01)  # returns at once: the loop never waits on the API
+    assert time.monotonic() - started < 0.1
+    deadline = time.monotonic() + 10
+    while status_path("node-a") not in client.objects or not any("/events/" in p for p in client.objects):
+        assert time.monotonic() < deadline, client.calls
+        time.sleep(0.02)
+    stop.set()
+    written = client.objects[status_path("node-a")]
+    assert written["metadata"]["ownerReferences"][0]["uid"] == "node-uid"
+    assert status_from_json(written) == teller.status

@@ -1,0 +1,78 @@
+"""Following a ConfigMap: list, watch from the list's version, list again on 410, back off on anything else."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+
+from ipmasq.errors import ApiUnreachable, Forbidden, Gone
+from ipmasq.kube.client import WatchEvent
+from ipmasq.kube.configmaps import ConfigMapFollower, ConfigMapState, configmap_state
+from ipmasq.testing.kube import FakeKubeClient
+
+PATH = "/api/v1/namespaces/kube-system/configmaps"
+
+
+def configmap(text: str, version: str = "5") -> dict[str, object]:
+    return {"metadata": {"name": "ip-masq-agent", "uid": "u1", "resourceVersion": version}, "data": {"config": text}}
+
+
+def test_the_key_as_kubelet_writes_it_data_or_binary_data() -> None:
+    assert configmap_state("ns", "n", "config", None) == ConfigMapState("ns", "n", exists=False)
+    assert configmap_state("ns", "n", "config", configmap("a: 1")).content == b"a: 1"
+    binary = {"metadata": {}, "binaryData": {"config": base64.b64encode(b"\xff\xfe").decode()}}
+    assert configmap_state("ns", "n", "config", binary).content == b"\xff\xfe"
+    assert configmap_state("ns", "n", "config", {"metadata": {}, "binaryData": {"config": "!!"}}).bad_value
+    other_key = configmap_state("ns", "n", "config", {"metadata": {}, "data": {"other": "x"}})
+    assert other_key.exists and other_key.content is None
+    assert configmap_state("ns", "n", "config", {"metadata": "garbage", "data": ["x"]}).content is None
+
+
+def _follow(client: FakeKubeClient) -> tuple[ConfigMapFollower, list[ConfigMapState], list[str | None], threading.Event]:
+    seen: list[ConfigMapState] = []
+    troubles: list[str | None] = []
+    stop = threading.Event()
+    follower = ConfigMapFollower(client, "kube-system", "ip-masq-agent", "config", on_change=seen.append,
+                                 on_trouble=troubles.append, stop=stop)
+    follower.start()
+    return follower, seen, troubles, stop
+
+
+def _wait(condition: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_list_then_watch_then_relist_on_gone_and_recover_after_trouble() -> None:
+    client = FakeKubeClient()
+    client.put(f"{PATH}/ip-masq-agent", configmap("a"))
+    _follower, seen, troubles, stop = _follow(client)
+    try:
+        _wait(lambda: len(seen) == 1)
+        assert seen[0].content == b"a"
+        client.watch_events.put(WatchEvent("MODIFIED", configmap("b", "9")))
+        _wait(lambda: len(seen) == 2)
+        assert seen[1].content == b"b"
+        client.watch_events.put(WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "12"}}))
+        client.watch_events.put(WatchEvent("DELETED", configmap("b", "13")))
+        _wait(lambda: len(seen) == 3)
+        assert not seen[2].exists
+        client.put(f"{PATH}/ip-masq-agent", configmap("c"))
+        client.watch_events.put(Gone(410, "too old resource version"))  # relist at once
+        _wait(lambda: len(seen) == 4)
+        assert seen[3].content == b"c"
+        assert troubles == []
+        client.refuse(PATH, Forbidden(403, "configmaps is forbidden"))
+        client.watch_events.put(ApiUnreachable("watch: the stream broke"))
+        _wait(lambda: len(troubles) >= 1)
+        assert "stream broke" in str(troubles[0])
+        _wait(lambda: None in troubles, timeout=10)  # after the 403 on relist, a later list worked
+        assert any(t is not None and "forbidden" in t for t in troubles)
+    finally:
+        stop.set()
+        client.watch_events.put(None)
+    verbs = [verb for verb, _ in client.calls]
+    assert verbs[:2] == ["GET", "WATCH"]
