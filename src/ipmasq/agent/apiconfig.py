@@ -8,8 +8,8 @@ before the first list, and while the API cannot be reached. Which one wins is de
 - a file content is newer only if the API has not shown it: kubelet writes into the volume what the API held, so a
   file that equals the API's current content changes nothing, and one that equals an earlier API content is kubelet
   catching up late (an older config), never a reason to go back;
-- a file content the API never showed, read after a first one, wins: the API was out of reach (or its RBAC revoked) while kubelet, which
-  still reached it, brought a newer config; or someone edited the file by hand.
+- a file content the API never showed, read after a first one, wins: the API was out of reach (or its RBAC
+  revoked) while kubelet, which still reached it, brought a newer config; or someone edited the file by hand.
 
 A ConfigMap that does not exist is the reference's defaults, exactly as a missing file is.
 """

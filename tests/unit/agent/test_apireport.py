@@ -37,7 +37,7 @@ def test_applied_once_then_silent_until_something_changes() -> None:
     note = teller.reconciled(applied())
     (said,) = note.occurrences
     assert (said.target, said.reason) == (CONFIG, "ConfigApplied")
-    assert "node node-a enforces policy aaaaaaaaaaaa (5 rules, iptables-nft)" == said.message
+    assert said.message == "node node-a enforces policy aaaaaaaaaaaa (5 rules, iptables-nft)"
     assert note.status is not None and note.status.ready and note.status.config_source == "api"
     quiet = teller.reconciled(applied(result=SyncResult.IN_SYNC))
     assert quiet.occurrences == () and quiet.status is None

@@ -29,7 +29,10 @@ def test_the_key_as_kubelet_writes_it_data_or_binary_data() -> None:
     assert configmap_state("ns", "n", "config", {"metadata": "garbage", "data": ["x"]}).content is None
 
 
-def _follow(client: FakeKubeClient) -> tuple[ConfigMapFollower, list[ConfigMapState], list[str | None], threading.Event]:
+Followed = tuple[ConfigMapFollower, list[ConfigMapState], list[str | None], threading.Event]
+
+
+def _follow(client: FakeKubeClient) -> Followed:
     seen: list[ConfigMapState] = []
     troubles: list[str | None] = []
     stop = threading.Event()

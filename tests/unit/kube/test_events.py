@@ -1,4 +1,4 @@
-"""Events aggregated as Kubernetes aggregates them: one object per occurrence and node, repeats counted, rate-limited."""
+"""Events aggregated as Kubernetes aggregates them: one object per occurrence and node, repeats counted."""
 
 from __future__ import annotations
 
