@@ -26,7 +26,7 @@ from ipmasq.policy.policy import Policy
 
 __all__ = [
     "AGENT_LABEL", "CONFIGMAP", "agent_pods", "apply_config", "deploy_agent", "kernel", "node_options",
-    "overlay_for", "remove_agent", "uninstall", "wait_agents_ready", "wait_synced",
+    "overlay_for", "remove_agent", "uninstall", "wait_agents_ready", "wait_synced", "wait_volume",
 ]
 
 AGENT_LABEL = "k8s-app=ip-masq-agent"
@@ -125,6 +125,23 @@ def wait_synced(cluster: Cluster, node: NodeSpec, config: str | None, options: P
             raise ClusterError(f"{node.name}: the kernel did not reach the config within {timeout:.0f} s "
                                f"(kubectl logs -n kube-system {pod}: ...{' | '.join(logs.splitlines())})")
         time.sleep(0.1)
+
+
+def wait_volume(cluster: Cluster, node: NodeSpec, config: str | None, *, timeout: float = 180.0) -> float:
+    """Wait until kubelet's ConfigMap volume in the node's agent pod holds this config (the file the agent would read
+    without the API); returns the seconds. Read in the node's mount namespace, where kubelet mounted it."""
+    pod = agent_pods(cluster)[node.name]
+    path = (cluster.state / "nodes" / node.name / "kubelet" / "pods" / pod["metadata"]["uid"] / "volumes"
+            / "kubernetes.io~configmap" / "config" / CONFIGMAP)
+    want = (config or "").encode()
+    started = time.monotonic()
+    while True:
+        shown = subprocess.run(cluster.in_node(node, ["cat", str(path)]), capture_output=True)
+        if (shown.stdout if shown.returncode == 0 else b"") == want:
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise ClusterError(f"{node.name}: kubelet's volume did not show the config within {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 def _pod_name(cluster: Cluster, node: NodeSpec) -> str:

@@ -236,6 +236,8 @@ class Cluster:
     proxies: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     sync_frequency: str = KUBELET_SYNC_FREQUENCY
     api_port: int = API_PORT
+    api_server: subprocess.Popen[bytes] | None = None
+    _api_server_argv: list[str] = field(default_factory=list)
 
     # ---- names and paths ---------------------------------------------------------------------------------------
 
@@ -368,7 +370,7 @@ class Cluster:
                              "--listen-peer-urls=http://127.0.0.1:2380",
                              "--initial-advertise-peer-urls=http://127.0.0.1:2380",
                              "--initial-cluster=lab=http://127.0.0.1:2380"], group)
-        self._start("kube-apiserver", [
+        self._api_server_argv = [
             *enter, tools.binaries["kube-apiserver"], "--etcd-servers=http://127.0.0.1:2379",
             f"--advertise-address={CONTROL_PLANE}", "--bind-address=0.0.0.0", "--secure-port=6443",
             "--insecure-port=0", f"--service-cluster-ip-range={SERVICE_CIDR}",
@@ -379,13 +381,12 @@ class Cluster:
             f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--allow-privileged=true", "--kubelet-preferred-address-types=InternalIP",
-            f"--cert-dir={self.state / 'apiserver-certs'}"], group)
+            f"--cert-dir={self.state / 'apiserver-certs'}"]
+        self.api_server = self._start("kube-apiserver", self._api_server_argv, group)
         # kubectl on the machine: a loopback port forwarded into the control plane's namespace
         self._start("forward", [sys.executable, "-m", "ipmasq.lab.kubernetes.forward", f"127.0.0.1:{self.api_port}",
                                 f"/run/netns/{cp.name}", f"{CONTROL_PLANE}:6443"], group)
-        if not _wait(lambda: self.kubectl("get", "--raw", "/readyz", check=False, timeout=5).returncode == 0, 60,
-                     interval=0.5):
-            raise ClusterError(f"the API server is not ready after 60 s (logs: {self.state / 'logs'})")
+        self._wait_api_ready()
         self._start("kube-controller-manager", [
             *enter, tools.binaries["kube-controller-manager"],
             f"--kubeconfig={self.state / 'controller-manager.kubeconfig'}", "--leader-elect=false",
@@ -395,6 +396,24 @@ class Cluster:
         self._start("kube-scheduler", [
             *enter, tools.binaries["kube-scheduler"], f"--kubeconfig={self.state / 'scheduler.kubeconfig'}",
             "--leader-elect=false", "--bind-address=127.0.0.1", "--port=0"], group)
+
+    def _wait_api_ready(self) -> None:
+        if not _wait(lambda: self.kubectl("get", "--raw", "/readyz", check=False, timeout=5).returncode == 0, 60,
+                     interval=0.5):
+            raise ClusterError(f"the API server is not ready after 60 s (logs: {self.state / 'logs'})")
+
+    def stop_api_server(self) -> None:
+        """The API server gone (an outage, an upgrade): every watch and request to it fails until it is back."""
+        if self.api_server is not None:
+            self.api_server.terminate()
+            self.api_server.wait(30)
+            self.api_server = None
+
+    def start_api_server(self) -> None:
+        """The API server back, with the same flags and state (etcd kept everything)."""
+        if self.api_server is None:
+            self.api_server = self._start("kube-apiserver", self._api_server_argv, ("control-plane",))
+            self._wait_api_ready()
 
     def _node(self, node: NodeSpec) -> None:
         home = self.state / "nodes" / node.name

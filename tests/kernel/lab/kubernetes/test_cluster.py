@@ -8,6 +8,8 @@ Debian's source package and the image first). In CI a missing package or root is
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -44,12 +47,17 @@ from ipmasq.lab.scenarios import (
     PRESERVE_ONLY_10_8,
     REFERENCE_OPTIONS,
     SCENARIOS,
+    policy_for,
 )
 from ipmasq.lab.topology import ADDR, STRICT_PORT, Probe
+from ipmasq.policy.hash import policy_hash
 from tests.conftest import ROOT
 from tests.kernel.lab.kubernetes.conftest import require_kubernetes_lab
 
 pytestmark = pytest.mark.kubernetes
+
+# kubectl applies timed through the agents' watch, each on every node
+API_SAMPLES = 10
 
 
 
@@ -157,11 +165,12 @@ def test_the_shipped_daemonset_is_ready_on_every_node_as_shipped(lab: Cluster) -
         agent.wait_synced(lab, node, None, REFERENCE_OPTIONS, timeout=30)
 
 
-def test_gke_default_change_cuts_the_aws_vpc_and_the_configmap_fixes_it_through_kubelets_volume(
+def test_gke_default_change_cuts_the_aws_vpc_and_the_configmap_fixes_it_through_the_api_in_seconds(
         lab: Cluster) -> None:
     """The outage end to end: GKE 1.14's defaults preserve pod IPs to 172.16.0.0/12, the AWS VPC behind the VPN
-    refuses them; `kubectl apply` of the fixing ConfigMap reaches every node through kubelet's ConfigMap volume,
-    with kubelet's default sync period (the figures printed are the baseline the API watch must beat)."""
+    refuses them; `kubectl apply` of the fixing ConfigMap reaches every node's kernel through the agents' watch
+    within 2 s (p99 over repeated applies), while kubelet's ConfigMap volume, with kubelet's default sync period,
+    is measured beside it in the same run."""
     agent.remove_agent(lab)
     agent.apply_config(lab, None)
     agent.deploy_agent(lab, "deploy/overlays/gke")
@@ -174,22 +183,48 @@ def test_gke_default_change_cuts_the_aws_vpc_and_the_configmap_fixes_it_through_
         log = Path(lab.world.workdir, f"peers-{STRICT_PORT}.log").read_text()  # type: ignore[union-attr]
         assert f"REJECT {ADDR.aws_db} {pod_ips[node.name]}" in log
     assert lab.sync_frequency == KUBELET_SYNC_FREQUENCY  # kubelet's default, as the lab came up
-    applied = time.monotonic()
-    agent.apply_config(lab, PRESERVE_ONLY_10_8)
-    seconds: dict[str, float] = {}
+    api_seconds: list[float] = []
+    # two configs that differ in a rule, alternately (every apply changes the kernel), then the fix itself: a
+    # content kubelet's volume has not held before, so its own delay is measured from that last apply
+    configs = [PRESERVE_ONLY_10_8.replace("10.0.0.0/8", "10.0.0.0/9"), PRESERVE_ONLY_10_8.replace("10.0.0.0/8",
+                                                                                                  "10.0.0.0/10")]
+    for attempt in range(API_SAMPLES):
+        config = configs[attempt % 2] if attempt < API_SAMPLES - 1 else PRESERVE_ONLY_10_8
+        applied = time.monotonic()
+        agent.apply_config(lab, config)
+        seconds: dict[str, float] = {}
 
-    def wait(name: str) -> None:
-        agent.wait_synced(lab, lab.node(name), PRESERVE_ONLY_10_8, GKE_OPTIONS, timeout=180)
-        seconds[name] = time.monotonic() - applied
+        def wait(name: str, config: str = config, applied: float = applied,
+                 seconds: dict[str, float] = seconds) -> None:
+            agent.wait_synced(lab, lab.node(name), config, GKE_OPTIONS, timeout=60)
+            seconds[name] = time.monotonic() - applied
 
-    threads = [threading.Thread(target=wait, args=(n.name,)) for n in lab.nodes]
+        threads = [threading.Thread(target=wait, args=(n.name,)) for n in lab.nodes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert set(seconds) == {n.name for n in lab.nodes}, f"attempt {attempt}: {seconds}"
+        api_seconds.extend(seconds.values())
+    volume_applied = applied
+    volume: dict[str, float] = {}
+
+    def wait_volume(name: str) -> None:
+        agent.wait_volume(lab, lab.node(name), PRESERVE_ONLY_10_8, timeout=180)
+        volume[name] = time.monotonic() - volume_applied
+
+    threads = [threading.Thread(target=wait_volume, args=(n.name,)) for n in lab.nodes]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    _progress("kubectl apply -> kernel with kubelet's default sync period: "
-              + ", ".join(f"{name} {s:.1f} s" for name, s in sorted(seconds.items())))
-    assert set(seconds) == {n.name for n in lab.nodes}
+    ordered = sorted(api_seconds)
+    p50, p99 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    _progress(f"kubectl apply -> kernel through the API: {len(ordered)} node-samples, p50 {p50:.2f} s, "
+              f"p99 {p99:.2f} s, max {ordered[-1]:.2f} s; kubelet's volume (default sync) in the same run: "
+              + ", ".join(f"{name} {s:.1f} s" for name, s in sorted(volume.items())))
+    assert p99 <= 2.0, ordered
+    assert set(volume) == {n.name for n in lab.nodes}
     for node in lab.nodes:
         assert _probe_from(lab, node.name, aws) == node.address  # the peer sees the node and admits it
     agent.remove_agent(lab)
@@ -226,6 +261,17 @@ def test_a_bad_configmap_keeps_every_nodes_rules_and_says_why_in_kubectl(cluster
     for node in cluster.nodes:
         agent.wait_synced(cluster, node, good, REFERENCE_OPTIONS)
     agent.apply_config(cluster, "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n  - 10.300.0.0/16\n")
+    # where operators look first: every node's verdict, with the config's line, within seconds
+    started = time.monotonic()
+
+    def rejected_by_every_node() -> bool:
+        described = cluster.kubectl("describe", "configmap", agent.CONFIGMAP, "-n", "kube-system").stdout
+        return all(f"node {n.name} rejected the config: configmap/ip-masq-agent[config]:3: " in described
+                   and "10.300.0.0/16" in described for n in cluster.nodes)
+
+    _wait(rejected_by_every_node, 10, "kubectl describe configmap naming every node's rejection and the line")
+    _progress(f"kubectl describe configmap named every node's rejection {time.monotonic() - started:.1f} s after "
+              "the apply")
     _wait(lambda: not any(_ready(p) for p in agent.agent_pods(cluster).values()), 90, "every agent NotReady")
     for node in cluster.nodes:
         pod = agent.agent_pods(cluster)[node.name]["metadata"]["name"]
@@ -366,3 +412,180 @@ def test_settings_endpoint_round_trips_through_json(cluster: Cluster) -> None:
     assert settings["config"] == "/etc/config/ip-masq-agent" and settings["node_name"] == node.name
     assert settings["masq_chain"] == REFERENCE_OPTIONS.masq_chain and settings["backend"] == "iptables (nft)"
     agent.remove_agent(cluster)
+
+
+# ---- the API server: config at once, Events, status, least privilege, and its failures ---------------------------
+
+AGENT_ACCOUNT = "system:serviceaccount:kube-system:ip-masq-agent"
+
+
+def _ipmasq(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """ipmasq (or kubectl-ipmasq) on the machine, with the lab's kubeconfig as users have theirs ($KUBECONFIG)."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return subprocess.run(list(args), capture_output=True, text=True, env=env, timeout=120)
+
+
+def _status(cluster: Cluster) -> tuple[int, dict[str, Any]]:
+    result = _ipmasq(cluster, "ipmasq", "status", "-o", "json")
+    return result.returncode, json.loads(result.stdout) if result.stdout else {}
+
+
+def test_ipmasq_status_and_kubectl_ipmasq_tell_the_truth_of_every_nodes_kernel(cluster: Cluster) -> None:
+    good = KEEP_10_8 + "resyncInterval: 2s\n"
+    agent.apply_config(cluster, good)
+    agent.deploy_agent(cluster)
+    for node in cluster.nodes:
+        agent.wait_synced(cluster, node, good, REFERENCE_OPTIONS)
+    _wait(lambda: _status(cluster)[0] == 0, 15, "ipmasq status: every node current")
+    code, view = _status(cluster)
+    assert code == 0
+    for row in view["nodes"]:
+        node = cluster.node(row["node"])
+        expected = policy_hash(policy_for(good, agent.node_options(REFERENCE_OPTIONS, node)))
+        assert (row["current"], row["ready"], row["policy_hash"], row["config_source"]) == (True, True, expected,
+                                                                                          "api"), row
+    plugin = _ipmasq(cluster, "kubectl", "ipmasq", "status")
+    assert plugin.returncode == 0, plugin.stderr
+    assert "2 of 2 nodes enforce the current config" in plugin.stdout
+    listed = cluster.kubectl("get", "ipmasq").stdout
+    for node in cluster.nodes:
+        assert re.search(rf"^{node.name}\s+true\s+[0-9a-f]{{12}}\s+iptables \(nft\)\s+api\s+0\s", listed, re.M), listed
+    # check and trace on a node, as they print there
+    for node in cluster.nodes:
+        check = _ipmasq(cluster, "kubectl", "ipmasq", "check", node.name)
+        assert check.returncode == 0 and "ok: the node's rules match the config" in check.stdout, check
+    pod_ip = cluster.probe_pods()[EGRESS_NODE][1]
+    trace = _ipmasq(cluster, "kubectl", "ipmasq", "trace", EGRESS_NODE, ADDR.aws_db, "--source", pod_ip)
+    on_node = cluster.namespace(cluster.node(EGRESS_NODE)).run(
+        [sys.executable, "-m", "ipmasq", "trace", ADDR.aws_db, "--source", pod_ip], check=False)
+    assert trace.returncode == on_node.returncode and trace.stdout == on_node.stdout, (trace, on_node)
+    # drift: repaired, counted in the status, said on the Node
+    egress = cluster.node(EGRESS_NODE)
+    cluster.namespace(egress).run(["iptables", "-t", "nat", "-F", REFERENCE_OPTIONS.masq_chain])
+    agent.wait_synced(cluster, egress, good, REFERENCE_OPTIONS, timeout=30)
+    _wait(lambda: next(r for r in _status(cluster)[1]["nodes"] if r["node"] == EGRESS_NODE)["drift_repairs"] >= 1,
+          15, "the drift repair counted in the node's status")
+    events = cluster.kubectl("get", "events", "-n", "default", "--field-selector",
+                             f"involvedObject.name={EGRESS_NODE},reason=DriftRepaired").stdout
+    assert "changed by someone else" in events, events
+    # a bad config: exit 1, the rejection named per node
+    agent.apply_config(cluster, "nonMasqueradeCIDRs:\n  - 10.0.0.0/33\n")
+    _wait(lambda: _status(cluster)[0] == 1 and all(r["last_rejection"] for r in _status(cluster)[1]["nodes"]), 15,
+          "ipmasq status: exit 1 naming every node's rejection")
+    shown = _ipmasq(cluster, "ipmasq", "status").stdout
+    assert shown.count("rejects the current config: configmap/ip-masq-agent[config]:2:") == 2, shown
+    agent.apply_config(cluster, good)
+    _wait(lambda: _status(cluster)[0] == 0, 15, "every node current again")
+
+
+def _can(verb: str, what: str, namespace: str | None = None) -> list[str]:
+    return ["auth", "can-i", verb, what, f"--as={AGENT_ACCOUNT}", *(["-n", namespace] if namespace else [])]
+
+
+@pytest.mark.parametrize(("verb", "what", "namespace", "allowed"), [
+    ("get", "configmaps/ip-masq-agent", "kube-system", True),
+    ("list", "configmaps/ip-masq-agent", "kube-system", True),
+    ("watch", "configmaps/ip-masq-agent", "kube-system", True),
+    ("create", "events", "kube-system", True),
+    ("patch", "events", "default", True),
+    ("create", "ipmasqagentstatuses.ipmasq.dev", None, True),
+    ("patch", "ipmasqagentstatuses.ipmasq.dev", None, True),
+    ("get", "nodes", None, True),
+    ("list", "configmaps", "kube-system", False),  # no read of every ConfigMap
+    ("get", "configmaps/kube-proxy", "kube-system", False),
+    ("get", "configmaps/ip-masq-agent", "default", False),
+    ("get", "secrets", "kube-system", False),
+    ("list", "secrets", None, False),
+    ("patch", "nodes", None, False),
+    ("list", "nodes", None, False),
+    ("update", "configmaps/ip-masq-agent", "kube-system", False),
+    ("delete", "events", "kube-system", False),
+    ("delete", "ipmasqagentstatuses.ipmasq.dev", None, False),
+    ("create", "pods", "kube-system", False),
+])
+def test_the_agents_service_account_may_do_exactly_what_it_needs(lab: Cluster, verb: str, what: str,
+                                                                 namespace: str | None, allowed: bool) -> None:
+    if lab.kubectl("get", "crd", "ipmasqagentstatuses.ipmasq.dev", check=False).returncode != 0:
+        agent.deploy_agent(lab)
+    answer = lab.kubectl(*_can(verb, what, namespace), check=False).stdout.strip()
+    assert answer == ("yes" if allowed else "no"), (verb, what, namespace, answer)
+
+
+def _agent_log(cluster: Cluster, node: str) -> str:
+    pod = agent.agent_pods(cluster)[node]["metadata"]["name"]
+    return cluster.kubectl("logs", "-n", "kube-system", pod).stdout
+
+
+def _node_ready(cluster: Cluster, node: Any) -> bool:
+    """The agent's readiness as its probe asks it, on the node (no API server needed)."""
+    return cluster.namespace(node).run([sys.executable, "-m", "ipmasq", "health"], check=False).returncode == 0
+
+
+def test_the_api_down_restarted_or_refusing_never_costs_a_node_its_rules(cluster: Cluster) -> None:
+    first = KEEP_10_8 + "resyncInterval: 2s\n"
+    agent.apply_config(cluster, first)
+    agent.deploy_agent(cluster)
+    for node in cluster.nodes:
+        agent.wait_synced(cluster, node, first, REFERENCE_OPTIONS)
+    # the API server down: the rules stay, drift is still repaired, readiness does not depend on it
+    cluster.stop_api_server()
+    try:
+        for node in cluster.nodes:
+            cluster.namespace(node).run(["iptables", "-t", "nat", "-F", REFERENCE_OPTIONS.masq_chain])
+            agent.wait_synced(cluster, node, first, REFERENCE_OPTIONS, timeout=30)
+            assert _node_ready(cluster, node)
+    finally:
+        cluster.start_api_server()
+    # back: the agents' watches come back on their own (backoff) and a change applies at once again
+    second = first.replace("10.0.0.0/8", "10.0.0.0/9")
+    deadline = time.monotonic() + 45
+    agent.apply_config(cluster, second)
+    for node in cluster.nodes:
+        agent.wait_synced(cluster, node, second, REFERENCE_OPTIONS, timeout=max(1.0, deadline - time.monotonic()))
+    # the agent's rights revoked, and its watch broken: it says so, keeps its rules, and the mounted file (kubelet
+    # still reads the ConfigMap) brings the next config
+    cluster.kubectl("delete", "rolebinding", "ip-masq-agent", "-n", "kube-system")
+    cluster.stop_api_server()
+    cluster.start_api_server()
+    _wait(lambda: all("forbidden" in _agent_log(cluster, n.name).lower() for n in cluster.nodes), 60,
+          "every agent logging that the API refused it")
+    third = first.replace("10.0.0.0/8", "10.0.0.0/10")
+    agent.apply_config(cluster, third)
+    for node in cluster.nodes:
+        agent.wait_synced(cluster, node, third, REFERENCE_OPTIONS, timeout=60)
+        assert _node_ready(cluster, node)
+    agent.deploy_agent(cluster)  # the binding back
+    _wait(lambda: all("following ConfigMap kube-system/ip-masq-agent through the API again"
+                      in _agent_log(cluster, n.name) for n in cluster.nodes), 60, "every agent following again")
+    # deleted and recreated: the defaults (said on each Node), then the config again
+    agent.apply_config(cluster, None)
+    for node in cluster.nodes:
+        agent.wait_synced(cluster, node, None, REFERENCE_OPTIONS, timeout=10)
+    events = cluster.kubectl("get", "events", "-n", "default", "--field-selector", "reason=NoConfigMap").stdout
+    assert all(n.name in events for n in cluster.nodes), events
+    agent.apply_config(cluster, first)
+    for node in cluster.nodes:
+        agent.wait_synced(cluster, node, first, REFERENCE_OPTIONS, timeout=10)
+
+
+def test_the_agent_with_the_api_on_stays_within_its_memory_budget(cluster: Cluster) -> None:
+    """28 MiB resident with the API features on (the agent without them has 22 MiB)."""
+    agent.apply_config(cluster, KEEP_10_8)
+    agent.deploy_agent(cluster)
+    for node in cluster.nodes:
+        agent.wait_synced(cluster, node, KEEP_10_8, REFERENCE_OPTIONS)
+    found = {}
+    for pid in subprocess.run(["pgrep", "-f", "ipmasq agent"], capture_output=True, text=True).stdout.split():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        node = next((e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"NODE_NAME=")), None)
+        if node in {n.name for n in cluster.nodes}:
+            found[node] = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS"))) / 1024
+    _progress("the agent's resident memory with the API on: "
+              + ", ".join(f"{node} {mib:.1f} MiB" for node, mib in sorted(found.items())))
+    assert set(found) == {n.name for n in cluster.nodes}
+    assert max(found.values()) <= 28.0, found
