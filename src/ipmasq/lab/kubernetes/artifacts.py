@@ -31,7 +31,7 @@ from ipmasq.errors import IpmasqError
 
 __all__ = [
     "KUBE_BINARIES", "PAUSE_IMAGE", "Artifacts", "BuildError", "Toolchain", "cache_dir", "ensure_artifacts",
-    "missing_packages",
+    "kubernetes_toolchain", "missing_packages",
 ]
 
 KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
@@ -352,6 +352,12 @@ def _forget_older_images(current: str) -> None:
     if older:
         subprocess.run(["podman", "rmi", "-f", *older], capture_output=True)
     subprocess.run(["podman", "image", "prune", "-f"], capture_output=True)
+
+
+def kubernetes_toolchain(progress: Progress) -> Toolchain:
+    """Just the cluster's binaries (etcd, kube-apiserver, ...), built or taken from the cache: what a bench that
+    needs a real API server runs, without the images."""
+    return _toolchain(cache_dir(), progress)
 
 
 def ensure_artifacts(source: Path, progress: Progress) -> Artifacts:

@@ -403,9 +403,10 @@ class Cluster:
             raise ClusterError(f"the API server is not ready after 60 s (logs: {self.state / 'logs'})")
 
     def stop_api_server(self) -> None:
-        """The API server gone (an outage, an upgrade): every watch and request to it fails until it is back."""
+        """The API server gone, as in a crash (SIGKILL: a graceful stop waits on open watches for a minute): every
+        watch and request to it fails until it is back."""
         if self.api_server is not None:
-            self.api_server.terminate()
+            self.api_server.kill()
             self.api_server.wait(30)
             self.api_server = None
 
