@@ -9,16 +9,15 @@ written by the agent's reporter thread, never by its loop.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 from ipmasq.errors import Conflict, NotFound, clip
 from ipmasq.kube.client import ApiClient
+from ipmasq.sha256 import sha256
 
 __all__ = ["REPEAT_WRITE_SECONDS", "EventRecorder", "ObjectRef", "Occurrence", "timestamp"]
 
@@ -28,8 +27,8 @@ MESSAGE_CHARS = 1000
 
 
 def timestamp(seconds: float | None = None) -> str:
-    moment = datetime.fromtimestamp(time.time() if seconds is None else seconds, tz=UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    """RFC 3339 in UTC, to the second (what Event timestamps hold)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +77,7 @@ class EventRecorder:
     def event_name(self, occurrence: Occurrence) -> str:
         key = "\0".join((self.host, occurrence.target.kind, occurrence.target.namespace, occurrence.target.name,
                          occurrence.target.uid, occurrence.type, occurrence.reason, occurrence.message))
-        return f"{occurrence.target.name}.{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        return f"{occurrence.target.name}.{sha256(key.encode()).hexdigest()[:16]}"
 
     def namespace(self, occurrence: Occurrence) -> str:
         # cluster-scoped objects (a Node) have their Events in default, as the kubelet writes them
