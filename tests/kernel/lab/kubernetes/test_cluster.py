@@ -608,11 +608,13 @@ def test_what_the_agents_client_sends_and_reads_is_what_lightkube_reads(cluster:
     first = next(events)
     assert first.type == "MODIFIED" and first.object["data"]["config"] == changed
     # what the agents wrote, read through the oracle's models
+    # (by uid, as kubectl describe asks: an earlier ConfigMap of the same name has Events of its own)
     described = list(oracle.list(Event, namespace="kube-system",
-                                 fields={"involvedObject.name": "ip-masq-agent", "involvedObject.kind": "ConfigMap"}))
+                                 fields={"involvedObject.name": "ip-masq-agent", "involvedObject.kind": "ConfigMap",
+                                         "involvedObject.uid": str(typed.metadata.uid)}))
     applied = [e for e in described if e.reason == "ConfigApplied"]
     assert {e.source.host for e in applied if e.source} == {n.name for n in cluster.nodes}
-    assert all(e.involvedObject.uid == typed.metadata.uid and (e.count or 0) >= 1 for e in applied)
+    assert all(e.type == "Normal" and (e.count or 0) >= 1 and e.firstTimestamp is not None for e in applied)
     status_kind = create_global_resource(GROUP, VERSION, KIND, PLURAL)
     for node in cluster.nodes:
         status = oracle.get(status_kind, node.name)
