@@ -19,7 +19,8 @@ from ipmasq.errors import ConfigError, IpmasqError, UsageError
 __all__ = ["ArgumentParser", "main"]
 
 # Each module has `register(subparsers)`, which sets `func=run(args) -> int` on its parser.
-COMMANDS = ("render", "explain", "agent", "uninstall", "lab", "lint", "diff", "trace", "check", "audit", "health")
+COMMANDS = ("render", "explain", "agent", "uninstall", "lab", "lint", "diff", "trace", "check", "audit", "health",
+            "webhook")
 
 
 class ArgumentParser(argparse.ArgumentParser):

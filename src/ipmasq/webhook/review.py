@@ -109,9 +109,12 @@ def decide(request: Mapping[str, Any], options: PolicyOptions) -> Verdict:
 def _is_configmap(request: Mapping[str, Any]) -> bool:
     kind = request.get("kind")
     resource = request.get("resource")
-    return (isinstance(kind, Mapping) and kind.get("group", "") == "" and kind.get("kind") == "ConfigMap"
-            or isinstance(resource, Mapping) and resource.get("group", "") == ""
-            and resource.get("resource") == "configmaps") and not request.get("subResource")
+    if request.get("subResource"):
+        return False
+    if isinstance(kind, Mapping) and kind.get("group", "") == "" and kind.get("kind") == "ConfigMap":
+        return True
+    return (isinstance(resource, Mapping) and resource.get("group", "") == ""
+            and resource.get("resource") == "configmaps")
 
 
 def _text(value: object) -> str:
