@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from ipmasq.lab.kubernetes.agent import CONFIGMAP, lab_overlay
 from ipmasq.lab.kubernetes.cluster import Cluster, ClusterError
@@ -65,7 +66,7 @@ def scale_webhook(cluster: Cluster, replicas: int, timeout: float = 90.0) -> Non
         time.sleep(0.5)
 
 
-def webhook_pods(cluster: Cluster) -> list[dict[str, object]]:
+def webhook_pods(cluster: Cluster) -> list[dict[str, Any]]:
     pods = cluster.kubectl_json("get", "pods", "-n", "kube-system", "-l", LABEL)
     return list(pods["items"])
 
