@@ -47,13 +47,15 @@ class Verdict:
     allowed: bool
     message: str | None = None  # the denial, lines the user reads after "denied the request: "
     warnings: tuple[str, ...] = field(default=())
+    reviewed: bool = True  # False: not a ConfigMap of the agent's, allowed without a look at its data
 
 
-ALLOWED = Verdict(True)
+ALLOWED = Verdict(True, reviewed=False)
 
 
-def respond(review: object, options: PolicyOptions | None = None) -> dict[str, Any]:
-    """The AdmissionReview response to an AdmissionReview request; raises ReviewError when it is not one."""
+def respond(review: object, options: PolicyOptions | None = None) -> tuple[dict[str, Any], Verdict]:
+    """The AdmissionReview response to an AdmissionReview request, and the verdict in it; raises ReviewError when
+    the body is not an AdmissionReview request."""
     if not isinstance(review, Mapping):
         raise ReviewError("the body is not a JSON object")
     if review.get("apiVersion") != ADMISSION_API or review.get("kind") != "AdmissionReview":
@@ -69,7 +71,8 @@ def respond(review: object, options: PolicyOptions | None = None) -> dict[str, A
         response["status"] = {"code": 422, "reason": "Invalid", "message": verdict.message}
     if verdict.warnings:
         response["warnings"] = list(verdict.warnings)
-    return {"apiVersion": ADMISSION_API, "kind": "AdmissionReview", "response": response}
+    answer = {"apiVersion": ADMISSION_API, "kind": "AdmissionReview", "response": response}
+    return answer, verdict
 
 
 def decide(request: Mapping[str, Any], options: PolicyOptions) -> Verdict:
@@ -255,8 +258,10 @@ def _review_one(where: str, content: bytes | str, options: PolicyOptions, collec
 def _agent_line(refused: ConfigError | None, where: str, data: bytes) -> str:
     if refused is None:  # not reached: bytes that are not UTF-8 are refused by the agent's loader
         return f"{where}: not UTF-8 text"
-    lines = data.decode("utf-8", "replace").splitlines()
-    quoted = _quote_line(lines, refused.line)
+    try:
+        quoted = _quote_line(data.decode("utf-8").splitlines(), refused.line)
+    except UnicodeDecodeError:
+        quoted = ""  # bytes are no line to quote: the message names the byte
     place = f"{where} line {refused.line}" if refused.line is not None else where
     return one_line(f"{place}{quoted}: {refused.message} (the agent refuses this config and keeps its last one)")
 

@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ipmasq.errors import IpmasqError, one_line
-from ipmasq.webhook.review import ReviewError
+from ipmasq.webhook.review import ReviewError, Verdict
 
 __all__ = ["MAX_BODY_BYTES", "VALIDATE_PATH", "WebhookServer"]
 
@@ -32,7 +32,7 @@ MAX_BODY_BYTES = 16 << 20
 IO_TIMEOUT = 10.0
 MAX_CONNECTIONS = 64
 
-Respond = Callable[[object], dict[str, Any]]
+Respond = Callable[[object], tuple[dict[str, Any], Verdict]]
 
 
 class ServerError(IpmasqError):
@@ -138,20 +138,13 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 review = json.loads(body)
                 del body
-                answer = self.server.respond(review)
+                answer, verdict = self.server.respond(review)
             except (ValueError, RecursionError, ReviewError) as exc:
                 self._send(400, (one_line(f"not an AdmissionReview: {exc}")[:300] + "\n").encode(), "text/plain")
                 return
-        payload = json.dumps(answer).encode()
-        response = answer["response"]
-        if not response["allowed"]:
-            request = review["request"]
-            first = response["status"]["message"].splitlines()[1:2]
-            self.server.log(one_line(
-                f"denied {request.get('operation')} of ConfigMap {request.get('namespace')}/{request.get('name')}"
-                f" by {(request.get('userInfo') or {}).get('username')} in {time.monotonic() - started:.3f} s: "
-                f"{first[0] if first else ''}"))
-        self._send(200, payload, "application/json")
+        if verdict.reviewed:
+            self.server.log(_decision_line(review["request"], verdict, time.monotonic() - started))
+        self._send(200, json.dumps(answer).encode(), "application/json")
 
     def _send(self, code: int, payload: bytes, content_type: str, *, close: bool = False) -> None:
         self.send_response(code)
@@ -162,6 +155,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         self.end_headers()
         self.wfile.write(payload)
+
+
+def _decision_line(request: dict[str, Any], verdict: Verdict, seconds: float) -> str:
+    """One log line per ConfigMap of the agent's: what, who, the verdict, how long, and the first reason."""
+    outcome = "admitted" if verdict.allowed else "denied"
+    first = (verdict.message or "").splitlines()[1:2] or list(verdict.warnings[:1])
+    user = (request.get("userInfo") or {}).get("username")
+    return one_line(f"{outcome} {request.get('operation')} of ConfigMap {request.get('namespace')}/"
+                    f"{request.get('name')} (uid {request.get('uid')}, by {user}) in {seconds:.3f} s, "
+                    f"{len(verdict.warnings)} warning(s){': ' + first[0][:200] if first else ''}")
 
 
 def serve(server: WebhookServer) -> threading.Thread:
