@@ -202,7 +202,7 @@ def test_the_hostile_corpus_gets_one_answer_each_in_time(lab: Cluster, tmp_path:
         started = time.monotonic()
         result = _kubectl(lab, "replace" if exists else "create", "--dry-run=server", "-f", str(path))
         seconds[name] = time.monotonic() - started
-        answer, verdict = respond(_review(obj, "UPDATE" if exists else "CREATE"))
+        _, verdict = respond(_review(obj, "UPDATE" if exists else "CREATE"))
         if verdict.allowed:
             assert result.returncode == 0, f"{name}: {result.stderr[-500:]}"
             assert result.stderr.count("Warning: ") == len(verdict.warnings), f"{name}: {result.stderr[-500:]}"
