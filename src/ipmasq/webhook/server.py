@@ -162,8 +162,10 @@ def _decision_line(request: dict[str, Any], verdict: Verdict, seconds: float) ->
     outcome = "admitted" if verdict.allowed else "denied"
     first = (verdict.message or "").splitlines()[1:2] or list(verdict.warnings[:1])
     user = (request.get("userInfo") or {}).get("username")
+    # a CREATE's request may name no object (generateName): the object's own metadata does
+    name = request.get("name") or ((request.get("object") or {}).get("metadata") or {}).get("name")
     return one_line(f"{outcome} {request.get('operation')} of ConfigMap {request.get('namespace')}/"
-                    f"{request.get('name')} (uid {request.get('uid')}, by {user}) in {seconds:.3f} s, "
+                    f"{name} (uid {request.get('uid')}, by {user}) in {seconds:.3f} s, "
                     f"{len(verdict.warnings)} warning(s){': ' + first[0][:200] if first else ''}")
 
 
