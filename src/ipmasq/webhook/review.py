@@ -96,7 +96,14 @@ def decide(request: Mapping[str, Any], options: PolicyOptions) -> Verdict:
                 f"{AGENT_CONFIGMAP}; create it there (kubectl -n {AGENT_NAMESPACE} ...) for its config to apply",))
         return ALLOWED
     if name == AGENT_CONFIGMAP:
-        return _review_configs(obj, name, options, required=True)
+        verdict = _review_configs(obj, name, options, required=True)
+        if not verdict.allowed and _data_unchanged(request, obj):
+            # a label, an annotation or a finalizer on a ConfigMap whose config was already stored (before the
+            # webhook, or while it was down): refusing it would fix nothing and block whoever manages metadata
+            problems = (verdict.message or "").splitlines()[1:]
+            return Verdict(True, warnings=tuple(_listed([f"the stored config is already refused: {line}"
+                                                         for line in problems])))
+        return verdict
     if name.startswith(CONFIG_PREFIX):
         # a member of the family a DaemonSet mounting a whole directory reads (--config DIR): validated as the
         # agent would read it, and said to be outside what the shipped DaemonSet mounts
@@ -107,6 +114,12 @@ def decide(request: Mapping[str, Any], options: PolicyOptions) -> Verdict:
             f"ConfigMap {AGENT_NAMESPACE}/{name} looks meant for the ip-masq agent, but the agent reads only "
             f"{AGENT_NAMESPACE}/{AGENT_CONFIGMAP}: this one is never applied",))
     return ALLOWED
+
+
+def _data_unchanged(request: Mapping[str, Any], obj: Mapping[str, Any]) -> bool:
+    old = request.get("oldObject")
+    return (request.get("operation") == "UPDATE" and isinstance(old, Mapping)
+            and all(old.get(member) == obj.get(member) for member in ("data", "binaryData")))
 
 
 def _is_configmap(request: Mapping[str, Any]) -> bool:

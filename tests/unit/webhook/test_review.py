@@ -159,6 +159,17 @@ def test_an_update_is_judged_on_the_new_object_only() -> None:
     assert decide(req, PolicyOptions()).allowed
 
 
+def test_an_update_of_metadata_only_is_admitted_with_the_stored_configs_problems_as_warnings() -> None:
+    bad = configmap({"config": "nonMasqueradeCIDRs: [10.0.0.0/33]"})
+    req = request(bad, operation="UPDATE")
+    req["oldObject"] = configmap({"config": "nonMasqueradeCIDRs: [10.0.0.0/33]"})
+    req["object"]["metadata"]["labels"] = {"team": "network"}
+    verdict = decide(req, PolicyOptions())
+    assert verdict.allowed and verdict.warnings[0].startswith("the stored config is already refused: data.config")
+    req["object"]["data"]["config"] = "nonMasqueradeCIDRs: [10.0.0.0/34]"  # a change of the config is judged
+    assert not decide(req, PolicyOptions()).allowed
+
+
 def test_the_agents_flags_decide_as_they_do_for_the_agent() -> None:
     ipv6 = "nonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\n"
     assert not verdict_of(ipv6).allowed
