@@ -34,7 +34,7 @@ def find_source(given: str | None) -> Path:
 def run_kubernetes_lab(args: argparse.Namespace, *, print_scenario: Callable[[Any], None]) -> int:
     from ipmasq.lab.kubernetes.agent import deploy_agent
     from ipmasq.lab.kubernetes.scenarios import run_scenario
-    from ipmasq.lab.kubernetes.webhook import deploy_webhook
+    from ipmasq.lab.kubernetes.webhook import deploy_webhook, wait_webhook_serving
     from ipmasq.lab.run import ScenarioResult
     from ipmasq.lab.scenarios import SCENARIOS
 
@@ -82,6 +82,9 @@ def run_kubernetes_lab(args: argparse.Namespace, *, print_scenario: Callable[[An
                 print(f"   ({seconds[-1]:.0f} s)\n")
         if args.keep:
             deploy_agent(cluster)  # the shipped DaemonSet, running as a user's would
+            # the scenarios restart the kubelets, which makes every pod unready until its next probe: the cluster is
+            # handed over once the API server calls the webhook again
+            wait_webhook_serving(cluster)
             kept = True
     finally:
         if kept:
