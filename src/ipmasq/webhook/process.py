@@ -36,6 +36,7 @@ class WebhookProcess:
         self.address = address
         self.respond = functools.partial(respond, options=options)
         self.serving: tuple[bytes, bytes] | None = None
+        self.pending: tuple[bytes, bytes] | None = None
 
     def run(self, stop: threading.Event) -> None:
         fetch = self._from_files if self.args.tls_cert_file else self._from_secret()
@@ -64,11 +65,21 @@ class WebhookProcess:
             server.server_close()
 
     def _use(self, server: WebhookServer, pair: tuple[bytes, bytes]) -> None:
-        if pair != self.serving:
-            server.use_certificate(*pair)
-            if self.serving is not None:
-                _log("serving the renewed certificate")
-            self.serving = pair
+        """Serve `pair`; a changed one only when it is seen a second time, one check later. The caBundle trusts its
+        CA before the Secret holds it, but the API server learns of a new caBundle through its own watch: served at
+        once, the new certificate could be refused for a moment, and the webhook, failing open, skipped."""
+        if pair == self.serving:
+            self.pending = None
+            return
+        if self.serving is not None and pair != self.pending:
+            self.pending = pair
+            _log("a renewed certificate: served from the next check on")
+            return
+        server.use_certificate(*pair)
+        if self.serving is not None:
+            _log("serving the renewed certificate")
+        self.serving = pair
+        self.pending = None
 
     def _from_files(self) -> tuple[bytes, bytes]:
         try:

@@ -5,6 +5,7 @@ agent runs on every node. One cluster for the module; in CI a missing package or
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -273,3 +274,35 @@ def test_with_the_webhook_scaled_to_zero_writes_pass_and_the_agent_still_refuses
 
 def _ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+
+def test_two_replicas_renew_one_certificate_and_no_call_fails_open(lab: Cluster) -> None:
+    """Certificates valid 0.002 days (renewed about every 15 s) read every 2 s, the Secret deleted first: for a
+    minute and more the replicas make, renew and switch certificates while a bad config is sent again and again, and
+    every call is answered (denied); a call that failed (TLS refused, no endpoint) would have been admitted."""
+    args = ["webhook", "--certificate-days=0.002", "--certificate-check=2"]
+    lab.kubectl("patch", "deployment", webhook.DEPLOYMENT, "-n", "kube-system", "--type=json", "-p",
+                json.dumps([{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args}]))
+    webhook.scale_webhook(lab, 2)  # the rolled pods only, both ready
+    webhook.wait_webhook_serving(lab)
+    time.sleep(6)  # the API server's endpoints follow the pods' readiness
+    lab.kubectl("delete", "secret", "ipmasq-webhook-certificate", "-n", "kube-system")
+    certificates: set[str] = set()
+    answers: list[str] = []
+    deadline = time.monotonic() + 75
+    while time.monotonic() < deadline:
+        sent = _kubectl(lab, "apply", "--dry-run=server", "-f", "-", stdin=_manifest(BAD_CIDR))
+        answers.append("denied" if "denied the request" in sent.stderr else f"{sent.returncode} {sent.stderr}")
+        secret = _kubectl(lab, "get", "secret", "ipmasq-webhook-certificate", "-n", "kube-system", "-o", "json")
+        if secret.returncode == 0:
+            certificates.add(json.loads(secret.stdout)["data"]["tls.crt"])
+    failed = [a for a in answers if a != "denied"]
+    assert not failed, f"{len(failed)} of {len(answers)} calls not answered: {failed[:3]}"
+    assert len(certificates) >= 3, f"{len(certificates)} certificates seen in the Secret"  # made, renewed, renewed
+    secret = lab.kubectl_json("get", "secret", "ipmasq-webhook-certificate", "-n", "kube-system")
+    (hook,) = lab.kubectl_json("get", "validatingwebhookconfiguration", "ipmasq-webhook")["webhooks"]
+    trusted = base64.b64decode(hook["clientConfig"]["caBundle"])
+    assert base64.b64decode(secret["data"]["ca.crt"]) in trusted
+    logs = "\n".join(line for lines in _webhook_logs(lab).values() for line in lines)
+    assert "renewed the serving certificate" in logs and "serving the renewed certificate" in logs
+    _progress(f"certificate rotation: {len(certificates)} certificates in {len(answers)} calls, all answered")
