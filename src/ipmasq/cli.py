@@ -20,7 +20,7 @@ __all__ = ["ArgumentParser", "main"]
 
 # Each module has `register(subparsers)`, which sets `func=run(args) -> int` on its parser.
 COMMANDS = ("render", "explain", "agent", "uninstall", "lab", "lint", "diff", "trace", "check", "audit", "health",
-            "status")
+            "status", "webhook")
 
 
 class ArgumentParser(argparse.ArgumentParser):

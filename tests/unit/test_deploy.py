@@ -146,3 +146,32 @@ def test_probes_query_the_loopback_address_the_agent_serves(path: Path) -> None:
         given = [a.split("=", 1)[1] for a in command if a.startswith("--address=")]
         assert (given[0] if given else DEFAULT_METRICS_ADDRESS) == address
     assert "--live" in probes[0] and "--live" not in probes[1]
+
+
+def test_the_webhook_kustomization_is_narrow_failing_open_and_least_privilege() -> None:
+    docs = kustomize(DEPLOY / "webhook")
+    by_kind = {d["kind"]: d for d in docs}
+    assert set(by_kind) == {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Deployment",
+                            "PodDisruptionBudget", "Service", "ValidatingWebhookConfiguration"}
+    for doc in docs:
+        if doc["kind"] != "PodDisruptionBudget":  # policy/v1beta1, what 1.20 serves; gone from today's schemas
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    (hook,) = by_kind["ValidatingWebhookConfiguration"]["webhooks"]
+    assert (hook["failurePolicy"], hook["sideEffects"], hook["timeoutSeconds"]) == ("Ignore", "None", 5)
+    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                              "resources": ["configmaps"], "scope": "Namespaced"}]
+    assert hook["admissionReviewVersions"] == ["v1"] and "caBundle" not in hook["clientConfig"]  # the webhook's job
+    service = by_kind["Service"]
+    assert hook["clientConfig"]["service"]["name"] == service["metadata"]["name"] == "ipmasq-webhook"
+    deployment = by_kind["Deployment"]
+    assert deployment["spec"]["replicas"] == 2 and by_kind["PodDisruptionBudget"]["spec"]["minAvailable"] == 1
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and "hostNetwork" not in pod
+    (container,) = pod["containers"]
+    assert container["args"][0] == "webhook" and container["image"] == "ipmasq/ipmasq:0.1.0"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert by_kind["Role"]["rules"][0] == {"apiGroups": [""], "resources": ["secrets"],
+                                           "resourceNames": ["ipmasq-webhook-certificate"], "verbs": ["get", "update"]}
+    (cluster_rule,) = by_kind["ClusterRole"]["rules"]
+    assert cluster_rule["resourceNames"] == ["ipmasq-webhook"] and cluster_rule["verbs"] == ["get", "patch"]

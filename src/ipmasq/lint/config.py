@@ -152,6 +152,7 @@ def lint_config(text: str, *, source: str, placement: Placement | None = None,
     if whole_file and (doc is None or not doc.fields):
         _report_empty(linter, doc)
     seen = _check_keys(linter, doc)
+    _check_purpose(linter, doc, seen)
     lists, good_fields = _check_fields(linter, doc, seen) if doc is not None else ({}, [])
     _check_settings(linter, seen)
     _check_overlaps(linter, lists)
@@ -286,6 +287,32 @@ def _check_keys(linter: _Linter, doc: Document | None) -> dict[str, Field]:
                        "last one", f.line, f.column)
         seen[canonical] = f
     return seen
+
+
+def _check_purpose(linter: _Linter, doc: Document | None, seen: dict[str, Field]) -> None:
+    """A config whose keys are all unknown is some other file: `kubectl create configmap --from-file=config=FILE`
+    takes whatever FILE was at hand, most often the ConfigMap's own manifest or a `kubectl get -o yaml` of it. The
+    agent accepts it and runs with its built-in defaults, which cannot be what its author meant."""
+    if doc is None or not doc.fields or seen:
+        return
+    if any(f.id == "unknown-key" and f.severity is Severity.ERROR for f in linter.findings):
+        return  # a misspelt key of the agent's: that finding names the key meant
+    keys = [f.key for f in doc.fields]
+    # its unknown-key warnings say less than the one error below
+    linter.findings = [f for f in linter.findings if f.id != "unknown-key" or f.severity is not Severity.WARNING]
+    first = doc.fields[0]
+    if "apiVersion" in keys and "kind" in keys:
+        kind = next((f.value.value for f in doc.fields if f.key == "kind"), None)
+        shown = f" (kind: {clip(kind)})" if isinstance(kind, str) else ""
+        linter.add("config-is-manifest", Severity.ERROR,
+                   f"the config is a Kubernetes manifest{shown}, not an ip-masq-agent config: the agent ignores "
+                   f"{', '.join(clip(k) for k in keys[:4])} and runs with its built-in defaults "
+                   f"({_default_ranges(linter.options)})", first.line, first.column)
+        return
+    shown = ", ".join(repr(clip(k)) for k in keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+    linter.add("no-known-key", Severity.ERROR,
+               f"none of the config's keys ({shown}) is one the agent reads, so it runs with its built-in defaults "
+               f"({_default_ranges(linter.options)}): this is not an ip-masq-agent config", first.line, first.column)
 
 
 def _folded_continuation(linter: _Linter, node: Node) -> int | None:

@@ -35,6 +35,11 @@ HINTS: dict[str, str] = {
                         "only the first YAML document",
     "empty-config": "write the settings the node needs (nonMasqueradeCIDRs: ...); if the defaults are meant, list "
                     "them, so that the file says what the node does",
+    "config-is-manifest": "put only the config in data.config: `kubectl apply -f` the manifest itself, or "
+                          "`kubectl create configmap ip-masq-agent --from-file=config=FILE` with FILE the config "
+                          "(nonMasqueradeCIDRs: ...)",
+    "no-known-key": "write the agent's settings (nonMasqueradeCIDRs, masqLinkLocal, resyncInterval, ...); this looks "
+                    "like another file, taken by mistake",
     "no-config-file": "name the config file ip-masq-agent (the agent reads only the ip-masq* files of its config "
                       "directory), or lint the file itself",
     "empty-non-masquerade": "list the ranges that must keep the pod IP, or delete the key to get the defaults; an "

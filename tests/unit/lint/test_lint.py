@@ -54,7 +54,8 @@ def test_corpus_covers_every_finding_id() -> None:
               "shadowed-cidr", "too-many-cidrs", "ipv6-disabled", "bad-duration", "lookalike-character",
               "must-masquerade", "must-preserve", "duplicate-configmap", "ignored-document", "empty-config",
               "empty-non-masquerade", "short-resync-interval", "invalid-rule", "shadowed-rule", "rule-no-effect",
-              "snat-to-pod-address", "snat-to-destination", "rule-nodes-match-none"}
+              "snat-to-pod-address", "snat-to-destination", "rule-nodes-match-none", "config-is-manifest",
+              "no-known-key"}
     covered = {item.split("@")[0] for path in CASES for item in _expected(path)[0]}
     assert wanted <= covered
     assert wanted <= set(HINTS)
@@ -88,8 +89,16 @@ def test_lookalike_in_a_comment_is_a_warning_only() -> None:
 
 
 def test_unknown_key_without_a_near_miss_is_a_warning() -> None:
-    [finding] = lint_config("colour: blue\n", source="f")
+    [finding] = lint_config("nonMasqueradeCIDRs: [10.0.0.0/8]\ncolour: blue\n", source="f")
     assert (finding.id, finding.severity) == ("unknown-key", Severity.WARNING)
+
+
+def test_a_config_of_unknown_keys_only_is_an_error_the_agent_would_accept() -> None:
+    [finding] = lint_config("colour: blue\n", source="f")
+    assert (finding.id, finding.severity) == ("no-known-key", Severity.ERROR)
+    [manifest] = lint_config('{"apiVersion": "v1", "kind": "ConfigMap", "data": {}}', source="f")
+    assert (manifest.id, manifest.severity, manifest.line) == ("config-is-manifest", Severity.ERROR, 1)
+    assert "kind: ConfigMap" in manifest.message
 
 
 def test_configmap_without_namespace_and_no_configmap() -> None:

@@ -25,8 +25,8 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 
 __all__ = [
-    "AGENT_LABEL", "CONFIGMAP", "agent_pods", "apply_config", "deploy_agent", "kernel", "node_options",
-    "overlay_for", "remove_agent", "uninstall", "wait_agents_ready", "wait_synced", "wait_volume",
+    "AGENT_LABEL", "CONFIGMAP", "agent_pods", "apply_config", "deploy_agent", "kernel", "lab_overlay",
+    "node_options", "overlay_for", "remove_agent", "uninstall", "wait_agents_ready", "wait_synced", "wait_volume",
 ]
 
 AGENT_LABEL = "k8s-app=ip-masq-agent"
@@ -42,7 +42,7 @@ def overlay_for(flags: tuple[str, ...]) -> str:
         raise ClusterError(f"no shipped manifest runs the agent with {' '.join(flags)}") from None
 
 
-def _lab_overlay(cluster: Cluster, shipped: str, image: str) -> Path:
+def lab_overlay(cluster: Cluster, shipped: str, image: str) -> Path:
     """A kustomization on top of the shipped one that changes only the image (the shipped files stay as they are)."""
     repository, tag = image.rsplit(":", 1)
     directory = cluster.state / "deploy" / shipped.replace("/", "-") / tag
@@ -58,7 +58,7 @@ def _lab_overlay(cluster: Cluster, shipped: str, image: str) -> Path:
 
 def deploy_agent(cluster: Cluster, shipped: str = "deploy", *, image: str | None = None, wait: bool = True) -> None:
     """`kubectl apply -k` of a shipped kustomization (deploy/ or an overlay), the lab's image in it."""
-    cluster.kubectl("apply", "-k", str(_lab_overlay(cluster, shipped, image or cluster.artifacts.image)))
+    cluster.kubectl("apply", "-k", str(lab_overlay(cluster, shipped, image or cluster.artifacts.image)))
     if wait:
         wait_agents_ready(cluster)
 

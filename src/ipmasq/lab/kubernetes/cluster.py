@@ -381,6 +381,9 @@ class Cluster:
             f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--allow-privileged=true", "--kubelet-preferred-address-types=InternalIP",
+            # no kube-proxy in the control plane's namespace, so no way to a Service's ClusterIP: the API server
+            # calls admission webhooks (ipmasq webhook) at their Service's endpoints, the pod IPs the router routes
+            "--enable-aggregator-routing=true",
             f"--cert-dir={self.state / 'apiserver-certs'}"]
         self.api_server = self._start("kube-apiserver", self._api_server_argv, group)
         # kubectl on the machine: a loopback port forwarded into the control plane's namespace

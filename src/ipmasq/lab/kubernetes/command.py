@@ -34,6 +34,7 @@ def find_source(given: str | None) -> Path:
 def run_kubernetes_lab(args: argparse.Namespace, *, print_scenario: Callable[[Any], None]) -> int:
     from ipmasq.lab.kubernetes.agent import deploy_agent
     from ipmasq.lab.kubernetes.scenarios import run_scenario
+    from ipmasq.lab.kubernetes.webhook import deploy_webhook, wait_webhook_serving
     from ipmasq.lab.run import ScenarioResult
     from ipmasq.lab.scenarios import SCENARIOS
 
@@ -70,6 +71,8 @@ def run_kubernetes_lab(args: argparse.Namespace, *, print_scenario: Callable[[An
         cluster.up(progress)
         cluster.save()
         progress("cluster up")
+        # the admission webhook, as shipped: every scenario's ConfigMap goes through it, and --keep leaves it
+        progress(f"admission webhook serving (deploy/webhook, {deploy_webhook(cluster):.0f} s)")
         for scenario in chosen:
             begun = time.monotonic()
             results.append(run_scenario(cluster, scenario, progress=progress))
@@ -79,6 +82,9 @@ def run_kubernetes_lab(args: argparse.Namespace, *, print_scenario: Callable[[An
                 print(f"   ({seconds[-1]:.0f} s)\n")
         if args.keep:
             deploy_agent(cluster)  # the shipped DaemonSet, running as a user's would
+            # the scenarios restart the kubelets, which makes every pod unready until its next probe: the cluster is
+            # handed over once the API server calls the webhook again
+            wait_webhook_serving(cluster)
             kept = True
     finally:
         if kept:
@@ -117,4 +123,6 @@ def _print_keep(cluster: Cluster, *, json_output: bool) -> None:
         print(f"  a probe from a pod:  kubectl exec -n ipmasq-lab {probe['name']} -- "
               "python -m ipmasq.lab.probe connect 172.30.12.110 443", file=out)
     print("  the agent's check:   kubectl exec -n kube-system ds/ip-masq-agent -- ipmasq check", file=out)
+    print("  the webhook:         kubectl apply -f CONFIGMAP  (a bad config is denied with its line; kubectl -n "
+          "kube-system logs deploy/ipmasq-webhook)", file=out)
     print("  remove everything:   ipmasq lab --kubernetes --down", file=out)

@@ -58,6 +58,13 @@ def test_keep_leaves_a_cluster_kubectl_can_use_and_down_removes_it() -> None:
                                    str(OPEN_PORT)], capture_output=True, text=True, timeout=60).stdout.strip()
             assert seen == pod["ip"]  # 10/8 keeps the pod's address (the reference defaults)
         assert "[" in run.stderr and "cluster up" in run.stderr  # progress, with the seconds each step took
+        # the admission webhook is left in place too: a bad config is denied by the API server
+        assert "admission webhook serving (deploy/webhook" in run.stderr
+        bad = ('{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ip-masq-agent", "namespace": '
+               '"kube-system"}, "data": {"config": "nonMasqueradeCIDRs: [10.0.0.0/33]"}}')
+        denied = subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "apply", "-f", "-"], input=bad,
+                                capture_output=True, text=True, timeout=60)
+        assert denied.returncode != 0 and "denied the request" in denied.stderr, denied.stderr
     finally:
         down = _lab("--down", timeout=120)
     assert down.returncode == 0, down.stderr

@@ -1,0 +1,77 @@
+"""The admission webhook on the lab's cluster, installed as users do it: `kubectl apply -k deploy/webhook` (only the
+image's tag changed, by the lab's overlay), then waited for until the API server really calls it."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from ipmasq.lab.kubernetes.agent import CONFIGMAP, lab_overlay
+from ipmasq.lab.kubernetes.cluster import Cluster, ClusterError
+
+__all__ = ["DEPLOYMENT", "SHIPPED", "deploy_webhook", "scale_webhook", "webhook_pods"]
+
+SHIPPED = "deploy/webhook"
+DEPLOYMENT = "ipmasq-webhook"
+LABEL = "app.kubernetes.io/name=ipmasq-webhook"
+# Not a config any agent accepts: a dry run of it is denied exactly when the API server calls the webhook.
+_CANARY = "nonMasqueradeCIDRs:\n  - 10.0.0.0/33\n"
+
+
+def deploy_webhook(cluster: Cluster, *, image: str | None = None, timeout: float = 120.0) -> float:
+    """`kubectl apply -k deploy/webhook`, then wait until the API server's calls reach it; returns the seconds."""
+    started = time.monotonic()
+    cluster.kubectl("apply", "-k", str(lab_overlay(cluster, SHIPPED, image or cluster.artifacts.image)))
+    wait_webhook_serving(cluster, timeout=timeout)
+    return time.monotonic() - started
+
+
+def wait_webhook_serving(cluster: Cluster, timeout: float = 120.0) -> None:
+    """Rolled out, and a server-side dry run of a bad config denied (the caBundle is in place and trusted)."""
+    result = cluster.kubectl("rollout", "status", f"deployment/{DEPLOYMENT}", "-n", "kube-system",
+                             f"--timeout={timeout:.0f}s", check=False, timeout=timeout + 10)
+    if result.returncode != 0:
+        raise ClusterError(f"the webhook's Deployment did not roll out: {result.stderr.strip()[-300:]} "
+                           f"{_pods_and_logs(cluster)}")
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=canary_manifest(), check=False)
+        if answer.returncode != 0 and "denied the request" in answer.stderr:
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"the API server does not call the webhook {timeout:.0f} s after it rolled out "
+                               f"(a dry run of a bad config: {(answer.stderr or answer.stdout).strip()[-300:]}) "
+                               f"{_pods_and_logs(cluster)}")
+        time.sleep(0.5)
+
+
+def canary_manifest() -> str:
+    return json.dumps({"apiVersion": "v1", "kind": "ConfigMap",
+                       "metadata": {"name": CONFIGMAP, "namespace": "kube-system"}, "data": {"config": _CANARY}})
+
+
+def scale_webhook(cluster: Cluster, replicas: int, timeout: float = 90.0) -> None:
+    """Scale the Deployment and wait until exactly that many of its pods exist (and are ready, when any)."""
+    cluster.kubectl("scale", f"deployment/{DEPLOYMENT}", "-n", "kube-system", f"--replicas={replicas}")
+    deadline = time.monotonic() + timeout
+    while True:
+        pods = webhook_pods(cluster)
+        ready = [p for p in pods if any(c.get("ready") for c in p.get("status", {}).get("containerStatuses", []))]
+        if len(pods) == replicas and len(ready) == replicas:
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"the webhook has {len(pods)} pods ({len(ready)} ready) {timeout:.0f} s after "
+                               f"scaling to {replicas}")
+        time.sleep(0.5)
+
+
+def webhook_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    pods = cluster.kubectl_json("get", "pods", "-n", "kube-system", "-l", LABEL)
+    return list(pods["items"])
+
+
+def _pods_and_logs(cluster: Cluster) -> str:
+    pods = cluster.kubectl("get", "pods", "-n", "kube-system", "-l", LABEL, "-o", "wide", check=False).stdout
+    logs = cluster.kubectl("logs", "-n", "kube-system", "-l", LABEL, "--tail=5", check=False).stdout
+    return f"{pods.strip()} | logs: {' | '.join(logs.strip().splitlines())}"

@@ -1,0 +1,301 @@
+"""The admission decision: an AdmissionReview request (a plain JSON value) -> allowed or denied, and warnings.
+
+Pure, no I/O: the agent's own loader says what the agent would refuse, `ipmasq lint` says what it would accept but
+its author cannot have meant (a denial) and what works but surprises (a warning), so the webhook, the agent and
+lint can never disagree. Every other ConfigMap is allowed at once, without reading its data: the webhook sees every
+ConfigMap write of the cluster (the API server cannot select one object by name) and must not slow them down.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from difflib import SequenceMatcher
+from typing import Any
+
+from ipmasq.config.source import CONFIG_PREFIX, ConfigInput, config_from_bytes
+from ipmasq.config.validate import KNOWN_KEYS
+from ipmasq.errors import ConfigError, IpmasqError, clip, one_line
+from ipmasq.findings import Finding, Severity
+from ipmasq.lint.config import lint_config
+from ipmasq.lint.manifest import AGENT_CONFIGMAP, AGENT_NAMESPACE, CONFIG_KEY
+from ipmasq.lint.text import scan_lookalikes
+from ipmasq.options import PolicyOptions
+
+__all__ = ["ADMISSION_API", "MAX_LISTED", "ReviewError", "Verdict", "decide", "respond"]
+
+ADMISSION_API = "admission.k8s.io/v1"
+# A denial or the warnings list this many findings and count the rest: the first ones are what to fix first, and
+# kubectl prints every warning on its own line.
+MAX_LISTED = 8
+# A warning travels in an HTTP header (Warning: 299 - "..."); the API server may cut longer ones.
+MAX_WARNING_CHARS = 512
+_WRITES = ("CREATE", "UPDATE")
+# How close a ConfigMap's name must be to the agent's to be "meant for the agent" (difflib's ratio): catches
+# ip-masq-agnet, ipmasq-agent and ip_masq_agent, not kube-proxy or coredns.
+_NEAR_MISS = 0.8
+
+
+class ReviewError(IpmasqError):
+    """The body is not an AdmissionReview request: answered with HTTP 400, never with a verdict."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    allowed: bool
+    message: str | None = None  # the denial, lines the user reads after "denied the request: "
+    warnings: tuple[str, ...] = field(default=())
+    reviewed: bool = True  # False: not a ConfigMap of the agent's, allowed without a look at its data
+
+
+ALLOWED = Verdict(True, reviewed=False)
+
+
+def respond(review: object, options: PolicyOptions | None = None) -> tuple[dict[str, Any], Verdict]:
+    """The AdmissionReview response to an AdmissionReview request, and the verdict in it; raises ReviewError when
+    the body is not an AdmissionReview request."""
+    if not isinstance(review, Mapping):
+        raise ReviewError("the body is not a JSON object")
+    if review.get("apiVersion") != ADMISSION_API or review.get("kind") != "AdmissionReview":
+        raise ReviewError(f"not an {ADMISSION_API} AdmissionReview (apiVersion {clip(str(review.get('apiVersion')))}"
+                          f", kind {clip(str(review.get('kind')))})")
+    request = review.get("request")
+    if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
+        raise ReviewError("the AdmissionReview has no request with a uid")
+    verdict = decide(request, options or PolicyOptions())
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": verdict.allowed}
+    if verdict.message is not None:
+        # 422 as the API server's own validation answers; kubectl prints the message after "denied the request: "
+        response["status"] = {"code": 422, "reason": "Invalid", "message": verdict.message}
+    if verdict.warnings:
+        response["warnings"] = list(verdict.warnings)
+    answer = {"apiVersion": ADMISSION_API, "kind": "AdmissionReview", "response": response}
+    return answer, verdict
+
+
+def decide(request: Mapping[str, Any], options: PolicyOptions) -> Verdict:
+    """The verdict on one AdmissionReview request (its `request` member)."""
+    if options.node_name is None:
+        # every node's agent knows its own name: a rule with `nodes` is checked, not refused for want of one
+        options = replace(options, node_name="")
+    if request.get("operation") not in _WRITES or not _is_configmap(request):
+        return ALLOWED
+    obj = request.get("object")
+    if not isinstance(obj, Mapping):
+        return ALLOWED
+    metadata = obj.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    name = _text(metadata.get("name")) or _text(request.get("name"))
+    namespace = _text(request.get("namespace")) or _text(metadata.get("namespace"))
+    if namespace != AGENT_NAMESPACE:
+        if name == AGENT_CONFIGMAP:
+            return Verdict(True, warnings=(
+                f"ConfigMap {namespace}/{name} is never read: the agent reads only {AGENT_NAMESPACE}/"
+                f"{AGENT_CONFIGMAP}; create it there (kubectl -n {AGENT_NAMESPACE} ...) for its config to apply",))
+        return ALLOWED
+    if name == AGENT_CONFIGMAP:
+        verdict = _review_configs(obj, name, options, required=True)
+        if not verdict.allowed and _data_unchanged(request, obj):
+            # a label, an annotation or a finalizer on a ConfigMap whose config was already stored (before the
+            # webhook, or while it was down): refusing it would fix nothing and block whoever manages metadata
+            problems = (verdict.message or "").splitlines()[1:]
+            return Verdict(True, warnings=tuple(_listed([f"the stored config is already refused: {line}"
+                                                         for line in problems])))
+        return verdict
+    if name.startswith(CONFIG_PREFIX):
+        # a member of the family a DaemonSet mounting a whole directory reads (--config DIR): validated as the
+        # agent would read it, and said to be outside what the shipped DaemonSet mounts
+        verdict = _review_configs(obj, name, options, required=False)
+        return Verdict(verdict.allowed, verdict.message, (_family_warning(name), *verdict.warnings))
+    if _near_miss(name) or _holds_a_config(obj):
+        return Verdict(True, warnings=(
+            f"ConfigMap {AGENT_NAMESPACE}/{name} looks meant for the ip-masq agent, but the agent reads only "
+            f"{AGENT_NAMESPACE}/{AGENT_CONFIGMAP}: this one is never applied",))
+    return ALLOWED
+
+
+def _data_unchanged(request: Mapping[str, Any], obj: Mapping[str, Any]) -> bool:
+    old = request.get("oldObject")
+    return (request.get("operation") == "UPDATE" and isinstance(old, Mapping)
+            and all(old.get(member) == obj.get(member) for member in ("data", "binaryData")))
+
+
+def _is_configmap(request: Mapping[str, Any]) -> bool:
+    kind = request.get("kind")
+    resource = request.get("resource")
+    if request.get("subResource"):
+        return False
+    if isinstance(kind, Mapping) and kind.get("group", "") == "" and kind.get("kind") == "ConfigMap":
+        return True
+    return (isinstance(resource, Mapping) and resource.get("group", "") == ""
+            and resource.get("resource") == "configmaps")
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _family_warning(name: str) -> str:
+    if name.startswith(AGENT_CONFIGMAP + "-"):
+        cause = (" (kustomize's configMapGenerator appends a hash to the name unless "
+                 "generatorOptions.disableNameSuffixHash is true)")
+    else:
+        cause = ""
+    return (f"ConfigMap {AGENT_NAMESPACE}/{name}: the shipped DaemonSet reads only {AGENT_CONFIGMAP}{cause}; this one "
+            "is read only by a DaemonSet that mounts it in its config directory (--config DIR)")
+
+
+def _near_miss(name: str) -> bool:
+    lowered = name.lower()
+    if "masq" in lowered:
+        return True
+    return SequenceMatcher(None, lowered.replace("_", "-"), AGENT_CONFIGMAP).ratio() >= _NEAR_MISS
+
+
+def _holds_a_config(obj: Mapping[str, Any]) -> bool:
+    """Whether a ConfigMap's data has a key of the agent's config, or a value that starts like one."""
+    data = obj.get("data")
+    if not isinstance(data, Mapping):
+        return False
+    for key, value in data.items():
+        if isinstance(key, str) and key.lower() in KNOWN_KEYS:
+            return True
+        if isinstance(value, str) and value.lstrip()[:40].split(":", 1)[0].strip().lower() in KNOWN_KEYS:
+            return True
+    return False
+
+
+# --- the agent's ConfigMap ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Collected:
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _config_keys(obj: Mapping[str, Any]) -> list[tuple[str, bytes | str]]:
+    """(where, content) of every key the agent reads: `config` (what the shipped DaemonSet mounts as its file) and
+    the ip-masq* keys (the files a config directory holds), from data (text) and binaryData (bytes)."""
+    found: list[tuple[str, bytes | str]] = []
+    for member in ("data", "binaryData"):
+        values = obj.get(member)
+        if not isinstance(values, Mapping):
+            continue
+        for key, value in values.items():
+            if not isinstance(key, str) or not (key == CONFIG_KEY or key.startswith(CONFIG_PREFIX)):
+                continue
+            where = f"{member}.{key}"
+            if member == "data" and isinstance(value, str):
+                found.append((where, value))
+            elif member == "binaryData" and isinstance(value, str):
+                try:
+                    found.append((where, base64.b64decode(value, validate=True)))
+                except (binascii.Error, ValueError):
+                    continue  # not base64: the API server refuses the object itself
+    return found
+
+
+def _review_configs(obj: Mapping[str, Any], name: str, options: PolicyOptions, *, required: bool) -> Verdict:
+    configs = _config_keys(obj)
+    collected = _Collected()
+    if required and not any(where.endswith("." + CONFIG_KEY) for where, _ in configs):
+        _missing_config(obj, configs, collected)
+    for where, content in configs:
+        _review_one(where, content, options, collected)
+    warnings = _listed(collected.warnings)
+    if collected.errors:
+        head = (f"ConfigMap {AGENT_NAMESPACE}/{name} would not do what it says (ipmasq lint finds the same; "
+                "nothing was changed):")
+        return Verdict(False, "\n".join([head, *_listed(collected.errors)]), tuple(warnings))
+    return Verdict(True, warnings=tuple(warnings))
+
+
+def _missing_config(obj: Mapping[str, Any], configs: list[tuple[str, bytes | str]], collected: _Collected) -> None:
+    keys = [k for member in ("data", "binaryData") if isinstance(obj.get(member), Mapping)
+            for k in obj[member] if isinstance(k, str)]
+    stray = [k for k in keys if k.lower() in KNOWN_KEYS]
+    if stray:
+        collected.errors.append(
+            f"data.{stray[0]}: a key of the config written directly under data; the agent reads only "
+            f"data.{CONFIG_KEY}: write `{CONFIG_KEY}: |` and indent the config below it [missing-config-key]")
+    elif configs:
+        shown = ", ".join(where for where, _ in configs)
+        collected.warnings.append(
+            f"no data.{CONFIG_KEY}: the shipped DaemonSet mounts only that key and runs with its defaults; "
+            f"{shown} is read only by a DaemonSet that mounts the whole ConfigMap as its config directory")
+    elif keys:
+        listed = ", ".join(repr(clip(k)) for k in keys[:MAX_LISTED])
+        hint = (" (`kubectl create configmap --from-file=FILE` names the key after the file: write "
+                f"--from-file={CONFIG_KEY}=FILE)")
+        collected.errors.append(
+            f"no data.{CONFIG_KEY} (keys: {listed}): the agent finds no config and runs with its defaults{hint} "
+            "[missing-config-key]")
+    # no data at all: the agent's defaults, which is what an empty ConfigMap says; lint warns the same way
+    else:
+        collected.warnings.append(
+            f"the ConfigMap holds no data: the agent runs with its built-in defaults (delete it, or write "
+            f"data.{CONFIG_KEY})")
+
+
+def _review_one(where: str, content: bytes | str, options: PolicyOptions, collected: _Collected) -> None:
+    data = content.encode("utf-8", "surrogatepass") if isinstance(content, str) else content
+    refused: ConfigError | None = None
+    try:
+        config_from_bytes(ConfigInput(((where, data),)), options)
+    except ConfigError as exc:
+        refused = exc
+    except RecursionError:
+        refused = ConfigError("nested too deeply to be an ip-masq-agent config", source=where)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        # the agent's own refusal names the byte and its line
+        collected.errors.append(_agent_line(refused, where, data))
+        return
+    if text.startswith("\ufeff"):
+        text = text[1:]  # a leading byte-order mark is harmless to the agent; elsewhere it is a lookalike
+    findings = scan_lookalikes(text, where) + lint_config(text, source=where, options=options, whole_file=True)
+    findings.sort(key=Finding.sort_key)
+    lines = text.splitlines()
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    if refused is not None and not errors:
+        # lint reports every refusal of the agent's with its own words; this is the safety net if it ever does not
+        collected.errors.append(_agent_line(refused, where, data))
+    collected.errors += [_finding_line(f, lines) for f in errors]
+    collected.warnings += [_finding_line(f, lines) for f in findings if f.severity is Severity.WARNING]
+
+
+def _agent_line(refused: ConfigError | None, where: str, data: bytes) -> str:
+    if refused is None:  # not reached: bytes that are not UTF-8 are refused by the agent's loader
+        return f"{where}: not UTF-8 text"
+    try:
+        quoted = _quote_line(data.decode("utf-8").splitlines(), refused.line)
+    except UnicodeDecodeError:
+        quoted = ""  # bytes are no line to quote: the message names the byte
+    place = f"{where} line {refused.line}" if refused.line is not None else where
+    return one_line(f"{place}{quoted}: {refused.message} (the agent refuses this config and keeps its last one)")
+
+
+def _quote_line(lines: list[str], line: int | None) -> str:
+    if line is None or not 0 < line <= len(lines) or not lines[line - 1].strip():
+        return ""
+    return f" `{clip(lines[line - 1].strip())}`"
+
+
+def _finding_line(finding: Finding, lines: list[str]) -> str:
+    """One line: where (the key and the config's own line, quoted), what, and the fix."""
+    place = finding.file or ""
+    if finding.line is not None:
+        place += f" line {finding.line}"
+    return one_line(f"{place}{_quote_line(lines, finding.line)}: {finding.message} [{finding.id}] "
+                    f"(fix: {finding.hint})")
+
+
+def _listed(lines: list[str]) -> list[str]:
+    shown = [clip(line, MAX_WARNING_CHARS) for line in lines[:MAX_LISTED]]
+    if len(lines) > MAX_LISTED:
+        shown.append(f"... and {len(lines) - MAX_LISTED} more: run ipmasq lint on the config for all of them")
+    return shown
