@@ -1,8 +1,8 @@
 """The seam to the API server: JSON requests and watch streams over one HTTPS connection per call.
 
-Written on http.client and ssl rather than a client library: the agent's memory budget with the API on is 28 MiB, and
-the well-kept clients cost 14-35 MiB more than these two modules (docs/measurements.md). The tests hold this client
-to lightkube, a well-kept one, as the oracle of what goes over the wire.
+Written on ssl (and the small HTTP/1.1 reader in ipmasq.kube._http) rather than a client library: the agent's memory
+budget with the API on is 28 MiB, and the well-kept clients cost 14-35 MiB more (docs/measurements.md). The tests
+hold this client to lightkube, a well-kept one, as the oracle of what goes over the wire.
 
 Everything that goes wrong is one of ipmasq.errors' ApiError tree: ApiUnreachable when there was no usable answer,
 an ApiRefused subclass (Unauthorized, Forbidden, NotFound, Conflict, Gone) when the server said no. Answers are
@@ -12,9 +12,7 @@ server costs a clear error, never the agent's memory.
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
 import ssl
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from ipmasq.errors import (
     Unauthorized,
     clip,
 )
+from ipmasq.kube import _http
 from ipmasq.kube.credentials import Credentials, TokenFile
 
 __all__ = ["MAX_ANSWER_BYTES", "ApiClient", "KubeClient", "WatchEvent"]
@@ -98,17 +97,16 @@ class KubeClient:
         target = path + (f"?{urlencode(dict(query))}" if query else "")
         payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
         for attempt in (1, 2):
-            connection = self._connect(self.timeout)
+            response = self._send(verb, target, payload, content_type, timeout=self.timeout, reread=attempt == 2)
             try:
-                response = self._send(connection, verb, target, payload, content_type, reread=attempt == 2)
-                data = _read_bounded(response, target)
-                if response.status == 401 and attempt == 1 and self._token.path is not None:
-                    continue
-                if response.status >= 400:
-                    raise _refusal(response.status, data, verb, path)
-                return _json_object(data, verb, path)
+                data = _read_bounded(response, verb, path)
             finally:
-                connection.close()
+                response.close()
+            if response.status == 401 and attempt == 1 and self._token.path is not None:
+                continue
+            if response.status >= 400:
+                raise _refusal(response.status, data, verb, path)
+            return _json_object(data, verb, path)
         raise AssertionError("unreachable")  # the loop returns or raises
 
     def watch(self, path: str, *, query: Mapping[str, str], timeout_seconds: int = 300) -> Iterator[WatchEvent]:
@@ -119,18 +117,17 @@ class KubeClient:
         params = {**query, "watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_seconds)}
         target = f"{path}?{urlencode(params)}"
         # the server closes at timeoutSeconds; a silent connection well past that is a dead one
-        connection = self._connect(timeout_seconds + 30.0)
+        response = self._send("GET", target, None, "application/json", timeout=timeout_seconds + 30.0, reread=False)
         try:
-            response = self._send(connection, "GET", target, None, "application/json", reread=False)
             if response.status == 401 and self._token.path is not None:
                 self._token.token(reread=True)
             if response.status >= 400:
-                raise _refusal(response.status, _read_bounded(response, target), "WATCH", path)
+                raise _refusal(response.status, _read_bounded(response, "WATCH", path), "WATCH", path)
             while True:
                 try:
-                    line = response.readline(MAX_ANSWER_BYTES + 1)
-                except (OSError, http.client.HTTPException) as exc:
-                    raise ApiUnreachable(f"watch {path}: the stream broke: {_describe(exc)}") from None
+                    line = response.readline(MAX_ANSWER_BYTES)
+                except _http.HttpError as exc:
+                    raise ApiUnreachable(f"watch {path}: the stream broke: {exc}") from None
                 if not line:
                     return
                 if len(line) > MAX_ANSWER_BYTES:
@@ -147,16 +144,12 @@ class KubeClient:
                     raise _refusal(code if isinstance(code, int) else 500, line, "WATCH", path)
                 yield WatchEvent(kind, obj)
         finally:
-            connection.close()
+            response.close()
 
     # ---- the connection --------------------------------------------------------------------------------------
 
-    def _connect(self, timeout: float) -> http.client.HTTPSConnection:
-        host = self.credentials.host.strip("[]")
-        return http.client.HTTPSConnection(host, self.credentials.port, timeout=timeout, context=self._context)
-
-    def _send(self, connection: http.client.HTTPSConnection, verb: str, target: str, payload: bytes | None,
-              content_type: str, *, reread: bool) -> http.client.HTTPResponse:
+    def _send(self, verb: str, target: str, payload: bytes | None, content_type: str, *, timeout: float,
+              reread: bool) -> _http.Response:
         headers = {"Accept": "application/json", "User-Agent": self.user_agent}
         token = self._token.token(reread=reread)
         if token:
@@ -164,11 +157,10 @@ class KubeClient:
         if payload is not None:
             headers["Content-Type"] = content_type
         try:
-            connection.request(verb, target, body=payload, headers=headers)
-            return connection.getresponse()
-        except (OSError, ssl.SSLError, http.client.HTTPException) as exc:
-            raise ApiUnreachable(f"{verb} {target.split('?')[0]}: {self.credentials.server}: {_describe(exc)}"
-                                 ) from None
+            return _http.request(self._context, self.credentials.host.strip("[]"), self.credentials.port, verb,
+                                 target, headers, payload, timeout=timeout)
+        except _http.HttpError as exc:
+            raise ApiUnreachable(f"{verb} {target.split('?')[0]}: {self.credentials.server}: {exc}") from None
 
 
 def _ssl_context(credentials: Credentials) -> ssl.SSLContext:
@@ -191,19 +183,17 @@ def _ssl_context(credentials: Credentials) -> ssl.SSLContext:
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, socket.timeout | TimeoutError):
-        return "no answer in time"
     text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
     return clip(str(text), 120)
 
 
-def _read_bounded(response: http.client.HTTPResponse, target: str) -> bytes:
+def _read_bounded(response: _http.Response, verb: str, path: str) -> bytes:
     try:
-        data = response.read(MAX_ANSWER_BYTES + 1)
-    except (OSError, http.client.HTTPException) as exc:
-        raise ApiUnreachable(f"{target.split('?')[0]}: the answer broke off: {_describe(exc)}") from None
+        data = response.read(MAX_ANSWER_BYTES)
+    except _http.HttpError as exc:
+        raise ApiUnreachable(f"{verb} {path}: the answer broke off: {exc}") from None
     if len(data) > MAX_ANSWER_BYTES:
-        raise ApiUnreachable(f"{target.split('?')[0]}: an answer of more than {MAX_ANSWER_BYTES:,} bytes")
+        raise ApiUnreachable(f"{verb} {path}: an answer of more than {MAX_ANSWER_BYTES:,} bytes")
     return data
 
 
