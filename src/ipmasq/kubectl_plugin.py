@@ -99,6 +99,9 @@ def _debug_pod(node: str, argv: Sequence[str], image: str) -> int:
 
 
 def _take_image(args: list[str]) -> tuple[list[str], str | None]:
+    for at, arg in enumerate(args):
+        if arg.startswith("--image="):
+            return args[:at] + args[at + 1:], arg.split("=", 1)[1]
     if "--image" in args:
         at = args.index("--image")
         if at + 1 >= len(args):

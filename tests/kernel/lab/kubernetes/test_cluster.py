@@ -396,6 +396,10 @@ def test_kubectl_debug_node_checks_a_node_whose_chain_another_agent_owns(cluster
         assert status["phase"] == "Succeeded", logs
         assert "ok: the node's rules match the config" in logs
         cluster.kubectl("delete", "pod", pod, "--wait=false")
+        # the same from the kubectl plugin: no ipmasq agent on the node, so a short-lived pod runs it there
+        plugin = _ipmasq(cluster, "kubectl", "ipmasq", "check", node.name, f"--image={cluster.artifacts.image}",
+                         "--masq-chain=IP-MASQ", "--nomasq-all-reserved-ranges")
+        assert plugin.returncode == 0 and "ok: the node's rules match the config" in plugin.stdout, plugin
     finally:
         cluster.namespace(node).run([sys.executable, "-m", "ipmasq", "uninstall", "--masq-chain=IP-MASQ"],
                                     check=False)
