@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from ipmasq.config.source import ConfigInput
+from ipmasq.config.source import ConfigInput, config_digest
 from ipmasq.errors import ConfigError
 from ipmasq.kube.client import ApiClient
 from ipmasq.kube.configmaps import ConfigMapFollower, ConfigMapState
@@ -39,11 +39,12 @@ def configmap_source(name: str, key: str) -> str:
     return f"configmap/{name}[{key}]"
 
 
-def _content(read: Read) -> tuple[bytes, ...] | str:
-    """What a read holds, whatever it is named: the files' bytes in order, or the error's message."""
+def _content(read: Read) -> str:
+    """What a read holds, whatever it is named: a digest of the files' bytes in order, or the error's message (the
+    history keeps digests: up to HISTORY configs of up to 1 MiB each would otherwise stay in memory)."""
     if isinstance(read, ConfigError):
-        return read.message
-    return tuple(data for _name, data in read.files)
+        return f"error: {read.message}"
+    return config_digest(tuple(data for _name, data in read.files))
 
 
 class ConfigChoice:
@@ -53,24 +54,28 @@ class ConfigChoice:
         self.api: Read | None = None  # None: the API has not been listed yet
         self.file: Read | None = None
         self.newest: Literal["api", "file"] = "file"
-        self._api_history: collections.deque[tuple[bytes, ...] | str] = collections.deque(maxlen=history)
+        self._api_history: collections.deque[str] = collections.deque(maxlen=history)
+        self._api_content: str | None = None
+        self._file_content: str | None = None
 
     def from_api(self, read: Read) -> None:
         content = _content(read)
-        if self.api is not None and _content(self.api) == content:
+        if self.api is not None and self._api_content == content:
             self.api = read
             return
-        self.api = read
+        self.api, self._api_content = read, content
         self._api_history.append(content)
         self.newest = "api"
 
     def from_file(self, read: Read) -> None:
+        if self.file is not None and read == self.file:
+            return  # the same bytes under the same names: the common case, every wakeup, no digest needed
         content = _content(read)
-        if self.file is not None and _content(self.file) == content:
+        if self.file is not None and self._file_content == content:
             self.file = read
             return
         first = self.file is None
-        self.file = read
+        self.file, self._file_content = read, content
         if self.api is not None and (first or content in self._api_history):
             # the API showed this already (the current one again, or kubelet catching up late); or the file's first
             # read came after the API's list: what the volume held at start-up is not news

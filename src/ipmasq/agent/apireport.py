@@ -158,16 +158,20 @@ class ApiReporter:
         pass
 
     def observed(self, report: ConfigReport) -> None:
-        self._queue.put(self.narrator.observed(report))
+        self._hand_over(self.narrator.observed(report))
 
     def reconciled(self, report: PassReport, seconds: float) -> None:
-        self._queue.put(self.narrator.reconciled(report))
+        self._hand_over(self.narrator.reconciled(report))
 
     def waiting(self, why: str) -> None:
-        self._queue.put(self.narrator.waiting(why))
+        self._hand_over(self.narrator.waiting(why))
 
     def failed(self, why: str) -> None:
-        self._queue.put(self.narrator.failed(why))
+        self._hand_over(self.narrator.failed(why))
+
+    def _hand_over(self, note: Note) -> None:
+        if note.occurrences or note.status is not None:  # most wakeups change nothing: nothing to write
+            self._queue.put(note)
 
     # ---- the writer thread -----------------------------------------------------------------------------------
 

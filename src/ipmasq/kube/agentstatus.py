@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ipmasq.errors import Conflict, NotFound
+from ipmasq.errors import Conflict, Forbidden, NotFound
 from ipmasq.kube.client import ApiClient
 
 __all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "NodeStatus", "StatusWriter", "status_from_json", "status_path"]
@@ -117,7 +117,10 @@ class StatusWriter:
 
     def _node_owner(self) -> dict[str, Any] | None:
         if self._owner is None:
-            node = self.client.get(f"/api/v1/nodes/{self.node}")
+            try:
+                node = self.client.get(f"/api/v1/nodes/{self.node}")
+            except (NotFound, Forbidden):
+                return None  # no such Node, or no right to read it: the status without an owner, rather than none
             uid = (node.get("metadata") or {}).get("uid")
             if isinstance(uid, str):
                 self._owner = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid,
