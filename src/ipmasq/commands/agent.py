@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ipmasq import __version__
 from ipmasq.agent.health import DEFAULT_METRICS_ADDRESS, StatusServer
@@ -33,6 +33,9 @@ from ipmasq.conntrack import conntrack_flusher
 from ipmasq.errors import ApiError, UsageError
 from ipmasq.kube import credentials as kube_credentials
 from ipmasq.options import PolicyOptions
+
+if TYPE_CHECKING:  # the API features' modules load only when the API is used (see _api)
+    from ipmasq.agent.apireport import ApiReporter
 
 __all__ = ["DEFAULT_CONFIG", "register"]
 
@@ -126,9 +129,7 @@ def run(args: argparse.Namespace) -> int:
         status.settings["backend"] = backend.name
         if reporter is not None:
             reporter.narrator.set_backend(backend.name)
-        agent = _agent(backend, others, options, settings, runner, log, args, status)
-        agent.observer, agent.api_config = observer, api_config
-        agent.run(wakeup)
+        _agent(backend, others, options, settings, runner, log, args, observer, api_config).run(wakeup)
     finally:
         if server is not None:
             server.stop()
@@ -136,17 +137,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptions, settings: LoopSettings,
-           runner: Runner, log: logging.Logger, args: argparse.Namespace, status: AgentStatus) -> Agent:
+           runner: Runner, log: logging.Logger, args: argparse.Namespace, observer: LoopObserver,
+           api_config: ConfigChooser | None = None) -> Agent:
     on_change = conntrack_flusher(runner, log) if args.flush_conntrack else None
     # the count of foreign NAT rules is a metric: --once serves none, so it does not read every table again for it
     count_foreign = None if args.once else lambda: count_foreign_masquerade(runner)
     fingerprint = KernelFingerprint(xtables_lock=xtables_lock_path())
     reconciler = Reconciler(backend, options, log=log, others=others, on_policy_change=on_change,
                             count_foreign=count_foreign, fingerprint=fingerprint)
-    return Agent(reconciler, settings, log=log, observer=status)
+    return Agent(reconciler, settings, log=log, observer=observer, api_config=api_config)
 
 
-def _api(args: argparse.Namespace, log: logging.Logger, wakeup: Wakeup) -> tuple[ConfigChooser | None, Any]:
+def _api(args: argparse.Namespace, log: logging.Logger,
+         wakeup: Wakeup) -> tuple[ConfigChooser | None, ApiReporter | None]:
     """The API server's part, when there is one: the ConfigMaps followed, and the reporter of Events and status.
 
     Started before the node lock is taken (a waiting agent says so in an Event), but nothing here ever decides
