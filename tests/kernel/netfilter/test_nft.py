@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.lab.netns import Namespace, Network
 from ipmasq.netfilter.nft import desired_table, parse_list_json, render_script
 from ipmasq.options import PolicyOptions, parse_to_ports
 from ipmasq.policy.policy import Policy
 from ipmasq.testing.nft import list_json
+from tests.configs import policy_of
 
 CASES = {
     "defaults": ("", PolicyOptions()),
@@ -36,7 +36,7 @@ CASES = {
 
 
 def make_policy(text: str, options: PolicyOptions) -> Policy:
-    return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
+    return policy_of(text, options)
 
 
 def without_handles(objects: list[dict[str, dict[str, object]]]) -> list[dict[str, dict[str, object]]]:

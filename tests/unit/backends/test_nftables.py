@@ -7,12 +7,12 @@ import pytest
 
 from ipmasq.backends.base import Result
 from ipmasq.backends.nftables import NftablesBackend
-from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeNft
+from tests.configs import policy_of
 
 V4 = PolicyOptions()
 DUAL = PolicyOptions(enable_ipv6=True)
@@ -20,7 +20,7 @@ CONFIG = "nonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\nmasqueradeCIDRs: [10.11.
 
 
 def policy(text: str = CONFIG, options: PolicyOptions = DUAL) -> Policy:
-    return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
+    return policy_of(text, options)
 
 
 def reconcile(backend: NftablesBackend, p: Policy) -> int:
