@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
-from ipmasq.agent.reconcile import FamilyWrite, ObjectCount, Readiness, Reconciler, SyncResult
+from ipmasq.agent.reconcile import FamilyWrite, ObjectCount, Reconciler, SyncResult, Verdict
 from ipmasq.backends.iptables import IptablesBackend, Variant, choose_variant
 from ipmasq.config import ConfigInput
 from ipmasq.errors import ConfigError
@@ -303,7 +303,7 @@ def test_each_pass_hands_out_its_facts_as_one_value(fake: FakeIptables) -> None:
     rec = make(fake)
     seen = rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 20s\n"))
     assert seen.changed and seen.config_error is None and seen.resync_interval == 20
-    assert seen.readiness == Readiness(False, "not ready: the current config is not applied yet")
+    assert seen.readiness == Verdict(False, "not ready: the current config is not applied yet")
     assert rec.policy is not None and seen.policy_hash == policy_hash(rec.policy)
     installed = rec.reconcile()
     # the chain, its jump, link-local RETURN, 10/8 RETURN, MASQUERADE; counted as rules: all but the chain
@@ -311,7 +311,7 @@ def test_each_pass_hands_out_its_facts_as_one_value(fake: FakeIptables) -> None:
         installed, result=SyncResult.APPLIED, config_error=None, backend_error=None, drift_repair=False,
         writes=(FamilyWrite(Family.V4, added=5, removed=0, installed=True),), removed_leftovers=(),
         policy_hash=seen.policy_hash, objects=(ObjectCount(Family.V4, rules=4, set_elements=0),),
-        resync_interval=20.0, readiness=Readiness(True, "ready: the kernel matches the current config"))
+        resync_interval=20.0, readiness=Verdict(True, "ready: the kernel matches the current config"))
     assert rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 20s\n")).changed is False
     idle = rec.reconcile()
     assert (idle.result, idle.writes, idle.drift_repair, idle.objects) == (SyncResult.IN_SYNC, (), False,
@@ -333,7 +333,7 @@ def test_a_bad_config_and_a_failing_backend_are_in_the_report(fake: FakeIptables
     assert bad.policy_hash == good.policy_hash  # the last good policy is still the one enforced
     kept = rec.reconcile()
     assert kept.result is SyncResult.IN_SYNC and kept.config_error == bad.config_error
-    assert not kept.readiness.ready and kept.readiness.why == f"not ready: config error: {bad.config_error}"
+    assert not kept.readiness.ok and kept.readiness.why == f"not ready: config error: {bad.config_error}"
     rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n"))
     fake.lock_busy = True
     failed = rec.reconcile()
@@ -344,4 +344,4 @@ def test_a_bad_config_and_a_failing_backend_are_in_the_report(fake: FakeIptables
     fake.lock_busy = False
     applied = rec.reconcile()
     assert applied.result is SyncResult.APPLIED and not applied.drift_repair  # a config change, not drift
-    assert applied.objects == (ObjectCount(Family.V4, rules=5, set_elements=0),) and applied.readiness.ready
+    assert applied.objects == (ObjectCount(Family.V4, rules=5, set_elements=0),) and applied.readiness.ok
