@@ -8,7 +8,15 @@
     ├── RuleParseError          a line of iptables-save/restore text that cannot be read (netfilter.iptables)
     ├── NftParseError           nft output or an nft script that is not what we expect (netfilter.nft)
     ├── NftTraceError           an nft JSON listing `trace`/`check` cannot read at all (diagnose.trace_nft)
-    └── FlowLogError            a flow log line of no format `audit` reads; names the file and line (audit)
+    ├── FlowLogError            a flow log line of no format `audit` reads; names the file and line (audit)
+    └── ApiError                the API server could not be asked, or refused (ipmasq.kube)
+        ├── ApiUnreachable      no answer: connection refused or reset, TLS failure, timeout, a garbled reply
+        └── ApiRefused          an answer with an error status; its `status` and the server's own message
+            ├── Unauthorized    401: the token is not (or no longer) valid
+            ├── Forbidden       403: RBAC does not allow it
+            ├── NotFound        404
+            ├── Conflict        409: exists already, or changed since it was read
+            └── Gone            410: a watch's resourceVersion is too old; list again
     PrefixError (ValueError)    a CIDR that does not parse or is not aligned; callers locate it as a ConfigError
     NotAFile, NoWriter          an input path that is not a file to read (input_files); callers name the path
 
@@ -21,8 +29,30 @@ The CLI maps ConfigError to exit 1, UsageError to exit 2; everything is printed 
 
 from __future__ import annotations
 
-__all__ = ["BackendError", "ConfigError", "FlowLogError", "IpmasqError", "LockBusyError", "NftParseError",
-           "NftTraceError", "NoWriter", "NotAFile", "PrefixError", "RuleParseError", "UsageError", "clip", "one_line"]
+__all__ = [
+    "ApiError",
+    "ApiRefused",
+    "ApiUnreachable",
+    "BackendError",
+    "ConfigError",
+    "Conflict",
+    "FlowLogError",
+    "Forbidden",
+    "Gone",
+    "IpmasqError",
+    "LockBusyError",
+    "NftParseError",
+    "NftTraceError",
+    "NoWriter",
+    "NotAFile",
+    "NotFound",
+    "PrefixError",
+    "RuleParseError",
+    "Unauthorized",
+    "UsageError",
+    "clip",
+    "one_line",
+]
 
 # How much of an offending value a one-line error quotes: enough to recognise it, never a 10 MB line.
 CLIP_CHARS = 60
@@ -98,6 +128,44 @@ class NftTraceError(IpmasqError):
 
 class FlowLogError(IpmasqError):
     """A flow log line that is neither of the formats we read; names the file and line."""
+
+
+class ApiError(IpmasqError):
+    """The API server could not be asked, or refused; the agent keeps enforcing what it has and asks again later."""
+
+
+class ApiUnreachable(ApiError):
+    """No usable answer from the API server (refused, reset, TLS, timeout, a reply that is not the API's)."""
+
+
+class ApiRefused(ApiError):
+    """The API server answered with an error status."""
+
+    def __init__(self, status: int, message: str, *, verb: str = "", path: str = "") -> None:
+        self.status = status
+        self.server_message = message
+        where = f"{verb} {path}: " if verb else ""
+        super().__init__(one_line(f"{where}{status} {clip(message, 200)}"))
+
+
+class Unauthorized(ApiRefused):
+    """401: the credentials are not (or no longer) valid."""
+
+
+class Forbidden(ApiRefused):
+    """403: RBAC does not allow this request."""
+
+
+class NotFound(ApiRefused):
+    """404: no such object."""
+
+
+class Conflict(ApiRefused):
+    """409: the object exists already, or changed since it was read."""
+
+
+class Gone(ApiRefused):
+    """410: the resourceVersion a watch started from is too old; list again."""
 
 
 class PrefixError(ValueError):

@@ -31,7 +31,8 @@ from ipmasq.agent.watch import ConfigWatcher
 from ipmasq.config.source import ConfigInput, read_config_input
 from ipmasq.errors import ConfigError
 
-__all__ = ["LOCK_POLL_SECONDS", "Agent", "LoopObserver", "LoopSettings", "Wakeup", "wait_for_node_lock"]
+__all__ = ["LOCK_POLL_SECONDS", "Agent", "ConfigChooser", "LoopObserver", "LoopSettings", "Observers", "Wakeup",
+           "wait_for_node_lock"]
 
 # How often a waiting agent tries the node lock: the takeover delay once the holder exits.
 LOCK_POLL_SECONDS = 0.1
@@ -62,6 +63,10 @@ class Wakeup:
 
     def request_resync(self) -> None:
         self.resync.set()
+        self._poke()
+
+    def request_look(self) -> None:
+        """Look at the config again now (the API showed a new one); a pass follows only if it changed."""
         self._poke()
 
     def _poke(self) -> None:
@@ -112,6 +117,40 @@ class _Unobserved:
 
     def failed(self, why: str) -> None:
         pass
+
+
+class Observers:
+    """Several observers told the same, in order (the metrics first: they are what the probes read)."""
+
+    def __init__(self, *observers: LoopObserver) -> None:
+        self.observers = observers
+
+    def heartbeat(self) -> None:
+        for observer in self.observers:
+            observer.heartbeat()
+
+    def observed(self, report: ConfigReport) -> None:
+        for observer in self.observers:
+            observer.observed(report)
+
+    def reconciled(self, report: PassReport, seconds: float) -> None:
+        for observer in self.observers:
+            observer.reconciled(report, seconds)
+
+    def waiting(self, why: str) -> None:
+        for observer in self.observers:
+            observer.waiting(why)
+
+    def failed(self, why: str) -> None:
+        for observer in self.observers:
+            observer.failed(why)
+
+
+class ConfigChooser(Protocol):
+    """Picks the config to enforce given what the mounted file holds (ipmasq.agent.apiconfig.ApiConfig: the API's
+    ConfigMaps when they are newer)."""
+
+    def choose(self, file_read: ConfigInput | ConfigError) -> ConfigInput | ConfigError: ...
 
 
 def wait_for_node_lock(lock: NodeLock, wakeup: Wakeup, *, log: logging.Logger,
@@ -174,8 +213,11 @@ def _read(path: str, *, directory_ok: bool = True) -> ConfigInput | ConfigError:
 
 class Agent:
     def __init__(self, reconciler: Reconciler, settings: LoopSettings, *, log: logging.Logger,
-                 clock: Callable[[], float] = time.monotonic, observer: LoopObserver | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, observer: LoopObserver | None = None,
+                 api_config: ConfigChooser | None = None) -> None:
         self.reconciler = reconciler
+        # the ConfigMaps followed through the API, beside the mounted file (None: the file only)
+        self.api_config = api_config
         self.observer: LoopObserver = observer if observer is not None else _Unobserved()
         self.settings = settings
         self.log = log
@@ -225,7 +267,10 @@ class Agent:
     def _iteration(self, wakeup: Wakeup, schedule: _Schedule) -> bool:
         """One wakeup: read the config, reconcile when due; True when a pass ran to its end."""
         self.observer.heartbeat()  # once per wakeup: at least once per resync interval, so liveness can tell
-        seen = self.reconciler.observe(_read(self.settings.config_path, directory_ok=self._directory_ok))
+        read = _read(self.settings.config_path, directory_ok=self._directory_ok)
+        if self.api_config is not None:
+            read = self.api_config.choose(read)
+        seen = self.reconciler.observe(read)
         self.observer.observed(seen)
         now = self.clock()
         due = (seen.changed or now >= schedule.next_resync or wakeup.resync.is_set()

@@ -38,7 +38,7 @@ from types import FrameType
 
 from ipmasq.backends.base import Backend, Fingerprint, Removable, State
 from ipmasq.config.model import DEFAULT_RESYNC_SECONDS, MasqConfig
-from ipmasq.config.source import ConfigInput, config_from_bytes
+from ipmasq.config.source import ConfigInput, config_digest, config_from_bytes
 from ipmasq.errors import BackendError, ConfigError, IpmasqError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.hash import policy_hash
@@ -113,6 +113,7 @@ class ConfigReport:
     policy_hash: str | None  # policy_hash of the last good policy (enforced even while the config is bad)
     resync_interval: float  # seconds, from the last good config (the default before one)
     readiness: Verdict
+    config_digest: str | None = None  # config_digest of the last good config's content (None: none yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,7 @@ class PassReport:
     readiness: Verdict
     foreign_masquerade_rules: int | None = None  # NAT rules not ours that masquerade/SNAT (None: not counted yet)
     rule_counters: tuple[RuleCount, ...] = ()  # the enforced policy's config rules on this node, as last read
+    config_digest: str | None = None  # config_digest of the content of the config this pass enforced
 
 
 def count_objects(state: State) -> tuple[int, int]:
@@ -214,6 +216,7 @@ class Reconciler:
         self.log = log
         self.policy: Policy | None = None  # the last good policy, enforced even while the config is bad
         self._policy_hash: str | None = None  # policy_hash(self.policy), computed once per policy
+        self._config_digest: str | None = None  # config_digest of the last good config's content
         self.config_error: str | None = None
         self.backend_error: str | None = None
         self._seen: _Seen | None = None
@@ -263,6 +266,7 @@ class Reconciler:
             # not a verdict on the config (a loader process that could not run): read it again at the next wakeup
             self._seen = None
             raise
+        self._config_digest = config_digest(tuple(data for _source, data in config_input.files))
         for warning in config.warnings:
             self.log.warning("config warning: %s", warning)
         changed = self.policy is None or self.policy.config != config
@@ -282,7 +286,8 @@ class Reconciler:
 
     def _config_report(self, *, changed: bool) -> ConfigReport:
         return ConfigReport(changed=changed, config_error=self.config_error, policy_hash=self._policy_hash,
-                            resync_interval=self.resync_interval, readiness=self.readiness())
+                            resync_interval=self.resync_interval, readiness=self.readiness(),
+                            config_digest=self._config_digest)
 
     def reconcile(self) -> PassReport:
         """Make the kernel match the last good policy; write only where it differs, then read back and verify."""
@@ -426,7 +431,8 @@ class Reconciler:
                           leftovers=self._leftovers,
                           policy_hash=self._policy_hash, objects=self._objects,
                           resync_interval=self.resync_interval, readiness=self.readiness(),
-                          foreign_masquerade_rules=self._foreign, rule_counters=self._rule_counts)
+                          foreign_masquerade_rules=self._foreign, rule_counters=self._rule_counts,
+                          config_digest=self._config_digest)
 
     def _remove_others(self) -> tuple[list[str], str | None]:
         """Look at every other place (one read each) and remove our objects there; (removed, first error).

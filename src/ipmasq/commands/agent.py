@@ -11,7 +11,15 @@ from typing import Any
 from ipmasq import __version__
 from ipmasq.agent.health import DEFAULT_METRICS_ADDRESS, StatusServer
 from ipmasq.agent.logs import LOG_FORMATS, configure_logging
-from ipmasq.agent.loop import Agent, LoopSettings, Wakeup, wait_for_node_lock
+from ipmasq.agent.loop import (
+    Agent,
+    ConfigChooser,
+    LoopObserver,
+    LoopSettings,
+    Observers,
+    Wakeup,
+    wait_for_node_lock,
+)
 from ipmasq.agent.metrics import AgentStatus
 from ipmasq.agent.nodelock import DEFAULT_LOCK_DIRECTORY, NodeLock, default_lock_path
 from ipmasq.agent.reconcile import Reconciler
@@ -22,11 +30,15 @@ from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.backends.xtables_lock import xtables_lock_path
 from ipmasq.commands.common import add_backend_flags, add_policy_flags, agent_settings, go_bool, options_from_args
 from ipmasq.conntrack import conntrack_flusher
+from ipmasq.errors import ApiError, UsageError
+from ipmasq.kube import credentials as kube_credentials
 from ipmasq.options import PolicyOptions
 
 __all__ = ["DEFAULT_CONFIG", "register"]
 
 DEFAULT_CONFIG = "/etc/config/ip-masq-agent"
+DEFAULT_CONFIGMAP = "ip-masq-agent"
+DEFAULT_CONFIGMAP_KEY = "config"  # the key the reference's manifests mount as the file ip-masq-agent
 
 
 def register(subparsers: Any) -> None:
@@ -55,6 +67,22 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME") or None, metavar="NAME",
                         help="this node's name, which selects the config rules that have `nodes` (default: "
                              "$NODE_NAME, which the DaemonSet sets from spec.nodeName)")
+    api = parser.add_argument_group("the API server (config at once from the ConfigMap, Events, the node's status)")
+    api.add_argument("--api", choices=("auto", "off"), default="auto",
+                     help="auto (default): use the API server when in a pod with a service-account token, or "
+                          "with --kubeconfig; off: the mounted file only, no Events, no status (the reference's way)")
+    api.add_argument("--kubeconfig", metavar="PATH", help="reach the API server with this kubeconfig instead of the "
+                     "pod's service account")
+    api.add_argument("--configmaps", default=DEFAULT_CONFIGMAP, metavar="NAME[,NAME...]",
+                     help="the ConfigMaps to follow (default %(default)s; several are merged as the directory form "
+                          "merges files, in name order)")
+    api.add_argument("--configmap-namespace", metavar="NAMESPACE",
+                     help="their namespace (default: the pod's own, else kube-system)")
+    api.add_argument("--configmap-key", default=DEFAULT_CONFIGMAP_KEY, metavar="KEY",
+                     help="the key holding the config in each ConfigMap (default %(default)s, as the reference's "
+                          "manifests mount it)")
+    api.add_argument("--pod-name", default=os.environ.get("POD_NAME") or None, metavar="NAME",
+                     help="this agent's pod, named in its status (default: $POD_NAME)")
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                         help="one line per event, as text or JSON (default %(default)s)")
     parser.add_argument("--version", action="version", version=f"ipmasq {__version__}")
@@ -88,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGHUP, lambda *_: wakeup.request_resync())
     try:
-        if not wait_for_node_lock(lock, wakeup, log=log, observer=status, announce=True):
+        api_config, reporter = _api(args, log, wakeup)
+        observer: LoopObserver = status if reporter is None else Observers(status, reporter)
+        if not wait_for_node_lock(lock, wakeup, log=log, observer=observer, announce=True):
             log.info("agent stopping: it never held the node lock, nothing written")
             return 0
         # chosen only now: what the node holds may have changed while the other agent ran
@@ -96,7 +126,11 @@ def run(args: argparse.Namespace) -> int:
                                        generation=nftables_generation)
         status.backend = backend.name
         status.settings["backend"] = backend.name
-        _agent(backend, others, options, settings, runner, log, args, status).run(wakeup)
+        if reporter is not None:
+            reporter.narrator.set_backend(backend.name)
+        agent = _agent(backend, others, options, settings, runner, log, args, status)
+        agent.observer, agent.api_config = observer, api_config
+        agent.run(wakeup)
     finally:
         if server is not None:
             server.stop()
@@ -112,6 +146,67 @@ def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptio
     reconciler = Reconciler(backend, options, log=log, others=others, on_policy_change=on_change,
                             count_foreign=count_foreign, fingerprint=fingerprint)
     return Agent(reconciler, settings, log=log, observer=status)
+
+
+def _api(args: argparse.Namespace, log: logging.Logger, wakeup: Wakeup) -> tuple[ConfigChooser | None, Any]:
+    """The API server's part, when there is one: the ConfigMaps followed, and the reporter of Events and status.
+
+    Started before the node lock is taken (a waiting agent says so in an Event), but nothing here ever decides
+    whether the agent runs: no credentials, or an API server that never answers, leave the agent on its file."""
+    if args.api == "off":
+        return None, None
+    try:
+        credentials = (kube_credentials.from_kubeconfig(args.kubeconfig) if args.kubeconfig
+                       else kube_credentials.in_cluster())
+    except ApiError as exc:
+        raise UsageError(f"--kubeconfig: {exc}") from None
+    if credentials is None:
+        log.info("no service-account token and no --kubeconfig: the config comes from the mounted file only, and "
+                 "no Events or status are written")
+        return None, None
+    if not args.node_name:
+        log.warning("the API server is not used: its features need the node's name (--node-name or $NODE_NAME); "
+                    "the config comes from the mounted file only")
+        return None, None
+    # imported here, the one place the API features start: TLS and HTTP cost about 6 MiB, and the agent without
+    # them keeps its own, smaller budget (docs/measurements.md)
+    from ipmasq.agent.apiconfig import ApiConfig
+    from ipmasq.agent.apireport import ApiReporter, Narrator
+    from ipmasq.kube.agentstatus import StatusWriter
+    from ipmasq.kube.client import KubeClient
+    from ipmasq.kube.events import EventRecorder
+
+    try:
+        client = KubeClient(credentials)
+    except ApiError as exc:
+        raise UsageError(str(exc)) from None
+    namespace = args.configmap_namespace or kube_credentials.pod_namespace() or "kube-system"
+    names = [name for name in args.configmaps.split(",") if name]
+    if not names:
+        raise UsageError("--configmaps: no ConfigMap named")
+    api_config = ApiConfig(client, namespace, names, args.configmap_key, log=log, poke=wakeup.request_look,
+                           stop=wakeup.stop)
+
+    def configmap_exists() -> bool | None:
+        states = api_config.states()
+        if len(states) < len(api_config.names):
+            return None  # not listed yet: unknown
+        return any(state.exists for state in states.values())
+
+    def configmaps() -> tuple[tuple[str, str], ...]:
+        return tuple((name, state.resource_version or "") for name, state in sorted(api_config.states().items())
+                     if state.exists)
+
+    narrator = Narrator(args.node_name, pod=args.pod_name, version=__version__, backend="",
+                        source=lambda: api_config.source, configmaps=configmaps, configmap_exists=configmap_exists)
+    reporter = ApiReporter(narrator, EventRecorder(client, component="ip-masq-agent", host=args.node_name),
+                           StatusWriter(client, args.node_name), api_config, log=log, stop=wakeup.stop)
+    log.info("API server %s: following ConfigMap%s %s in %s (key %s); Events and status for node %s",
+             credentials.server, "s" if len(names) > 1 else "", ", ".join(names), namespace, args.configmap_key,
+             args.node_name)
+    api_config.start()
+    reporter.start()
+    return api_config, reporter
 
 
 def _serve_status(status: AgentStatus, address: str, log: logging.Logger) -> StatusServer | None:

@@ -7,6 +7,7 @@ symlink per key; reading through the key's symlink always sees one complete vers
 from __future__ import annotations
 
 import gc
+import hashlib
 import os
 import stat
 import sys
@@ -24,6 +25,7 @@ __all__ = [
     "CONFIG_PREFIX",
     "MAX_CONFIG_BYTES",
     "ConfigInput",
+    "config_digest",
     "config_from_bytes",
     "load_config",
     "read_config_file",
@@ -44,6 +46,16 @@ class ConfigInput:
     """The raw bytes of every config file found (empty: none found, so the reference's defaults apply)."""
 
     files: tuple[tuple[str, bytes], ...]
+
+
+def config_digest(contents: tuple[bytes, ...]) -> str:
+    """A digest of a config's content, whatever its files or ConfigMaps are named: equal for the mounted file and
+    the ConfigMap it came from, so `ipmasq status` can tell whether a node enforces the ConfigMap's current content."""
+    digest = hashlib.sha256()
+    for data in contents:
+        digest.update(len(data).to_bytes(8, "big"))
+        digest.update(data)
+    return digest.hexdigest()
 
 
 def read_config_input(path: str, *, missing_ok: bool, directory_ok: bool = True) -> ConfigInput:

@@ -1,0 +1,156 @@
+"""Config from the API beside the mounted file: whichever shows the newer content is enforced, never an older one.
+
+The agent follows its ConfigMap(s) through the API (ipmasq.kube.configmaps) and so sees a `kubectl apply` at once,
+where the mounted file waits for kubelet's volume sync (up to about a minute). The file stays the source at start-up,
+before the first list, and while the API cannot be reached. Which one wins is decided by ConfigChoice, pure:
+
+- a content the API shows is newer than anything before it;
+- a file content is newer only if the API has not shown it: kubelet writes into the volume what the API held, so a
+  file that equals the API's current content changes nothing, and one that equals an earlier API content is kubelet
+  catching up late (an older config), never a reason to go back;
+- a file content the API never showed wins: the API was out of reach (or its RBAC revoked) while kubelet, which
+  still reached it, brought a newer config; or someone edited the file by hand.
+
+A ConfigMap that does not exist is the reference's defaults, exactly as a missing file is.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from ipmasq.config.source import ConfigInput
+from ipmasq.errors import ConfigError
+from ipmasq.kube.client import KubeClient
+from ipmasq.kube.configmaps import ConfigMapFollower, ConfigMapState
+
+__all__ = ["ApiConfig", "ConfigChoice", "Read", "configmap_source"]
+# How many earlier API contents are remembered to recognise a late kubelet write (a digest each).
+HISTORY = 32
+
+Read = ConfigInput | ConfigError
+
+
+def configmap_source(name: str, key: str) -> str:
+    """How a ConfigMap's key is named where a file's path would be (logs, events, errors: `SOURCE:LINE: ...`)."""
+    return f"configmap/{name}[{key}]"
+
+
+def _content(read: Read) -> tuple[bytes, ...] | str:
+    """What a read holds, whatever it is named: the files' bytes in order, or the error's message."""
+    if isinstance(read, ConfigError):
+        return read.message
+    return tuple(data for _name, data in read.files)
+
+
+class ConfigChoice:
+    """Which source holds the newest config content (the module's rules). No I/O, no clock, no threads."""
+
+    def __init__(self, history: int = HISTORY) -> None:
+        self.api: Read | None = None  # None: the API has not been listed yet
+        self.file: Read | None = None
+        self.newest: Literal["api", "file"] = "file"
+        self._api_history: collections.deque[tuple[bytes, ...] | str] = collections.deque(maxlen=history)
+
+    def from_api(self, read: Read) -> None:
+        content = _content(read)
+        if self.api is not None and _content(self.api) == content:
+            self.api = read
+            return
+        self.api = read
+        self._api_history.append(content)
+        self.newest = "api"
+
+    def from_file(self, read: Read) -> None:
+        content = _content(read)
+        if self.file is not None and _content(self.file) == content:
+            self.file = read
+            return
+        self.file = read
+        if self.api is not None and content in self._api_history:
+            return  # the API showed this already: the current one again, or kubelet catching up late
+        self.newest = "file"
+
+    def current(self) -> Read | None:
+        if self.api is None or self.newest == "file":
+            return self.file
+        return self.api
+
+
+class ApiConfig:
+    """The agent's ConfigMaps followed through the API, and the choice between them and the mounted file."""
+
+    def __init__(self, client: KubeClient, namespace: str, names: Sequence[str], key: str, *,
+                 log: logging.Logger, poke: Callable[[], None], stop: threading.Event) -> None:
+        self.namespace, self.names, self.key = namespace, tuple(sorted(set(names))), key
+        self.log = log
+        self.poke = poke  # wakes the agent's loop: look at the config again
+        self._lock = threading.Lock()
+        self._states: dict[str, ConfigMapState] = {}
+        self._troubles: dict[str, str] = {}
+        self._choice = ConfigChoice()
+        self._followers = [ConfigMapFollower(client, namespace, name, key, stop=stop,
+                                             on_change=self._changed, on_trouble=self._trouble_for(name))
+                           for name in self.names]
+
+    def start(self) -> None:
+        for follower in self._followers:
+            follower.start()
+
+    def choose(self, file_read: Read) -> Read:
+        """The config to enforce now, given what the mounted file holds."""
+        with self._lock:
+            self._choice.from_file(file_read)
+            current = self._choice.current()
+        return current if current is not None else file_read
+
+    @property
+    def source(self) -> str:
+        """Which source the last choice took: "api" or "file"."""
+        with self._lock:
+            return "api" if self._choice.api is not None and self._choice.newest == "api" else "file"
+
+    def states(self) -> dict[str, ConfigMapState]:
+        """Each followed ConfigMap as last seen (absent until first listed)."""
+        with self._lock:
+            return dict(self._states)
+
+    def trouble(self) -> str | None:
+        with self._lock:
+            return next(iter(self._troubles.values()), None)
+
+    def _changed(self, state: ConfigMapState) -> None:
+        with self._lock:
+            self._states[state.name] = state
+            if len(self._states) == len(self.names):  # every name listed once: the API's view is whole
+                self._choice.from_api(self._api_read())
+        self.poke()
+
+    def _api_read(self) -> Read:
+        files = []
+        for name in self.names:
+            state = self._states[name]
+            source = configmap_source(name, self.key)
+            if state.bad_value is not None:
+                return ConfigError(f"{state.bad_value}: not read", source=source)
+            if state.content is not None:
+                files.append((source, state.content))
+        return ConfigInput(tuple(files))
+
+    def _trouble_for(self, name: str) -> Callable[[str | None], None]:
+        def trouble(why: str | None) -> None:
+            with self._lock:
+                before = self._troubles.get(name)
+                if why is None:
+                    self._troubles.pop(name, None)
+                else:
+                    self._troubles[name] = why
+            if why is None and before is not None:
+                self.log.info("following ConfigMap %s/%s through the API again", self.namespace, name)
+            elif why is not None and why != before:
+                self.log.warning("%s (enforcing the last good config; the mounted file is the source until the API "
+                                 "answers again)", why)
+        return trouble

@@ -1,0 +1,242 @@
+"""What the agent tells the API server: Events where `kubectl describe` looks, and its node's IPMasqAgentStatus.
+
+Narrator (pure) turns the loop's reports into occurrences and the node's status value, once per change: a config
+applied (its policy hash and counts), rejected (the log's one line: file, line, value), no ConfigMap (the defaults in
+force), drift repaired, foreign masquerade rules found, waiting for the node lock, a backend failure. Events about
+the config go on the ConfigMap the config came from (kubectl describe configmap ip-masq-agent -n kube-system then
+lists every node's verdict), the others on the Node.
+
+ApiReporter is a LoopObserver: the loop hands it reports and goes on at once; a thread of its own writes to the API.
+Nothing here can stop or slow the loop: the API down, slow or refusing only delays (or, past a bounded backlog,
+drops) what is written, and is logged once per distinct trouble. Readiness never depends on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ipmasq.agent.apiconfig import ApiConfig
+from ipmasq.agent.reconcile import ConfigReport, PassReport, SyncResult
+from ipmasq.errors import ApiError, Forbidden
+from ipmasq.kube.agentstatus import NodeStatus, StatusWriter
+from ipmasq.kube.events import EventRecorder, ObjectRef, Occurrence, timestamp
+
+__all__ = ["CONFIG", "ApiReporter", "Narrator", "Note"]
+
+# the target of an occurrence about the config: resolved when written, to the ConfigMap it came from (or the Node)
+CONFIG = ObjectRef(kind="<config>", name="<config>")
+BACKLOG = 200  # occurrences waiting to be written while the API is away; older ones are dropped beyond it
+RETRY_INITIAL, RETRY_MAX = 1.0, 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """What the narrator says after one report: occurrences to record, and the node's status if it changed."""
+
+    occurrences: tuple[Occurrence, ...]
+    status: NodeStatus | None
+
+
+class Narrator:
+    """Reports in, occurrences and status out, once per change (no I/O, no clock but the injected one)."""
+
+    def __init__(self, node: str, *, pod: str | None, version: str, backend: str,
+                 source: Callable[[], str], configmaps: Callable[[], tuple[tuple[str, str], ...]],
+                 configmap_exists: Callable[[], bool | None], now: Callable[[], str] = timestamp) -> None:
+        self.node_ref = ObjectRef(kind="Node", name=node, uid=node)  # kubelet's own reference to its Node
+        self.status = NodeStatus(node=node, pod=pod, version=version, backend=backend, ready=False,
+                                 reason="not ready: starting", policy_hash=None, config_digest=None,
+                                 config_source="file", configmaps=(), last_rejection=None, last_rejection_time=None,
+                                 drift_repairs=0, foreign_masquerade_rules=None, updated="")
+        self._source, self._configmaps, self._configmap_exists = source, configmaps, configmap_exists
+        self.now = now
+        self._said: dict[str, str] = {}  # topic -> what was last said of it: say only what changed
+
+    def set_backend(self, backend: str) -> None:
+        """The backend is chosen once the node lock is held, after the narrator started."""
+        self.status = replace(self.status, backend=backend)
+
+    def _once(self, topic: str, value: str) -> bool:
+        if self._said.get(topic) == value:
+            return False
+        self._said[topic] = value
+        return True
+
+    def observed(self, report: ConfigReport) -> Note:
+        said: list[Occurrence] = []
+        error = report.config_error
+        status = self.status
+        if error is not None and self._once("config", f"rejected {error}"):
+            keeping = (f"keeping policy {report.policy_hash[:12]}" if report.policy_hash
+                       else "leaving the rules untouched (no good config yet)")
+            said.append(Occurrence(CONFIG, "Warning", "ConfigRejected",
+                                   f"node {self.node_ref.name} rejected the config: {error} ({keeping})"))
+            status = replace(status, last_rejection=error, last_rejection_time=self.now())
+        return self._note(said, replace(status, ready=report.readiness.ok, reason=report.readiness.why))
+
+    def reconciled(self, report: PassReport) -> Note:
+        said: list[Occurrence] = []
+        status = replace(self.status, ready=report.readiness.ok, reason=report.readiness.why,
+                         foreign_masquerade_rules=report.foreign_masquerade_rules)
+        node = self.node_ref.name
+        if report.result.verified and report.policy_hash is not None:
+            status = replace(status, policy_hash=report.policy_hash, config_digest=report.config_digest,
+                             config_source=self._source(), configmaps=self._configmaps())
+            if report.config_error is None and self._once("config", f"applied {report.policy_hash}"):
+                rules = sum(o.rules for o in report.objects)
+                elements = sum(o.set_elements for o in report.objects)
+                counts = f"{rules} rules" + (f", {elements} set elements" if elements else "")
+                if self._configmap_exists() is False:
+                    said.append(Occurrence(self.node_ref, "Normal", "NoConfigMap",
+                                           f"node {node}: no ConfigMap, the reference's defaults are in force "
+                                           f"(policy {report.policy_hash[:12]}, {counts})"))
+                else:
+                    said.append(Occurrence(CONFIG, "Normal", "ConfigApplied",
+                                           f"node {node} enforces policy {report.policy_hash[:12]} ({counts}, "
+                                           f"{self.status.backend})"))
+        if report.drift_repair:
+            status = replace(status, drift_repairs=status.drift_repairs + 1)
+            said.append(Occurrence(self.node_ref, "Warning", "DriftRepaired",
+                                   f"the node's nat rules were changed by someone else; rewritten to policy "
+                                   f"{(report.policy_hash or '')[:12]}"))
+        foreign = report.foreign_masquerade_rules
+        if foreign and self._once("foreign", str(foreign)):
+            said.append(Occurrence(self.node_ref, "Warning", "ForeignMasqueradeRules",
+                                   f"{foreign} NAT rules not written by this agent masquerade or SNAT on this node "
+                                   "(they may decide before ours do)"))
+        if report.result is SyncResult.FAILED and report.backend_error is not None:
+            if self._once("backend", report.backend_error):
+                said.append(Occurrence(self.node_ref, "Warning", "ApplyFailed",
+                                       f"{self.status.backend}: {report.backend_error} (retrying)"))
+        else:
+            self._said.pop("backend", None)
+        return self._note(said, status)
+
+    def waiting(self, why: str) -> Note:
+        said = []
+        if self._once("waiting", why):
+            said.append(Occurrence(self.node_ref, "Normal", "WaitingForNodeLock", why))
+        return self._note(said, replace(self.status, ready=False, reason=why))
+
+    def failed(self, why: str) -> Note:
+        return self._note([], replace(self.status, ready=False, reason=why))
+
+    def _note(self, said: list[Occurrence], status: NodeStatus) -> Note:
+        changed = replace(status, updated="") != replace(self.status, updated="")
+        if changed:
+            status = replace(status, updated=self.now())
+            self.status = status
+        return Note(tuple(said), status if changed else None)
+
+
+class ApiReporter:
+    """A LoopObserver that has the Narrator's notes written to the API by a thread of its own."""
+
+    def __init__(self, narrator: Narrator, events: EventRecorder, status: StatusWriter, api_config: ApiConfig | None,
+                 *, log: logging.Logger, stop: threading.Event) -> None:
+        self.narrator, self.events, self.status_writer = narrator, events, status
+        self.api_config = api_config
+        self.log = log
+        self.stop = stop
+        self._queue: queue.Queue[Note | None] = queue.Queue()
+        self._backlog: list[Occurrence] = []
+        self._status: NodeStatus | None = None  # the newest status not yet written
+        self._trouble: str | None = None
+        self._dropped = 0
+        self._thread = threading.Thread(target=self._run, name="api-reporter", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # ---- LoopObserver: called by the loop, never blocks ------------------------------------------------------
+
+    def heartbeat(self) -> None:
+        pass
+
+    def observed(self, report: ConfigReport) -> None:
+        self._queue.put(self.narrator.observed(report))
+
+    def reconciled(self, report: PassReport, seconds: float) -> None:
+        self._queue.put(self.narrator.reconciled(report))
+
+    def waiting(self, why: str) -> None:
+        self._queue.put(self.narrator.waiting(why))
+
+    def failed(self, why: str) -> None:
+        self._queue.put(self.narrator.failed(why))
+
+    # ---- the writer thread -----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        retry = RETRY_INITIAL
+        while not self.stop.is_set():
+            try:
+                note = self._queue.get(timeout=retry if self._pending() else 30.0)
+                self._take(note)
+                while True:  # everything already queued, then one write of the newest status
+                    self._take(self._queue.get_nowait())
+            except queue.Empty:
+                pass
+            try:
+                self._write()
+                retry = RETRY_INITIAL
+                self._recovered()
+            except ApiError as exc:
+                self._troubled(exc)
+                retry = min(retry * 2, RETRY_MAX)
+            except Exception as exc:  # a bug here must not end the thread (nor ever the loop)
+                self._troubled(exc)
+                retry = min(retry * 2, RETRY_MAX)
+
+    def _pending(self) -> bool:
+        return bool(self._backlog) or self._status is not None
+
+    def _take(self, note: Note | None) -> None:
+        if note is None:
+            return
+        self._backlog.extend(note.occurrences)
+        if len(self._backlog) > BACKLOG:
+            self._dropped += len(self._backlog) - BACKLOG
+            del self._backlog[:-BACKLOG]
+        if note.status is not None:
+            self._status = note.status
+
+    def _write(self) -> None:
+        while self._backlog:
+            occurrence = self._backlog[0]
+            try:
+                self.events.record(self._resolved(occurrence))
+            except Forbidden as exc:  # RBAC will not change by retrying this one: say it, drop it
+                self._troubled(exc)
+            self._backlog.pop(0)
+        self.events.flush()
+        if self._status is not None:
+            self.status_writer.write(self._status)
+            self._status = None
+
+    def _resolved(self, occurrence: Occurrence) -> Occurrence:
+        if occurrence.target != CONFIG:
+            return occurrence
+        states = self.api_config.states() if self.api_config is not None else {}
+        for state in states.values():  # the first followed ConfigMap that exists (its uid: describe matches it)
+            if state.exists and state.uid:
+                return replace(occurrence, target=ObjectRef(kind="ConfigMap", name=state.name,
+                                                            namespace=state.namespace, uid=state.uid))
+        return replace(occurrence, target=self.narrator.node_ref)
+
+    def _troubled(self, exc: Exception) -> None:
+        why = str(exc) if isinstance(exc, ApiError) else f"{type(exc).__name__}: {exc}"
+        if why != self._trouble:
+            self.log.warning("cannot write events or status to the API: %s (the rules are not affected; retrying)",
+                             why)
+            self._trouble = why
+
+    def _recovered(self) -> None:
+        if self._trouble is not None:
+            dropped = f" ({self._dropped} events dropped meanwhile)" if self._dropped else ""
+            self.log.info("writing events and status to the API again%s", dropped)
+            self._trouble, self._dropped = None, 0

@@ -1,0 +1,125 @@
+"""IPMasqAgentStatus: one small cluster-scoped object per node, named after it and owned by its Node (so it goes with
+the Node), that `kubectl get ipmasqagentstatuses` (short: `kubectl get ipmasq`) shows with printer columns: ready,
+the enforced policy hash, backend, where the config came from, the reason. The CRD ships in deploy/base.
+
+The object is a value (NodeStatus) turned into JSON here, written by the agent's reporter thread when it changes, and
+read back by `ipmasq status`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ipmasq.errors import Conflict, NotFound
+from ipmasq.kube.client import KubeClient
+
+__all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "NodeStatus", "StatusWriter", "status_from_json", "status_path"]
+
+GROUP = "ipmasq.dev"
+VERSION = "v1alpha1"
+KIND = "IPMasqAgentStatus"
+PLURAL = "ipmasqagentstatuses"
+
+
+def status_path(name: str | None = None) -> str:
+    base = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
+    return base if name is None else f"{base}/{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """What one node's agent enforces and why, as of `updated`."""
+
+    node: str
+    pod: str | None
+    version: str
+    backend: str
+    ready: bool
+    reason: str
+    policy_hash: str | None  # what `ipmasq render --print-hash` prints for the enforced config
+    config_digest: str | None  # config_digest of the enforced config's content (compared with the ConfigMap's)
+    config_source: str  # "api" or "file": which one the enforced content came from
+    configmaps: tuple[tuple[str, str], ...]  # (name, resourceVersion) of each followed ConfigMap as last seen
+    last_rejection: str | None  # the last rejected config's one line (file, line, value)
+    last_rejection_time: str | None
+    drift_repairs: int
+    foreign_masquerade_rules: int | None
+    updated: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "nodeName": self.node, "agentPod": self.pod, "version": self.version, "backend": self.backend,
+            "ready": self.ready, "reason": self.reason,
+            "policyHash": self.policy_hash, "hash": (self.policy_hash or "")[:12] or None,
+            "configDigest": self.config_digest, "configSource": self.config_source,
+            "configMaps": [{"name": name, "resourceVersion": version} for name, version in self.configmaps],
+            "lastRejection": self.last_rejection, "lastRejectionTime": self.last_rejection_time,
+            "driftRepairs": self.drift_repairs, "foreignMasqueradeRules": self.foreign_masquerade_rules,
+            "updateTime": self.updated,
+        }
+
+
+def status_from_json(obj: dict[str, Any]) -> NodeStatus:
+    """Read back what an agent wrote (missing or wrongly typed fields as their empty values: never a traceback)."""
+    def text(key: str) -> str | None:
+        value = obj.get(key)
+        return value if isinstance(value, str) else None
+
+    def number(key: str) -> int | None:
+        value = obj.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    assert isinstance(meta, dict)
+    maps = obj.get("configMaps") if isinstance(obj.get("configMaps"), list) else []
+    assert isinstance(maps, list)
+    return NodeStatus(
+        node=text("nodeName") or str(meta.get("name", "")), pod=text("agentPod"), version=text("version") or "",
+        backend=text("backend") or "", ready=obj.get("ready") is True, reason=text("reason") or "",
+        policy_hash=text("policyHash"), config_digest=text("configDigest"), config_source=text("configSource") or "",
+        configmaps=tuple((str(m.get("name")), str(m.get("resourceVersion"))) for m in maps if isinstance(m, dict)),
+        last_rejection=text("lastRejection"), last_rejection_time=text("lastRejectionTime"),
+        drift_repairs=number("driftRepairs") or 0, foreign_masquerade_rules=number("foreignMasqueradeRules"),
+        updated=text("updateTime") or "")
+
+
+class StatusWriter:
+    """Creates the node's status object once (owned by the Node when its uid can be read), then patches it."""
+
+    def __init__(self, client: KubeClient, node: str) -> None:
+        self.client = client
+        self.node = node
+        self._exists = False
+        self._owner: dict[str, Any] | None = None
+
+    def write(self, status: NodeStatus) -> None:
+        body = status.as_json()
+        if self._exists:
+            try:
+                self.client.patch(status_path(self.node), body)
+                return
+            except NotFound:  # deleted (by hand, or with a Node of the same name): make it again
+                self._exists = False
+        self._create(body)
+
+    def _create(self, body: dict[str, Any]) -> None:
+        metadata: dict[str, Any] = {"name": self.node, "labels": {"app.kubernetes.io/name": "ipmasq"}}
+        owner = self._node_owner()
+        if owner is not None:
+            metadata["ownerReferences"] = [owner]
+        try:
+            self.client.create(status_path(), {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                                               "metadata": metadata, **body})
+        except Conflict:  # written before this agent started (its predecessor, or before a restart)
+            self.client.patch(status_path(self.node), body)
+        self._exists = True
+
+    def _node_owner(self) -> dict[str, Any] | None:
+        if self._owner is None:
+            node = self.client.get(f"/api/v1/nodes/{self.node}")
+            uid = (node.get("metadata") or {}).get("uid")
+            if isinstance(uid, str):
+                self._owner = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid,
+                               "blockOwnerDeletion": False}
+        return self._owner

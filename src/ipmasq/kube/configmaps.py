@@ -1,0 +1,147 @@
+"""Follow named ConfigMaps through the API: list, then watch from the list's resourceVersion; list again on 410.
+
+One follower per ConfigMap, each with a `metadata.name` field selector: RBAC can then grant list and watch on exactly
+those names (resourceNames), and nothing else in the namespace is ever sent to the agent. A watch the server ends
+(its timeoutSeconds) is started again from the last resourceVersion seen, bookmarks included; a 410 Gone (that
+version fell out of the server's window) lists again; anything else waits with a growing, jittered backoff. A
+follower never raises: what goes wrong is handed to `on_trouble` as one line, and it keeps trying until stopped.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ipmasq.errors import ApiError, Gone
+from ipmasq.kube.client import KubeClient
+
+__all__ = ["ConfigMapFollower", "ConfigMapState", "configmap_state"]
+
+BACKOFF_INITIAL = 0.5
+BACKOFF_MAX = 30.0
+WATCH_SECONDS = 300  # the server ends each watch after this; bookmarks keep its resourceVersion fresh
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigMapState:
+    """What the API holds for one ConfigMap: absent, or the bytes of the key the agent reads (None: no such key)."""
+
+    namespace: str
+    name: str
+    exists: bool
+    content: bytes | None = None
+    uid: str | None = None
+    resource_version: str | None = None
+    bad_value: str | None = None  # the key is there but cannot be read (binaryData that is not base64)
+
+
+def configmap_state(namespace: str, name: str, key: str, obj: dict[str, Any] | None) -> ConfigMapState:
+    """The key's bytes as kubelet would write them into the volume (data as UTF-8, binaryData decoded)."""
+    if obj is None:
+        return ConfigMapState(namespace, name, exists=False)
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    assert isinstance(meta, dict)
+    uid, version = meta.get("uid"), meta.get("resourceVersion")
+    common = {"uid": uid if isinstance(uid, str) else None,
+              "resource_version": version if isinstance(version, str) else None}
+    data, binary = obj.get("data"), obj.get("binaryData")
+    if isinstance(data, dict) and isinstance(data.get(key), str):
+        return ConfigMapState(namespace, name, True, data[key].encode("utf-8", "surrogatepass"), **common)
+    if isinstance(binary, dict) and isinstance(binary.get(key), str):
+        try:
+            return ConfigMapState(namespace, name, True, base64.b64decode(binary[key], validate=True), **common)
+        except (binascii.Error, ValueError):
+            return ConfigMapState(namespace, name, True, None, bad_value="binaryData that is not base64", **common)
+    return ConfigMapState(namespace, name, True, None, **common)
+
+
+class ConfigMapFollower:
+    """Keeps one ConfigMap's state current through list+watch, in a thread of its own."""
+
+    def __init__(self, client: KubeClient, namespace: str, name: str, key: str, *,
+                 on_change: Callable[[ConfigMapState], None], on_trouble: Callable[[str | None], None],
+                 stop: threading.Event, watch_seconds: int = WATCH_SECONDS) -> None:
+        self.client = client
+        self.namespace, self.name, self.key = namespace, name, key
+        self.on_change = on_change
+        self.on_trouble = on_trouble  # one line when the API cannot be followed; None once it can again
+        self.stop = stop
+        self.watch_seconds = watch_seconds
+        self.state: ConfigMapState | None = None  # None: never listed
+        self._backoff = BACKOFF_INITIAL
+        self._troubled = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/configmaps"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name=f"configmap-{self.name}", daemon=True)
+        self._thread.start()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                version = self._list()
+                while not self.stop.is_set():
+                    version = self._watch(version)
+            except Gone:
+                continue  # list again at once: that is what 410 asks for
+            except ApiError as exc:
+                self._trouble(str(exc))
+            except Exception as exc:  # a bug must not end the thread: the agent would silently stop following
+                self._trouble(f"{type(exc).__name__}: {exc}")
+            self.stop.wait(self._backoff * random.uniform(0.8, 1.2))
+            self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+
+    def _selector(self) -> dict[str, str]:
+        return {"fieldSelector": f"metadata.name={self.name}"}
+
+    def _list(self) -> str:
+        listing = self.client.get(self.path, query=self._selector())
+        items = [item for item in listing.get("items") or [] if isinstance(item, dict)]
+        self._publish(configmap_state(self.namespace, self.name, self.key, items[0] if items else None))
+        metadata = listing.get("metadata")
+        version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
+        if not isinstance(version, str):
+            raise ApiError(f"list {self.path}: no resourceVersion in the answer")
+        self._healthy()
+        return version
+
+    def _watch(self, version: str) -> str:
+        """Follow from `version` until the server ends the watch; the last resourceVersion seen."""
+        for event in self.client.watch(self.path, query={**self._selector(), "resourceVersion": version},
+                                       timeout_seconds=self.watch_seconds):
+            metadata = event.object.get("metadata")
+            seen = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
+            if isinstance(seen, str):
+                version = seen
+            if event.type in ("ADDED", "MODIFIED"):
+                self._publish(configmap_state(self.namespace, self.name, self.key, event.object))
+            elif event.type == "DELETED":
+                self._publish(configmap_state(self.namespace, self.name, self.key, None))
+            self._healthy()
+            if self.stop.is_set():
+                break
+        return version
+
+    def _trouble(self, why: str) -> None:
+        self._troubled = True
+        self.on_trouble(f"cannot follow ConfigMap {self.namespace}/{self.name}: {why}")
+
+    def _healthy(self) -> None:
+        if self._troubled:
+            self._troubled = False
+            self.on_trouble(None)
+        self._backoff = BACKOFF_INITIAL
+
+    def _publish(self, state: ConfigMapState) -> None:
+        if state != self.state:
+            self.state = state
+            self.on_change(state)

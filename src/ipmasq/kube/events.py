@@ -1,0 +1,143 @@
+"""Kubernetes Events, aggregated as Kubernetes aggregates them: a repeat is a count, not another object.
+
+An occurrence (what happened, to which object, on which node) is one Event object whose name is derived from all of
+that, so every agent, and the same agent after a restart, finds its own. A repeat raises the count and
+lastTimestamp, and is written at most once per REPEAT_WRITE_SECONDS: a bad edit on 500 nodes is 500 Events (one per
+node, which `kubectl describe` lists with the node and the reason), and a resync writes nothing more. Events are
+written by the agent's reporter thread, never by its loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from ipmasq.errors import Conflict, NotFound, clip
+from ipmasq.kube.client import KubeClient
+
+__all__ = ["REPEAT_WRITE_SECONDS", "EventRecorder", "ObjectRef", "Occurrence", "timestamp"]
+
+REPEAT_WRITE_SECONDS = 300.0
+REMEMBERED = 256  # occurrences whose Event this agent remembers (older ones are found again by name)
+MESSAGE_CHARS = 1000
+
+
+def timestamp(seconds: float | None = None) -> str:
+    moment = datetime.fromtimestamp(time.time() if seconds is None else seconds, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """The object an Event is about, as `kubectl describe` matches it (kind, namespace, name, uid)."""
+
+    kind: str
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    api_version: str = "v1"
+
+    def as_json(self) -> dict[str, str]:
+        ref = {"kind": self.kind, "name": self.name, "apiVersion": self.api_version}
+        if self.namespace:
+            ref["namespace"] = self.namespace
+        if self.uid:
+            ref["uid"] = self.uid
+        return ref
+
+
+@dataclass(frozen=True, slots=True)
+class Occurrence:
+    target: ObjectRef
+    type: Literal["Normal", "Warning"]
+    reason: str  # UpperCamelCase, as Kubernetes' own reasons
+    message: str
+
+
+@dataclass(slots=True)
+class _Written:
+    name: str
+    count: int
+    written_at: float  # monotonic
+    unwritten: int = 0  # repeats not yet counted in the API
+
+
+class EventRecorder:
+    def __init__(self, client: KubeClient, *, component: str, host: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.component, self.host = component, host
+        self.clock = clock
+        self._written: OrderedDict[Occurrence, _Written] = OrderedDict()
+
+    def event_name(self, occurrence: Occurrence) -> str:
+        key = "\0".join((self.host, occurrence.target.kind, occurrence.target.namespace, occurrence.target.name,
+                         occurrence.target.uid, occurrence.type, occurrence.reason, occurrence.message))
+        return f"{occurrence.target.name}.{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+    def namespace(self, occurrence: Occurrence) -> str:
+        # cluster-scoped objects (a Node) have their Events in default, as the kubelet writes them
+        return occurrence.target.namespace or "default"
+
+    def record(self, occurrence: Occurrence) -> None:
+        """Write the occurrence (or count a repeat); raises ApiError when the API refuses or cannot be reached."""
+        known = self._written.get(occurrence)
+        now = self.clock()
+        if known is not None:
+            self._written.move_to_end(occurrence)
+            known.unwritten += 1
+            if now - known.written_at >= REPEAT_WRITE_SECONDS:
+                self._write_count(occurrence, known)
+            return
+        name, path = self.event_name(occurrence), self._path(occurrence)
+        try:
+            self.client.create(path, self._event(occurrence, name))
+            count = 1
+        except Conflict:  # this agent (before a restart) or its predecessor on the node wrote it: count on
+            existing = self.client.get(f"{path}/{name}")
+            count = int(existing.get("count") or 1) + 1
+            self.client.patch(f"{path}/{name}", {"count": count, "lastTimestamp": timestamp()})
+        self._remember(occurrence, _Written(name, count, now))
+
+    def flush(self) -> None:
+        """Write the repeats held back by the rate limit whose time has come."""
+        now = self.clock()
+        for occurrence, known in list(self._written.items()):
+            if known.unwritten and now - known.written_at >= REPEAT_WRITE_SECONDS:
+                self._write_count(occurrence, known)
+
+    def _write_count(self, occurrence: Occurrence, known: _Written) -> None:
+        count = known.count + known.unwritten
+        try:
+            self.client.patch(f"{self._path(occurrence)}/{known.name}", {"count": count, "lastTimestamp": timestamp()})
+        except NotFound:  # expired (Events live an hour): a new one
+            self._written.pop(occurrence, None)
+            self.record(occurrence)
+            return
+        known.count, known.unwritten, known.written_at = count, 0, self.clock()
+
+    def _remember(self, occurrence: Occurrence, written: _Written) -> None:
+        self._written[occurrence] = written
+        while len(self._written) > REMEMBERED:
+            self._written.popitem(last=False)
+
+    def _path(self, occurrence: Occurrence) -> str:
+        return f"/api/v1/namespaces/{self.namespace(occurrence)}/events"
+
+    def _event(self, occurrence: Occurrence, name: str) -> dict[str, Any]:
+        now = timestamp()
+        return {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": self.namespace(occurrence)},
+            "involvedObject": occurrence.target.as_json(),
+            "type": occurrence.type, "reason": occurrence.reason,
+            "message": clip(occurrence.message, MESSAGE_CHARS),
+            "source": {"component": self.component, "host": self.host},
+            "reportingComponent": self.component, "reportingInstance": self.host,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
