@@ -7,7 +7,6 @@ symlink per key; reading through the key's symlink always sees one complete vers
 from __future__ import annotations
 
 import gc
-import hashlib
 import os
 import stat
 import sys
@@ -20,6 +19,7 @@ from ipmasq.config.model import MasqConfig
 from ipmasq.config.validate import FileSettings, check_rules_with_flags, merge_settings, settings_from_document
 from ipmasq.errors import ConfigError
 from ipmasq.options import PolicyOptions
+from ipmasq.sha256 import sha256
 
 __all__ = [
     "CONFIG_PREFIX",
@@ -51,7 +51,8 @@ class ConfigInput:
 def config_digest(contents: tuple[bytes, ...]) -> str:
     """A digest of a config's content, whatever its files or ConfigMaps are named: equal for the mounted file and
     the ConfigMap it came from, so `ipmasq status` can tell whether a node enforces the ConfigMap's current content."""
-    digest = hashlib.sha256()
+    # ipmasq.sha256, not hashlib: the agent computes this for every config, and hashlib maps OpenSSL
+    digest = sha256(expected_bytes=sum(8 + len(data) for data in contents))
     for data in contents:
         digest.update(len(data).to_bytes(8, "big"))
         digest.update(data)
