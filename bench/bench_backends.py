@@ -20,9 +20,14 @@ to back (ABBA order), one ratio per pair, and the median of those ratios, which 
 load that a ratio of two medians still feels.
 
     sudo .venv/bin/python bench/bench_backends.py [--sizes 0,1000,10000,100000] [--repeats 5] [--seconds 1]
+        [--baseline DIR]
+
+--baseline DIR: a source tree of another version (e.g. `git archive main src | tar -x -C DIR`); its `agent --once`
+is timed in the same rounds, right after this tree's, so a before/after comparison shares the machine's load.
 
 Targets: with 10,000 CIDRs the nftables rate is >= 0.9x its rate with none; a once-run takes at most 5x what
 `nft -f` alone takes for the same ruleset at 10,000 CIDRs, at most 3x at 100,000 from a YAML config directory.
+The bench exits 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -113,10 +118,19 @@ def build(net: Network) -> tuple[Namespace, Namespace]:
     return pod, node
 
 
-def timed_run(node: Namespace, argv: list[str], stdin: str | None = None) -> float:
+def timed_run(node: Namespace, argv: list[str], stdin: str | None = None, env: dict[str, str] | None = None) -> float:
     start = time.perf_counter()
-    node.run(argv, stdin=stdin, timeout=600)
+    node.run(argv, stdin=stdin, timeout=600, env=env)
     return time.perf_counter() - start
+
+
+def once_argv(backend: str, config: str) -> list[str]:
+    return [sys.executable, "-m", "ipmasq", "agent", "--once", f"--backend={backend}", f"--config={config}"]
+
+
+def source_env(tree: str) -> dict[str, str]:
+    """The environment that makes `python -m ipmasq` import the package from `tree`/src instead of this one."""
+    return {**os.environ, "PYTHONPATH": str(Path(tree, "src").resolve())}
 
 
 def clean(node: Namespace) -> None:
@@ -142,7 +156,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=8, help="paired rate samples per backend (0: skip)")
     parser.add_argument("--pair-size", type=int, default=10_000, help="CIDRs of the paired rate comparison")
     parser.add_argument("--out", default="bench/out")
+    parser.add_argument("--baseline", metavar="DIR", help="also time `agent --once` of the source tree DIR/src")
     args = parser.parse_args()
+    baseline = source_env(args.baseline) if args.baseline else None
     sizes = [int(s) for s in args.sizes.split(",")]
     backends = args.backends.split(",")
     options = PolicyOptions()
@@ -164,9 +180,11 @@ def main() -> None:
                     samples[(backend, n, "tool")].append(
                         timed_run(node, floor_tool[backend], payloads[(backend, n)]))
                     clean(node)
-                    samples[(backend, n, "once")].append(timed_run(node, [
-                        sys.executable, "-m", "ipmasq", "agent", "--once", f"--backend={backend}",
-                        f"--config={configs[n]}"]))
+                    samples[(backend, n, "once")].append(timed_run(node, once_argv(backend, configs[n])))
+                    if baseline is not None:
+                        clean(node)
+                        samples[(backend, n, "baseline")].append(
+                            timed_run(node, once_argv(backend, configs[n]), env=baseline))
                     samples[(backend, n, "rate")].append(rate(pod, node, args.seconds))
                 print(f"round {round_ + 1}/{args.repeats} done", file=sys.stderr, flush=True)
             paired = paired_ratios(pod, node, backends, args, options) if args.pairs else {}
@@ -175,8 +193,9 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
     rows = []
+    kinds = ("tool", "once", "rate", "baseline") if baseline is not None else ("tool", "once", "rate")
     print(f"{'CIDRs':>7} {'backend':>9} {'tool s':>8} {'once s':>8} {'x tool':>7} {'conn/s':>9} "
-          f"{'(min-max)':>15} {'x rate@0':>8}")
+          f"{'(min-max)':>15} {'x rate@0':>8}" + (f" {'baseline s':>10} {'x tool':>7}" if baseline else ""))
     for backend in backends:
         for n in sizes:
             tool = statistics.median(samples[(backend, n, "tool")])
@@ -184,11 +203,17 @@ def main() -> None:
             rates = samples[(backend, n, "rate")]
             r = statistics.median(rates)
             ratio = r / statistics.median(samples[(backend, sizes[0], "rate")])
-            rows.append({"backend": backend, "cidrs": n, "tool": tool, "once": once, "once_ratio": once / tool,
-                         "rate": r, "rate_ratio": ratio, "samples": {k: samples[(backend, n, k)]
-                                                          for k in ("tool", "once", "rate")}})
-            print(f"{n:>7} {backend:>9} {tool:>8.3f} {once:>8.3f} {once / tool:>7.1f} {r:>9.0f} "
-                  f"{f'({min(rates):.0f}-{max(rates):.0f})':>15} {ratio:>8.2f}", flush=True)
+            row: dict[str, object] = {"backend": backend, "cidrs": n, "tool": tool, "once": once,
+                                      "once_ratio": once / tool, "rate": r, "rate_ratio": ratio,
+                                      "samples": {k: samples[(backend, n, k)] for k in kinds}}
+            line = (f"{n:>7} {backend:>9} {tool:>8.3f} {once:>8.3f} {once / tool:>7.1f} {r:>9.0f} "
+                    f"{f'({min(rates):.0f}-{max(rates):.0f})':>15} {ratio:>8.2f}")
+            if baseline is not None:
+                before = statistics.median(samples[(backend, n, "baseline")])
+                row.update(baseline=before, baseline_ratio=before / tool)
+                line += f" {before:>10.3f} {before / tool:>7.1f}"
+            rows.append(row)
+            print(line, flush=True)
     by = {(r["backend"], r["cidrs"]): r for r in rows}
     checks = [
         (("nftables", 10_000), "rate_ratio", ">=", 0.9, "nftables rate at 10,000 CIDRs / rate at 0, unpaired medians"),
@@ -205,15 +230,20 @@ def main() -> None:
                        f"nftables rate at {args.pair_size:,} CIDRs / rate at 0, paired"))
         by[("nftables", -1)] = {"paired": statistics.median(paired["nftables"])}
     print("\ntargets (medians of", args.repeats, "rounds):")
+    missed = []
     for key, field, op, bound, label in checks:
         if key in by:
             value = float(by[key][field])
             ok = value >= bound if op == ">=" else value <= bound
             print(f"  {label}: {value:.3f} (target {op} {bound}) {'met' if ok else 'MISSED'}")
+            if not ok:
+                missed.append(label)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "backends.json").write_text(json.dumps(rows, indent=1))
     plot(rows, backends, out / "backends.png")
+    if missed:
+        sys.exit(f"missed: {'; '.join(missed)}")
 
 
 def paired_ratios(pod: Namespace, node: Namespace, backends: list[str], args: argparse.Namespace,

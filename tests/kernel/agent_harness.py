@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ipmasq.lab.netns import Namespace, Network, stop_process
+from tests.kernel.servers import LAB_PROBE, start_server, stop_server
 
 POD, POD_GW, NODE, PEER_GW = "10.44.14.15", "10.44.14.1", "10.142.15.203", "10.142.0.1"
 AWS_DB, ONPREM = "172.30.12.110", "10.2.1.100"  # the AWS VPC host behind the VPN; an on-prem host inside 10/8
@@ -60,10 +61,7 @@ def build(net: Network, *, ipv6: bool = False) -> World:
         node.sysctl("net.ipv6.conf.all.forwarding", "1")
         peer.run(["ip", "addr", "add", f"{PEER6_FAR}/128", "dev", "lo"])
         peer.run(["ip", "-6", "route", "add", "fd44::/64", "via", NODE6])
-    server = peer.popen([sys.executable, "-m", "ipmasq.lab.probe", "serve", str(PORT)],
-                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-    return World(pod, node, peer, server)
+    return World(pod, node, peer, start_server(peer, [*LAB_PROBE, "serve", str(PORT)]))
 
 
 @contextmanager
@@ -72,8 +70,7 @@ def world(net: Network, *, ipv6: bool = False) -> Iterator[World]:
     try:
         yield w
     finally:
-        w.server.kill()
-        w.server.wait()
+        stop_server(w.server)
 
 
 class AgentProcess:

@@ -24,6 +24,7 @@ from ipmasq.netfilter.iptables import render_restore
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, parse_cidr
+from tests.kernel.servers import LAB_PROBE, start_server, stop_server
 
 POD, NODE_POD_SIDE, NODE_PEER_SIDE, PEER = "10.44.14.15", "10.44.14.1", "172.30.12.1", "172.30.12.110"
 PORT = 8080
@@ -43,10 +44,7 @@ def _topology(net: Network) -> tuple[Namespace, Namespace]:
     net.link(node, [f"{NODE_PEER_SIDE}/24"], peer, [f"{PEER}/24"])
     pod.run(["ip", "route", "add", "default", "via", NODE_POD_SIDE])
     # the peer has no route to 10.44.0.0/14: a SYN from the pod IP is never answered
-    server = peer.popen([sys.executable, "-m", "ipmasq.lab.probe", "serve", str(PORT), PEER],
-                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-    _servers.append(server)
+    _servers.append(start_server(peer, [*LAB_PROBE, "serve", str(PORT), PEER]))
     return pod, node
 
 
@@ -57,9 +55,7 @@ _servers: list[subprocess.Popen[str]] = []
 def _stop_servers() -> object:
     yield
     while _servers:
-        server = _servers.pop()
-        server.kill()
-        server.wait()
+        stop_server(_servers.pop())
 
 
 def _wait_for_entry(node: Namespace, timeout: float = 2.0) -> None:

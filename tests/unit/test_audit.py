@@ -14,21 +14,14 @@ import pytest
 
 from ipmasq.audit import RawCounts, audit, count_flows
 from ipmasq.cli import main
-from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.errors import FlowLogError
-from ipmasq.options import PolicyOptions
-from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import parse_cidr
+from tests.configs import policy_of
 from tests.conftest import ROOT
 
 FLOWLOGS = ROOT / "tests" / "flowlogs"
 PODS = (parse_cidr("10.44.0.0/14"),)
 UPGRADE_FIX = "nonMasqueradeCIDRs: [10.0.0.0/8]\n"
-
-
-def _policy(text: str, options: PolicyOptions | None = None) -> Policy:
-    options = options or PolicyOptions()
-    return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
 
 
 def test_upgrade_reject_lines_with_the_fix(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -55,7 +48,7 @@ def test_upgrade_reject_lines_with_gke_defaults_still_fail(capsys: pytest.Captur
 
 def test_counts_and_grouping() -> None:
     raw = count_flows([str(FLOWLOGS / "aws-vpc-rejects-pod-ips.log")], PODS)
-    report = audit(raw, _policy(UPGRADE_FIX), group_bits={parse_cidr("0.0.0.0/0").family: 16})
+    report = audit(raw, policy_of(UPGRADE_FIX), group_bits={parse_cidr("0.0.0.0/0").family: 16})
     groups = {str(g.destination): g for g in report.groups}
     assert set(groups) == {"172.30.0.0/16", "10.142.0.0/16"}
     aws = groups["172.30.0.0/16"]
@@ -65,7 +58,7 @@ def test_counts_and_grouping() -> None:
 
 def test_mixed_verdict_inside_a_group() -> None:
     raw = count_flows([str(FLOWLOGS / "aws-vpc-rejects-pod-ips.log")], PODS)
-    policy = _policy("nonMasqueradeCIDRs: [10.0.0.0/8, 172.30.0.0/16]\nmasqueradeCIDRs: [172.30.12.0/24]\n")
+    policy = policy_of("nonMasqueradeCIDRs: [10.0.0.0/8, 172.30.0.0/16]\nmasqueradeCIDRs: [172.30.12.0/24]\n")
     report = audit(raw, policy, group_bits={parse_cidr("0.0.0.0/0").family: 16})
     aws = next(g for g in report.groups if str(g.destination) == "172.30.0.0/16")
     assert aws.masquerade is None and aws.with_config == "some masqueraded, some not" and aws.still_failing
@@ -73,7 +66,7 @@ def test_mixed_verdict_inside_a_group() -> None:
 
 def test_gcp_json_lines() -> None:
     raw = count_flows([str(FLOWLOGS / "gcp.jsonl")], PODS)
-    report = audit(raw, _policy(""))
+    report = audit(raw, policy_of(""))
     shown = {g.shown: g for g in report.groups}
     assert set(shown) == {"10.2.1.100", "172.30.12.110"}
     assert shown["10.2.1.100"].rejected == 1 and shown["10.2.1.100"].still_failing
@@ -133,17 +126,12 @@ rules:
 """
 
 
-def _rules_policy(text: str) -> Policy:
-    options = PolicyOptions()
-    return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
-
-
 def _raw(*flows: tuple[str, str, str]) -> RawCounts:
     return RawCounts({flow: [1, "flows.log", n] for n, flow in enumerate(flows, start=1)}, records=len(flows))
 
 
 def test_the_flows_source_decides_a_source_scoped_rule() -> None:
-    policy = _rules_policy(RULES)
+    policy = policy_of(RULES)
     matched = audit(_raw(("10.44.1.5", "172.30.12.110", "REJECT")), policy).groups[0]
     assert matched.masquerade is False and matched.matched == ("rule vpn-pods-keep-ip",)
     assert matched.still_failing and matched.reasons == ("rule",)
@@ -156,7 +144,7 @@ def test_the_flows_source_decides_a_source_scoped_rule() -> None:
 
 
 def test_a_port_rule_leaves_the_verdict_depending_on_the_port() -> None:
-    policy = _rules_policy("nonMasqueradeCIDRs: [10.0.0.0/8]\nrules:\n  - name: https-keeps-ip\n"
+    policy = policy_of("nonMasqueradeCIDRs: [10.0.0.0/8]\nrules:\n  - name: https-keeps-ip\n"
                      "    destinations: [172.30.0.0/16]\n    protocol: tcp\n    ports: [443]\n    action: preserve\n")
     group = audit(_raw(("10.44.1.5", "172.30.12.110", "REJECT")), policy).groups[0]
     assert group.masquerade is None and "depends on protocol, port" in group.reasons
@@ -164,5 +152,5 @@ def test_a_port_rule_leaves_the_verdict_depending_on_the_port() -> None:
 
 def test_without_rules_the_destination_alone_decides() -> None:
     group = audit(_raw(("10.44.1.5", "172.30.12.110", "REJECT"), ("10.44.2.5", "172.30.12.110", "REJECT")),
-                  _rules_policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n")).groups[0]
+                  policy_of("nonMasqueradeCIDRs: [10.0.0.0/8]\n")).groups[0]
     assert group.masquerade is True and group.matched == ("catch-all",)

@@ -12,17 +12,12 @@ from collections.abc import Sequence
 import pytest
 
 from ipmasq.backends.base import Result
-from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.conntrack import delete_argv, delete_by_orig_dst, flush_stale_conntrack, stale_destinations
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address, parse_cidr
-
-
-def _policy(text: str, options: PolicyOptions | None = None) -> Policy:
-    options = options or PolicyOptions()
-    return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
+from tests.configs import policy_of
 
 
 class FakeConntrack:
@@ -49,21 +44,21 @@ class FakeConntrack:
 
 
 def test_gke_upgrade_fix_makes_172_16_stale() -> None:
-    stale = stale_destinations(_policy(""), _policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    stale = stale_destinations(policy_of(""), policy_of("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
     assert [(s.family, [str(p) for p in s.prefixes]) for s in stale] == \
         [(Family.V4, ["172.16.0.0/12", "192.168.0.0/16"])]
 
 
 def test_same_policy_spelled_differently_has_nothing_stale() -> None:
-    a = _policy("nonMasqueradeCIDRs: [10.0.0.0/9, 10.128.0.0/9]\n")
-    b = _policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n")
+    a = policy_of("nonMasqueradeCIDRs: [10.0.0.0/9, 10.128.0.0/9]\n")
+    b = policy_of("nonMasqueradeCIDRs: [10.0.0.0/8]\n")
     assert stale_destinations(a, b) == ()
 
 
 def test_ipv6_enabled_flips_the_whole_v6_space_but_the_preserved() -> None:
-    before = _policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n")
+    before = policy_of("nonMasqueradeCIDRs: [10.0.0.0/8]\n")
     on = PolicyOptions(enable_ipv6=True)
-    after = _policy("nonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\n", on)
+    after = policy_of("nonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\n", on)
     v6 = next(s for s in stale_destinations(before, after) if s.family is Family.V6)
     covered = sum(1 << (128 - p.length) for p in v6.prefixes)
     # everything but fd00::/8 and fe80::/10 was unmanaged (pod IP kept) and is now masqueraded
@@ -76,7 +71,7 @@ def test_argv() -> None:
 
 def test_flush_deletes_only_flipped_destinations() -> None:
     table = FakeConntrack(["172.30.12.110", "172.16.0.1", "10.2.1.100", "8.8.8.8", "192.168.1.1"])
-    result = flush_stale_conntrack(table, _policy(""), _policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    result = flush_stale_conntrack(table, policy_of(""), policy_of("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
     assert result.deleted == 3
     assert table.entries == ["10.2.1.100", "8.8.8.8"]
     assert [c[-1] for c in table.calls] == ["172.16.0.0/12", "192.168.0.0/16"]
@@ -95,7 +90,7 @@ NODE = "egress-1"
 
 def _node_policy(text: str, options: PolicyOptions | None = None) -> Policy:
     options = options or PolicyOptions(node_name=NODE)
-    return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
+    return policy_of(text, options)
 
 
 def flushed(before: Policy, after: Policy) -> list[str]:

@@ -76,11 +76,11 @@ class Narrator:
             said.append(Occurrence(CONFIG, "Warning", "ConfigRejected",
                                    f"node {self.node_ref.name} rejected the config: {error} ({keeping})"))
             status = replace(status, last_rejection=error, last_rejection_time=self.now())
-        return self._note(said, replace(status, ready=report.readiness.ready, reason=report.readiness.why))
+        return self._note(said, replace(status, ready=report.readiness.ok, reason=report.readiness.why))
 
     def reconciled(self, report: PassReport) -> Note:
         said: list[Occurrence] = []
-        status = replace(self.status, ready=report.readiness.ready, reason=report.readiness.why,
+        status = replace(self.status, ready=report.readiness.ok, reason=report.readiness.why,
                          foreign_masquerade_rules=report.foreign_masquerade_rules)
         node = self.node_ref.name
         if report.result.verified and report.policy_hash is not None:

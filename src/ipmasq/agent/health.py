@@ -25,7 +25,8 @@ import threading
 
 from ipmasq.agent.client import DEFAULT_METRICS_ADDRESS, parse_listen_address, query
 from ipmasq.agent.exposition import CONTENT_TYPE
-from ipmasq.agent.metrics import AgentStatus, Check, render_metrics
+from ipmasq.agent.metrics import AgentStatus, render_metrics
+from ipmasq.agent.reconcile import Verdict
 from ipmasq.agent.responder import Responder, Response, listen
 from ipmasq.errors import IpmasqError
 
@@ -50,7 +51,7 @@ def respond(status: AgentStatus, path: str) -> Response:
     return Response(404, b"not found: try /metrics, /healthz, /readyz or /settings\n")
 
 
-def _check(check: Check) -> Response:
+def _check(check: Verdict) -> Response:
     return Response(200 if check.ok else 503, check.why.encode() + b"\n")
 
 

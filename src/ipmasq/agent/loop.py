@@ -230,7 +230,7 @@ class Agent:
         """One reconcile: 0 when the kernel now matches a good config, 1 otherwise."""
         self.reconciler.observe(_read(self.settings.config_path))
         report = self.reconciler.reconcile()
-        return 0 if report.readiness.ready else 1
+        return 0 if report.readiness.ok else 1
 
     def run(self, wakeup: Wakeup) -> None:
         watcher = ConfigWatcher(self.settings.config_path, use_inotify=self.settings.use_inotify)

@@ -44,10 +44,10 @@ from functools import cache
 
 from ipmasq.agent import exposition
 from ipmasq.agent.exposition import MetricFamily
-from ipmasq.agent.reconcile import ConfigReport, PassReport, RuleCount, SyncResult
+from ipmasq.agent.reconcile import ConfigReport, PassReport, RuleCount, SyncResult, Verdict
 from ipmasq.policy.hash import config_hash
 
-__all__ = ["DURATION_BUCKETS", "LIVENESS_GRACE_SECONDS", "READINESS_GRACE_SECONDS", "AgentStatus", "Check", "Snapshot",
+__all__ = ["DURATION_BUCKETS", "LIVENESS_GRACE_SECONDS", "READINESS_GRACE_SECONDS", "AgentStatus", "Snapshot",
            "metric_families", "process_metric_families", "render_metrics"]
 
 # A pass is a few tool runs: milliseconds when idle, seconds with 100,000 CIDRs or a contended xtables lock.
@@ -58,14 +58,6 @@ LIVENESS_GRACE_SECONDS = 120.0
 # Readiness is a claim about now: a pass completes at least once per resync interval (sooner while retrying), so a
 # last completed pass older than 2 intervals plus this (a slow pass: 100,000 CIDRs, a contended lock) is stale.
 READINESS_GRACE_SECONDS = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """A health verdict and its one-line reason (the body of /healthz and /readyz)."""
-
-    ok: bool
-    why: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +119,7 @@ class AgentStatus:
         self._last_success_unix = 0.0
         self._rules: dict[int, int] = {}
         self._elements: dict[int, int] = {}
-        self._ready = Check(False, "not ready: starting, no reconcile yet")
+        self._ready = Verdict(False, "not ready: starting, no reconcile yet")
         self._config_valid = True
         self._enforced_hash: str | None = None
         self._foreign: int | None = None
@@ -150,18 +142,18 @@ class AgentStatus:
                 self._counters.config_reloads += 1
             self._config_valid = report.config_error is None
             self._resync_interval = report.resync_interval
-            self._ready = Check(report.readiness.ready, report.readiness.why)
+            self._ready = report.readiness
 
     def waiting(self, why: str) -> None:
         """The agent waits for the node lock (another agent writes): not ready, for this reason."""
         with self._lock:
-            self._ready = Check(False, why)
+            self._ready = Verdict(False, why)
 
     def failed(self, why: str) -> None:
         """An iteration of the loop ended in an unexpected exception: counted, not ready until a pass completes."""
         with self._lock:
             self._counters.loop_errors += 1
-            self._ready = Check(False, why)
+            self._ready = Verdict(False, why)
 
     def reconciled(self, report: PassReport, seconds: float) -> None:
         """After one pass; `seconds`: how long it took."""
@@ -189,31 +181,31 @@ class AgentStatus:
             self._rules = {count.family.value: count.rules for count in report.objects}
             self._elements = {count.family.value: count.set_elements for count in report.objects}
             self._resync_interval = report.resync_interval
-            self._ready = Check(report.readiness.ready, report.readiness.why)
+            self._ready = report.readiness
 
     # ---- reads, from any thread ----
 
-    def readiness(self) -> Check:
+    def readiness(self) -> Verdict:
         with self._lock:
             return self._readiness(self._clock())
 
-    def _readiness(self, now: float) -> Check:
+    def _readiness(self, now: float) -> Verdict:
         """The last pass's verdict, unless that pass is too old to speak for the kernel now (the lock is held)."""
         if self._last_pass is not None:
             age = now - self._last_pass
             limit = 2 * self._resync_interval + READINESS_GRACE_SECONDS
             if age > limit:
-                return Check(False, f"not ready: stale: the loop's last completed pass was {age:.0f}s ago "
+                return Verdict(False, f"not ready: stale: the loop's last completed pass was {age:.0f}s ago "
                                     f"(limit {limit:.0f}s; resync every {self._resync_interval:g}s)")
         return self._ready
 
-    def liveness(self) -> Check:
+    def liveness(self) -> Verdict:
         with self._lock:
             age = self._clock() - self._beat
             limit = 3 * self._resync_interval + LIVENESS_GRACE_SECONDS
         if age > limit:
-            return Check(False, f"wedged: the loop's last heartbeat was {age:.0f}s ago (limit {limit:.0f}s)")
-        return Check(True, f"alive: the loop's last heartbeat was {age:.1f}s ago")
+            return Verdict(False, f"wedged: the loop's last heartbeat was {age:.0f}s ago (limit {limit:.0f}s)")
+        return Verdict(True, f"alive: the loop's last heartbeat was {age:.1f}s ago")
 
     def snapshot(self) -> Snapshot:
         with self._lock:

@@ -45,8 +45,8 @@ from ipmasq.policy.hash import policy_hash
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 
-__all__ = ["ConfigReport", "FamilyWrite", "ObjectCount", "PassReport", "Readiness", "Reconciler", "RuleCount",
-           "StopRequested", "SyncResult", "count_objects"]
+__all__ = ["ConfigReport", "FamilyWrite", "ObjectCount", "PassReport", "Reconciler", "RuleCount",
+           "StopRequested", "SyncResult", "Verdict", "count_objects"]
 
 
 # An idle pass recounts the node's foreign NAT rules only this often (a change by this agent recounts at once).
@@ -66,10 +66,11 @@ class SyncResult(Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Readiness:
-    """Whether the kernel was verified to hold the current, good config, and the one-line reason (/readyz's body)."""
+class Verdict:
+    """A health verdict and its one-line reason: the Reconciler's readiness (the kernel was verified to hold the
+    current, good config), the agent's liveness; the bodies of /readyz and /healthz."""
 
-    ready: bool
+    ok: bool
     why: str
 
 
@@ -111,7 +112,7 @@ class ConfigReport:
     config_error: str | None  # the current config's error, located (file:line: message); None: it is good
     policy_hash: str | None  # policy_hash of the last good policy (enforced even while the config is bad)
     resync_interval: float  # seconds, from the last good config (the default before one)
-    readiness: Readiness
+    readiness: Verdict
     config_digest: str | None = None  # config_digest of the last good config's content (None: none yet)
 
 
@@ -129,7 +130,7 @@ class PassReport:
     policy_hash: str | None  # policy_hash of the policy this pass enforced (None: no good config yet)
     objects: tuple[ObjectCount, ...]  # per family, of the policy the kernel was last verified to hold
     resync_interval: float
-    readiness: Readiness
+    readiness: Verdict
     foreign_masquerade_rules: int | None = None  # NAT rules not ours that masquerade/SNAT (None: not counted yet)
     rule_counters: tuple[RuleCount, ...] = ()  # the enforced policy's config rules on this node, as last read
     config_digest: str | None = None  # config_digest of the content of the config this pass enforced
@@ -222,23 +223,23 @@ class Reconciler:
 
     @property
     def ready(self) -> bool:
-        return self.readiness().ready
+        return self.readiness().ok
 
-    def readiness(self) -> Readiness:
+    def readiness(self) -> Verdict:
         """Ready: the current config is good and the kernel was verified to hold it."""
         if self.config_error is not None:
-            return Readiness(False, f"not ready: config error: {self.config_error}")
+            return Verdict(False, f"not ready: config error: {self.config_error}")
         if self.policy is None:
-            return Readiness(False, "not ready: no config loaded yet")
+            return Verdict(False, "not ready: no config loaded yet")
         if self._leftovers:
             detail = f" ({self.backend_error})" if self.backend_error is not None else ""
-            return Readiness(False, f"not ready: our objects are still in {', '.join(self._leftovers)}, which this "
+            return Verdict(False, f"not ready: our objects are still in {', '.join(self._leftovers)}, which this "
                                     f"agent does not use (it uses {self.backend.name}){detail}")
         if self.backend_error is not None:
-            return Readiness(False, f"not ready: {self.backend.name}: {self.backend_error}")
+            return Verdict(False, f"not ready: {self.backend.name}: {self.backend_error}")
         if self._enforced is not self.policy:
-            return Readiness(False, "not ready: the current config is not applied yet")
-        return Readiness(True, "ready: the kernel matches the current config")
+            return Verdict(False, "not ready: the current config is not applied yet")
+        return Verdict(True, "ready: the kernel matches the current config")
 
     @property
     def resync_interval(self) -> float:

@@ -6,6 +6,9 @@
     Fingerprint fingerprint() -> Hashable | None   a cheap kernel fact that changes with any NAT rule (real:
                                                    backends.generation.KernelFingerprint; tests:
                                                    ipmasq.testing.FakeFingerprint); None: unknown, read everything
+    Generation  generation() -> int | None         the nf_tables transaction count (real:
+                                                   backends.generation.nftables_generation; tests: a fake tool's
+                                                   `generation`); None: unknown, the nftables backend reads back
     Backend     name                               "iptables", "nftables", ...
                 read(family) -> State              our objects as the kernel has them now, normalised
                 desired(policy, family) -> State   the same objects as `policy` wants them
@@ -40,7 +43,7 @@ from ipmasq.policy.prefix import Family
 
 T = TypeVar("T")
 
-__all__ = ["BACKEND_NAMES", "Backend", "Fingerprint", "Removable", "Result", "Runner", "State"]
+__all__ = ["BACKEND_NAMES", "Backend", "Fingerprint", "Generation", "Removable", "Result", "Runner", "State"]
 
 # What `--backend` accepts; auto: see ipmasq.backends.choose.
 BACKEND_NAMES: tuple[str, ...] = ("auto", "iptables", "nftables")
@@ -79,6 +82,13 @@ class Fingerprint(Protocol):
     answers mean nothing was written in between. None when it cannot be read (the caller then reads everything)."""
 
     def __call__(self) -> Hashable | None: ...
+
+
+class Generation(Protocol):
+    """The nf_tables ruleset generation of the network namespace: the kernel adds exactly one for every transaction
+    it commits, by any program, and nothing for a read or a failed transaction. None when it cannot be read."""
+
+    def __call__(self) -> int | None: ...
 
 
 @dataclass(frozen=True, slots=True)

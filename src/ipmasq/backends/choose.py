@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ipmasq.backends.base import Backend, Removable, Runner
+from ipmasq.backends.base import Backend, Generation, Removable, Runner
 from ipmasq.backends.iptables import IptablesBackend, Variant, detect_variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.errors import BackendError
@@ -97,11 +97,12 @@ def detect(run: Runner) -> Choice:
 
 
 def make_backend(name: str, options: PolicyOptions, run: Runner, *, variant: str = "auto",
-                 log: logging.Logger | None = None) -> tuple[Backend, tuple[Removable, ...]]:
+                 log: logging.Logger | None = None,
+                 generation: Generation | None = None) -> tuple[Backend, tuple[Removable, ...]]:
     """The backend `--backend NAME` asks for (auto: `detect`), and every other place our objects can be: the other
     backend and, with iptables, the other variant (a node moved from iptables-legacy to iptables-nft keeps the old
     variant's chain, which would go on deciding packets). `variant`: the iptables variant (auto: the one the node's
-    rules use)."""
+    rules use); `generation`: the nftables backend's proof of its own last write (see backends.nftables)."""
     if name == "auto":
         choice = detect(run)
         name = choice.backend
@@ -110,7 +111,7 @@ def make_backend(name: str, options: PolicyOptions, run: Runner, *, variant: str
     both = (Family.V4, Family.V6)  # leftovers of an earlier run may hold IPv6 objects whatever this run manages
     if name == "nftables":
         others = tuple(IptablesBackend(run, chain=options.masq_chain, variant=v, families=both) for v in Variant)
-        return NftablesBackend(run), others
+        return NftablesBackend(run, generation=generation), others
     # the flag not given: the config may switch IPv6 on and off while the agent runs
     families = (Family.V4,) if options.enable_ipv6 is False else both
     chosen = detect_variant(run) if variant == "auto" else Variant(variant)

@@ -17,8 +17,13 @@ set emptied, a rule added) is repaired by the same atomic transaction.
 
 Reading is cheap where it can be: the structure comes from `nft -j -t list ruleset inet`, which does not fetch set
 elements (instant even with 100,000 of them); the elements of a family's set are read with `nft -j list set` only
-when the structure is ours. Every read reports the kernel, never our own last write: the read that verifies a
-transaction reads the elements back like any other.
+when the structure is ours and the kernel cannot vouch for them otherwise. It can when the backend has a Generation
+(backends.base): our transaction replaces the whole table, so when the generation moved by exactly one across our
+successful `nft -f` (ours was the only commit in between) and has not moved since, the sets hold exactly the
+elements that transaction wrote, and a read takes them from the plan instead of listing and parsing them again
+(at 100,000 elements, more than the `nft -f` itself: docs/measurements.md). Every other part of a read, the
+chains, rules and set declarations, still comes from the kernel, and any commit by anyone since ours (a flushed
+set, one element deleted) moves the generation and sends the next read back to listing the elements.
 
 Building is done once per policy (`plan`): the table, its elements as text, each family's State and the script
 are kept while the loop holds the same Policy object, so a 100,000-element set is formatted once, not per use.
@@ -29,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ipmasq.backends.base import Result, Runner, State
+from ipmasq.backends.base import Generation, Result, Runner, State
 from ipmasq.errors import BackendError, NftParseError
 from ipmasq.netfilter.nft import (
     OUR_SET_NAMES,
@@ -108,6 +113,7 @@ class _Plan:
 
     policy: Policy
     table: NftTable
+    formatted: Mapping[str, Sequence[str]]  # each set's elements as text, by set name
     states: Mapping[Family, State]
     script: str
 
@@ -118,15 +124,27 @@ def _plan(policy: Policy) -> _Plan:
     # every family, managed or not: an unmanaged family's State is the shared chain without its set, so a set left
     # from when it was managed (IPv6 switched off) differs and is removed with the rest of the old table
     states = {f: state_from_table(table, f, formatted=formatted) for f in Family}
-    return _Plan(policy, table, states, replace_script(table, formatted=formatted))
+    return _Plan(policy, table, formatted, states, replace_script(table, formatted=formatted))
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """Our last transaction, proven to be the only commit between the generations read around it: while the
+    generation stays `generation`, the table's sets hold exactly `plan`'s elements."""
+
+    plan: _Plan
+    generation: int
 
 
 class NftablesBackend:
     """Backend over `nft` (see the module docstring); `run` is the one seam that executes programs."""
 
-    def __init__(self, run: Runner, *, nft: str = NFT) -> None:
+    def __init__(self, run: Runner, *, nft: str = NFT, generation: Generation | None = None) -> None:
         self._run = run
         self._nft = nft
+        # None: every read lists the sets' elements (the offline tools, a read that must not trust this process)
+        self._generation = generation
+        self._written: _Written | None = None
         self._plan: _Plan | None = None  # the last policy's, reused while the loop holds the same Policy object
         self._counted: dict[str, tuple[int, int]] | None = None  # config rules' counters, from the last read
 
@@ -172,6 +190,9 @@ class NftablesBackend:
         self._counted = _counters_of(structure)
         if structure is None:
             return State(family, ())
+        written = self._still_written()  # taken after the structure: the generation held while it was listed
+        if written is not None:
+            return state_from_table(structure, family, formatted=written.plan.formatted)
         elements: dict[str, tuple[tuple[int, int], ...]] = {}
         for s in structure.sets:
             if not _in_state(s.name, family):
@@ -197,9 +218,26 @@ class NftablesBackend:
 
     def apply(self, policy: Policy, family: Family, current: State) -> None:
         """Replace the whole table (every family of the policy) in one transaction, whatever `current` holds."""
-        self._call([self._nft, "-f", "-"], self.plan(policy).script, what="applying the nftables table")
+        plan = self.plan(policy)
+        self._written = None
+        before = self._read_generation()
+        self._call([self._nft, "-f", "-"], plan.script, what="applying the nftables table")
+        after = self._read_generation()
+        if before is not None and after == before + 1:
+            self._written = _Written(plan, after)
+
+    def _read_generation(self) -> int | None:
+        return self._generation() if self._generation is not None else None
+
+    def _still_written(self) -> _Written | None:
+        """Our last transaction while nothing was committed after it; None: the sets must be listed."""
+        written = self._written
+        if written is not None and self._read_generation() != written.generation:
+            self._written = written = None
+        return written
 
     def remove_all(self) -> None:
+        self._written = None
         self._call([self._nft, "-f", "-"], delete_script(), what="removing the nftables table")
 
     def present(self) -> bool:

@@ -25,7 +25,7 @@ from ipmasq.agent.nodelock import DEFAULT_LOCK_DIRECTORY, NodeLock, default_lock
 from ipmasq.agent.reconcile import Reconciler
 from ipmasq.backends.base import Backend, Removable, Runner
 from ipmasq.backends.choose import count_foreign_masquerade, make_backend
-from ipmasq.backends.generation import KernelFingerprint
+from ipmasq.backends.generation import KernelFingerprint, nftables_generation
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.backends.xtables_lock import xtables_lock_path
 from ipmasq.commands.common import add_backend_flags, add_policy_flags, agent_settings, go_bool, options_from_args
@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     lock = NodeLock(args.lock_file or default_lock_path())
     if args.once:
         wait_for_node_lock(lock, wakeup, log=log)  # never stopped: --once waits for the running agent to exit
-        backend, others = make_backend(args.backend, options, runner, variant=args.iptables_variant, log=log)
+        backend, others = make_backend(args.backend, options, runner, variant=args.iptables_variant, log=log,
+                                       generation=nftables_generation)
         return _agent(backend, others, options, settings, runner, log, args, AgentStatus(
             version=__version__, backend=backend.name)).once()
     # the endpoints come up first: while this agent waits for the node lock it is alive, and says why not ready
@@ -124,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
             log.info("agent stopping: it never held the node lock, nothing written")
             return 0
         # chosen only now: what the node holds may have changed while the other agent ran
-        backend, others = make_backend(args.backend, options, runner, variant=args.iptables_variant, log=log)
+        backend, others = make_backend(args.backend, options, runner, variant=args.iptables_variant, log=log,
+                                       generation=nftables_generation)
         status.backend = backend.name
         status.settings["backend"] = backend.name
         if reporter is not None:

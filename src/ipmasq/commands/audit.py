@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from ipmasq.audit import AuditReport, Group, audit, count_flows
-from ipmasq.commands import common
+from ipmasq.commands import common, policy_source
 from ipmasq.errors import UsageError
 from ipmasq.policy.prefix import Family
 
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--group-prefix: {args.group_prefix} is not between 0 and 32")
     common.at_most_one_stdin(*(("FLOWLOG", path) for path in args.flowlogs), ("--config", args.config))
     pods = common.cidr_flag("--pod-range", args.pod_range)
-    policy = common.load_policy(args, "audit")
+    policy = policy_source.load_policy(args, "audit")
     bits = {Family.V4: args.group_prefix, Family.V6: 128 if args.group_prefix == 32 else args.group_prefix + 96}
     report = audit(count_flows(args.flowlogs, pods), policy, group_bits=bits)
     if args.output == "json":

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.commands import common
+from ipmasq.commands import common, policy_source
 from ipmasq.diagnose.check import CheckReport, check_node
 from ipmasq.diagnose.leftovers import leftover_findings, read_leftovers
 from ipmasq.diagnose.sources import read_dump_file, read_live_rules, read_nft_ruleset, rules_from_dump
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         chosen = str(agent.get("backend", "")).split(" ")[0] if agent is not None else ""
         if args.backend == "auto" and chosen in ("iptables", "nftables"):
             args.backend = chosen
-    policy = common.load_policy(args, "check")
+    policy = policy_source.load_policy(args, "check")
     pods = common.cidr_flag("--pod-range", args.pod_range)
     local = tuple(common.address_flag("--local-address", t) for t in args.local_address)
     if args.from_dump is not None:

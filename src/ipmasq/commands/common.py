@@ -9,15 +9,11 @@ from typing import Any
 
 from ipmasq.backends.base import BACKEND_NAMES
 from ipmasq.backends.iptables import Variant
-from ipmasq.config.model import MasqConfig
-from ipmasq.config.source import ConfigInput, config_from_bytes, load_config, read_config_input
-from ipmasq.errors import ConfigError, PrefixError, UsageError
-from ipmasq.lint.manifest import configmap_config
+from ipmasq.errors import PrefixError, UsageError
 from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse_to_ports, quoted
-from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
 
-__all__ = ["add_backend_flags", "add_policy_flags", "load_policy_config", "normalise_go_flags", "options_from_args"]
+__all__ = ["add_backend_flags", "add_policy_flags", "normalise_go_flags", "options_from_args"]
 
 # Go boolean flags: `--flag`, `--flag=false`, `-flag`; never `--flag false` (that would eat a positional).
 BOOL_FLAGS = (
@@ -153,36 +149,6 @@ def adopt_agent_settings(args: argparse.Namespace, command: str) -> dict[str, ob
     return settings
 
 
-def load_policy_config(args: argparse.Namespace, options: PolicyOptions) -> MasqConfig:
-    """For the offline tools: no --config means the defaults; a --config that does not exist is an error (but for
-    the running agent's config, which it reads as the defaults when no ConfigMap is mounted)."""
-    if args.config is None:
-        return load_config(None, options)
-    if getattr(args, "config_missing_ok", False):
-        return load_config(args.config, options, missing_ok=True)
-    return load_config_or_manifest(args.config, options)
-
-
-def load_config_or_manifest(path: str, options: PolicyOptions) -> MasqConfig:
-    """A config file or directory, or a ConfigMap manifest, whose embedded config is read (line numbers kept).
-
-    Operators hold the manifest they are about to `kubectl apply`; read as a raw config, its keys would be ignored
-    as unknown and the defaults would silently stand in for what it says.
-    """
-    config_input = read_config_input(path, missing_ok=False)
-    if len(config_input.files) == 1:
-        source, data = config_input.files[0]
-        try:
-            embedded = configmap_config(data.decode("utf-8"))
-        except UnicodeDecodeError:
-            embedded = None  # the loader reports it, with its position
-        except ValueError as exc:
-            raise ConfigError(str(exc), source=source) from None
-        if embedded is not None:
-            config_input = ConfigInput(((source, embedded.encode("utf-8", "surrogatepass")),))
-    return config_from_bytes(config_input, options)
-
-
 def cidr_flag(flag: str, texts: list[str]) -> tuple[Prefix, ...]:
     """The CIDRs given to a repeatable flag (--pod-range ...); a bad one is a usage error naming the flag."""
     try:
@@ -210,20 +176,7 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
                              "detects it (default %(default)s)")
 
 
-# --- what the offline tools share: the policy from the flags, and text or JSON on standard output -------------
-
-
-def load_policy(args: argparse.Namespace, command: str) -> Policy:
-    """The policy of the policy flags and --config, the config's warnings said on stderr as `ipmasq COMMAND: ...`."""
-    options = options_from_args(args)
-    config = load_policy_config(args, options)
-    print_config_warnings(command, config)
-    return Policy(config, options)
-
-
-def print_config_warnings(command: str, config: MasqConfig) -> None:
-    for warning in config.warnings:
-        print(f"ipmasq {command}: warning: {warning}", file=sys.stderr)
+# --- what the offline tools share: text or JSON on standard output ---------------------------------------------
 
 
 def add_output_flag(parser: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from ipmasq.commands import common
+from ipmasq.commands import common, policy_source
 from ipmasq.diff.baselines import BASELINES, BUILTIN_PREFIX, baseline_policy, builtin_set
 from ipmasq.diff.diff import (
     DiffResult,
@@ -78,8 +78,9 @@ def _policy(spec: str, name: str | None, options: PolicyOptions) -> Policy:
         return baseline_policy(name, options)
     # diff evaluates node-scoped rules itself, per node class or per --node-name: the loader's refusal of such a
     # rule on an unknown node is for the tools that answer for one node
-    config = common.load_config_or_manifest(spec, dataclasses.replace(options, node_name=options.node_name or "*"))
-    common.print_config_warnings("diff", config)
+    anywhere = dataclasses.replace(options, node_name=options.node_name or "*")
+    config = policy_source.load_config_or_manifest(spec, anywhere)
+    policy_source.print_config_warnings("diff", config)
     return Policy(config, options)
 
 

@@ -7,7 +7,8 @@ import os
 from typing import Any
 
 from ipmasq.cloudnat import CloudNat, CloudNatMode, follow_path
-from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, load_policy, print_json
+from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, print_json
+from ipmasq.commands.policy_source import load_policy
 from ipmasq.config.model import Rule, RuleAction
 from ipmasq.errors import UsageError, clip
 from ipmasq.policy.policy import Policy, Reason, Verdict

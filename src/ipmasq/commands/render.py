@@ -12,7 +12,8 @@ import os
 import sys
 from typing import Any
 
-from ipmasq.commands.common import add_policy_flags, command_parser, load_policy
+from ipmasq.commands.common import add_policy_flags, command_parser
+from ipmasq.commands.policy_source import load_policy
 from ipmasq.errors import UsageError
 from ipmasq.netfilter.iptables import render_restore
 from ipmasq.netfilter.nft import render_script

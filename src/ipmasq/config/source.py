@@ -51,6 +51,7 @@ class ConfigInput:
 def config_digest(contents: tuple[bytes, ...]) -> str:
     """A digest of a config's content, whatever its files or ConfigMaps are named: equal for the mounted file and
     the ConfigMap it came from, so `ipmasq status` can tell whether a node enforces the ConfigMap's current content."""
+    # ipmasq.sha256, not hashlib: the agent computes this for every config, and hashlib maps OpenSSL
     digest = sha256(expected_bytes=sum(8 + len(data) for data in contents))
     for data in contents:
         digest.update(len(data).to_bytes(8, "big"))

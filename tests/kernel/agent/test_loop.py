@@ -12,8 +12,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,6 +35,7 @@ from tests.kernel.agent_harness import (
     world,
 )
 from tests.kernel.flavors import FLAVORS, Flavor
+from tests.kernel.servers import LAB_PROBE, serving
 
 GKE = ("--masq-chain=IP-MASQ", "--nomasq-all-reserved-ranges", "--random-fully=false")
 FOREIGN = (
@@ -270,25 +269,13 @@ def interface_of(ns: Namespace, address: str) -> str:
     raise AssertionError(f"no interface holds {address}")
 
 
-@contextmanager
-def second_server(peer: Namespace, port: int) -> Iterator[None]:
-    server = peer.popen([sys.executable, "-m", "ipmasq.lab.probe", "serve", str(port)], stdout=subprocess.PIPE,
-                        stderr=subprocess.DEVNULL)
-    try:
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-        yield
-    finally:
-        server.kill()
-        server.wait()
-
-
 @backends
 @pytest.mark.parametrize("node_name", ["egress-1", "general-7"])
 def test_each_rule_field_changes_what_the_peer_sees_as_explain_says(net: Network, tmp_path: Path, flavor: Flavor,
                                                                    node_name: str) -> None:
     config = tmp_path / "ip-masq-agent"
     config.write_text(CONFIG)
-    with world(net) as w, second_server(w.peer, OTHER_PORT):
+    with world(net) as w, serving(w.peer, [*LAB_PROBE, "serve", str(OTHER_PORT)]):
         w.peer.sysctl("net.ipv4.tcp_max_tw_buckets", "0")  # a reused NATed port never meets a TIME_WAIT
         w.pod.run(["ip", "addr", "add", f"{POD_B}/32", "dev", "lo"])
         w.node.run(["ip", "addr", "add", f"{SPARE}/20", "dev", interface_of(w.node, NODE)])

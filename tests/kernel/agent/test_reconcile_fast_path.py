@@ -64,7 +64,7 @@ SCRIPT = textwrap.dedent("""
         del calls[:]
         report = rec.reconcile()
         return {"what": what, "result": report.result.value, "programs": len(calls), "drift": report.drift_repair,
-                "ready": report.readiness.ready}
+                "ready": report.readiness.ok}
 
     out = [step("install"), step("read back"), step("idle"), step("idle")]
     subprocess.run(tamper, check=True)

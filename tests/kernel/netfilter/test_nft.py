@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.lab.netns import Namespace, Network
 from ipmasq.netfilter.nft import desired_table, parse_list_json, render_script
 from ipmasq.options import PolicyOptions, parse_to_ports
 from ipmasq.policy.policy import Policy
 from ipmasq.testing.nft import list_json
+from tests.configs import policy_of
+from tests.kernel.servers import LAB_PROBE, start_server, stop_server
 
 CASES = {
     "defaults": ("", PolicyOptions()),
@@ -36,7 +37,7 @@ CASES = {
 
 
 def make_policy(text: str, options: PolicyOptions) -> Policy:
-    return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
+    return policy_of(text, options)
 
 
 def without_handles(objects: list[dict[str, dict[str, object]]]) -> list[dict[str, dict[str, object]]]:
@@ -103,10 +104,7 @@ def build_path(net: Network) -> tuple[Path3, subprocess.Popen[str]]:
         peer.run(["ip", "-6", "route", "add", "local", local, "dev", "lo"])
     peer.run(["ip", "route", "add", "10.44.14.0/24", "via", NODE])  # pod IPs are routable, as in a VPC
     peer.run(["ip", "-6", "route", "add", "fd44::/64", "via", NODE6])
-    server = peer.popen([sys.executable, "-m", "ipmasq.lab.probe", "serve", str(PORT)],
-                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-    return Path3(pod, node, peer), server
+    return Path3(pod, node, peer), start_server(peer, [*LAB_PROBE, "serve", str(PORT)])
 
 
 @pytest.fixture
@@ -115,8 +113,7 @@ def path(net: Network) -> Iterator[Path3]:
     try:
         yield p
     finally:
-        server.kill()
-        server.wait()
+        stop_server(server)
 
 
 def test_traffic_follows_the_policy(path: Path3) -> None:

@@ -16,10 +16,8 @@ import ipaddress
 import json
 import os
 import random
-import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from fnmatch import fnmatchcase
 
 import pytest
@@ -35,6 +33,7 @@ from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import rule_match
 from ipmasq.policy.prefix import parse_address
 from tests.conftest import ROOT
+from tests.kernel.servers import serving
 
 BACKENDS = ("iptables", "nftables")
 PROBE = str(ROOT / "tests" / "kernel" / "rule_probe.py")
@@ -161,18 +160,6 @@ def interface_of(ns: Namespace, address: str) -> str:
     raise AssertionError(f"no interface holds {address}")
 
 
-@contextlib.contextmanager
-def peer_server(peers: Namespace) -> Iterator[None]:
-    server = peers.popen([sys.executable, PROBE, "serve", *map(str, PORTS)], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL)
-    try:
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-        yield
-    finally:
-        server.kill()
-        server.wait()
-
-
 def _coverage(config_text: str, node_name: str, packet: Packet4) -> set[str]:
     """What the case exercised: "range" when a rule with a port range decided, and the fields on which rules whose
     destinations hold the packet's destination missed it."""
@@ -222,7 +209,7 @@ def test_random_rules_the_peer_sees_what_explain_answers(net: Network, backend: 
     decided_by: Counter[str] = Counter()
     exercised: set[str] = set()
     try:
-        with peer_server(peers):
+        with serving(peers, [sys.executable, PROBE, "serve", *map(str, PORTS)]):
             for case in range(CONFIGS_PER_NODE * len(NODE_NAMES)):
                 node_name = NODE_NAMES[case // CONFIGS_PER_NODE]
                 config, packets = _random_case(rng)

@@ -7,14 +7,14 @@ import threading
 import time
 
 from ipmasq.agent.apireport import CONFIG, ApiReporter, Narrator
-from ipmasq.agent.reconcile import ConfigReport, ObjectCount, PassReport, Readiness, SyncResult
+from ipmasq.agent.reconcile import ConfigReport, ObjectCount, PassReport, SyncResult, Verdict
 from ipmasq.errors import ApiUnreachable
 from ipmasq.kube.agentstatus import StatusWriter, status_from_json, status_path
 from ipmasq.kube.events import EventRecorder
 from ipmasq.policy.prefix import Family
 from ipmasq.testing.kube import FakeKubeClient
 
-READY = Readiness(True, "ready: the kernel matches the current config")
+READY = Verdict(True, "ready: the kernel matches the current config")
 
 
 def narrator(exists: bool | None = True) -> Narrator:
@@ -28,7 +28,7 @@ def applied(policy: str = "a" * 64, *, drift: bool = False, error: str | None = 
     return PassReport(result=result, config_error=error, backend_error=None, drift_repair=drift, writes=(),
                       removed_leftovers=(), leftovers=(), policy_hash=policy,
                       objects=(ObjectCount(Family.V4, 5, 0),), resync_interval=60.0,
-                      readiness=READY if error is None else Readiness(False, f"not ready: config error: {error}"),
+                      readiness=READY if error is None else Verdict(False, f"not ready: config error: {error}"),
                       foreign_masquerade_rules=foreign, config_digest="d" * 64)
 
 
@@ -48,7 +48,7 @@ def test_a_rejected_config_is_said_once_with_its_line_and_the_policy_kept() -> N
     teller.reconciled(applied())
     bad = "configmap/ip-masq-agent[config]:3: nonMasqueradeCIDRs[0]: invalid CIDR '10.0.0.0/33'"
     report = ConfigReport(changed=True, config_error=bad, policy_hash="a" * 64, resync_interval=60.0,
-                          readiness=Readiness(False, f"not ready: config error: {bad}"))
+                          readiness=Verdict(False, f"not ready: config error: {bad}"))
     (said,) = teller.observed(report).occurrences
     assert said.reason == "ConfigRejected" and said.type == "Warning"
     assert said.message == f"node node-a rejected the config: {bad} (keeping policy aaaaaaaaaaaa)"

@@ -22,7 +22,6 @@ from ipmasq.agent.metrics import READINESS_GRACE_SECONDS, AgentStatus
 from ipmasq.agent.nodelock import NodeLock, default_lock_path
 from ipmasq.agent.reconcile import Reconciler
 from ipmasq.backends.iptables import IptablesBackend, Variant
-from ipmasq.config import ConfigInput
 from ipmasq.diagnose.leftovers import OTHER_VARIANT_RULES, leftover_findings, read_leftovers
 from ipmasq.errors import IpmasqError
 from ipmasq.findings import Severity
@@ -30,22 +29,12 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeIptables
+from tests.clock import Clock
+from tests.configs import agent_config
 from tests.conftest import PYTHON
 from tests.unit.backends.test_choose_switch import Node, iptables_pass
 
 LOG = logging.getLogger("test.agent.transitions")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def cfg(text: str) -> ConfigInput:
-    return ConfigInput((("/etc/config/ip-masq-agent", text.encode()),))
 
 
 def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> bool:
@@ -62,7 +51,7 @@ def test_readiness_goes_stale_when_no_pass_completes() -> None:
     fake = FakeIptables()
     rec = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(), log=LOG)
     status = AgentStatus(version="9.9", backend="iptables", clock=clock)
-    status.observed(rec.observe(cfg("resyncInterval: 10s\n")))
+    status.observed(rec.observe(agent_config("resyncInterval: 10s\n")))
     status.reconciled(rec.reconcile(), 0.01)
     assert status.readiness().ok and status.snapshot().ready
     clock.now += 2 * 10 + READINESS_GRACE_SECONDS  # at the limit: still the last pass's word

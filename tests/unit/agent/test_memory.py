@@ -14,14 +14,7 @@ from ipmasq.agent.reconcile import Reconciler
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.options import PolicyOptions
 from ipmasq.testing import FakeIptables
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import Clock
 
 
 def test_released_after_changes_and_writes_only(tmp_path: Path,

@@ -27,21 +27,11 @@ from ipmasq.config import ConfigInput
 from ipmasq.errors import UsageError
 from ipmasq.options import PolicyOptions
 from ipmasq.testing import FakeIptables
+from tests.clock import Clock
+from tests.configs import agent_config
 from tests.conftest import PYTHON
 
 LOG = logging.getLogger("test.agent.metrics")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def cfg(text: str) -> ConfigInput:
-    return ConfigInput((("/etc/config/ip-masq-agent", text.encode()),))
 
 
 @pytest.fixture
@@ -79,12 +69,14 @@ def scrape(status: AgentStatus) -> dict[str, float]:
 def test_counts_follow_installs_idle_passes_drift_and_reloads(fake: FakeIptables) -> None:
     clock = Clock()
     rec, status = make(fake, clock)
-    assert step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n")) is SyncResult.APPLIED
+    two_ranges = agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n")
+    assert step(rec, status, two_ranges) is SyncResult.APPLIED
     for _ in range(3):
-        assert step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n")) is SyncResult.IN_SYNC
+        assert step(rec, status, two_ranges) is SyncResult.IN_SYNC
     fake.table().chains["IP-MASQ-AGENT"] = []  # someone flushes our chain
     assert step(rec, status) is SyncResult.APPLIED
-    assert step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.0/8]\n")) is SyncResult.APPLIED  # a change, not drift
+    # a change, not drift
+    assert step(rec, status, agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\n")) is SyncResult.APPLIED
     m = scrape(status)
     assert m['ipmasq_syncs_total{result=applied}'] == 3 and m['ipmasq_syncs_total{result=in-sync}'] == 3
     assert m["ipmasq_drift_repairs_total"] == 1
@@ -102,7 +94,7 @@ def test_counts_follow_installs_idle_passes_drift_and_reloads(fake: FakeIptables
 
 def test_duration_histogram_is_cumulative(fake: FakeIptables) -> None:
     rec, status = make(fake, Clock())
-    rec.observe(cfg("{}"))
+    rec.observe(agent_config("{}"))
     for seconds in (0.001, 0.2, 0.2, 3.0, 100.0):
         status.reconciled(rec.reconcile(), seconds)
     m = scrape(status)
@@ -113,10 +105,10 @@ def test_duration_histogram_is_cumulative(fake: FakeIptables) -> None:
 def test_bad_config_makes_not_ready_while_the_last_good_stays_enforced(fake: FakeIptables) -> None:
     rec, status = make(fake, Clock())
     assert not status.readiness().ok and "starting" in status.readiness().why
-    step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    step(rec, status, agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
     assert status.readiness().ok
     good = fake.save("iptables", "nat")
-    assert step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.1/8]\n")) is SyncResult.IN_SYNC
+    assert step(rec, status, agent_config("nonMasqueradeCIDRs: [10.0.0.1/8]\n")) is SyncResult.IN_SYNC
     ready = status.readiness()
     assert not ready.ok
     assert ready.why.startswith("not ready: config error: /etc/config/ip-masq-agent:1") and "10.0.0.1/8" in ready.why
@@ -124,7 +116,7 @@ def test_bad_config_makes_not_ready_while_the_last_good_stays_enforced(fake: Fak
     m = scrape(status)
     assert m["ipmasq_config_load_errors_total"] == 1 and m["ipmasq_config_valid"] == 0 and m["ipmasq_ready"] == 0
     # a good config again: not ready until the pass that verifies the kernel holds it
-    status.observed(rec.observe(cfg("nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10]\n")))
+    status.observed(rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10]\n")))
     assert status.readiness().why == "not ready: the current config is not applied yet"
     status.reconciled(rec.reconcile(), 0.01)
     assert status.readiness().ok and scrape(status)["ipmasq_config_valid"] == 1
@@ -133,7 +125,7 @@ def test_bad_config_makes_not_ready_while_the_last_good_stays_enforced(fake: Fak
 def test_backend_failure_is_not_ready_with_the_tools_error(fake: FakeIptables) -> None:
     rec, status = make(fake, Clock())
     fake.lock_busy = True
-    assert step(rec, status, cfg("{}")) is SyncResult.FAILED
+    assert step(rec, status, agent_config("{}")) is SyncResult.FAILED
     assert not status.readiness().ok and "xtables lock" in status.readiness().why
     assert scrape(status)['ipmasq_syncs_total{result=failed}'] == 1
     fake.lock_busy = False
@@ -142,7 +134,7 @@ def test_backend_failure_is_not_ready_with_the_tools_error(fake: FakeIptables) -
 
 def test_no_config_yet_touches_nothing_and_is_not_ready(fake: FakeIptables) -> None:
     rec, status = make(fake, Clock())
-    assert step(rec, status, cfg("nonMasqueradeCIDRs: [bogus]\n")) is SyncResult.NO_POLICY
+    assert step(rec, status, agent_config("nonMasqueradeCIDRs: [bogus]\n")) is SyncResult.NO_POLICY
     assert "config error" in status.readiness().why
     assert scrape(status)['ipmasq_syncs_total{result=no-policy}'] == 1
 
@@ -152,7 +144,7 @@ def test_seconds_since_last_success_is_computed_at_scrape(fake: FakeIptables) ->
     rec, status = make(fake, clock)
     clock.now += 7  # never synced: counts from the start
     assert scrape(status)["ipmasq_seconds_since_last_successful_sync"] == 7
-    step(rec, status, cfg("{}"))
+    step(rec, status, agent_config("{}"))
     clock.now += 42.5  # no hook runs in between
     assert scrape(status)["ipmasq_seconds_since_last_successful_sync"] == 42.5
     fake.lock_busy = True
@@ -165,7 +157,7 @@ def test_seconds_since_last_success_is_computed_at_scrape(fake: FakeIptables) ->
 def test_liveness_fails_when_the_loop_stops_beating(fake: FakeIptables) -> None:
     clock = Clock()
     rec, status = make(fake, clock)
-    step(rec, status, cfg("resyncInterval: 10s\n"))
+    step(rec, status, agent_config("resyncInterval: 10s\n"))
     clock.now += 3 * 10 + LIVENESS_GRACE_SECONDS - 1
     assert status.liveness().ok and status.liveness().why.startswith("alive")
     clock.now += 2
@@ -236,7 +228,6 @@ def test_text_log_lines() -> None:
     assert line.endswith("Z ipmasq agent: WARNING config warning: unknown key")
 
 
-
 def families_of(status: AgentStatus) -> dict[str, tuple[str, str]]:
     """{family name: (type, help)} as prometheus-client's parser reads what /metrics serves."""
     return {f.name: (f.type, f.documentation) for f in text_string_to_metric_families(render_metrics(status).decode())}
@@ -244,7 +235,7 @@ def families_of(status: AgentStatus) -> dict[str, tuple[str, str]]:
 
 def test_every_family_has_its_type_and_help(fake: FakeIptables) -> None:
     rec, status = make(fake, Clock())
-    step(rec, status, cfg("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    step(rec, status, agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
     families = families_of(status)
     # the parser names a counter's family without _total; an info is a 0.0.4 gauge under its full name
     assert {name: kind for name, (kind, _) in families.items()} == {

@@ -11,10 +11,10 @@ from ipmasq.agent.metrics import AgentStatus, render_metrics
 from ipmasq.agent.reconcile import Reconciler, RuleCount, SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
-from ipmasq.config import ConfigInput
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeIptables, FakeNft
+from tests.configs import agent_config
 
 LOG = logging.getLogger("test.rule-counters")
 RULES = """\
@@ -30,10 +30,6 @@ rules:
     action: masquerade
 """
 PLAIN = "nonMasqueradeCIDRs: [10.0.0.0/8]\n"
-
-
-def cfg(text: str) -> ConfigInput:
-    return ConfigInput((("/etc/config/ip-masq-agent", text.encode()),))
 
 
 def scraped(status: AgentStatus) -> dict[tuple[str, str, str], float]:
@@ -62,7 +58,7 @@ def test_iptables_counters_summed_over_a_rules_lines_from_the_passs_own_read() -
     rec = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(), log=LOG,
                      fingerprint=lambda: "unchanged")
     status = AgentStatus(version="t", backend="iptables")
-    rec.observe(cfg(RULES))
+    rec.observe(agent_config(RULES))
     assert run(rec, status) is SyncResult.APPLIED
     assert scraped(status) == {("ipmasq_rule_packets_total", "two-destinations", "ipv4"): 0,
                                ("ipmasq_rule_bytes_total", "two-destinations", "ipv4"): 0,
@@ -93,7 +89,7 @@ def test_without_rules_no_counters_and_no_extra_read() -> None:
     rec = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(), log=LOG,
                      fingerprint=lambda: "unchanged")
     status = AgentStatus(version="t", backend="iptables")
-    rec.observe(cfg(PLAIN))
+    rec.observe(agent_config(PLAIN))
     run(rec, status)
     run(rec, status)
     before = len(fake.calls)
@@ -106,7 +102,7 @@ def test_nftables_counters_from_the_listing_and_the_terse_listing_when_idle() ->
     fake = FakeNft()
     rec = Reconciler(NftablesBackend(fake), PolicyOptions(), log=LOG, fingerprint=lambda: "unchanged")
     status = AgentStatus(version="t", backend="nftables")
-    rec.observe(cfg(RULES))
+    rec.observe(agent_config(RULES))
     assert run(rec, status) is SyncResult.APPLIED
     assert run(rec, status) is SyncResult.IN_SYNC
     fake.count("ip-masq-agent: rule partner-https", 3, 180)
@@ -123,7 +119,7 @@ def test_a_pass_report_carries_the_counts_of_this_nodes_rules_only() -> None:
     fake = FakeIptables()
     options = PolicyOptions(node_name="general-1")
     rec = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), options, log=LOG)
-    rec.observe(cfg(RULES + "  - name: egress-only\n    destinations: [10.2.0.0/16]\n    nodes: ['egress-*']\n"
+    rec.observe(agent_config(RULES + "  - name: egress-only\n    destinations: [10.2.0.0/16]\n    nodes: ['egress-*']\n"
                             "    action: masquerade\n"))
     report = rec.reconcile()
     assert [c.rule for c in report.rule_counters] == ["two-destinations", "partner-https"]

@@ -66,7 +66,7 @@ def test_idle_passes_read_nothing_once_a_full_read_matched() -> None:
     for _ in range(25):  # more than FOREIGN_RECOUNT_PASSES: the foreign count is not redone either
         report = rec.reconcile()
         assert report.result is SyncResult.IN_SYNC
-        assert report.readiness.ready
+        assert report.readiness.ok
     assert node.reads() == before
     assert node.foreign_counts == counts
     assert not node.fake.calls[-1][0].endswith("-restore")

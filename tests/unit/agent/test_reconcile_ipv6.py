@@ -11,11 +11,11 @@ import pytest
 from ipmasq.agent.reconcile import Reconciler, SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
-from ipmasq.config import ConfigInput
 from ipmasq.netfilter.nft import SET_NAMES, NftSet
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeIptables, FakeNft
+from tests.configs import agent_config
 
 LOG = logging.getLogger("test.ipv6-from-config")
 ON = "enableIPv6: true\nnonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\n" \
@@ -23,10 +23,6 @@ ON = "enableIPv6: true\nnonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\n" \
 OFF = "enableIPv6: false\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"
 ABSENT = "nonMasqueradeCIDRs: [10.0.0.0/8]\n"
 FOREIGN6 = "*nat\n-A POSTROUTING -d fd00:77::/64 -j RETURN\nCOMMIT\n"
-
-
-def cfg(text: str) -> ConfigInput:
-    return ConfigInput((("/etc/config/ip-masq-agent", text.encode()),))
 
 
 def ours6(fake: FakeIptables) -> list[str]:
@@ -42,19 +38,19 @@ def test_iptables_follows_the_config_switch(switch_off: str) -> None:
     assert fake.restore("ip6tables", FOREIGN6).returncode == 0
     reconciler = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(),
                             log=LOG)
-    reconciler.observe(cfg(ABSENT))
-    assert reconciler.reconcile().readiness.ready and not ours6(fake)
+    reconciler.observe(agent_config(ABSENT))
+    assert reconciler.reconcile().readiness.ok and not ours6(fake)
 
-    reconciler.observe(cfg(ON))  # switched on: the IPv6 chain and its jump, the rule first
+    reconciler.observe(agent_config(ON))  # switched on: the IPv6 chain and its jump, the rule first
     report = reconciler.reconcile()
     assert report.result is SyncResult.APPLIED and [w.family for w in report.writes] == [Family.V6]
     rules = fake.table("ip6tables").rules("IP-MASQ-AGENT")
     assert "rule v6-db" in rules[0] and any("fd00::/8" in r for r in rules)
     assert reconciler.reconcile().result is SyncResult.IN_SYNC
 
-    reconciler.observe(cfg(switch_off))  # switched off: ours gone, the foreign IPv6 rule stays
+    reconciler.observe(agent_config(switch_off))  # switched off: ours gone, the foreign IPv6 rule stays
     report = reconciler.reconcile()
-    assert report.result is SyncResult.APPLIED and report.readiness.ready
+    assert report.result is SyncResult.APPLIED and report.readiness.ok
     assert [(w.family, w.added) for w in report.writes] == [(Family.V6, 0)]
     assert not ours6(fake)
     assert fake.table("ip6tables").rules("POSTROUTING") == ["-A POSTROUTING -d fd00:77::/64 -j RETURN"]
@@ -66,23 +62,23 @@ def test_the_flag_wins_over_the_config() -> None:
     fake = FakeIptables()
     reconciler = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT),
                             PolicyOptions(enable_ipv6=False), log=LOG)
-    reconciler.observe(cfg("enableIPv6: true\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"))
-    assert reconciler.reconcile().readiness.ready and not ours6(fake)
+    reconciler.observe(agent_config("enableIPv6: true\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    assert reconciler.reconcile().readiness.ok and not ours6(fake)
     # --enable-ipv6=true manages IPv6 whatever the config says
     fake = FakeIptables()
     reconciler = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT),
                             PolicyOptions(enable_ipv6=True), log=LOG)
-    reconciler.observe(cfg(OFF))
-    assert reconciler.reconcile().readiness.ready and ours6(fake)
+    reconciler.observe(agent_config(OFF))
+    assert reconciler.reconcile().readiness.ok and ours6(fake)
 
 
 def test_an_ipv6_cidr_without_ipv6_keeps_the_last_good_config() -> None:
     fake = FakeIptables()
     reconciler = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(),
                             log=LOG)
-    reconciler.observe(cfg(ON))
-    assert reconciler.reconcile().readiness.ready
-    seen = reconciler.observe(cfg("enableIPv6: false\nnonMasqueradeCIDRs: ['fd00::/8']\n"))
+    reconciler.observe(agent_config(ON))
+    assert reconciler.reconcile().readiness.ok
+    seen = reconciler.observe(agent_config("enableIPv6: false\nnonMasqueradeCIDRs: ['fd00::/8']\n"))
     assert seen.config_error is not None and "ipv6 is not enabled" in seen.config_error
     assert seen.config_error.startswith("/etc/config/ip-masq-agent:2: ")  # the CIDR's line
     assert reconciler.reconcile().result is SyncResult.IN_SYNC and ours6(fake)  # the last good config stays
@@ -92,15 +88,15 @@ def test_nftables_follows_the_config_switch() -> None:
     fake = FakeNft()
     backend = NftablesBackend(fake)
     reconciler = Reconciler(backend, PolicyOptions(), log=LOG)
-    reconciler.observe(cfg(ON))
-    assert reconciler.reconcile().readiness.ready
+    reconciler.observe(agent_config(ON))
+    assert reconciler.reconcile().readiness.ok
     table = backend.read_structure()
     assert table is not None and SET_NAMES[Family.V6] in {s.name for s in table.sets}
     assert any("v6-db" in r for c in table.chains for r in c.rules)
 
-    reconciler.observe(cfg(OFF))
+    reconciler.observe(agent_config(OFF))
     report = reconciler.reconcile()
-    assert report.result is SyncResult.APPLIED and report.readiness.ready
+    assert report.result is SyncResult.APPLIED and report.readiness.ok
     table = backend.read_structure()
     assert table is not None and SET_NAMES[Family.V6] not in {s.name for s in table.sets}
     assert not any("v6-db" in r for c in table.chains for r in c.rules)

@@ -113,7 +113,7 @@ def test_nftables_removes_both_iptables_variants_on_every_pass(node: Node, caplo
     iptables_pass(node, variant=Variant.LEGACY)
     report = rec.reconcile()
     assert report.result is SyncResult.IN_SYNC and report.removed_leftovers == ("iptables (legacy)",)
-    assert node.ours_in_iptables() == [] and report.readiness.ready
+    assert node.ours_in_iptables() == [] and report.readiness.ok
 
 
 def test_iptables_removes_an_earlier_nftables_table_and_only_it(node: Node) -> None:
@@ -169,7 +169,7 @@ def test_a_failing_install_leaves_the_old_rules_in_place(node: Node) -> None:
     rec.observe(CONFIG)
     node.missing = {"nft"}
     report = rec.reconcile()
-    assert report.result is SyncResult.FAILED and not report.readiness.ready
+    assert report.result is SyncResult.FAILED and not report.readiness.ok
     assert node.ours_in_iptables() == before  # never a moment without rules
     node.missing = set()
     assert rec.reconcile().result is SyncResult.APPLIED
@@ -186,13 +186,13 @@ def test_a_failing_removal_is_named_keeps_the_agent_not_ready_and_is_retried(nod
     assert report.result is SyncResult.FAILED
     assert ("inet", "ip-masq-agent") in node.nft.tables  # ours are in place: the same policy decides in both
     assert report.leftovers == ("iptables (nft)",) and report.removed_leftovers == ()
-    assert not report.readiness.ready
+    assert not report.readiness.ok
     assert "our objects are still in iptables (nft)" in report.readiness.why
     assert "simulated rejection" in report.readiness.why
     node.iptables.reject = None
     report = rec.reconcile()
     assert report.result is SyncResult.IN_SYNC and report.removed_leftovers == ("iptables (nft)",)
-    assert report.leftovers == () and report.readiness.ready
+    assert report.leftovers == () and report.readiness.ok
     assert node.ours_in_iptables() == []
 
 

@@ -7,12 +7,12 @@ import pytest
 
 from ipmasq.backends.base import Result
 from ipmasq.backends.nftables import NftablesBackend
-from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeNft
+from tests.configs import policy_of
 
 V4 = PolicyOptions()
 DUAL = PolicyOptions(enable_ipv6=True)
@@ -20,7 +20,7 @@ CONFIG = "nonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\nmasqueradeCIDRs: [10.11.
 
 
 def policy(text: str = CONFIG, options: PolicyOptions = DUAL) -> Policy:
-    return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
+    return policy_of(text, options)
 
 
 def reconcile(backend: NftablesBackend, p: Policy) -> int:
@@ -104,3 +104,38 @@ def test_the_fake_refuses_what_nft_would_refuse(fake: FakeNft) -> None:
     # a statement outside our dialect (`counter` is in it now: config rules count their packets)
     assert fake(["nft", "-f", "-"], "table inet t {\n\tchain c {\n\t\tlimit rate 1/second\n\t}\n}\n").returncode == 1
     assert fake.tables == {}
+
+
+def _set_listings(fake: FakeNft) -> int:
+    return sum(1 for argv in fake.listings if argv[2:4] == ["list", "set"])
+
+
+def test_the_generation_vouches_for_our_own_transaction_until_anyone_commits(fake: FakeNft) -> None:
+    backend = NftablesBackend(fake, generation=lambda: fake.generation)
+    p = policy()
+    assert reconcile(backend, p) == 1
+    assert _set_listings(fake) == 0  # the read that verified the write took the elements from the transaction
+    assert reconcile(backend, p) == 0
+    assert _set_listings(fake) == 0
+    assert fake(["nft", "flush", "set", "inet", "ip-masq-agent", "nomasq_v4"]).returncode == 0
+    assert reconcile(backend, p) == 1  # the flush moved the generation: the sets were listed, the drift seen
+    assert _set_listings(fake) > 0
+    # what the kernel holds reads the same either way: a backend without a generation lists every set
+    assert NftablesBackend(fake).read(Family.V4) == backend.read(Family.V4) == backend.desired(p, Family.V4)
+
+
+def test_a_commit_by_someone_else_around_ours_sends_reads_back_to_the_kernel(fake: FakeNft) -> None:
+    def generation_with_a_foreign_commit() -> int:
+        if fake.transactions == 1 and fake.generation == 1:
+            fake.generation += 1  # someone committed to another table right after our transaction
+        return fake.generation
+
+    backend = NftablesBackend(fake, generation=generation_with_a_foreign_commit)
+    assert reconcile(backend, policy()) == 1
+    assert _set_listings(fake) > 0
+
+
+def test_without_a_readable_generation_every_read_lists_the_sets(fake: FakeNft) -> None:
+    backend = NftablesBackend(fake, generation=lambda: None)
+    assert reconcile(backend, policy()) == 1
+    assert _set_listings(fake) > 0

@@ -21,14 +21,8 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeIptables, FakeRunner
+from tests.unit.backends.test_runner import SLOW_READER
 
-SLOW_READER = ("import sys, time\n"
-               "n = 0\n"
-               "for line in sys.stdin:\n"
-               "    n += 1\n"
-               "    if n < 50:\n"
-               "        time.sleep(0.005)\n"
-               "print(n)\n")
 SHA256_OF_STDIN = "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())"
 
 

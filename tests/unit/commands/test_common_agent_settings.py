@@ -12,7 +12,8 @@ import pytest
 
 from ipmasq.agent.health import StatusServer, respond
 from ipmasq.agent.metrics import AgentStatus
-from ipmasq.commands.common import adopt_agent_settings, agent_settings, load_policy
+from ipmasq.commands.common import adopt_agent_settings, agent_settings
+from ipmasq.commands.policy_source import load_policy
 from ipmasq.errors import UsageError
 from ipmasq.options import DEFAULT_CHAIN
 

@@ -13,6 +13,7 @@ import pytest
 
 from ipmasq.cli import main
 from ipmasq.policy.prefix import Family, parse_address
+from tests.configs import PARTNER_ENDPOINT_RULE
 
 
 def test_v4_mapped_address_is_the_ipv4_address() -> None:
@@ -51,14 +52,7 @@ def test_mixed_families_are_a_usage_error(flag: str, value: str, destination: st
 CONFIG = """\
 nonMasqueradeCIDRs: [10.0.0.0/8]
 rules:
-  - name: partner-endpoint
-    destinations: [10.1.2.100/32]
-    sources: [100.64.0.0/16]
-    protocol: tcp
-    ports: [443, "8000-8080"]
-    nodes: ["gke-prod-egress-*"]
-    action: snat
-    snatTo: 10.142.0.50
+""" + PARTNER_ENDPOINT_RULE + """\
   - name: vpn-masq
     destinations: [10.1.0.0/16]
     action: masquerade

@@ -14,6 +14,7 @@ from ipmasq.config.model import Origin, RuleAction
 from ipmasq.errors import ConfigError
 from ipmasq.options import PolicyOptions, PortRange
 from ipmasq.policy.prefix import Family, parse_cidr
+from tests.configs import PARTNER_ENDPOINT_RULE
 
 V4 = PolicyOptions()
 V6 = PolicyOptions(enable_ipv6=True)
@@ -290,14 +291,7 @@ NO_V6 = PolicyOptions(enable_ipv6=False, node_name="gke-prod-egress-1")  # --ena
 FULL = """\
 nonMasqueradeCIDRs: [10.0.0.0/8]
 rules:
-  - name: partner-endpoint
-    destinations: [10.1.2.100/32]
-    sources: [100.64.0.0/16]
-    protocol: tcp
-    ports: [443, "8000-8080"]
-    nodes: ["gke-prod-egress-*"]
-    action: snat
-    snatTo: 10.142.0.50
+""" + PARTNER_ENDPOINT_RULE + """\
   - name: keep-vpn
     destinations: [192.168.0.0/16, 172.16.0.0/12]
     action: preserve

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from ipmasq.cli import main
-from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
 from ipmasq.diagnose.sources import family_of_dump
 from ipmasq.diagnose.trace import Tracer, trace
@@ -25,6 +24,7 @@ from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, parse_address, parse_cidr
 from ipmasq.testing.nft import list_json
+from tests.configs import RULES_CONFIG, policy_of
 from tests.conftest import ROOT
 
 DUMPS = ROOT / "tests" / "dumps"
@@ -34,10 +34,6 @@ REFERENCE_2_9 = PolicyOptions(random_fully=False)  # the vectors' reference agen
 TEN = "nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqLinkLocal: true\n"
 
 
-def _policy(text: str, options: PolicyOptions) -> Policy:
-    return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
-
-
 def _ids(name: str, policy: Policy, **kw: object) -> dict[str, Finding]:
     table = parse_save((DUMPS / name).read_text())
     report = check_iptables(policy, table, Family.V4, **kw)  # type: ignore[arg-type]
@@ -45,18 +41,18 @@ def _ids(name: str, policy: Policy, **kw: object) -> dict[str, Finding]:
 
 
 def test_agent_output_is_ok() -> None:
-    policy = _policy("nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.11.0.0/24]\n", PolicyOptions())
+    policy = policy_of("nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.11.0.0/24]\n", PolicyOptions())
     table = parse_save(render_restore(policy, Family.V4))
     report = check_iptables(policy, table, Family.V4)
     assert report.ok and report.findings == ()
 
 
 def test_gke_1_14_chain_is_ok_for_gke_flags() -> None:
-    assert _ids("gke-1.14-aws-vpn.save", _policy("", GKE)) == {}
+    assert _ids("gke-1.14-aws-vpn.save", policy_of("", GKE)) == {}
 
 
 def test_gke_1_14_chain_against_the_upgrade_fix_lists_the_exact_extra_destinations() -> None:
-    found = _ids("gke-1.14-aws-vpn.save", _policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n", GKE))
+    found = _ids("gke-1.14-aws-vpn.save", policy_of("nonMasqueradeCIDRs: [10.0.0.0/8]\n", GKE))
     assert set(found) == {FindingId.RULES_DIFFER}
     differ = found[FindingId.RULES_DIFFER]
     assert differ.missing == ()
@@ -65,12 +61,12 @@ def test_gke_1_14_chain_against_the_upgrade_fix_lists_the_exact_extra_destinatio
 
 
 def test_config_not_applied() -> None:
-    found = _ids("catch-all-only.save", _policy(TEN, REFERENCE_2_9))
+    found = _ids("catch-all-only.save", policy_of(TEN, REFERENCE_2_9))
     assert set(found) == {FindingId.CONFIG_NOT_APPLIED}
 
 
 def test_kubenet_rule_is_foreign_masquerade_with_its_destinations() -> None:
-    found = _ids("gke-kubenet.save", _policy("", GKE))
+    found = _ids("gke-kubenet.save", policy_of("", GKE))
     assert set(found) == {FindingId.FOREIGN_MASQUERADE}
     finding = found[FindingId.FOREIGN_MASQUERADE]
     assert finding.rule is not None and "kubenet" in finding.rule
@@ -80,16 +76,16 @@ def test_kubenet_rule_is_foreign_masquerade_with_its_destinations() -> None:
 
 
 def test_fix_nat_daemonset_rule() -> None:
-    found = _ids("fix-nat-daemonset.save", _policy(TEN, REFERENCE_2_9))
+    found = _ids("fix-nat-daemonset.save", policy_of(TEN, REFERENCE_2_9))
     assert set(found) == {FindingId.FOREIGN_MASQUERADE}
     assert found[FindingId.FOREIGN_MASQUERADE].destinations == ("10.11.0.0/24",)
     # the same intent said in the config: the rule no longer changes an outcome
-    intent = _policy(TEN + "masqueradeCIDRs: [10.11.0.0/24]\n", REFERENCE_2_9)
+    intent = policy_of(TEN + "masqueradeCIDRs: [10.11.0.0/24]\n", REFERENCE_2_9)
     assert set(_ids("fix-nat-daemonset.save", intent)) == {FindingId.RULES_DIFFER}
 
 
 def test_hand_written_snat_rule_needs_the_pod_range() -> None:
-    policy = _policy("", GKE)
+    policy = policy_of("", GKE)
     assert set(_ids("manual-private-endpoint.save", policy)) == {FindingId.UNSUPPORTED}
     found = _ids("manual-private-endpoint.save", policy, pod_ranges=(parse_cidr("100.64.0.0/16"),))
     assert set(found) == {FindingId.FOREIGN_MASQUERADE}
@@ -99,7 +95,7 @@ def test_hand_written_snat_rule_needs_the_pod_range() -> None:
 
 
 def test_renamed_chain_is_stale() -> None:
-    found = _ids("renamed-chain.save", _policy(TEN, REFERENCE_2_9))
+    found = _ids("renamed-chain.save", policy_of(TEN, REFERENCE_2_9))
     assert set(found) == {FindingId.STALE_CHAIN}
     assert found[FindingId.STALE_CHAIN].severity is Severity.ERROR
 
@@ -108,7 +104,7 @@ def test_renamed_chain_is_stale() -> None:
 def test_a_node_running_another_chain_name_is_not_told_to_delete_it() -> None:
     # a GKE node (chain IP-MASQ) checked without --masq-chain=IP-MASQ: its live chain is not stale, and advising
     # `iptables -X IP-MASQ` would tear down the node's working rules
-    missing = _ids("gke-1.14-aws-vpn.save", _policy("", PolicyOptions(nomasq_all_reserved_ranges=True)))
+    missing = _ids("gke-1.14-aws-vpn.save", policy_of("", PolicyOptions(nomasq_all_reserved_ranges=True)))
     assert set(missing) == {FindingId.CHAIN_MISSING}
     assert "this node uses chain IP-MASQ" in missing[FindingId.CHAIN_MISSING].message
     assert "--masq-chain=IP-MASQ" in missing[FindingId.CHAIN_MISSING].hint
@@ -116,7 +112,7 @@ def test_a_node_running_another_chain_name_is_not_told_to_delete_it() -> None:
 
 
 def test_jump_missing() -> None:
-    policy = _policy("", PolicyOptions())
+    policy = policy_of("", PolicyOptions())
     text = "\n".join(line for line in render_restore(policy, Family.V4).splitlines()
                      if not line.startswith("-A POSTROUTING"))
     report = check_iptables(policy, parse_save(text), Family.V4)
@@ -124,13 +120,13 @@ def test_jump_missing() -> None:
 
 
 def test_jump_shadowed() -> None:
-    found = _ids("shadowed-jump.save", _policy(TEN, REFERENCE_2_9))
+    found = _ids("shadowed-jump.save", policy_of(TEN, REFERENCE_2_9))
     assert set(found) == {FindingId.JUMP_SHADOWED}
     assert found[FindingId.JUMP_SHADOWED].destinations == ("172.30.0.0/16",)
 
 
 def test_port_scoped_snat_is_decided_for_its_port_only() -> None:
-    policy = _policy(TEN, REFERENCE_2_9)
+    policy = policy_of(TEN, REFERENCE_2_9)
     found = _ids("unsupported.save", policy, pod_ranges=(parse_cidr("10.44.0.0/14"),))
     assert set(found) == {FindingId.FOREIGN_MASQUERADE}
     snat = found[FindingId.FOREIGN_MASQUERADE]
@@ -140,7 +136,7 @@ def test_port_scoped_snat_is_decided_for_its_port_only() -> None:
 
 
 def test_unsupported_quotes_the_rule() -> None:
-    policy = _policy(TEN, REFERENCE_2_9)
+    policy = policy_of(TEN, REFERENCE_2_9)
     dump = (DUMPS / "unsupported.save").read_text().replace("-p tcp -m tcp --dport 5432",
                                                             "-m statistic --mode random --probability 0.5")
     report = check_iptables(policy, parse_save(dump), Family.V4, pod_ranges=(parse_cidr("10.44.0.0/14"),))
@@ -151,9 +147,9 @@ def test_unsupported_quotes_the_rule() -> None:
 
 
 def test_random_fully_only_is_a_warning() -> None:
-    found = _ids("fix-nat-daemonset.save", _policy(TEN + "masqueradeCIDRs: [10.11.0.0/24]\n", PolicyOptions()))
+    found = _ids("fix-nat-daemonset.save", policy_of(TEN + "masqueradeCIDRs: [10.11.0.0/24]\n", PolicyOptions()))
     assert found[FindingId.RULES_DIFFER].severity is Severity.ERROR
-    policy = _policy(TEN, PolicyOptions())
+    policy = policy_of(TEN, PolicyOptions())
     table = parse_save((DUMPS / "fix-nat-daemonset.save").read_text().replace(
         '-A POSTROUTING -d 10.11.0.0/24 -m comment --comment "NAT-VPN: SNAT for outbound traffic through VPN" '
         '-m addrtype ! --dst-type LOCAL -j MASQUERADE\n', ""))
@@ -167,10 +163,10 @@ def test_family_of_dump() -> None:
 
 
 def test_nft_table_against_policy() -> None:
-    policy = _policy("nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]\n", PolicyOptions())
+    policy = policy_of("nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]\n", PolicyOptions())
     listing = json.dumps({"nftables": list_json(desired_table(policy))})
     assert check_nft(policy, parse_list_json(listing)).findings == ()
-    fixed = _policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n", PolicyOptions())
+    fixed = policy_of("nonMasqueradeCIDRs: [10.0.0.0/8]\n", PolicyOptions())
     report = check_nft(fixed, parse_list_json(listing))
     assert [f.id for f in report.findings] == [FindingId.RULES_DIFFER]
     assert report.findings[0].extra == ("172.16.0.0/12",)
@@ -201,32 +197,13 @@ def test_cli_bad_dump(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert str(bad_json) in capsys.readouterr().err
 
 
-CONFIG = """\
-nonMasqueradeCIDRs: [10.0.0.0/8]
-rules:
-  - name: partner-snat
-    destinations: [10.1.0.0/16]
-    protocol: tcp
-    ports: [443, "8000-8080"]
-    action: snat
-    snatTo: 10.142.0.50
-  - name: batch-masq
-    destinations: [10.2.0.0/16, 10.3.0.0/24]
-    sources: [10.44.8.0/22]
-    action: masquerade
-  - name: dns-keep
-    destinations: [34.0.0.0/8]
-    protocol: udp
-    ports: [53]
-    action: preserve
-"""
 OPTIONS = PolicyOptions(random_fully=False)
 PODS = (parse_cidr("10.44.0.0/14"),)
 NODE = "10.142.15.203"
 
 
-def _rules_policy(text: str = CONFIG) -> Policy:
-    return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), OPTIONS), OPTIONS)
+def _rules_policy(text: str = RULES_CONFIG) -> Policy:
+    return policy_of(text, OPTIONS)
 
 
 def _dump(policy: Policy, *, edit: str = "", before: str = "", after: str = "") -> str:
@@ -414,11 +391,15 @@ def test_foreign_rule_behind_ours_nats_what_dns_keep_preserves() -> None:
     found = _findings(policy, dump)
     assert set(found) == {"foreign-masquerade"}
     (finding,) = found["foreign-masquerade"]
-    # the config keeps 10/8 (but batch-masq's part) and dns-keep keeps 34/8 udp 53: the foreign rule NATs them
-    assert set(finding.destinations) == {"10.0.0.0/8", "34.0.0.0/8", "169.254.0.0/16"}  # link-local: kept
+    # the config keeps 10/8 (but batch-masq's part) and 172.16/12, dns-keep keeps 34/8 udp 53: the foreign rule NATs
+    # them
+    assert set(finding.destinations) == {"10.0.0.0/8", "34.0.0.0/8", "169.254.0.0/16",  # link-local: kept
+                                         "172.16.0.0/12"}
     # exact: port 53 is kept for 34/8 too, and batch-masq's sources masquerade 10.2/16 and 10.3.0/24 anyway
-    assert "10.0.0.0/8, 169.254.0.0/16 (udp ports 50-52 from all but 10.44.8.0/22; udp ports 54-60" in finding.message
-    assert "10.0.0.0/8, 34.0.0.0/8, 169.254.0.0/16 (udp port 53 from all but 10.44.8.0/22)" in finding.message
+    assert ("10.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12 (udp ports 50-52 from all but 10.44.8.0/22; udp ports 54-60"
+            in finding.message)
+    assert ("10.0.0.0/8, 34.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12 (udp port 53 from all but 10.44.8.0/22)"
+            in finding.message)
 
 
 def test_wrong_snat_address_on_the_node_is_edited() -> None:

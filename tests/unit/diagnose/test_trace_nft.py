@@ -28,34 +28,16 @@ from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import parse_address, parse_cidr
 from ipmasq.testing.nft import FakeNft
+from tests.configs import RULES_CONFIG, policy_of
 from tests.conftest import ROOT
 
-CONFIG = """\
-nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]
-rules:
-  - name: partner-snat
-    destinations: [10.1.0.0/16]
-    protocol: tcp
-    ports: [443, "8000-8080"]
-    action: snat
-    snatTo: 10.142.0.50
-  - name: batch-masq
-    destinations: [10.2.0.0/16]
-    sources: [10.44.8.0/22]
-    action: masquerade
-  - name: dns-keep
-    destinations: [34.0.0.0/8]
-    protocol: udp
-    ports: [53]
-    action: preserve
-"""
 OPTIONS = PolicyOptions(random_fully=False)
 PODS = (parse_cidr("10.44.0.0/14"),)
 NODE = "10.142.15.203"
 
 
-def _policy(text: str = CONFIG) -> Policy:
-    return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), OPTIONS), OPTIONS)
+def _policy(text: str = RULES_CONFIG) -> Policy:
+    return policy_of(text, OPTIONS)
 
 
 def _listing(policy: Policy, *foreign: dict[str, Any]) -> str:

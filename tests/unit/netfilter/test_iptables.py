@@ -34,6 +34,7 @@ from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeIptables, FakeNft
 from ipmasq.testing.nft import rule_to_json
+from tests.configs import policy_of
 
 DEFAULT_OPTIONS = PolicyOptions()
 
@@ -183,7 +184,7 @@ OPTIONS = PolicyOptions(enable_ipv6=True, node_name="node-1")
 
 
 def policy(text: str = CONFIG, options: PolicyOptions = OPTIONS) -> Policy:
-    return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
+    return policy_of(text, options)
 
 
 def test_iptables_rules_come_first_one_line_per_address_pair() -> None:

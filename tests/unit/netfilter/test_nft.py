@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.errors import NftParseError
 from ipmasq.netfilter.nft import (
     desired_table,
@@ -23,12 +22,13 @@ from ipmasq.options import PolicyOptions, parse_to_ports
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, parse_address
 from ipmasq.testing.nft import list_json, parse_script, rule_to_json
+from tests.configs import policy_of
 
 DEFAULT_OPTIONS = PolicyOptions()
 
 
 def policy(text: str, options: PolicyOptions = DEFAULT_OPTIONS) -> Policy:
-    return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
+    return policy_of(text, options)
 
 
 def listing(objects: list[dict[str, object]]) -> str:

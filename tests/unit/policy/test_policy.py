@@ -21,12 +21,13 @@ from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import Policy, Reason, rule_match
 from ipmasq.policy.prefix import Family, Prefix, parse_address
 from ipmasq.policy.ranges import to_prefixes
+from tests.configs import PARTNER_ENDPOINT_RULE, policy_of
 
 V4 = PolicyOptions()
 
 
 def policy(text: str, options: PolicyOptions = V4) -> Policy:
-    return Policy(config_from_bytes(ConfigInput((("/c", text.encode()),)), options), options)
+    return policy_of(text, options)
 
 
 def test_gke_1_14_defaults_preserve_the_aws_vpc_and_the_fix_masquerades_it() -> None:
@@ -191,14 +192,7 @@ NODE = "gke-prod-egress-1"
 CONFIG = """\
 nonMasqueradeCIDRs: [10.0.0.0/8]
 rules:
-  - name: partner-endpoint
-    destinations: [10.1.2.100/32]
-    sources: [100.64.0.0/16]
-    protocol: tcp
-    ports: [443, "8000-8080"]
-    nodes: ["gke-prod-egress-*"]
-    action: snat
-    snatTo: 10.142.0.50
+""" + PARTNER_ENDPOINT_RULE + """\
   - name: masq-partner
     destinations: [10.1.2.0/24]
     action: masquerade
