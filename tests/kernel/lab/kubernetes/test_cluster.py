@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +22,15 @@ import pytest
 import yaml
 
 from ipmasq.lab.kubernetes import agent
-from ipmasq.lab.kubernetes.artifacts import ensure_artifacts
 from ipmasq.lab.kubernetes.cluster import (
     FAST_SYNC_FREQUENCY,
     KUBELET_SYNC_FREQUENCY,
     LAB_NAMESPACE,
-    NETNS_PREFIX,
     Cluster,
     ClusterError,
-    cluster_is_up,
-    state_dir,
-    tear_down,
+    NodeSpec,
 )
 from ipmasq.lab.kubernetes.scenarios import run_scenario
-from ipmasq.lab.netns import Network
 from ipmasq.lab.scenarios import (
     EGRESS_NODE,
     GENERAL_NODE,
@@ -52,7 +46,7 @@ from ipmasq.lab.scenarios import (
 from ipmasq.lab.topology import ADDR, STRICT_PORT, Probe
 from ipmasq.policy.hash import policy_hash
 from tests.conftest import ROOT
-from tests.kernel.lab.kubernetes.conftest import require_kubernetes_lab
+from tests.kernel.lab.kubernetes.conftest import module_cluster, progress
 
 pytestmark = pytest.mark.kubernetes
 
@@ -61,41 +55,14 @@ API_SAMPLES = 10
 
 
 
-def _progress(line: str) -> None:
-    print(f"[kubernetes lab] {line}", file=sys.stderr, flush=True)
-
-
-def _host_netfilter() -> tuple[str, str]:
-    """The machine's own rules: the lab must never write them."""
-    iptables = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
-    nft = subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True).stdout
-    return "\n".join(line for line in iptables.splitlines() if not line.startswith("#")), nft
+_progress = progress
 
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Cluster]:
     """The cluster as users run it (kubelet's default sync period)."""
-    require_kubernetes_lab()
-    tear_down()
-    # a run stopped with SIGTERM (a killed job, scripts/test.sh interrupted) unwinds like Ctrl-C: the teardown below
-    # runs and the cluster goes with it
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    artifacts = ensure_artifacts(ROOT, _progress)
-    before = _host_netfilter()
-    lab = Cluster(artifacts, ROOT, Network(NETNS_PREFIX), state_dir())
-    try:
-        started = time.monotonic()
-        lab.up(_progress)
-        _progress(f"cluster up in {time.monotonic() - started:.1f} s")
-        yield lab
-    finally:
-        tear_down(lab.net)
-        assert not cluster_is_up()
-        leftover = subprocess.run(["pgrep", "-af", f"{state_dir()}/"], capture_output=True, text=True).stdout
-        assert leftover == "", leftover  # every process the lab started (probe servers too) went with it
-        assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-                    if n.startswith(f"{NETNS_PREFIX}-")]
-        assert _host_netfilter() == before, "the lab changed the machine's own netfilter rules"
+    with module_cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture
@@ -103,6 +70,23 @@ def cluster(lab: Cluster) -> Cluster:
     """The cluster with kubelets syncing pods every 2 s: a ConfigMap change reaches the nodes within seconds."""
     lab.restart_kubelets(FAST_SYNC_FREQUENCY)
     return lab
+
+
+def _on_every_node(lab: Cluster, since: float, wait: Callable[[NodeSpec], object]) -> dict[str, float]:
+    """`wait` on every node at once; node name -> seconds from `since` to its return (a node whose wait raised is
+    missing)."""
+    seconds: dict[str, float] = {}
+
+    def one(node: NodeSpec) -> None:
+        wait(node)
+        seconds[node.name] = time.monotonic() - since
+
+    threads = [threading.Thread(target=one, args=(node,)) for node in lab.nodes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return seconds
 
 
 def _shipped_container(path: Path) -> dict[str, object]:
@@ -192,32 +176,12 @@ def test_gke_default_change_cuts_the_aws_vpc_and_the_configmap_fixes_it_through_
         config = configs[attempt % 2] if attempt < API_SAMPLES - 1 else PRESERVE_ONLY_10_8
         applied = time.monotonic()
         agent.apply_config(lab, config)
-        seconds: dict[str, float] = {}
-
-        def wait(name: str, config: str = config, applied: float = applied,
-                 seconds: dict[str, float] = seconds) -> None:
-            agent.wait_synced(lab, lab.node(name), config, GKE_OPTIONS, timeout=60)
-            seconds[name] = time.monotonic() - applied
-
-        threads = [threading.Thread(target=wait, args=(n.name,)) for n in lab.nodes]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        seconds = _on_every_node(lab, applied, lambda node, config=config: agent.wait_synced(
+            lab, node, config, GKE_OPTIONS, timeout=60))
         assert set(seconds) == {n.name for n in lab.nodes}, f"attempt {attempt}: {seconds}"
         api_seconds.extend(seconds.values())
-    volume_applied = applied
-    volume: dict[str, float] = {}
-
-    def wait_volume(name: str) -> None:
-        agent.wait_volume(lab, lab.node(name), PRESERVE_ONLY_10_8, timeout=180)
-        volume[name] = time.monotonic() - volume_applied
-
-    threads = [threading.Thread(target=wait_volume, args=(n.name,)) for n in lab.nodes]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    volume = _on_every_node(lab, applied, lambda node: agent.wait_volume(lab, node, PRESERVE_ONLY_10_8,
+                                                                         timeout=180))
     ordered = sorted(api_seconds)
     p50, p99 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
     _progress(f"kubectl apply -> kernel through the API: {len(ordered)} node-samples, p50 {p50:.2f} s, "

@@ -9,9 +9,7 @@ import base64
 import json
 import math
 import re
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,21 +18,14 @@ from typing import Any
 import pytest
 
 from ipmasq.lab.kubernetes import agent, webhook
-from ipmasq.lab.kubernetes.artifacts import ensure_artifacts
 from ipmasq.lab.kubernetes.cluster import (
     FAST_SYNC_FREQUENCY,
-    NETNS_PREFIX,
     Cluster,
-    cluster_is_up,
-    state_dir,
-    tear_down,
 )
-from ipmasq.lab.netns import Network
 from ipmasq.lab.scenarios import KEEP_10_8, REFERENCE_OPTIONS
 from ipmasq.webhook.review import respond
-from tests.conftest import ROOT
 from tests.hostile.admission import configmap, hostile_configmaps
-from tests.kernel.lab.kubernetes.conftest import require_kubernetes_lab
+from tests.kernel.lab.kubernetes.conftest import module_cluster, progress
 
 pytestmark = pytest.mark.kubernetes
 
@@ -42,30 +33,18 @@ GOOD = KEEP_10_8
 BAD_CIDR = "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n  - 10.0.0.0/33\n"
 
 
-def _progress(line: str) -> None:
-    print(f"[kubernetes lab] {line}", file=sys.stderr, flush=True)
+_progress = progress
 
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Cluster]:
     """The cluster with the shipped agent (a good config, kubelet syncing every 2 s) and the shipped webhook."""
-    require_kubernetes_lab()
-    tear_down()
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    artifacts = ensure_artifacts(ROOT, _progress)
-    lab = Cluster(artifacts, ROOT, Network(NETNS_PREFIX), state_dir())
-    try:
-        lab.up(_progress)
+    with module_cluster() as lab:
         lab.restart_kubelets(FAST_SYNC_FREQUENCY)
         agent.apply_config(lab, GOOD)
         agent.deploy_agent(lab)
         _progress(f"webhook serving in {webhook.deploy_webhook(lab):.1f} s")
         yield lab
-    finally:
-        tear_down(lab.net)
-        assert not cluster_is_up()
-        leftover = subprocess.run(["pgrep", "-af", f"{state_dir()}/"], capture_output=True, text=True).stdout
-        assert leftover == "", leftover
 
 
 def _kubectl(lab: Cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
