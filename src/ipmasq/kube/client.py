@@ -92,7 +92,8 @@ class KubeClient:
         return self.request("DELETE", path)
 
     def request(self, verb: str, path: str, *, query: Mapping[str, str] | None = None,
-                body: Mapping[str, Any] | None = None, content_type: str = "application/json") -> dict[str, Any]:
+                body: Mapping[str, Any] | list[Any] | None = None,
+                content_type: str = "application/json") -> dict[str, Any]:
         """One request; the answer's JSON object. A 401 reads the token again and tries once more (it rotated)."""
         target = path + (f"?{urlencode(dict(query))}" if query else "")
         payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else None

@@ -1,38 +1,22 @@
-"""The webhook's one seam to the API server: the few calls it makes, over HTTPS with the pod's service account.
+"""The webhook's calls to the API server: its certificate's Secret and its ValidatingWebhookConfiguration's caBundle.
 
-`Api` is what the rest of the package uses (keeper.py); `InClusterApi` is the real one, `tests` hold a fake. Every
-failure is an ApiError (or Conflict, when a write lost a race to another replica), never a urllib exception.
+`Api` is what the rest of the package uses (keeper.py); `InClusterApi` makes those calls through the project's one
+client (ipmasq.kube.client: the pod's service account, its token read again as it rotates), and the tests hold a
+fake. Every failure is one of ipmasq.errors' ApiError tree; Conflict when a write lost a race to another replica.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import ssl
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Protocol
 
-from ipmasq.errors import IpmasqError, clip, one_line
+from ipmasq.errors import ApiError, Conflict, NotFound
+from ipmasq.kube.client import KubeClient
+from ipmasq.kube.credentials import SERVICE_ACCOUNT_DIR, in_cluster
 
 __all__ = ["Api", "ApiError", "Conflict", "InClusterApi"]
 
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-_TIMEOUT = 10.0
-_MAX_RESPONSE = 1 << 20  # a Secret or a ValidatingWebhookConfiguration; nothing the webhook reads is larger
-
-
-class ApiError(IpmasqError):
-    """The API server refused a call, or could not be reached."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        self.status = status
-        super().__init__(message)
-
-
-class Conflict(ApiError):
-    """A create found the object already there, or an update's resourceVersion was stale: another replica won."""
+_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 
 
 class Api(Protocol):
@@ -50,66 +34,38 @@ class Api(Protocol):
 class InClusterApi:
     """The API server as a pod reaches it: KUBERNETES_SERVICE_HOST/PORT, the service account's token and CA."""
 
-    def __init__(self, account: Path = SERVICE_ACCOUNT) -> None:
-        host = os.environ.get("KUBERNETES_SERVICE_HOST")
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
-            raise ApiError("not in a pod: KUBERNETES_SERVICE_HOST is not set (run the webhook in the cluster, or "
-                           "give --tls-cert-file and --tls-key-file)")
-        self.base = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-        self.account = account
-        try:
-            self.context = ssl.create_default_context(cafile=str(account / "ca.crt"))
-        except OSError as exc:
-            raise ApiError(f"{account / 'ca.crt'}: {exc.strerror}") from None
-
-    def _call(self, method: str, path: str, body: object = None,
-              content_type: str = "application/json") -> dict[str, Any] | None:
-        try:
-            token = (self.account / "token").read_text().strip()  # re-read: kubelet rotates projected tokens
-        except OSError as exc:
-            raise ApiError(f"{self.account / 'token'}: {exc.strerror}") from None
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {token}", "Accept": "application/json", "Content-Type": content_type})
-        try:
-            with urllib.request.urlopen(request, timeout=_TIMEOUT, context=self.context) as response:
-                answer: dict[str, Any] = json.loads(response.read(_MAX_RESPONSE))
-                return answer
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            detail = _status_message(exc)
-            error = Conflict if exc.code == 409 else ApiError
-            raise error(f"{method} {path}: {exc.code} {detail}", exc.code) from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ApiError(one_line(f"{method} {path}: {reason}")) from None
+    def __init__(self, account: Path = Path(SERVICE_ACCOUNT_DIR)) -> None:
+        credentials = in_cluster(str(account))
+        if credentials is None:
+            raise ApiError("not in a pod: KUBERNETES_SERVICE_HOST or the service account's token is missing (run the "
+                           "webhook in the cluster, or give --tls-cert-file and --tls-key-file)")
+        self.client = KubeClient(credentials)
 
     def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._call("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        try:
+            return self.client.get(f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        except NotFound:
+            return None
 
     def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", f"/api/v1/namespaces/{namespace}/secrets", body) or {}
+        return self.client.create(f"/api/v1/namespaces/{namespace}/secrets", body)
 
     def replace_secret(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        answer = self._call("PUT", f"/api/v1/namespaces/{namespace}/secrets/{name}", body)
-        if answer is None:
-            raise Conflict(f"secret {namespace}/{name} was deleted meanwhile", 404)
-        return answer
+        try:
+            return self.client.replace(f"/api/v1/namespaces/{namespace}/secrets/{name}", body)
+        except NotFound:
+            raise Conflict(404, f"secret {namespace}/{name} was deleted meanwhile") from None
 
     def get_webhook_configuration(self, name: str) -> dict[str, Any] | None:
-        return self._call("GET", f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}")
+        try:
+            return self.client.get(f"{_CONFIGURATIONS}/{name}")
+        except NotFound:
+            return None
 
     def patch_webhook_configuration(self, name: str, patch: list[dict[str, Any]]) -> None:
-        path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}"
-        if self._call("PATCH", path, patch, "application/json-patch+json") is None:
-            raise ApiError(f"ValidatingWebhookConfiguration {name} is missing (kubectl apply -k deploy/webhook)", 404)
-
-
-def _status_message(exc: urllib.error.HTTPError) -> str:
-    try:
-        status = json.loads(exc.read(_MAX_RESPONSE))
-        return one_line(clip(str(status.get("message", "")), 300))
-    except (ValueError, OSError, AttributeError):
-        return str(exc.reason)
+        try:
+            self.client.request("PATCH", f"{_CONFIGURATIONS}/{name}", body=patch,
+                                content_type="application/json-patch+json")
+        except NotFound:
+            raise ApiError(f"ValidatingWebhookConfiguration {name} is missing (kubectl apply -k deploy/webhook)"
+                           ) from None

@@ -41,13 +41,13 @@ class FakeApi:
             before, self.before_create = self.before_create, None
             before()
         if self.secret is not None:
-            raise Conflict("already exists", 409)
+            raise Conflict(409, "already exists")
         return self._store(body, "create")
 
     def replace_secret(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         assert self.secret is not None
         if body["metadata"].get("resourceVersion") != self.secret["metadata"]["resourceVersion"]:
-            raise Conflict("stale", 409)
+            raise Conflict(409, "stale")
         return self._store(body, "replace")
 
     def _store(self, body: dict[str, Any], what: str) -> dict[str, Any]:
