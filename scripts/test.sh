@@ -2,9 +2,10 @@
 # Set everything up, then run all the checks: ruff, mypy (strict), and the whole test suite, kernel tests
 # included (they need root; with CI set a missing tool or missing root is a failure, not a skip).
 #
-# The Kubernetes lab's tests (marker `kubernetes`: a real cluster, tests/kernel/lab/kubernetes) spend most of their
-# time waiting on kubelet and the API server, so they run in a second pytest beside the rest; their report follows.
-# Arguments go to both (a path or -k that selects none of one half leaves that half with nothing to run).
+# The Kubernetes lab's tests (marker `kubernetes`: real clusters, tests/kernel/lab/kubernetes) spend most of their
+# time waiting on kubelet and the API server, so they run in pytests of their own beside the rest; their reports
+# follow. Arguments go to the rest and to one run of the lab's tests (a path or -k that selects none of one leaves it
+# with nothing to run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -16,26 +17,47 @@ if [ "$(id -u)" -eq 0 ]; then
   echo "== the Kubernetes lab's binaries and images" && .venv/bin/ipmasq lab --kubernetes --prepare
 fi
 echo "== pytest"
-kube_log=$(mktemp)
-.venv/bin/python -m pytest -q -p no:cacheprovider -m kubernetes "$@" >"$kube_log" 2>&1 &
-kube=$!
+# The Kubernetes lab's tests: with no arguments, in two groups on two clusters side by side (the cluster module on the
+# default lab, the webhook's and the command's modules on lab instance 2); with arguments, one run on the default lab.
+kube_dir=tests/kernel/lab/kubernetes
+kube_logs=()
+kube_pids=()
+start_kube() {  # LOG INSTANCE PYTEST-ARGS...
+  local log=$1 instance=$2
+  shift 2
+  IPMASQ_LAB_INSTANCE=$instance .venv/bin/python -m pytest -q -p no:cacheprovider -m kubernetes "$@" >"$log" 2>&1 &
+  kube_pids+=($!)
+  kube_logs+=("$log")
+}
+if [ $# -eq 0 ]; then
+  start_kube "$(mktemp)" "" "$kube_dir/test_cluster.py"
+  start_kube "$(mktemp)" 2 "$kube_dir" --ignore="$kube_dir/test_cluster.py"
+else
+  start_kube "$(mktemp)" "" "$@"
+fi
 # an interrupted run stops the cluster's tests too: SIGTERM, which their fixture turns into a clean teardown (a
 # background job of a script ignores SIGINT)
 stop_cluster_tests() {
-  kill -TERM "$kube" 2>/dev/null || true
-  wait "$kube" 2>/dev/null || true
-  rm -f "$kube_log"
+  local pid
+  for pid in "${kube_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${kube_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -f "${kube_logs[@]}"
 }
 trap stop_cluster_tests EXIT
 rest=0
 .venv/bin/python -m pytest -q -p no:cacheprovider -m "not kubernetes" "$@" || rest=$?
-cluster=0
-wait "$kube" || cluster=$?
-echo "== pytest (the Kubernetes lab's tests, run beside the others)"
-cat "$kube_log"
-# 5: that half selected no test; the run fails if a test failed, or if neither half ran one
-if [ "$rest" -eq 5 ] && [ "$cluster" -eq 5 ]; then exit 5; fi
-if [ "$rest" -eq 5 ]; then rest=0; fi
-if [ "$cluster" -eq 5 ]; then cluster=0; fi
-if [ "$rest" -ne 0 ]; then exit "$rest"; fi
-exit "$cluster"
+# 5: that run selected no test; the run fails if a test failed, or if no run ran one
+status=0
+ran=0
+[ "$rest" -eq 5 ] || ran=1
+[ "$rest" -eq 5 ] || [ "$rest" -eq 0 ] || status=$rest
+for i in "${!kube_pids[@]}"; do
+  code=0
+  wait "${kube_pids[$i]}" || code=$?
+  echo "== pytest (the Kubernetes lab's tests, run beside the others: group $((i + 1)) of ${#kube_pids[@]})"
+  cat "${kube_logs[$i]}"
+  [ "$code" -eq 5 ] || ran=1
+  if [ "$code" -ne 5 ] && [ "$code" -ne 0 ] && [ "$status" -eq 0 ]; then status=$code; fi
+done
+if [ "$ran" -eq 0 ]; then exit 5; fi
+exit "$status"

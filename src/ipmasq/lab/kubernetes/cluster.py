@@ -44,12 +44,28 @@ __all__ = [
     "ClusterError", "NodeSpec", "cluster_is_up", "state_dir", "tear_down",
 ]
 
-API_PORT = 16443  # on the machine's loopback: kubectl's way in
+def _instance() -> str:
+    """IPMASQ_LAB_INSTANCE: one digit naming a second (third ...) lab on the machine, beside the default one (""):
+    its own namespaces, cgroup tree, state directory and API port, so two clusters run side by side (the test suite
+    runs two). Everything else, the cache included, is shared."""
+    instance = os.environ.get("IPMASQ_LAB_INSTANCE", "")
+    if instance not in ("", *"123456789"):
+        raise ClusterError(f"IPMASQ_LAB_INSTANCE must be one digit 1-9 (or empty): {instance[:20]!r}")
+    return instance
+
+
+class ClusterError(IpmasqError):
+    """The Kubernetes lab could not bring the cluster into the state asked for."""
+
+
+INSTANCE = _instance()
+API_PORT = 16443 + 10 * int(INSTANCE or 0)  # on the machine's loopback: kubectl's way in
 CONTROL_PLANE = "10.142.0.2"
 SERVICE_CIDR = "10.96.0.0/16"
 KUBERNETES_SERVICE = "10.96.0.1"
-NETNS_PREFIX = "kl"  # not the namespace lab's prefix: its stale-namespace sweep must not take a kept cluster
-CGROUP_ROOT = "ipmasq-lab"
+# not the namespace lab's prefix: its stale-namespace sweep must not take a kept cluster
+NETNS_PREFIX = f"kl{INSTANCE}"
+CGROUP_ROOT = f"ipmasq-lab{'-' + INSTANCE if INSTANCE else ''}"
 CGROUP_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "systemd",
                       "unified")
 LAB_NAMESPACE = "ipmasq-lab"  # the long-running probe pods
@@ -60,10 +76,6 @@ KUBELET_SYNC_FREQUENCY = "1m"
 FAST_SYNC_FREQUENCY = "2s"
 # what kubelet sets unless told otherwise (pkg/kubelet/cm: setupKernelTunables): shown to it, never written
 KUBELET_KERNEL_SETTINGS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
-
-
-class ClusterError(IpmasqError):
-    """The Kubernetes lab could not bring the cluster into the state asked for."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +100,8 @@ NODES = (
 
 
 def state_dir() -> Path:
-    return Path(os.environ.get("IPMASQ_LAB_STATE", "/var/lib/ipmasq/kube-lab"))
+    default = f"/var/lib/ipmasq/kube-lab{'-' + INSTANCE if INSTANCE else ''}"
+    return Path(os.environ.get("IPMASQ_LAB_STATE", default))
 
 
 Progress = Callable[[str], None]
