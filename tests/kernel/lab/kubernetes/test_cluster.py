@@ -591,6 +591,10 @@ def test_what_the_agents_client_sends_and_reads_is_what_lightkube_reads(cluster:
     assert all(e.type == "Normal" and (e.count or 0) >= 1 and e.firstTimestamp is not None for e in applied)
     status_kind = create_global_resource(GROUP, VERSION, KIND, PLURAL)
     for node in cluster.nodes:
+        # the patch above is a config change: the status says not ready until that pass is verified, and is
+        # written by the agent's reporter thread after it
+        _wait(lambda name=node.name: oracle.get(status_kind, name)["ready"] is True, 15,
+              f"{node.name}'s status ready again after the patch")
         status = oracle.get(status_kind, node.name)
         assert status["ready"] is True and status["nodeName"] == node.name
         assert status.metadata.ownerReferences[0].kind == "Node"
