@@ -535,8 +535,11 @@ def test_the_api_down_restarted_or_refusing_never_costs_a_node_its_rules(cluster
     agent.apply_config(cluster, None)
     for node in cluster.nodes:
         agent.wait_synced(cluster, node, None, REFERENCE_OPTIONS, timeout=10)
-    events = cluster.kubectl("get", "events", "-n", "default", "--field-selector", "reason=NoConfigMap").stdout
-    assert all(n.name in events for n in cluster.nodes), events
+    def said_on_every_node() -> bool:  # written by each agent's reporter thread after its pass
+        events = cluster.kubectl("get", "events", "-n", "default", "--field-selector", "reason=NoConfigMap").stdout
+        return all(n.name in events for n in cluster.nodes)
+
+    _wait(said_on_every_node, 15, "a NoConfigMap Event on every node")
     agent.apply_config(cluster, first)
     for node in cluster.nodes:
         agent.wait_synced(cluster, node, first, REFERENCE_OPTIONS, timeout=10)
