@@ -215,14 +215,22 @@ def _depth_bound(text: str) -> int:
 def _check_yaml_depth(text: str, source: str) -> None:
     """The exact depth, from the parser's events (libyaml's parser keeps its own stack: no recursion)."""
     depth = 0
-    for event in yaml.parse(text, Loader=YAML_LOADER):
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_DEPTH:
-                mark = event.start_mark
-                raise _too_deep(source, mark.line + 1 if mark else None, mark.column + 1 if mark else None)
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
+    try:
+        for event in yaml.parse(text, Loader=YAML_LOADER):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    mark = event.start_mark
+                    raise _too_deep(source, mark.line + 1 if mark else None, mark.column + 1 if mark else None)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.MarkedYAMLError as exc:
+        # libyaml 0.2.6 (PyYAML 6.0.4) has a nesting limit of its own, which its scanner, reading ahead through
+        # `[[[[...`, reaches before the parser hands out the 65th level: the same verdict, where libyaml stopped
+        if "nesting depth" not in (exc.problem or ""):
+            raise
+        mark = exc.problem_mark
+        raise _too_deep(source, mark.line + 1 if mark else None, mark.column + 1 if mark else None) from None
 
 
 def _parse_yaml(text: str, source: str) -> Node | None:
