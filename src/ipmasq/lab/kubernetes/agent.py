@@ -29,7 +29,8 @@ from ipmasq.policy.policy import Policy
 
 __all__ = [
     "AGENT_LABEL", "CONFIGMAP", "SHIPPED_BACKEND", "agent_pods", "apply_config", "deploy_agent", "kernel",
-    "lab_overlay", "node_options", "overlay_for", "remove_agent", "uninstall", "wait_agents_ready", "wait_synced", "wait_volume",
+    "lab_overlay", "node_options", "overlay_for", "remove_agent", "uninstall", "wait_agents_ready", "wait_synced",
+    "wait_volume",
 ]
 
 AGENT_LABEL = "k8s-app=ip-masq-agent"
