@@ -80,7 +80,7 @@ def deploy_agent(cluster: Cluster, shipped: str = "deploy", *, image: str | None
                  backend: str = SHIPPED_BACKEND) -> None:
     """`kubectl apply -k` of a shipped kustomization (deploy/ or an overlay), the lab's image in it, the agent on
     `backend`."""
-    cluster.kubectl("apply", "-k", str(lab_overlay(cluster, shipped, image or cluster.artifacts.image, backend)))
+    cluster.apply_shipped(lab_overlay(cluster, shipped, image or cluster.artifacts.image, backend))
     if wait:
         wait_agents_ready(cluster)
 

@@ -309,6 +309,15 @@ class Cluster:
             raise ClusterError(f"kubectl {' '.join(args)}: {result.stderr.strip()[-500:]}")
         return result
 
+    def apply_shipped(self, kustomization: Path) -> None:
+        """`kubectl apply -k` of a shipped kustomization (through the lab's overlay): a `Warning:` from the API
+        server (a deprecated API or field, a Pod Security warning) fails it as an error would, since users would see
+        it on every supported release."""
+        result = self.kubectl("apply", "-k", str(kustomization))
+        warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]
+        if warnings:
+            raise ClusterError(f"kubectl apply -k {kustomization}: the API server warned: {' | '.join(warnings)}")
+
     def kubectl_json(self, *args: str) -> Any:
         """What kubectl prints with -o json (the API's objects, as plain JSON values)."""
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
