@@ -36,10 +36,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--keep", action="store_true",
                         help="leave the namespaces (and the last agent) for exploring; prints how to enter them")
     parser.add_argument("--kubernetes", action="store_true",
-                        help="run the scenarios on a real Kubernetes cluster in the namespaces (etcd, kube-apiserver, "
-                        "controller-manager, scheduler; two nodes in two pools, each with containerd, kubelet and "
-                        "kube-proxy), the agent installed with kubectl apply -k deploy/ from an image built from the "
-                        "Dockerfile; binaries and images are built once and cached in /var/cache/ipmasq/kube-lab")
+                        help="run the scenarios on a real Kubernetes 1.37 cluster in the namespaces (etcd, "
+                        "kube-apiserver, controller-manager, scheduler; two nodes in two pools, each with containerd, "
+                        "kubelet and kube-proxy, one in iptables mode and one in nftables mode), the agent installed "
+                        "with kubectl apply -k deploy/ from an image built from the Dockerfile; binaries (from Go "
+                        "modules, with Go 1.26+) and images are built once and cached in /var/cache/ipmasq/kube-lab")
     parser.add_argument("--down", action="store_true",
                         help="with --kubernetes: remove a cluster left by --keep (processes, namespaces, state)")
     parser.add_argument("--prepare", action="store_true",

@@ -1,8 +1,8 @@
 """The Kubernetes lab: the shipped DaemonSet on a real cluster (kube-apiserver, kubelet, containerd, kube-proxy), the
 image built from the Dockerfile, every namespace-lab scenario on real pods, and what an operator does with kubectl.
 
-One cluster for the module (about a minute to come up with the cache warm; a first run builds Kubernetes from
-Debian's source package and the image first). In CI a missing package or root is a failure, never a skip.
+One cluster for the module (about 20 s to come up with the cache warm; a first run builds Kubernetes, etcd and
+containerd from their Go modules and the image first). In CI a missing package or root is a failure, never a skip.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from ipmasq.lab.kubernetes import agent, webhook
 from ipmasq.lab.kubernetes.cluster import (
@@ -78,6 +79,32 @@ def test_the_webhook_runs_as_shipped(lab: Cluster) -> None:
                               "resources": ["configmaps"], "scope": "Namespaced"}]
     secret = lab.kubectl_json("get", "secret", "ipmasq-webhook-certificate", "-n", "kube-system")
     assert hook["clientConfig"]["caBundle"] == secret["data"]["ca-bundle.crt"]  # both replicas serve that CA's cert
+
+
+def _webhook_calls(lab: Cluster) -> float:
+    """How often the API server has called the webhook (its own counter, every result and type summed)."""
+    metrics = lab.kubectl("get", "--raw", "/metrics").stdout
+    return sum(sample.value for family in text_string_to_metric_families(metrics)
+               if family.name == "apiserver_admission_webhook_request" for sample in family.samples
+               if sample.name.endswith("_total") and sample.labels.get("name", "").startswith("configmaps.ipmasq"))
+
+
+def test_the_api_server_calls_the_webhook_only_for_the_configmaps_it_judges(lab: Cluster) -> None:
+    """matchConditions: a write of any other ConfigMap never reaches the webhook (the API server's own count of
+    its calls stays put), while the agent's ConfigMap and a near-miss name are sent."""
+    before = _webhook_calls(lab)
+    unrelated = [("app-settings", "default"), ("coredns", "kube-system"), ("kube-root-ca.crt", "default")]
+    for name, namespace in unrelated:
+        written = _kubectl(lab, "apply", "--dry-run=server", "-f", "-",
+                           stdin=json.dumps(configmap({"config": BAD_CIDR}, name=name, namespace=namespace)))
+        assert written.returncode == 0, written.stderr  # a bad config nobody reads: no business of the webhook's
+    assert _webhook_calls(lab) == before
+    judged = _kubectl(lab, "apply", "--dry-run=server", "-f", "-", stdin=_manifest(BAD_CIDR))
+    assert judged.returncode != 0 and "denied the request" in judged.stderr
+    near_miss = _kubectl(lab, "apply", "--dry-run=server", "-f", "-",
+                         stdin=_manifest(GOOD, name="ip-masq-agent-config"))
+    assert near_miss.returncode == 0 and "Warning:" in near_miss.stderr, near_miss.stderr
+    assert _webhook_calls(lab) >= before + 2
 
 
 def _pod_of(lab: Cluster, shipped: str, kind: str, namespace: str) -> str:
