@@ -418,7 +418,7 @@ def judged(obj: dict[str, Any], old: dict[str, Any] | None = None) -> bool:
 
 
 KUBE_SYSTEM = AGENT_NAMESPACE
-# (namespace, name, data, judged by the review, sent by the CEL): every row but the last two agrees
+# (namespace, name, data, judged by the review, sent by the CEL): every row agrees but the last three
 MATCH_TABLE = [
     (KUBE_SYSTEM, AGENT_CONFIGMAP, {"config": GOOD_CONFIG}, True, True),
     (KUBE_SYSTEM, AGENT_CONFIGMAP, {"config": "nonMasqueradeCIDRs: [10.0.0.0/33]\n"}, True, True),
@@ -452,10 +452,18 @@ MATCH_TABLE = [
     ("default", "ipmasq-agent", None, False, False),  # outside kube-system only the agent's own name is judged
     ("payments", "app-config", {"config": GOOD_CONFIG}, False, False),  # an app's config, whatever it holds
     ("payments", "kube-root-ca.crt", {"ca.crt": PEM}, False, False),
-    # sent, not judged: the CEL's letter count is a bound on difflib's ratio, and RE2 folds U+017F (long s) into s
+    # sent, not judged: the CEL's letter count is a bound on difflib's ratio; RE2 folds U+017F (long s) into s; and
+    # one whitespace count stands for the review's 40 characters (a key and 22 or more: the longest key's count)
     (KUBE_SYSTEM, "mapping-agents", None, False, True),
     (KUBE_SYSTEM, "egress", {"notes": "ma\u017fqLinkLocal: false"}, False, True),
+    (KUBE_SYSTEM, "egress", {"notes": "rules" + " " * 22 + "apply"}, False, True),
 ]
+
+
+def starts_with_a_key_then_a_long_gap(value: str) -> bool:
+    """Where the CEL sends a value the review does not judge: a key, then 22 whitespace characters or more."""
+    word = re.match(r"([^\s:]*)\s{22}", value.lstrip())
+    return word is not None and word.group(1).lower() in KNOWN_KEYS
 
 
 @pytest.mark.parametrize(("namespace", "name", "data", "is_judged", "is_sent"), MATCH_TABLE,
@@ -528,8 +536,9 @@ def key_spelling(draw: st.DrawFn) -> str:
     key=st.one_of(st.just("notes"), st.composite(key_spelling)().filter(lambda k: "\u212a" not in k)))
 def test_a_kube_system_configmap_holding_a_config_is_sent_exactly_when_judged(
         match_condition: celpy.Runner, value: str, key: str) -> None:
-    """Exact for data: the value's test is the review's (leading whitespace, the key in any case, then whitespace
-    and a colon or the end, or whitespace up to the 40th character); RE2's long-s folding aside (the table)."""
+    """The value's test is the review's (leading whitespace, a key in any case, then whitespace and a colon or the
+    end, or whitespace up to the 40th character), but for the two cases of the table's last rows."""
     hypothesis.assume("\u017f" not in value)
     obj = configmap({key: value}, name="egress")
-    assert sent(match_condition, obj) == judged(obj)
+    is_judged, is_sent = judged(obj), sent(match_condition, obj)
+    assert is_sent == is_judged or (is_sent and starts_with_a_key_then_a_long_gap(value))
