@@ -85,7 +85,7 @@ KUBELET_KERNEL_SETTINGS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "k
 # (hostNetwork, NET_ADMIN: only `privileged` admits them). The README tells users to set exactly these.
 POD_SECURITY_DEFAULT = "baseline"
 PRIVILEGED_NAMESPACE_LABELS = {f"pod-security.kubernetes.io/{mode}": "privileged"
-                               for mode in ("enforce", "audit", "warn")}
+                               for mode in ("enforce", "warn", "audit")}
 
 
 @dataclass(frozen=True)
