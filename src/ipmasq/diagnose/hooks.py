@@ -22,13 +22,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import groupby
 
-from ipmasq.diagnose.trace import Step, TraceResult
+from ipmasq.diagnose.trace import Step, Tracer, TraceResult
+from ipmasq.netfilter.iptables import NatTable
 from ipmasq.policy.packet import Outcome, Packet
 
-__all__ = ["IPTABLES_NAT_PRIORITY", "NatHook", "walk_hooks"]
+__all__ = ["IPTABLES_NAT_PRIORITY", "IPTABLES_NFT_TABLES", "NatHook", "iptables_hook", "walk_hooks"]
 
 # NF_IP_PRI_NAT_SRC: where iptables' nat POSTROUTING runs, legacy (iptable_nat) and nft (`ip nat`'s chain) alike
 IPTABLES_NAT_PRIORITY = 100
+# the nftables tables iptables-nft keeps its nat rules in: read with iptables-save, they are walked in iptables' terms
+IPTABLES_NFT_TABLES = frozenset({("ip", "nat"), ("ip6", "nat")})
 _NAT = (Outcome.MASQUERADE, Outcome.SNAT)
 
 
@@ -41,6 +44,16 @@ class NatHook:
     priority: int
     name: str
     walk: Callable[[Packet, bool], TraceResult]
+
+
+def iptables_hook(table: NatTable) -> NatHook | None:
+    """iptables' nat POSTROUTING (an iptables-save reading) as one hook; None when the table has no POSTROUTING
+    (iptables never used on the node: no hook is registered)."""
+    if "POSTROUTING" not in table.chains:
+        return None
+    tracer = Tracer(table)
+    return NatHook(IPTABLES_NAT_PRIORITY, "iptables nat POSTROUTING",
+                   lambda packet, record_steps: tracer.trace(packet, record_steps=record_steps))
 
 
 def _what(result: TraceResult) -> str:
