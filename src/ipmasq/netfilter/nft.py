@@ -504,8 +504,10 @@ def _is_mark(expression: Any) -> bool:
     """`meta mark`, or an expression of it (`meta mark & 0x4000`): nft prints its numbers as 0x%08x."""
     if expression == {"meta": {"key": "mark"}}:
         return True
-    return isinstance(expression, dict) and len(expression) == 1 and next(iter(expression)) in _BINARY and \
-        _is_mark(next(iter(expression.values()))[0])
+    if not isinstance(expression, dict) or len(expression) != 1:
+        return False
+    op, operands = next(iter(expression.items()))
+    return op in _BINARY and isinstance(operands, list) and len(operands) == 2 and _is_mark(operands[0])
 
 
 def _mark_value(value: Any) -> str:
