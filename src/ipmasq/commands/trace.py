@@ -24,7 +24,7 @@ from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands.common import add_output_flag, command_parser, print_json
 from ipmasq.diagnose.hooks import IPTABLES_NFT_TABLES, NatHook, iptables_hook, walk_hooks
 from ipmasq.diagnose.sources import parse_save_dump, read_dump_file, read_nat_save, read_nft_ruleset
-from ipmasq.diagnose.trace import TraceResult, trace
+from ipmasq.diagnose.trace import Tracer, TraceResult, trace
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.errors import IpmasqError, NftParseError, NftTraceError, UsageError, clip
 from ipmasq.netfilter.iptables import NatTable, parse_save
@@ -131,7 +131,7 @@ def _walk(packet: Packet, table: NatTable | None, nft: NftTracer | None, *, ipta
     if table is None:
         return nft.trace(packet)
     hooks: list[NatHook] = nft.hooks(packet.family, beside=IPTABLES_NFT_TABLES if iptables_in_nft else frozenset())
-    hook = iptables_hook(table)
+    hook = iptables_hook(Tracer(table))
     return walk_hooks(hooks if hook is None else [hook, *hooks], packet)
 
 

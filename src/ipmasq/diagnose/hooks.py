@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from itertools import groupby
 
 from ipmasq.diagnose.trace import Step, Tracer, TraceResult
-from ipmasq.netfilter.iptables import NatTable
 from ipmasq.policy.packet import Outcome, Packet
 
 __all__ = ["IPTABLES_NAT_PRIORITY", "IPTABLES_NFT_TABLES", "NatHook", "iptables_hook", "walk_hooks"]
@@ -46,12 +45,11 @@ class NatHook:
     walk: Callable[[Packet, bool], TraceResult]
 
 
-def iptables_hook(table: NatTable) -> NatHook | None:
-    """iptables' nat POSTROUTING (an iptables-save reading) as one hook; None when the table has no POSTROUTING
-    (iptables never used on the node: no hook is registered)."""
-    if "POSTROUTING" not in table.chains:
+def iptables_hook(tracer: Tracer) -> NatHook | None:
+    """iptables' nat POSTROUTING (an iptables-save reading, as a Tracer) as one hook; None when the table has no
+    POSTROUTING (iptables never used on the node: no hook is registered)."""
+    if "POSTROUTING" not in tracer.chains:
         return None
-    tracer = Tracer(table)
     return NatHook(IPTABLES_NAT_PRIORITY, "iptables nat POSTROUTING",
                    lambda packet, record_steps: tracer.trace(packet, record_steps=record_steps))
 

@@ -344,10 +344,10 @@ class NftTracer:
             return union([s for e in right["set"] for s in _element(e, kind, family)])
         return union(list(_element(right, kind, family)))
 
-    def shapes(self, family: Family) -> Iterator[RuleShape]:
-        """What each reachable rule tests, for check's classes of packets (RuleShape)."""
+    def shapes(self, family: Family, *, beside: frozenset[tuple[str, str]] = frozenset()) -> Iterator[RuleShape]:
+        """What each reachable rule tests, for check's classes of packets (RuleShape); `beside` as for hooks."""
         seen: set[tuple[str, str, str]] = set()
-        todo = [b.key for b in self.base_chains(family)]
+        todo = [b.key for b in self.base_chains(family) if b.key[:2] not in beside]
         while todo:
             key = todo.pop()
             if key in seen:

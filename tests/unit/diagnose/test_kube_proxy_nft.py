@@ -18,15 +18,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipmasq.cli import main
-from ipmasq.diagnose.check import check_nft
+from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
 from ipmasq.diagnose.hooks import NatHook, walk_hooks
 from ipmasq.diagnose.trace import Step, TraceResult
 from ipmasq.diagnose.trace_nft import NftTracer
+from ipmasq.netfilter.iptables import NatTable, parse_save, render_restore
 from ipmasq.netfilter.nft import parse_list_json, render_script, rule_from_json
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import parse_cidr
+from ipmasq.policy.prefix import Family, parse_cidr
 from ipmasq.testing.nft import FakeNft
 from tests.configs import policy_of
 from tests.conftest import ROOT
@@ -237,3 +238,56 @@ def test_any_shape_of_ct_concat_and_mark_ends_in_an_answer(statements: list[tupl
         result = tracer.trace(make())
         assert result.outcome in (Outcome.PRESERVE, Outcome.MASQUERADE, Outcome.UNDECIDED)
         rule_from_json(objects[-1]["rule"])  # the text of any shape: nft's, or "unrecognised: ..."
+
+
+# --- the agent on iptables: check walks the nftables nat chains beside iptables' nat POSTROUTING ---------------
+
+HANDWRITTEN = [{"table": {"family": "ip", "name": "handwritten", "handle": 9}},
+               {"chain": {"family": "ip", "table": "handwritten", "name": "post", "handle": 1, "type": "nat",
+                          "hook": "postrouting", "prio": 100, "policy": "accept"}},
+               {"rule": {"family": "ip", "table": "handwritten", "chain": "post", "handle": 2, "expr": [
+                   {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}},
+                              "right": {"prefix": {"addr": "10.20.0.0", "len": 16}}}},
+                   {"masquerade": None}]}}]
+
+
+def _iptables_node(policy: Policy) -> NatTable:
+    return parse_save(render_restore(policy, Family.V4))
+
+
+def test_check_on_iptables_walks_kube_proxys_nftables_chains_beside_and_finds_nothing() -> None:
+    for policy in (_policy(), policy_of(SNAT_CONFIG, PolicyOptions())):
+        beside = NftTracer(json.dumps({"nftables": KUBE_PROXY}))
+        report = check_iptables(policy, _iptables_node(policy), Family.V4, pod_ranges=PODS[:1], beside=beside)
+        assert report.findings == ()
+
+
+def test_check_on_iptables_names_an_nftables_masquerade_beside_it() -> None:
+    policy = _policy()
+    beside = NftTracer(json.dumps({"nftables": [*KUBE_PROXY, *HANDWRITTEN]}))
+    report = check_iptables(policy, _iptables_node(policy), Family.V4, pod_ranges=PODS[:1], beside=beside)
+    (finding,) = report.findings
+    assert finding.id is FindingId.FOREIGN_MASQUERADE and finding.destinations == ("10.20.0.0/16",)
+    assert "ip handwritten post handle 2" in finding.message
+    assert "nft delete rule ip handwritten post handle 2" in finding.hint
+
+
+def test_check_cli_takes_an_iptables_dump_and_a_listing_of_one_node(tmp_path: Any,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    policy = _policy()
+    save = tmp_path / "nat.save"
+    save.write_text(render_restore(policy, Family.V4))
+    config = tmp_path / "config.yaml"
+    config.write_text("nonMasqueradeCIDRs: [10.0.0.0/8]\n")
+    clean, dirty = tmp_path / "clean.json", tmp_path / "dirty.json"
+    clean.write_text(json.dumps({"nftables": KUBE_PROXY}))
+    dirty.write_text(json.dumps({"nftables": [*KUBE_PROXY, *HANDWRITTEN]}))
+    base = ["check", "--config", str(config), "--pod-range", "10.244.0.0/16", "-o", "json", "--from-dump", str(save)]
+    assert main([*base, "--from-dump", str(clean)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"ok": True, "findings": []}
+    assert main([*base, "--from-dump", str(dirty)]) == 1
+    (finding,) = json.loads(capsys.readouterr().out)["findings"]
+    assert finding["id"] == "foreign-masquerade" and finding["destinations"] == ["10.20.0.0/16"]
+    assert main([*base, "--from-dump", str(save)]) == 2  # two of one kind
+    assert main([*base, "--from-dump", str(clean), "--from-dump", str(dirty)]) == 2  # three
+    capsys.readouterr()
