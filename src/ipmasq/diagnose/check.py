@@ -457,8 +457,13 @@ def _semantic(policy: Policy, table: NatTable, family: Family, ours: set[str],
               pod_ranges: tuple[Prefix, ...], local: tuple[int, ...],
               beside: NftTracer | None = None) -> list[Finding]:
     tracer = Tracer(table)
-    walker: _Walker = tracer if beside is None else _IptablesBeside(tracer, beside, family)
-    return _semantic_walk(policy, walker, family, ours, policy.options.masq_chain, pod_ranges, local)
+    if beside is None:
+        return _semantic_walk(policy, tracer, family, ours, policy.options.masq_chain, pod_ranges, local)
+    # our own nftables table beside iptables is a leftover of the other backend: other-variant-rules says so (the
+    # live check looks for it), once, rather than a foreign-masquerade finding per destination
+    ours = ours | {f"{TABLE_FAMILY} {TABLE} {CHAIN}", f"{TABLE_FAMILY} {TABLE} {RULES_CHAIN}"}
+    return _semantic_walk(policy, _IptablesBeside(tracer, beside, family), family, ours, policy.options.masq_chain,
+                          pod_ranges, local)
 
 
 def _semantic_walk(policy: Policy, tracer: _Walker, family: Family, ours: set[str], our_chain: str,
