@@ -2,13 +2,17 @@
 
 The kernel runs every base chain of type nat at the postrouting hook (tables of family ip or ip6 for their family,
 inet for both) in priority order; the first masquerade or snat decides, and a chain that ends without one (its
-policy, `accept`, a `return` in the base chain) hands the packet to the next. The tracer understands the matches an
-ip-masq-agent node's nat chains are made of: `ip`/`ip6` `saddr`/`daddr` (addresses, prefixes, ranges, anonymous and
+policy, `accept`, a `return` in the base chain) hands the packet to the next (ipmasq.diagnose.hooks, which also
+says what chains of equal priority do). The tracer understands the matches an ip-masq-agent node's nat chains are
+made of, kube-proxy's nftables mode included: `ip`/`ip6` `saddr`/`daddr` (addresses, prefixes, ranges, anonymous and
 named sets), `meta l4proto`/`ip protocol`/`ip6 nexthdr`, `meta nfproto`, `tcp`/`udp`/`sctp`/`th` `dport`/`sport`
-(ports, ranges, sets), `fib daddr type local`, `meta oifname`/`iifname`, `meta mark`, with `==`/`!=`; the
-statements counter and log; the verdicts return, accept, drop, jump and goto; masquerade and snat (an address, a
-range, with or without ports); `meta mark set`. Anything else (an iptables-nft `xt` match, ct, limit...), or a
-test on a field the packet description leaves unknown, stops the walk with the reason, as the iptables tracer does.
+(ports, ranges, sets), `fib daddr type local`, `meta oifname`/`iifname`, `meta mark` and `meta mark & N`, `ct state`
+and `ct status` (of a new connection: state new; status dnat as the packet description says, Packet.dnat),
+concatenations of those fields against a set (kube-proxy's `ip saddr . ip daddr . meta l4proto . th dport
+@hairpin-connections`), with `==`/`!=`; the statements counter and log; the verdicts return, accept, drop, jump
+and goto; masquerade and snat (an address, a range, with or without ports); `meta mark set` to a value or to the
+mark `|`, `^` or `&` a value. Anything else (an iptables-nft `xt` match, limit...), or a test on a field the packet
+description leaves unknown, stops the walk with the reason, as the iptables tracer does.
 """
 
 from __future__ import annotations
