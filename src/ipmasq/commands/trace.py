@@ -159,12 +159,12 @@ def _dumps(paths: list[str]) -> tuple[NatTable | None, NftTracer | None]:
 def _live_nft(run: SubprocessRunner, notes: list[str]) -> NftTracer | None:
     """The node's nftables ruleset beside its iptables rules; None, with a note, where nft cannot list it."""
     try:
-        text = read_nft_ruleset(run)
+        return _nft_tracer(read_nft_ruleset(run), "nft -j list ruleset")
     except (IpmasqError, OSError) as exc:
-        notes.append(f"nftables chains not walked (nft -j list ruleset: {clip(str(exc))}): a chain there, such as "
-                     "kube-proxy's in nftables mode, is not in this answer")
+        # the iptables walk still answers; what it cannot see is said, not hidden
+        notes.append(f"nftables chains not walked ({clip(str(exc))}): a chain there, such as kube-proxy's in "
+                     "nftables mode, is not in this answer")
         return None
-    return _nft_tracer(text, "nft -j list ruleset")
 
 
 def _node_uses_nft() -> bool:
