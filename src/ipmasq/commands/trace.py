@@ -52,7 +52,8 @@ _OUTCOME_OF_JSON = {word: outcome for outcome, word in _OUTCOME_JSON.items()}
 def register(subparsers: Any) -> None:
     parser = command_parser(subparsers, __doc__)
     parser.add_argument("destination", metavar="DEST", help="destination IP address")
-    parser.add_argument("--source", required=True, metavar="IP", help="the packet's source (the pod's IP)")
+    parser.add_argument("--source", required=True, metavar="IP",
+                        help="the packet's source (the pod's IP; for Service traffic from outside, the client's)")
     parser.add_argument("--dump", metavar="FILE", action="append", default=[],
                         help="iptables-save output or nft -j list ruleset output, - for standard input (default: "
                         "read the live node); give both of one node (--dump nat.save --dump ruleset.json) to walk "
