@@ -68,16 +68,18 @@ def walk_hooks(hooks: Sequence[NatHook], packet: Packet, *, record_steps: bool =
     mark = packet.mark
     handed_on: TraceResult | None = None  # the last chain that let the packet go on, for "decided by"
 
-    def joined(result: TraceResult, *, undecided: str | None = None) -> TraceResult:
-        """The deciding chain's result over the whole walk; `undecided`: the walk cannot decide, why."""
-        whole = replace(result, steps=tuple(steps), chains=tuple(chains), notes=tuple(notes))
-        if undecided is None:
-            return whole
-        return replace(whole, outcome=Outcome.UNDECIDED, snat_to=None, undecided_reason=undecided)
+    def joined(result: TraceResult, *, undecided: str | None = None, mark: int | None = None) -> TraceResult:
+        """The deciding chain's result over the whole walk (one copy: check walks thousands of packets);
+        `undecided`: the walk cannot decide, why; `mark`: the mark after the walk, when not the result's."""
+        if undecided is not None:
+            return replace(result, steps=tuple(steps), chains=tuple(chains), notes=tuple(notes),
+                           outcome=Outcome.UNDECIDED, snat_to=None, undecided_reason=undecided)
+        return replace(result, steps=tuple(steps), chains=tuple(chains), notes=tuple(notes),
+                       mark=result.mark if mark is None else mark)
 
     for priority, grouped in groupby(sorted(hooks, key=lambda h: h.priority), key=lambda h: h.priority):
         group = list(grouped)
-        arriving = replace(packet, mark=mark)
+        arriving = packet if mark == packet.mark else replace(packet, mark=mark)
         walked = [(hook, hook.walk(arriving, record_steps)) for hook in group]
         for _, result in walked:
             steps.extend(result.steps)
@@ -120,4 +122,4 @@ def walk_hooks(hooks: Sequence[NatHook], packet: Packet, *, record_steps: bool =
     if handed_on is None:
         return TraceResult(tuple(steps), Outcome.PRESERVE, None, None, mark=mark, chains=tuple(chains),
                            notes=tuple(notes))
-    return replace(joined(handed_on), mark=mark)
+    return joined(handed_on, mark=mark)

@@ -437,13 +437,16 @@ def _conntrack(left: Any, right: Any, op: str, packet: Packet) -> bool:
     if key not in _NEW_CONNECTION or not all(isinstance(n, str) for n in names) or op == "==":
         raise Undecidable(f"match on ct {clip(json.dumps(left))} {op} {clip(json.dumps(right))} is not understood "
                           "by trace")
-    known = dict(_NEW_CONNECTION[key], dnat=packet.dnat) if key == "status" else _NEW_CONNECTION[key]
-    hits = []
+    known = _NEW_CONNECTION[key]
+    hit = False
     for name in names:
-        if name not in known:
+        if key == "status" and name == "dnat":
+            hit = hit or packet.dnat
+        elif name in known:
+            hit = hit or known[name]
+        else:
             raise Undecidable(f"ct {key} {name} is not known for a new connection")
-        hits.append(known[name])
-    return any(hits) != (op == "!=")
+    return hit != (op == "!=")
 
 
 def _concat_value(field: str, packet: Packet, mark: int) -> tuple[str, int | None]:
