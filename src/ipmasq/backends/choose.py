@@ -69,7 +69,10 @@ def choose(*, nat_tables: Sequence[str], iptables_rules: int, nft_available: boo
     if not nft_available:
         return Choice("iptables", "nft is not available on this node")
     if nat_tables:
-        return Choice("nftables", f"the node already uses nftables for NAT (table {', '.join(nat_tables)})")
+        # kube-proxy's nftables mode: the node is moving off iptables, and our table sits beside kube-proxy's at the
+        # same priority (srcnat), where the order does not change pod egress (README: --backend auto)
+        whose = ": kube-proxy's nftables mode" if any(t.endswith(" kube-proxy") for t in nat_tables) else ""
+        return Choice("nftables", f"the node already uses nftables for NAT (table {', '.join(nat_tables)}{whose})")
     if iptables_rules == 0:
         return Choice("nftables", "the node has no iptables nat rules")
     return Choice("iptables", f"the node has {iptables_rules} iptables nat rules (the drop-in choice)")

@@ -1,11 +1,17 @@
 """`ipmasq trace`: walk a packet through the node's nat POSTROUTING.
 
-Walk a new connection's first packet through POSTROUTING of the nat table (an iptables-save dump, or the live node
-read with iptables-save), or through every nftables nat postrouting chain in priority order (nft -j list ruleset),
-following jumps and returns; print every rule it met, the outcome, the rule that decided
-(a config rule by its name, any other as CHAIN:N) and the source the destination sees. A rule it cannot evaluate,
-or one testing a field not given (--protocol, --port, --source-port), stops the trace with the field to give: it
-never guesses.
+Walk a new connection's first packet through every nat chain of the postrouting hook, in priority order, as the
+kernel does: iptables' nat POSTROUTING (iptables-save) and every nftables nat postrouting chain (nft -j list ruleset:
+the agent's table, kube-proxy's nftables mode, any other), following jumps and returns; print every rule it met, the
+outcome, the rule that decided (a config rule by its name, any other as CHAIN:N or by its handle) and the source the
+destination sees. The first chain that masquerades or SNATs decides; chains of the same priority run in an order no
+listing shows, so when they would NAT the packet differently it says so. A rule it cannot evaluate, or one testing a
+field not given (--protocol, --port, --source-port), stops the trace with the field to give: it never guesses.
+
+Service traffic: give --service when the connection was made to a Service (a ClusterIP, a NodePort, an external or
+load-balancer IP) and DEST is the endpoint kube-proxy DNATed it to, and --mark 0x4000 when kube-proxy marked it for
+masquerade (its default --masquerade-bit 14: a ClusterIP reached from outside the cluster CIDR, a NodePort or an
+external IP with externalTrafficPolicy Cluster); kube-proxy then masquerades it in its own chain.
 """
 
 from __future__ import annotations
@@ -13,19 +19,23 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ipmasq.backends.iptables import Variant, detect_variant
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands.common import add_output_flag, command_parser, print_json
+from ipmasq.diagnose.hooks import IPTABLES_NFT_TABLES, NatHook, iptables_hook, walk_hooks
 from ipmasq.diagnose.sources import parse_save_dump, read_dump_file, read_nat_save, read_nft_ruleset
-from ipmasq.diagnose.trace import TraceResult, trace
+from ipmasq.diagnose.trace import Tracer, TraceResult, trace
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.errors import IpmasqError, NftParseError, NftTraceError, UsageError, clip
-from ipmasq.netfilter.iptables import parse_save
+from ipmasq.netfilter.iptables import NatTable, parse_save
 from ipmasq.netfilter.nft import parse_list_json
 from ipmasq.policy.packet import Outcome, Packet
 
 __all__ = ["register", "run"]
 
 _WITH_PORTS = ("tcp", "udp", "sctp", "udplite", "dccp")
+# kube-proxy's default masquerade mark (--masquerade-bit 14), as its nftables and iptables rules test it
+KUBE_PROXY_MASQUERADE_MARK = 0x4000
 
 _OUTCOME_TEXT = {
     Outcome.PRESERVE: "source unchanged",
@@ -42,13 +52,18 @@ _OUTCOME_OF_JSON = {word: outcome for outcome, word in _OUTCOME_JSON.items()}
 def register(subparsers: Any) -> None:
     parser = command_parser(subparsers, __doc__)
     parser.add_argument("destination", metavar="DEST", help="destination IP address")
-    parser.add_argument("--source", required=True, metavar="IP", help="the packet's source (the pod's IP)")
-    parser.add_argument("--dump", metavar="FILE",
+    parser.add_argument("--source", required=True, metavar="IP",
+                        help="the packet's source (the pod's IP; for Service traffic from outside, the client's)")
+    parser.add_argument("--dump", metavar="FILE", action="append", default=[],
                         help="iptables-save output or nft -j list ruleset output, - for standard input (default: "
-                        "read the live node)")
+                        "read the live node); give both of one node (--dump nat.save --dump ruleset.json) to walk "
+                        "them together, the listing's iptables-nft tables (ip nat, ip6 nat) then read from the "
+                        "iptables-save dump")
     parser.add_argument("--backend", choices=["iptables", "nftables", "auto"], default="auto",
                         help="live mode: which rules to walk (default auto: nftables when the agent's nftables "
-                        "table is there, else iptables)")
+                        "table is there, else iptables); iptables walks iptables' nat POSTROUTING and every "
+                        "nftables nat chain beside it (kube-proxy's nftables mode), nftables every nftables nat "
+                        "chain")
     parser.add_argument("--local-address", action="append", default=[], metavar="IP",
                         help="an address of the node (for -m addrtype LOCAL); the first is taken as the out "
                         "interface's address when the packet is masqueraded (repeatable)")
@@ -61,7 +76,13 @@ def register(subparsers: Any) -> None:
                         help="the destination port (rules testing --dport/--dports need it)")
     parser.add_argument("--source-port", type=_port, metavar="PORT",
                         help="the pod's source port (only rules testing --sport/--sports need it)")
-    parser.add_argument("--mark", default="0", metavar="N", help="the packet's fwmark (default 0)")
+    parser.add_argument("--mark", default="0", metavar="N",
+                        help="the packet's fwmark (default 0); 0x4000: a Service connection kube-proxy marked for "
+                        "masquerade (its default --masquerade-bit 14)")
+    parser.add_argument("--service", action="store_true",
+                        help="the connection was made to a Service (ClusterIP, NodePort, external or load-balancer "
+                        "IP) and DNATed to DEST, its endpoint (conntrack's status dnat: kube-proxy masquerades "
+                        "such a connection from an endpoint to itself); without it, the pod connected to DEST")
     add_output_flag(parser)
     parser.set_defaults(func=run)
 
@@ -84,20 +105,67 @@ def _packet(args: argparse.Namespace) -> Packet:
     try:
         return Packet.of(args.destination, source=args.source, out_interface=args.out_interface,
                          in_interface=args.in_interface, protocol=args.protocol, mark=mark,
-                         local_addresses=args.local_address, port=args.port, source_port=args.source_port)
+                         local_addresses=args.local_address, port=args.port, source_port=args.source_port,
+                         dnat=args.service)
     except ValueError as exc:
         raise UsageError(f"{exc}" if "famil" in str(exc) else f"not an IP address: {exc}") from None
 
 
-def _nft_trace(text: str, shown: str, packet: Packet) -> TraceResult:
+def _nft_tracer(text: str, shown: str) -> NftTracer:
     try:
         parse_list_json(text)  # read as check reads it: a listing check refuses, trace refuses in the same words
     except NftParseError as exc:
         raise IpmasqError(f"{shown}: {exc}") from None
     try:
-        return NftTracer(text).trace(packet)
+        return NftTracer(text)
     except NftTraceError as exc:
         raise IpmasqError(f"{shown}: {exc}") from None
+
+
+def _walk(packet: Packet, table: NatTable | None, nft: NftTracer | None, *, iptables_in_nft: bool) -> TraceResult:
+    """iptables' nat POSTROUTING (`table`) and the nftables chains (`nft`) walked together; with only one of them,
+    that one's walk as it has always been. `iptables_in_nft`: the listing's `ip nat`/`ip6 nat` are the tables
+    `table` was read from (iptables-nft), walked in iptables' terms only."""
+    if nft is None:
+        assert table is not None
+        return trace(table, packet)
+    if table is None:
+        return nft.trace(packet)
+    hooks: list[NatHook] = nft.hooks(packet.family, beside=IPTABLES_NFT_TABLES if iptables_in_nft else frozenset())
+    hook = iptables_hook(Tracer(table))
+    return walk_hooks(hooks if hook is None else [hook, *hooks], packet)
+
+
+def _dumps(paths: list[str]) -> tuple[NatTable | None, NftTracer | None]:
+    """At most one iptables-save dump and one nft -j listing, of the same node."""
+    if len(paths) > 2 or paths.count("-") > 1:
+        raise UsageError("--dump: at most two files, one iptables-save dump and one nft -j listing of the same node "
+                         "(standard input once)")
+    table: NatTable | None = None
+    nft: NftTracer | None = None
+    for given in paths:
+        path, text = read_dump_file(given)
+        if text.lstrip().startswith("{"):  # nft -j list ruleset
+            if nft is not None:
+                raise UsageError("--dump: two nft -j listings: give one, and at most one iptables-save dump")
+            nft = _nft_tracer(text, path)
+        else:
+            if table is not None:
+                raise UsageError("--dump: two iptables-save dumps: give one (of the packet's family), and at most "
+                                 "one nft -j listing")
+            table = parse_save_dump(text, path)
+    return table, nft
+
+
+def _live_nft(run: SubprocessRunner, notes: list[str]) -> NftTracer | None:
+    """The node's nftables ruleset beside its iptables rules; None, with a note, where nft cannot list it."""
+    try:
+        return _nft_tracer(read_nft_ruleset(run), "nft -j list ruleset")
+    except (IpmasqError, OSError) as exc:
+        # the iptables walk still answers; what it cannot see is said, not hidden
+        notes.append(f"nftables chains not walked ({clip(str(exc))}): a chain there, such as kube-proxy's in "
+                     "nftables mode, is not in this answer")
+        return None
 
 
 def _node_uses_nft() -> bool:
@@ -112,20 +180,39 @@ def _node_uses_nft() -> bool:
         return False
 
 
+def _kube_proxy_hint(result: TraceResult, packet: Packet) -> str | None:
+    """When the walk met kube-proxy's masquerading chain without its mark: how to trace the Service traffic it
+    masquerades there."""
+    if packet.mark & KUBE_PROXY_MASQUERADE_MARK or result.outcome is Outcome.UNDECIDED:
+        return None
+    if not any(c.endswith(" kube-proxy masquerading") for c in result.chains):
+        return None
+    if result.decided_in is not None and result.decided_in.endswith(" kube-proxy masquerading"):
+        return None
+    return ("kube-proxy's masquerading chain let this packet go: it masquerades only Service connections it marked "
+            f"{KUBE_PROXY_MASQUERADE_MARK:#x} (a ClusterIP reached from outside the cluster CIDR, a NodePort, an "
+            "external IP with externalTrafficPolicy Cluster) and an endpoint reaching itself through its Service; "
+            f"trace one with --service --mark {KUBE_PROXY_MASQUERADE_MARK:#x}")
+
+
 def run(args: argparse.Namespace) -> int:
     packet = _packet(args)
-    if args.dump is not None:
-        path, text = read_dump_file(args.dump)
-        if text.lstrip().startswith("{"):  # nft -j list ruleset
-            result = _nft_trace(text, path, packet)
-        else:
-            result = trace(parse_save_dump(text, path), packet)
+    notes: list[str] = []
+    if args.dump:
+        table, nft = _dumps(args.dump)
+        result = _walk(packet, table, nft, iptables_in_nft=True)
     elif args.backend == "nftables" or (args.backend == "auto" and _node_uses_nft()):
-        result = _nft_trace(read_nft_ruleset(SubprocessRunner()), "nft -j list ruleset", packet)
+        result = _nft_tracer(read_nft_ruleset(SubprocessRunner()), "nft -j list ruleset").trace(packet)
     else:
-        result = trace(parse_save(read_nat_save(SubprocessRunner(), packet.family)), packet)
+        runner = SubprocessRunner()
+        variant = detect_variant(runner)
+        table = parse_save(read_nat_save(runner, packet.family, variant=variant))
+        nft = _live_nft(runner, notes)
+        result = _walk(packet, table, nft, iptables_in_nft=variant is Variant.NFT)
+    hint = _kube_proxy_hint(result, packet)
+    notes = [*result.notes, *notes, *([hint] if hint else [])]
     masquerade_address = args.local_address[0] if args.local_address else None
-    document = as_dict(result, packet, masquerade_address=masquerade_address)
+    document = as_dict(result, packet, masquerade_address=masquerade_address, notes=notes)
     if args.output == "json":
         print_json(document)
     else:
@@ -133,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
     return 1 if result.outcome is Outcome.UNDECIDED else 0
 
 
-def as_dict(result: TraceResult, packet: Packet, *, masquerade_address: str | None) -> dict[str, Any]:
+def as_dict(result: TraceResult, packet: Packet, *, masquerade_address: str | None,
+            notes: list[str] | None = None) -> dict[str, Any]:
     return {
         "steps": [{"chain": s.chain, "rule": s.rule, "matched": s.matched} for s in result.steps],
         "outcome": _OUTCOME_JSON[result.outcome],
@@ -143,12 +231,17 @@ def as_dict(result: TraceResult, packet: Packet, *, masquerade_address: str | No
         "snat_to": result.snat_to,
         "mark": result.mark,
         "cannot_decide": result.undecided_reason,
+        "notes": list(result.notes if notes is None else notes),
     }
 
 
 def as_text(d: dict[str, Any]) -> str:
     lines = []
+    chain = None
     for step in d["steps"]:
+        if step["chain"] != chain:
+            chain = step["chain"]
+            lines.append(f"  [{chain}]")
         lines.append(f"  {'MATCH' if step['matched'] else '  no '}  {step['rule']}")
     outcome = _OUTCOME_OF_JSON[d["outcome"]]
     head = _OUTCOME_TEXT[outcome]
@@ -161,4 +254,5 @@ def as_text(d: dict[str, Any]) -> str:
                    else f"{d['decided_by_name']}: {d['decided_by']}")
         seen = d["source_seen"] or "(the out interface's address: give --local-address to name it)"
         lines.append(f"outcome: {head}; the destination sees {seen}; decided by: {decided}")
+    lines.extend(f"note: {note}" for note in d.get("notes", ()))
     return "\n".join(lines)

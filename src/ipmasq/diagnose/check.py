@@ -25,8 +25,10 @@ from enum import StrEnum
 from typing import NamedTuple, Protocol
 
 from ipmasq.config.model import Rule as ConfigRule
+from ipmasq.diagnose.hooks import IPTABLES_NFT_TABLES, iptables_hook, walk_hooks
 from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Tracer, TraceResult
 from ipmasq.diagnose.trace_nft import NftTracer
+from ipmasq.errors import NftTraceError
 from ipmasq.findings import Finding, Severity, has_errors
 from ipmasq.netfilter.iptables import (
     RULE_COMMENT_PREFIX,
@@ -94,7 +96,9 @@ class NodeRules:
     backend: str  # "iptables" or "nftables"
     tables: Mapping[Family, NatTable]  # iptables: the nat table of each family read
     nft: NftTable | None = None  # nftables: our table, None when the node has none
-    nft_ruleset: str | None = None  # nftables: the whole `nft -j list ruleset`, for the semantic pass
+    # the whole `nft -j list ruleset`, for the semantic pass: on nftables every nat chain; on iptables the nftables
+    # nat chains beside iptables' (kube-proxy's nftables mode, others), iptables-nft's own tables aside
+    nft_ruleset: str | None = None
 
 
 def _quote(items: list[str]) -> str:
@@ -129,7 +133,9 @@ def _is_catch_all_only(rules: list[str]) -> bool:
 
 
 def check_iptables(policy: Policy, table: NatTable, family: Family, *, pod_ranges: tuple[Prefix, ...] = (),
-                   local_addresses: tuple[int, ...] = ()) -> CheckReport:
+                   local_addresses: tuple[int, ...] = (), beside: NftTracer | None = None) -> CheckReport:
+    """`beside`: the node's nftables nat chains, walked with iptables' nat POSTROUTING by the semantic pass (the
+    kernel runs both: a masquerade in either decides)."""
     chain = policy.options.masq_chain
     findings: list[Finding] = []
     ours = our_chains(table, chain)
@@ -170,7 +176,7 @@ def check_iptables(policy: Policy, table: NatTable, family: Family, *, pod_range
     if chain_present:
         findings.extend(_compare_chain(policy, table, family, chain))
     if chain_present and jump_present:
-        findings.extend(_semantic(policy, table, family, set(ours), pod_ranges, local_addresses))
+        findings.extend(_semantic(policy, table, family, set(ours), pod_ranges, local_addresses, beside))
     return CheckReport(tuple(findings))
 
 
@@ -430,9 +436,34 @@ class _Walker(Protocol):
     def shapes(self, family: Family) -> Iterator[RuleShape]: ...
 
 
+class _IptablesBeside:
+    """iptables' nat POSTROUTING and the nftables nat chains beside it, walked together as the kernel runs them
+    (ipmasq.diagnose.hooks): the semantic pass's walker on an iptables node that also has nftables nat tables."""
+
+    def __init__(self, tracer: Tracer, nft: NftTracer, family: Family) -> None:
+        self._tracer, self._nft = tracer, nft
+        hook = iptables_hook(tracer)
+        self._hooks = [*([] if hook is None else [hook]), *nft.hooks(family, beside=IPTABLES_NFT_TABLES)]
+
+    def trace(self, packet: Packet, *, record_steps: bool = True) -> TraceResult:
+        return walk_hooks(self._hooks, packet, record_steps=record_steps)
+
+    def shapes(self, family: Family) -> Iterator[RuleShape]:
+        yield from self._tracer.shapes(family)
+        yield from self._nft.shapes(family, beside=IPTABLES_NFT_TABLES)
+
+
 def _semantic(policy: Policy, table: NatTable, family: Family, ours: set[str],
-              pod_ranges: tuple[Prefix, ...], local: tuple[int, ...]) -> list[Finding]:
-    return _semantic_walk(policy, Tracer(table), family, ours, policy.options.masq_chain, pod_ranges, local)
+              pod_ranges: tuple[Prefix, ...], local: tuple[int, ...],
+              beside: NftTracer | None = None) -> list[Finding]:
+    tracer = Tracer(table)
+    if beside is None:
+        return _semantic_walk(policy, tracer, family, ours, policy.options.masq_chain, pod_ranges, local)
+    # our own nftables table beside iptables is a leftover of the other backend: other-variant-rules says so (the
+    # live check looks for it), once, rather than a foreign-masquerade finding per destination
+    ours = ours | {f"{TABLE_FAMILY} {TABLE} {CHAIN}", f"{TABLE_FAMILY} {TABLE} {RULES_CHAIN}"}
+    return _semantic_walk(policy, _IptablesBeside(tracer, beside, family), family, ours, policy.options.masq_chain,
+                          pod_ranges, local)
 
 
 def _semantic_walk(policy: Policy, tracer: _Walker, family: Family, ours: set[str], our_chain: str,
@@ -716,7 +747,16 @@ def check_node(policy: Policy, rules: NodeRules, *, pod_ranges: tuple[Prefix, ..
         return check_nft(policy, rules.nft, ruleset=rules.nft_ruleset, pod_ranges=pod_ranges,
                          local_addresses=local_addresses)
     findings: list[Finding] = []
+    beside: NftTracer | None = None
+    if rules.nft_ruleset is not None:
+        try:
+            beside = NftTracer(rules.nft_ruleset)
+        except NftTraceError as exc:
+            findings.append(Finding(FindingId.UNSUPPORTED, Severity.WARNING,
+                                    f"the nftables nat chains beside iptables are not compared: {exc}",
+                                    "read them by hand: nft list ruleset"))
     for family, table in rules.tables.items():
         local = tuple(address for f, address in local_addresses if f is family)
-        findings.extend(check_iptables(policy, table, family, pod_ranges=pod_ranges, local_addresses=local).findings)
+        findings.extend(check_iptables(policy, table, family, pod_ranges=pod_ranges, local_addresses=local,
+                                       beside=beside).findings)
     return CheckReport(tuple(findings))

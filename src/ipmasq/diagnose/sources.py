@@ -109,7 +109,7 @@ def rules_from_dump(text: str, path: str) -> NodeRules:
     """A dump holding `nft -j list ruleset` output or an iptables-save (ip6tables-save) nat table."""
     if text.lstrip().startswith("{"):
         try:
-            return NodeRules("nftables", {}, parse_list_json(text))
+            return NodeRules("nftables", {}, parse_list_json(text), nft_ruleset=text)
         except NftParseError as exc:
             raise IpmasqError(f"{path}: {exc}") from None
     return NodeRules("iptables", {family_of_dump(table := parse_save_dump(text, path)): table})

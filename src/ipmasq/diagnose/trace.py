@@ -77,6 +77,8 @@ class TraceResult:
     # the deciding rule's 1-based position in its chain (as `iptables -t nat -L CHAIN --line-numbers` numbers it)
     decided_position: int | None = None
     named: str | None = None  # a name the tracer gave the deciding rule itself (nftables: its handle)
+    # what else a person should know about this walk (chains of the same priority that would NAT it the same way)
+    notes: tuple[str, ...] = ()
 
     @property
     def decided_label(self) -> str | None:

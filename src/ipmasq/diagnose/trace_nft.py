@@ -2,13 +2,17 @@
 
 The kernel runs every base chain of type nat at the postrouting hook (tables of family ip or ip6 for their family,
 inet for both) in priority order; the first masquerade or snat decides, and a chain that ends without one (its
-policy, `accept`, a `return` in the base chain) hands the packet to the next. The tracer understands the matches an
-ip-masq-agent node's nat chains are made of: `ip`/`ip6` `saddr`/`daddr` (addresses, prefixes, ranges, anonymous and
+policy, `accept`, a `return` in the base chain) hands the packet to the next (ipmasq.diagnose.hooks, which also
+says what chains of equal priority do). The tracer understands the matches an ip-masq-agent node's nat chains are
+made of, kube-proxy's nftables mode included: `ip`/`ip6` `saddr`/`daddr` (addresses, prefixes, ranges, anonymous and
 named sets), `meta l4proto`/`ip protocol`/`ip6 nexthdr`, `meta nfproto`, `tcp`/`udp`/`sctp`/`th` `dport`/`sport`
-(ports, ranges, sets), `fib daddr type local`, `meta oifname`/`iifname`, `meta mark`, with `==`/`!=`; the
-statements counter and log; the verdicts return, accept, drop, jump and goto; masquerade and snat (an address, a
-range, with or without ports); `meta mark set`. Anything else (an iptables-nft `xt` match, ct, limit...), or a
-test on a field the packet description leaves unknown, stops the walk with the reason, as the iptables tracer does.
+(ports, ranges, sets), `fib daddr type local`, `meta oifname`/`iifname`, `meta mark` and `meta mark & N`, `ct state`
+and `ct status` (of a new connection: state new; status dnat as the packet description says, Packet.dnat),
+concatenations of those fields against a set (kube-proxy's `ip saddr . ip daddr . meta l4proto . th dport
+@hairpin-connections`), with `==`/`!=`; the statements counter and log; the verdicts return, accept, drop, jump
+and goto; masquerade and snat (an address, a range, with or without ports); `meta mark set` to a value or to the
+mark `|`, `^` or `&` a value. Anything else (an iptables-nft `xt` match, limit...), or a test on a field the packet
+description leaves unknown, stops the walk with the reason, as the iptables tracer does.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import json
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from ipmasq.diagnose.hooks import NatHook, walk_hooks
 from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Step, TraceResult, Undecidable, is_local
 from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
 from ipmasq.errors import NftParseError, NftTraceError, clip
@@ -92,7 +98,7 @@ class NftTracer:
             except (AttributeError, KeyError, TypeError, StopIteration) as exc:
                 raise NftTraceError(f"object {number} of the nft listing has an unexpected shape "
                                     f"({type(exc).__name__}: {clip(str(exc))})") from None
-        # equal priorities run in the order the hooks were registered; the listing's order is the best guess left
+        # equal priorities run newest hook first, which the listing does not show: walk_hooks walks them each alone
         self.bases = sorted(bases, key=lambda b: (b.priority, b.order))
 
     @staticmethod
@@ -111,12 +117,22 @@ class NftTracer:
     def base_chains(self, family: Family) -> list[_Base]:
         return [b for b in self.bases if family in _FAMILIES[b.key[0]]]
 
+    def hooks(self, family: Family, *, beside: frozenset[tuple[str, str]] = frozenset()) -> list[NatHook]:
+        """The nat postrouting base chains a packet of `family` meets, each walked on its own; `beside`: tables
+        (family, name) left out because another reading walks them (iptables-nft's `ip nat`, read with
+        iptables-save)."""
+        return [NatHook(base.priority, _chain_name(base.key), partial(self._walk_base, base))
+                for base in self.base_chains(family) if base.key[:2] not in beside]
+
     def trace(self, packet: Packet, *, record_steps: bool = True) -> TraceResult:
+        return walk_hooks(self.hooks(packet.family), packet, record_steps=record_steps)
+
+    def _walk_base(self, base: _Base, packet: Packet, record_steps: bool) -> TraceResult:
+        """One base chain alone: PRESERVE when it hands the packet on (its end, accept, a return in it)."""
         steps: list[Step] = []
-        entered: list[str] = []
+        entered = [_chain_name(base.key)]
         mark = packet.mark
         last_return: _Rule | None = None
-        evaluated = 0
 
         def result(outcome: Outcome, rule: _Rule | None, snat_to: str | None = None,
                    reason: str | None = None) -> TraceResult:
@@ -125,51 +141,48 @@ class NftTracer:
                                undecided_reason=reason, chains=tuple(entered),
                                named=None if rule is None else rule.label)
 
-        for base in self.base_chains(packet.family):
-            walk = ChainWalk(self.chains, base.key, evaluated=evaluated)
-            entered.append(_chain_name(base.key))
-            while True:
-                rule = walk.next_rule()
-                if rule is None:
-                    break  # the base chain's policy: accept hands the packet to the next base chain
-                current = walk.current
-                if walk.exhausted:
-                    return result(Outcome.UNDECIDED, None, reason=f"depth limit: more than {MAX_STEPS} rules "
-                                  "evaluated for one packet")
-                try:
-                    verdict, mark = self._run(rule, packet, mark, current[:2])
-                except Undecidable as exc:
-                    steps.append(Step(rule.chain, rule.text, False))
-                    return result(Outcome.UNDECIDED, rule, reason=str(exc))
-                if record_steps:
-                    steps.append(Step(rule.chain, rule.text, verdict is not None))
-                if verdict is None or verdict[0] == "continue":
-                    continue
-                action, argument = verdict
-                if action == "masquerade":
-                    return result(Outcome.MASQUERADE, rule)
-                if action == "snat":
-                    return result(Outcome.SNAT, rule, snat_to=argument)
-                if action == "drop":
-                    return result(Outcome.UNDECIDED, rule, reason="the packet is dropped (no connection at all)")
-                if action == "return" and walk.can_return():
-                    walk.return_()
-                    last_return = rule
-                    continue
-                if action in ("return", "accept"):
-                    last_return = rule
-                    break
-                target = (current[0], current[1], argument or "")
-                if target not in self.chains:
-                    return result(Outcome.UNDECIDED, rule, reason=f"{action} to a chain the listing lacks: "
-                                  f"{argument}")
-                if len(walk.stack) > 64:
-                    return result(Outcome.UNDECIDED, rule, reason="jumps nested deeper than 64 chains (a loop?)")
-                walk.enter(target, goto=action == "goto")
-                entered.append(_chain_name(target))
-            evaluated = walk.evaluated
-            if base.policy == "drop":
-                return result(Outcome.UNDECIDED, None, reason=f"chain {_chain_name(base.key)} has policy drop")
+        walk = ChainWalk(self.chains, base.key)
+        while True:
+            rule = walk.next_rule()
+            if rule is None:
+                break  # the base chain's policy: accept hands the packet to the next base chain
+            current = walk.current
+            if walk.exhausted:
+                return result(Outcome.UNDECIDED, None, reason=f"depth limit: more than {MAX_STEPS} rules "
+                              "evaluated for one packet")
+            try:
+                verdict, mark = self._run(rule, packet, mark, current[:2])
+            except Undecidable as exc:
+                steps.append(Step(rule.chain, rule.text, False))
+                return result(Outcome.UNDECIDED, rule, reason=str(exc))
+            if record_steps:
+                steps.append(Step(rule.chain, rule.text, verdict is not None))
+            if verdict is None or verdict[0] == "continue":
+                continue
+            action, argument = verdict
+            if action == "masquerade":
+                return result(Outcome.MASQUERADE, rule)
+            if action == "snat":
+                return result(Outcome.SNAT, rule, snat_to=argument)
+            if action == "drop":
+                return result(Outcome.UNDECIDED, rule, reason="the packet is dropped (no connection at all)")
+            if action == "return" and walk.can_return():
+                walk.return_()
+                last_return = rule
+                continue
+            if action in ("return", "accept"):
+                last_return = rule
+                break
+            target = (current[0], current[1], argument or "")
+            if target not in self.chains:
+                return result(Outcome.UNDECIDED, rule, reason=f"{action} to a chain the listing lacks: "
+                              f"{argument}")
+            if len(walk.stack) > 64:
+                return result(Outcome.UNDECIDED, rule, reason="jumps nested deeper than 64 chains (a loop?)")
+            walk.enter(target, goto=action == "goto")
+            entered.append(_chain_name(target))
+        if base.policy == "drop":
+            return result(Outcome.UNDECIDED, None, reason=f"chain {_chain_name(base.key)} has policy drop")
         return result(Outcome.PRESERVE, last_return)
 
     def _run(self, rule: _Rule, packet: Packet, mark: int,
@@ -199,9 +212,8 @@ class NftTracer:
                 return ("masquerade", None), mark
             if kind == "snat" and isinstance(body, dict):
                 return ("snat", _snat_to(body.get("addr"), packet.family)), mark
-            if kind == "mangle" and isinstance(body, dict) and body.get("key") == {"meta": {"key": "mark"}} \
-                    and isinstance(body.get("value"), int):
-                mark = body["value"] & 0xFFFFFFFF
+            if kind == "mangle" and isinstance(body, dict) and body.get("key") == {"meta": {"key": "mark"}}:
+                mark = _new_mark(body.get("value"), mark)
                 continue
             raise Undecidable(f"statement {kind} is not understood by trace")
         if undecidable is not None:
@@ -214,7 +226,13 @@ class NftTracer:
         op = body.get("op", "==")
         if op not in ("==", "!=", "in"):
             raise Undecidable(f"comparison {op} is not understood by trace")
-        hit = self._test(body.get("left"), body.get("right"), packet, mark, table)
+        left, right = body.get("left"), body.get("right")
+        if isinstance(left, dict) and "ct" in left:
+            return _conntrack(left["ct"], right, op, packet)
+        if isinstance(left, dict) and "concat" in left:
+            hit = self._concat(left["concat"], right, packet, mark, table)
+        else:
+            hit = self._test(left, right, packet, mark, table)
         negated: bool = op == "!="
         return hit != negated
 
@@ -283,6 +301,36 @@ class NftTracer:
             return _contains(self._spans(right, "number", family, table), mark & int(field.rsplit(" ", 1)[1]))
         raise Undecidable(f"match on {field} is not understood by trace")
 
+    def _concat(self, fields: Any, right: Any, packet: Packet, mark: int, table: tuple[str, str]) -> bool:
+        """`ip saddr . ip daddr . meta l4proto . th dport @set` (kube-proxy's hairpin connections): the packet's
+        values, one per field, against every element of the set."""
+        if not isinstance(fields, list) or not fields:
+            raise Undecidable(f"cannot read concatenation {clip(json.dumps(fields))}")
+        values = [_concat_value(_field(f), packet, mark) for f in fields]
+        if any(value is None for value in values):
+            return False  # a field of the other family: nft's implicit dependency fails
+        if isinstance(right, str) and right.startswith("@"):
+            body = self._sets.get((table[0], table[1], right[1:]))
+            if body is None:
+                raise Undecidable(f"set {right} is not in the listing")
+            elements = body.get("elem", [])
+        elif isinstance(right, dict) and isinstance(right.get("set"), list):
+            elements = right["set"]
+        else:
+            raise Undecidable(f"cannot read the concatenation's set {clip(json.dumps(right))}")
+        if not isinstance(elements, list):
+            raise Undecidable(f"set {right} holds no list of elements")
+        for element in elements:
+            if isinstance(element, dict) and isinstance(element.get("elem"), dict):
+                element = element["elem"].get("val")
+            parts = element.get("concat") if isinstance(element, dict) else None
+            if not isinstance(parts, list) or len(parts) != len(values):
+                raise Undecidable(f"cannot read element {clip(json.dumps(element))} of {clip(json.dumps(right))}")
+            if all(_contains(union(list(_element(part, kind, packet.family))), value)
+                   for part, (kind, value) in zip(parts, values, strict=True) if value is not None):
+                return True
+        return False
+
     def _spans(self, right: Any, kind: str, family: Family, table: tuple[str, str]) -> list[Span]:
         if isinstance(right, str) and right.startswith("@"):
             key = (table[0], table[1], right[1:])
@@ -300,10 +348,10 @@ class NftTracer:
             return union([s for e in right["set"] for s in _element(e, kind, family)])
         return union(list(_element(right, kind, family)))
 
-    def shapes(self, family: Family) -> Iterator[RuleShape]:
-        """What each reachable rule tests, for check's classes of packets (RuleShape)."""
+    def shapes(self, family: Family, *, beside: frozenset[tuple[str, str]] = frozenset()) -> Iterator[RuleShape]:
+        """What each reachable rule tests, for check's classes of packets (RuleShape); `beside` as for hooks."""
         seen: set[tuple[str, str, str]] = set()
-        todo = [b.key for b in self.base_chains(family)]
+        todo = [b.key for b in self.base_chains(family) if b.key[:2] not in beside]
         while todo:
             key = todo.pop()
             if key in seen:
@@ -371,6 +419,81 @@ def _field(left: Any) -> str:
                 and isinstance(body[1], int):
             return f"meta mark & {body[1]}"
     raise Undecidable(f"match on {clip(json.dumps(left))} is not understood by trace")
+
+
+# What conntrack holds for a new connection's first packet at postrouting. Its state is new; of its status bits,
+# dnat is what the packet description says (Packet.dnat), the others are not set yet (snat is being decided, no
+# reply was seen, the entry is confirmed only after postrouting); expected (a helper's related connection) is unknown.
+_NEW_CONNECTION = {
+    "state": {"new": True, "established": False, "related": False, "invalid": False, "untracked": False},
+    "status": {"snat": False, "seen-reply": False, "assured": False, "confirmed": False, "dying": False},
+}
+
+
+def _conntrack(left: Any, right: Any, op: str, packet: Packet) -> bool:
+    """`ct state new`, `ct status dnat` (flags, as nft -j writes them: a name or a list of names, op `in`)."""
+    key = left.get("key") if isinstance(left, dict) and set(left) == {"key"} else None
+    names = right if isinstance(right, list) else [right]
+    if key not in _NEW_CONNECTION or not all(isinstance(n, str) for n in names) or op == "==":
+        raise Undecidable(f"match on ct {clip(json.dumps(left))} {op} {clip(json.dumps(right))} is not understood "
+                          "by trace")
+    known = _NEW_CONNECTION[key]
+    hit = False
+    for name in names:
+        if key == "status" and name == "dnat":
+            hit = hit or packet.dnat
+        elif name in known:
+            hit = hit or known[name]
+        else:
+            raise Undecidable(f"ct {key} {name} is not known for a new connection")
+    return hit != (op == "!=")
+
+
+def _concat_value(field: str, packet: Packet, mark: int) -> tuple[str, int | None]:
+    """A field of a concatenation as (kind, the packet's value); value None: a field of the other family."""
+    if field in ("ip saddr", "ip daddr", "ip6 saddr", "ip6 daddr"):
+        if (field.startswith("ip6") and packet.family is Family.V4) or \
+                (field.startswith("ip ") and packet.family is Family.V6):
+            return "address", None
+        if field.endswith("daddr"):
+            return "address", packet.destination
+        if packet.source_address is None:
+            raise Undecidable(f"the rule tests {field} in a concatenation and the packet's source is not one "
+                              "address (give --source)")
+        return "address", packet.source_address
+    if field in ("meta l4proto", "ip protocol", "ip6 nexthdr"):
+        if packet.protocol is None:
+            raise Undecidable(f"the rule tests {field} and the packet's protocol is not given (give --protocol)")
+        return "protocol", _protocol_number(packet.protocol)
+    if field.endswith((" dport", " sport")):  # th, tcp, udp...: _field names no other protocol
+        protocol = field.split(" ")[0]
+        number = None if packet.protocol is None else _protocol_number(packet.protocol)
+        if number is None or number not in _PORT_PROTOCOLS.values() or \
+                (protocol != "th" and number != _PORT_PROTOCOLS[protocol]):
+            raise Undecidable(f"the rule tests {field} and the packet's protocol is not one with ports "
+                              "(give --protocol tcp, udp or sctp)")
+        port = packet.port if field.endswith("dport") else packet.source_port
+        if port is None:
+            flag = "--port" if field.endswith("dport") else "--source-port"
+            raise Undecidable(f"the rule tests {field} and the packet's port is not given (give {flag})")
+        return "port", port
+    if field == "meta mark":
+        return "number", mark
+    raise Undecidable(f"{field} in a concatenation is not understood by trace")
+
+
+def _new_mark(value: Any, mark: int) -> int:
+    """`meta mark set 0x10`, or set from the mark itself: `meta mark | 0x4000`, `^`, `&` (kube-proxy's)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value & 0xFFFFFFFF
+    if isinstance(value, dict) and len(value) == 1:
+        op, operands = next(iter(value.items()))
+        if op in ("|", "^", "&") and isinstance(operands, list) and len(operands) == 2 \
+                and operands[0] == {"meta": {"key": "mark"}} and isinstance(operands[1], int):
+            number = operands[1]
+            changed = mark | number if op == "|" else mark ^ number if op == "^" else mark & number
+            return changed & 0xFFFFFFFF
+    raise Undecidable(f"meta mark set {clip(json.dumps(value))} is not understood by trace")
 
 
 def _protocol_number(name: str) -> int:

@@ -490,13 +490,43 @@ def _value(right: Any) -> str:
         return f"{_value(right['range'][0])}-{_value(right['range'][1])}"
     if isinstance(right, str | int) and not isinstance(right, bool):
         return str(right)
+    if isinstance(right, list) and right and all(isinstance(v, str) for v in right):  # flags: ct state a,b
+        return ",".join(right)
+    if isinstance(right, dict) and set(right) == {"concat"}:
+        return " . ".join(_value(v) for v in right["concat"])
     raise _Unrecognised
+
+
+_BINARY = ("&", "|", "^")
+
+
+def _is_mark(expression: Any) -> bool:
+    """`meta mark`, or an expression of it (`meta mark & 0x4000`): nft prints its numbers as 0x%08x."""
+    if expression == {"meta": {"key": "mark"}}:
+        return True
+    if not isinstance(expression, dict) or len(expression) != 1:
+        return False
+    op, operands = next(iter(expression.items()))
+    return op in _BINARY and isinstance(operands, list) and len(operands) == 2 and _is_mark(operands[0])
+
+
+def _mark_value(value: Any) -> str:
+    if type(value) is int:
+        return f"0x{value:08x}"
+    return _value(value)
 
 
 def _left(left: Any) -> str:
     if not isinstance(left, dict) or len(left) != 1:
         raise _Unrecognised
     kind, body = next(iter(left.items()))
+    if kind in _BINARY and isinstance(body, list) and len(body) == 2:
+        operand = _mark_value(body[1]) if _is_mark(body[0]) else _value(body[1])
+        return f"{_left(body[0])} {kind} {operand}"
+    if kind == "concat" and isinstance(body, list):
+        return " . ".join(_left(part) for part in body)
+    if kind == "ct" and isinstance(body, dict) and set(body) == {"key"}:
+        return f"ct {body['key']}"
     if kind == "fib":
         flags = body.get("flags", [])
         return f"fib {' . '.join([flags] if isinstance(flags, str) else flags)} {body['result']}"
@@ -514,9 +544,14 @@ def _statement(stmt: Any) -> str:
     kind, body = next(iter(stmt.items()))
     if kind == "match":
         op = body.get("op", "==")
-        if op not in ("==", "!="):
+        if op not in ("==", "!=", "in"):  # in: flags (ct status dnat), printed without an operator
             raise _Unrecognised
-        return f"{_left(body['left'])} {'!= ' if op == '!=' else ''}{_value(body['right'])}"
+        right = _mark_value(body["right"]) if _is_mark(body["left"]) else _value(body["right"])
+        return f"{_left(body['left'])} {'!= ' if op == '!=' else ''}{right}"
+    if kind == "mangle" and isinstance(body, dict) and set(body) == {"key", "value"}:
+        value = body["value"]
+        return f"{_left(body['key'])} set {_left(value) if isinstance(value, dict) else _mark_value(value)}" \
+            if _is_mark(body["key"]) else f"{_left(body['key'])} set {_value(value)}"
     if kind in ("return", "accept", "drop") and body is None:
         return str(kind)
     if kind in ("jump", "goto") and isinstance(body, dict) and set(body) == {"target"}:

@@ -32,8 +32,11 @@ class Packet:
     then says which rules and fields it depends on rather than guessing.
 
     `source` is a set of prefixes the source lies in: one /32 (/128) for an exact address, a class of pod
-    addresses for `check`, empty when unknown. The interfaces, the mark and the node's own addresses matter only
-    to a walk of the kernel's rules (trace): the policy's rules test destination, source, protocol and port.
+    addresses for `check`, empty when unknown. The interfaces, the mark, `dnat` and the node's own addresses
+    matter only to a walk of the kernel's rules (trace): the policy's rules test destination, source, protocol and
+    port. `dnat`: the connection was addressed elsewhere (a Service's IP or node port) and destination-NATed to
+    `destination` before POSTROUTING (conntrack's status dnat, which kube-proxy's nftables rules test); False: the
+    pod connected to `destination` itself.
     """
 
     family: Family
@@ -46,12 +49,13 @@ class Packet:
     in_interface: str | None = None
     mark: int = 0
     local_addresses: tuple[int, ...] = ()
+    dnat: bool = False
 
     @classmethod
     def of(cls, destination: str, *, source: str | None = None, out_interface: str | None = None,
            in_interface: str | None = None, protocol: str | None = None, mark: int = 0,
            local_addresses: Sequence[str] = (), port: int | None = None,
-           source_port: int | None = None) -> Packet:
+           source_port: int | None = None, dnat: bool = False) -> Packet:
         """From text (ValueError on an address that does not parse or a family mix)."""
         family, dest = parse_address(destination)
         sources: tuple[Prefix, ...] = ()
@@ -66,7 +70,7 @@ class Packet:
             if local_family is family:
                 local.append(address)
         return cls(family, dest, sources, None if protocol is None else protocol.lower(), port, source_port,
-                   out_interface, in_interface, mark, tuple(local))
+                   out_interface, in_interface, mark, tuple(local), dnat)
 
     @classmethod
     def exact(cls, family: Family, destination: int, source: int | None = None, protocol: str | None = None,

@@ -67,7 +67,7 @@ def test_kube_proxy_objects_stay_byte_for_byte(net: Network, tmp_path: Path, bac
     if backend == "auto":
         # kube-proxy's nftables table means the node uses nftables for NAT
         assert running.lines("backend nftables chosen by --backend=auto: the node already uses nftables for NAT "
-                             "(table ip kube-proxy)"), running.log
+                             "(table ip kube-proxy: kube-proxy's nftables mode)"), running.log
 
 
 def test_switching_backends_removes_the_other_ones_objects_and_uninstall_removes_both(net: Network,
