@@ -20,7 +20,13 @@ from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands import common, policy_source
 from ipmasq.diagnose.check import CheckReport, NodeRules, check_node
 from ipmasq.diagnose.leftovers import leftover_findings, read_leftovers
-from ipmasq.diagnose.sources import read_dump_file, read_live_rules, read_nft_ruleset, rules_from_dump
+from ipmasq.diagnose.sources import (
+    read_dump_file,
+    read_iptables_nft_beside,
+    read_live_rules,
+    read_nft_ruleset,
+    rules_from_dump,
+)
 from ipmasq.errors import IpmasqError, UsageError
 
 __all__ = ["register", "run"]
@@ -88,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
         # the whole ruleset: other tables' nat chains decide pod traffic too (beside iptables: kube-proxy's
         # nftables mode); a node without nft has none
         rules = replace(rules, nft_ruleset=_live_ruleset(required=rules.backend == "nftables"))
+        if rules.backend == "nftables" and rules.nft_ruleset is not None:
+            # iptables-nft's nat tables in that ruleset (kube-proxy's iptables mode) as iptables-nft-save reads them
+            rules = replace(rules, tables=read_iptables_nft_beside(SubprocessRunner(), rules.nft_ruleset,
+                                                                   policy.families))
     report = check_node(policy, rules, pod_ranges=pods, local_addresses=local)
     if not args.from_dump:  # our objects in a variant or backend the compared rules are not in
         places = read_leftovers(SubprocessRunner(), policy.options, rules.backend)

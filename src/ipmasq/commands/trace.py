@@ -23,7 +23,13 @@ from ipmasq.backends.iptables import Variant, detect_variant
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands.common import add_output_flag, command_parser, print_json
 from ipmasq.diagnose.hooks import IPTABLES_NFT_TABLES, NatHook, iptables_hook, walk_hooks
-from ipmasq.diagnose.sources import parse_save_dump, read_dump_file, read_nat_save, read_nft_ruleset
+from ipmasq.diagnose.sources import (
+    parse_save_dump,
+    read_dump_file,
+    read_iptables_nft_beside,
+    read_nat_save,
+    read_nft_ruleset,
+)
 from ipmasq.diagnose.trace import Tracer, TraceResult, trace
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.errors import IpmasqError, NftParseError, NftTraceError, UsageError, clip
@@ -202,7 +208,11 @@ def run(args: argparse.Namespace) -> int:
         table, nft = _dumps(args.dump)
         result = _walk(packet, table, nft, iptables_in_nft=True)
     elif args.backend == "nftables" or (args.backend == "auto" and _node_uses_nft()):
-        result = _nft_tracer(read_nft_ruleset(SubprocessRunner()), "nft -j list ruleset").trace(packet)
+        runner = SubprocessRunner()
+        ruleset = read_nft_ruleset(runner)
+        # iptables-nft's nat table in that listing (kube-proxy's iptables mode) walked in iptables' terms
+        beside = read_iptables_nft_beside(runner, ruleset, (packet.family,)).get(packet.family)
+        result = _walk(packet, beside, _nft_tracer(ruleset, "nft -j list ruleset"), iptables_in_nft=True)
     else:
         runner = SubprocessRunner()
         variant = detect_variant(runner)

@@ -94,7 +94,9 @@ class NodeRules:
     """The nat rules `check` compares with the intent: iptables nat tables by family, or our nftables table."""
 
     backend: str  # "iptables" or "nftables"
-    tables: Mapping[Family, NatTable]  # iptables: the nat table of each family read
+    # iptables: the nat table of each family read; nftables: iptables-nft's nat tables beside ours (kube-proxy's
+    # iptables mode), walked in iptables' terms with the nftables chains
+    tables: Mapping[Family, NatTable]
     nft: NftTable | None = None  # nftables: our table, None when the node has none
     # the whole `nft -j list ruleset`, for the semantic pass: on nftables every nat chain; on iptables the nftables
     # nat chains beside iptables' (kube-proxy's nftables mode, others), iptables-nft's own tables aside
@@ -617,9 +619,12 @@ def _semantic_finding(key: _Wrong, prefixes: list[str], dests: str, reason: str,
 
 
 def check_nft(policy: Policy, table: NftTable | None, *, ruleset: str | None = None,
-              pod_ranges: tuple[Prefix, ...] = (), local_addresses: tuple[tuple[Family, int], ...] = ()) -> CheckReport:
+              pod_ranges: tuple[Prefix, ...] = (), local_addresses: tuple[tuple[Family, int], ...] = (),
+              iptables: Mapping[Family, NatTable] | None = None) -> CheckReport:
     """Our nftables table (from `nft -j list ruleset`) against the policy; with the whole `ruleset`, also every
-    class of pod packets traced through all nat postrouting chains (other tables' included) against the policy."""
+    class of pod packets traced through all nat postrouting chains (other tables' included) against the policy.
+    `iptables`: iptables-nft's nat tables of the listing, read with iptables-nft-save and walked in iptables' terms
+    beside the nftables chains (the listing shows their matches only as `xt` stubs)."""
     if table is None:
         return CheckReport((Finding(
             FindingId.CHAIN_MISSING, Severity.ERROR,
@@ -686,7 +691,9 @@ def check_nft(policy: Policy, table: NftTable | None, *, ruleset: str | None = N
         ours = f"{TABLE_FAMILY} {TABLE} {CHAIN}"
         for family in policy.families:
             local = tuple(address for f, address in local_addresses if f is family)
-            findings.extend(_semantic_walk(policy, tracer, family, {ours, f"{TABLE_FAMILY} {TABLE} {RULES_CHAIN}"},
+            beside = (iptables or {}).get(family)
+            walker: _Walker = tracer if beside is None else _IptablesBeside(Tracer(beside), tracer, family)
+            findings.extend(_semantic_walk(policy, walker, family, {ours, f"{TABLE_FAMILY} {TABLE} {RULES_CHAIN}"},
                                            ours, pod_ranges, local))
     return CheckReport(tuple(findings))
 
@@ -745,7 +752,7 @@ def check_node(policy: Policy, rules: NodeRules, *, pod_ranges: tuple[Prefix, ..
     """Every family the rules hold (iptables), or our nftables table, against the policy."""
     if rules.backend == "nftables":
         return check_nft(policy, rules.nft, ruleset=rules.nft_ruleset, pod_ranges=pod_ranges,
-                         local_addresses=local_addresses)
+                         local_addresses=local_addresses, iptables=rules.tables)
     findings: list[Finding] = []
     beside: NftTracer | None = None
     if rules.nft_ruleset is not None:

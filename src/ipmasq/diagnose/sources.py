@@ -6,6 +6,7 @@ they go through the injected Runner and never write. Every failure is one line n
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -21,8 +22,8 @@ from ipmasq.netfilter.iptables import NatTable, our_chains, parse_save, save_lin
 from ipmasq.netfilter.nft import NftTable, parse_list_json
 from ipmasq.policy.prefix import Family
 
-__all__ = ["MAX_DUMP_BYTES", "MAX_DUMP_LINE", "family_of_dump", "parse_save_dump", "read_dump_file", "read_live_rules",
-           "read_nat_save", "rules_from_dump"]
+__all__ = ["MAX_DUMP_BYTES", "MAX_DUMP_LINE", "family_of_dump", "iptables_nft_families", "parse_save_dump",
+           "read_dump_file", "read_iptables_nft_beside", "read_live_rules", "read_nat_save", "rules_from_dump"]
 
 
 # The nat table of a node with kube-proxy in iptables mode and ten thousand services is ~20 MB of iptables-save:
@@ -221,3 +222,25 @@ def read_nft_ruleset(run: Runner) -> str:
         raise BackendError("nft -j list ruleset failed", argv=tuple(argv), stderr=result.stderr,
                            returncode=result.returncode)
     return result.stdout
+
+
+def iptables_nft_families(ruleset: str) -> tuple[Family, ...]:
+    """The families whose iptables nat table iptables-nft keeps in this `nft -j list ruleset` (its `ip nat` and
+    `ip6 nat` tables: kube-proxy's iptables mode, the agent's own iptables backend, anything written with iptables).
+    nft's JSON shows iptables' matches and targets there as bare `xt` stubs without their arguments, so those tables
+    are read with iptables-nft-save and walked in iptables' terms instead."""
+    try:
+        listing = json.loads(ruleset).get("nftables", [])
+    except (ValueError, AttributeError):
+        return ()
+    named = {(item["table"].get("family"), item["table"].get("name")) for item in listing
+             if isinstance(item, dict) and isinstance(item.get("table"), dict)}
+    return tuple(family for family, key in ((Family.V4, ("ip", "nat")), (Family.V6, ("ip6", "nat")))
+                 if key in named)
+
+
+def read_iptables_nft_beside(run: Runner, ruleset: str, families: tuple[Family, ...]) -> dict[Family, NatTable]:
+    """iptables-nft's nat tables on an nftables node, one per family the listing holds (see iptables_nft_families),
+    as iptables-nft-save prints them."""
+    return {family: parse_save(read_nat_save(run, family, variant=Variant.NFT))
+            for family in iptables_nft_families(ruleset) if family in families}

@@ -93,11 +93,14 @@ def test_the_api_server_calls_the_webhook_only_for_the_configmaps_it_judges(lab:
     """matchConditions: a write of any other ConfigMap never reaches the webhook (the API server's own count of
     its calls stays put), while the agent's ConfigMap and a near-miss name are sent."""
     before = _webhook_calls(lab)
-    unrelated = [("app-settings", "default"), ("coredns", "kube-system"), ("kube-root-ca.crt", "default")]
-    for name, namespace in unrelated:
+    # a bad config under another name in another namespace (nobody reads it), and kube-system's own ConfigMaps
+    unrelated = [("app-settings", "default", {"config": BAD_CIDR}),
+                 ("coredns", "kube-system", {"Corefile": ".:53 {\n    forward . /etc/resolv.conf\n}\n"}),
+                 ("kube-proxy", "kube-system", {"config.conf": "mode: nftables\n"})]
+    for name, namespace, data in unrelated:
         written = _kubectl(lab, "apply", "--dry-run=server", "-f", "-",
-                           stdin=json.dumps(configmap({"config": BAD_CIDR}, name=name, namespace=namespace)))
-        assert written.returncode == 0, written.stderr  # a bad config nobody reads: no business of the webhook's
+                           stdin=json.dumps(configmap(data, name=name, namespace=namespace)))
+        assert written.returncode == 0 and written.stderr == "", written.stderr
     assert _webhook_calls(lab) == before
     judged = _kubectl(lab, "apply", "--dry-run=server", "-f", "-", stdin=_manifest(BAD_CIDR))
     assert judged.returncode != 0 and "denied the request" in judged.stderr
@@ -112,9 +115,11 @@ def _pod_of(lab: Cluster, shipped: str, kind: str, namespace: str) -> str:
     rendered = lab.kubectl("kustomize", str(agent.lab_overlay(lab, shipped, lab.artifacts.image))).stdout
     (workload,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == kind]
     template = workload["spec"]["template"]
+    # its service account exists only in its own namespace; Pod Security does not look at it
+    spec = {key: value for key, value in template["spec"].items() if key != "serviceAccountName"}
     return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "psa-check", "namespace": namespace,
                                                                        "labels": template["metadata"]["labels"]},
-                       "spec": template["spec"]})
+                       "spec": spec})
 
 
 def test_the_webhooks_pods_pass_pod_security_restricted(lab: Cluster) -> None:
