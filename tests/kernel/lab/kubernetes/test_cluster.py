@@ -367,6 +367,14 @@ def _seen_from(python: list[str], host: str, port: int) -> str | None:
     return seen[0]
 
 
+def _trace_in(lab: Cluster, pod: str, destination: str, *args: str) -> dict[str, Any]:
+    """`ipmasq trace -o json` in an agent's pod (the node's rules, read as the agent there reads them)."""
+    result = agent.run_in_pod(lab, "kube-system", pod, ["ipmasq", "trace", destination, *args, "-o", "json"])
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    traced: dict[str, Any] = json.loads(result.stdout)
+    return traced
+
+
 @pytest.mark.parametrize("backend", ["iptables", "nftables"])
 def test_service_traffic_keeps_working_beside_the_agent_on_either_kube_proxy_mode(cluster: Cluster,
                                                                                   backend: str) -> None:
@@ -394,10 +402,20 @@ def test_service_traffic_keeps_working_beside_the_agent_on_either_kube_proxy_mod
             # local, its own address when the pod is on the other node
             expected = backend_node.pod_gateway if node is backend_node else node.address
             assert seen == expected, (node.name, node.proxy_mode, seen)
-        for node, pod in agent.agent_pods(cluster).items():  # no false alarm beside either mode's Service rules
-            result = agent.run_in_pod(cluster, "kube-system", pod["metadata"]["name"], ["ipmasq", "check"])
-            assert result.returncode == 0, (node, result.stdout, result.stderr)
+        endpoint = cluster.kubectl_json("get", "pod", "-n", LAB_NAMESPACE, ECHO)["status"]["podIP"]
+        for node in cluster.nodes:  # no false alarm beside either mode's Service rules, and trace shows them
+            pod = agent.agent_pods(cluster)[node.name]["metadata"]["name"]
+            result = agent.run_in_pod(cluster, "kube-system", pod, ["ipmasq", "check"])
+            assert result.returncode == 0, (node.name, result.stdout, result.stderr)
             assert "ok: the node's rules match the config" in result.stdout
+            # NodePort traffic as it leaves the node toward the endpoint: DNATed, marked 0x4000 by kube-proxy
+            nodeport = _trace_in(cluster, pod, endpoint, "--source", ADDR.router, "--protocol", "tcp", "--port",
+                                 str(ECHO_PORT), "--mark", "0x4000")
+            masquerader = "KUBE-POSTROUTING" if node.proxy_mode == "iptables" else "ip kube-proxy masquerading"
+            assert nodeport["outcome"] == "masqueraded" and masquerader in nodeport["decided_by"], nodeport
+            # a pod's own egress is the agent's to decide, beside the same kube-proxy rules
+            egress = _trace_in(cluster, pod, ADDR.aws_db, "--source", cluster.probe_pods()[node.name][1])
+            assert egress["outcome"] == "masqueraded" and "ip-masq-agent" in egress["decided_by"].lower(), egress
     finally:
         cluster.kubectl("delete", "-n", LAB_NAMESPACE, f"pod/{ECHO}", f"service/{ECHO}", "--ignore-not-found",
                         "--wait=false")
