@@ -167,6 +167,16 @@ class GoBuild:
     def packages(self) -> list[str]:
         return _tool_packages((self.module_dir / "go.mod").read_text())
 
+    def outputs(self) -> list[tuple[str, str]]:
+        """(package, binary) for each tool package: the binary named as go build names it, or as renamed."""
+        renamed = dict(self.renames)
+        made = []
+        for package in self.packages():
+            parts = package.split("/")
+            name = parts[-2] if re.fullmatch(r"v[0-9]+", parts[-1]) else parts[-1]
+            made.append((package, renamed.get(name, name)))
+        return made
+
     def ldflags(self) -> str:
         flags = "-s -w"
         if self.name == "kubernetes":  # what Kubernetes' own build stamps: the version kubelet and kubectl report
@@ -248,7 +258,8 @@ def _go_download(build: GoBuild, work: Path, env: dict[str, str]) -> None:
         raise BuildError(f"a Go module could not be downloaded for gomod/{build.name}: {named[-1][:400]}")
 
 
-def _go_build(cache: Path, build: GoBuild, key: str, env: dict[str, str]) -> None:
+def _go_build(cache: Path, build: GoBuild, key: str, env: dict[str, str], progress: Progress) -> None:
+    """Each binary built on its own (the Go build cache shares what they have in common), timed and said."""
     target, partial = cache / build.name, cache / f"{build.name}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "bin").mkdir(parents=True)
@@ -256,17 +267,22 @@ def _go_build(cache: Path, build: GoBuild, key: str, env: dict[str, str]) -> Non
     work.mkdir()
     for name in ("go.mod", "go.sum"):  # built from a copy: the checkout is never written (go.sum stays as committed)
         shutil.copy2(build.module_dir / name, work / name)
+    started = time.monotonic()
     _go_download(build, work, env)
+    seconds = {"download": round(time.monotonic() - started, 1)}
     build_env = {**env, "CGO_ENABLED": "1" if build.cgo else "0"}
-    _run(["go", "build", "-p", GO_JOBS, "-trimpath", "-ldflags", build.ldflags(), "-o", str(partial / "bin") + "/",
-          *build.packages()], cwd=work, env=build_env, timeout=3600, what=f"go build (gomod/{build.name})")
-    for made, name in build.renames:
-        (partial / "bin" / made).rename(partial / "bin" / name)
+    for package, binary in build.outputs():
+        started = time.monotonic()
+        _run(["go", "build", "-p", GO_JOBS, "-trimpath", "-ldflags", build.ldflags(), "-o",
+              str(partial / "bin" / binary), package], cwd=work, env=build_env, timeout=3600,
+             what=f"go build {package} (gomod/{build.name})")
+        seconds[binary] = round(time.monotonic() - started, 1)
+        progress(f"  {binary} in {seconds[binary]:.0f} s")
     missing = [name for name in build.binaries if not (partial / "bin" / name).is_file()]
     if missing:
         raise BuildError(f"go build (gomod/{build.name}) made no {', '.join(missing)}")
     shutil.rmtree(work)
-    _write_stamp(partial, key, binaries=list(build.binaries))
+    _write_stamp(partial, key, binaries=list(build.binaries), seconds=seconds)
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
 
@@ -284,7 +300,7 @@ def _toolchain(cache: Path, progress: Progress) -> Toolchain:
         key = _go_key(build, go_version)
         if not _stamp_matches(cache / build.name, key):
             _step(progress, f"{', '.join(build.binaries)} with {go_version} (gomod/{build.name})",
-                  lambda build=build, key=key: _go_build(cache, build, key, env))  # type: ignore[misc]
+                  lambda build=build, key=key: _go_build(cache, build, key, env, progress))  # type: ignore[misc]
         binaries.update({name: str(cache / build.name / "bin" / name) for name in build.binaries})
     return Toolchain(binaries, kubernetes_version())
 

@@ -67,10 +67,9 @@ def test_missing_packages_are_named_by_their_debian_package(monkeypatch: pytest.
 
 def test_each_go_build_makes_the_binaries_its_go_mod_names_as_tools() -> None:
     for build in artifacts.GO_BUILDS:
-        made = {p.split("/")[-2] if re.fullmatch(r"v[0-9]+", p.split("/")[-1]) else p.split("/")[-1]
-                for p in build.packages()}
-        renamed = dict(build.renames)
-        assert {renamed.get(name, name) for name in made} == set(build.binaries), build.name
+        assert sorted(binary for _package, binary in build.outputs()) == sorted(build.binaries), build.name
+    (etcd,) = [b for b in artifacts.GO_BUILDS if b.name == "etcd"]
+    assert etcd.outputs() == [("go.etcd.io/etcd/server/v3", "etcd")]  # not "server", nor "v3"
     assert artifacts._tool_packages("tool x/y\ntool (\n\ta/b // why\n\n\tc/d\n)\n") == ["x/y", "a/b", "c/d"]
 
 
