@@ -699,11 +699,16 @@ def test_what_the_agents_client_sends_and_reads_is_what_lightkube_reads(cluster:
     assert first.type == "MODIFIED" and first.object["data"]["config"] == changed
     # what the agents wrote, read through the oracle's models
     # (by uid, as kubectl describe asks: an earlier ConfigMap of the same name has Events of its own)
-    described = list(oracle.list(Event, namespace="kube-system",
-                                 fields={"involvedObject.name": "ip-masq-agent", "involvedObject.kind": "ConfigMap",
-                                         "involvedObject.uid": str(typed.metadata.uid)}))
-    applied = [e for e in described if e.reason == "ConfigApplied"]
-    assert {e.source.host for e in applied if e.source} == {n.name for n in cluster.nodes}
+    def applied_events() -> list[Event]:
+        described = oracle.list(Event, namespace="kube-system",
+                                fields={"involvedObject.name": "ip-masq-agent", "involvedObject.kind": "ConfigMap",
+                                        "involvedObject.uid": str(typed.metadata.uid)})
+        return [e for e in described if e.reason == "ConfigApplied"]
+
+    # written by each agent's reporter thread, which may still be backing off after an earlier test's API outage
+    _wait(lambda: {e.source.host for e in applied_events() if e.source} == {n.name for n in cluster.nodes}, 45,
+          "a ConfigApplied Event from every node's agent")
+    applied = applied_events()
     assert all(e.type == "Normal" and (e.count or 0) >= 1 and e.firstTimestamp is not None for e in applied)
     status_kind = create_global_resource(GROUP, VERSION, KIND, PLURAL)
     for node in cluster.nodes:
