@@ -658,7 +658,8 @@ def test_the_api_down_restarted_or_refusing_never_costs_a_node_its_rules(cluster
         events = cluster.kubectl("get", "events", "-n", "default", "--field-selector", "reason=NoConfigMap").stdout
         return all(n.name in events for n in cluster.nodes)
 
-    _wait(said_on_every_node, 15, "a NoConfigMap Event on every node")
+    # the reporter backs off (up to 30 s) while the API refused it above: its next write may wait that long
+    _wait(said_on_every_node, 45, "a NoConfigMap Event on every node")
     agent.apply_config(cluster, first)
     for node in cluster.nodes:
         agent.wait_synced(cluster, node, first, REFERENCE_OPTIONS, timeout=10)
