@@ -658,8 +658,9 @@ def test_the_api_down_restarted_or_refusing_never_costs_a_node_its_rules(cluster
         events = cluster.kubectl("get", "events", "-n", "default", "--field-selector", "reason=NoConfigMap").stdout
         return all(n.name in events for n in cluster.nodes)
 
-    # the reporter backs off (up to 30 s) while the API refused it above: its next write may wait that long
-    _wait(said_on_every_node, 45, "a NoConfigMap Event on every node")
+    # the reporter's retries back off (up to 60 s, apireport.RETRY_MAX) while the API refused it above: its next
+    # write may wait that long
+    _wait(said_on_every_node, 90, "a NoConfigMap Event on every node")
     agent.apply_config(cluster, first)
     for node in cluster.nodes:
         agent.wait_synced(cluster, node, first, REFERENCE_OPTIONS, timeout=10)
@@ -707,7 +708,7 @@ def test_what_the_agents_client_sends_and_reads_is_what_lightkube_reads(cluster:
         return [e for e in described if e.reason == "ConfigApplied"]
 
     # written by each agent's reporter thread, which may still be backing off after an earlier test's API outage
-    _wait(lambda: {e.source.host for e in applied_events() if e.source} == {n.name for n in cluster.nodes}, 45,
+    _wait(lambda: {e.source.host for e in applied_events() if e.source} == {n.name for n in cluster.nodes}, 90,
           "a ConfigApplied Event from every node's agent")
     applied = applied_events()
     assert all(e.type == "Normal" and (e.count or 0) >= 1 and e.firstTimestamp is not None for e in applied)
