@@ -301,8 +301,7 @@ class Cluster:
                 timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         try:
             result = subprocess.run([self.artifacts.toolchain.kubectl, f"--kubeconfig={self.kubeconfig}", *args],
-                                    input=stdin,
-                                    capture_output=True, text=True, timeout=timeout)
+                                    input=stdin, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise ClusterError(f"kubectl {' '.join(args)}: no answer within {timeout:.0f} s") from None
         if check and result.returncode != 0:
