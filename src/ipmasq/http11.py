@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import ssl
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import h11
+
+if TYPE_CHECKING:  # ssl is imported by the callers that use TLS: the agent without the API maps no libssl
+    import ssl
 
 __all__ = ["MAX_HEAD_BYTES", "Connection", "Deadline", "Head", "HttpError", "HttpTimeout", "TooLarge",
            "connect", "parse_request_head"]
@@ -90,9 +93,6 @@ def connect(host: str, port: int, deadline: Deadline, *, tls: ssl.SSLContext | N
     except TimeoutError:
         raw.close()
         raise HttpTimeout("no TLS handshake in time") from None
-    except ssl.SSLError as exc:
-        raw.close()
-        raise HttpError(f"TLS: {exc.reason or _describe(exc)}") from None
     except OSError as exc:
         raw.close()
         raise HttpError(_describe(exc)) from None
@@ -238,9 +238,6 @@ class Connection:
         except TimeoutError:
             self._broken = True
             raise HttpTimeout("no answer in time") from None
-        except ssl.SSLError as exc:
-            self._broken = True
-            raise HttpError(f"TLS: {exc.reason or _describe(exc)}") from None
         except OSError as exc:
             self._broken = True
             raise HttpError(_describe(exc)) from None
@@ -271,4 +268,7 @@ def _authority(host: str, port: int) -> str:
 
 
 def _describe(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None)  # an ssl.SSLError's (CERTIFICATE_VERIFY_FAILED, ...)
+    if isinstance(reason, str) and reason:
+        return f"TLS: {reason}"
     return str(getattr(exc, "strerror", None) or str(exc) or type(exc).__name__)
