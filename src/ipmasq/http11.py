@@ -31,6 +31,11 @@ __all__ = ["MAX_HEAD_BYTES", "Connection", "Deadline", "Head", "HttpError", "Htt
            "connect", "parse_request_head"]
 
 MAX_HEAD_BYTES = 64 * 1024  # a status line and headers; the API server's are well under 4 KiB
+# h11 spends about 10 microseconds on each chunk, whatever its size: a server that sends 1-byte chunks costs seconds
+# of CPU per MiB. The API server writes a chunk per watch event (100 bytes and more), so a body whose chunks average
+# under MIN_MEAN_CHUNK bytes once it has sent CHUNKS_BEFORE_CHECK of them is refused as hostile.
+CHUNKS_BEFORE_CHECK = 1024
+MIN_MEAN_CHUNK = 16
 _RECV = 64 * 1024
 
 
@@ -164,7 +169,7 @@ class Connection:
 
     def body(self, deadline: Deadline, limit: int) -> Iterator[bytes]:
         """The body's pieces as they arrive; TooLarge as soon as they add up to more than `limit` bytes."""
-        total = 0
+        total = chunks = 0
         while True:
             event = self._next_event(deadline)
             if isinstance(event, h11.Data):
@@ -172,6 +177,12 @@ class Connection:
                 if total > limit:
                     self._broken = True
                     raise TooLarge(f"more than {limit:,} bytes")
+                if event.chunk_start:
+                    chunks += 1
+                    if chunks >= CHUNKS_BEFORE_CHECK and total < chunks * MIN_MEAN_CHUNK:
+                        self._broken = True
+                        raise HttpError(f"{chunks:,} chunks of {total / chunks:.1f} bytes on average: not an "
+                                        "answer any server sends but a hostile one")
                 yield bytes(event.data)
             elif isinstance(event, h11.EndOfMessage):
                 return

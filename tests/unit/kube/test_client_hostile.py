@@ -139,15 +139,23 @@ def test_a_chunk_that_announces_4_gib_is_refused_at_the_bound_without_buffering_
     assert peak < 3 * MAX_ANSWER_BYTES  # the answer up to its bound (joined once), never the 4 GiB announced
 
 
-def test_a_watch_line_of_one_byte_chunks_is_read_whole_and_an_endless_line_is_refused(hostile, certificate) -> None:  # type: ignore[no-untyped-def]
-    event = json.dumps({"type": "ADDED", "object": {"metadata": {"name": "x" * 60_000}}}).encode() + b"\n"
+def test_a_long_watch_line_in_small_chunks_is_read_whole_and_one_byte_chunks_are_refused_at_once(hostile, certificate) -> None:  # type: ignore[no-untyped-def]
+    event = json.dumps({"type": "ADDED", "object": {"metadata": {"name": "x" * 600_000}}}).encode() + b"\n"
 
-    def one_byte_chunks(sock: ssl.SSLSocket, _head: bytes) -> None:
-        body = b"".join(b"1\r\n" + event[i:i + 1] + b"\r\n" for i in range(len(event)))
-        sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n")
-    hostile.scripts[:] = [one_byte_chunks]
+    def chunks_of(size: int) -> Script:
+        def send(sock: ssl.SSLSocket, _head: bytes) -> None:
+            body = b"".join(f"{len(event[i:i + size]):x}\r\n".encode() + event[i:i + size] + b"\r\n"
+                            for i in range(0, len(event), size))
+            sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n")
+        return send
+    hostile.scripts[:] = [chunks_of(64)]  # ten thousand chunks to one line: read in linear time
     events = list(api(hostile, certificate).watch("/api/v1/configmaps", query={}))
-    assert len(events) == 1 and events[0].object["metadata"]["name"] == "x" * 60_000
+    assert len(events) == 1 and events[0].object["metadata"]["name"] == "x" * 600_000
+    hostile.scripts[:] = [chunks_of(1)]  # a CPU sink (h11 spends microseconds on every chunk): refused early
+    started = time.monotonic()
+    with pytest.raises(ApiUnreachable, match="chunks of 1.0 bytes on average"):
+        list(api(hostile, certificate).watch("/api/v1/configmaps", query={}))
+    assert time.monotonic() - started < 2.0
 
     def endless_line(sock: ssl.SSLSocket, _head: bytes) -> None:
         sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
