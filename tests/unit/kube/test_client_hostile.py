@@ -139,7 +139,7 @@ def test_a_chunk_that_announces_4_gib_is_refused_at_the_bound_without_buffering_
     assert peak < 3 * MAX_ANSWER_BYTES  # the answer up to its bound (joined once), never the 4 GiB announced
 
 
-def test_a_long_watch_line_in_small_chunks_is_read_whole_and_one_byte_chunks_are_refused_at_once(hostile, certificate) -> None:  # type: ignore[no-untyped-def]
+def test_a_long_line_in_small_chunks_is_read_and_one_byte_chunks_are_refused_at_once(hostile, certificate) -> None:  # type: ignore[no-untyped-def]
     event = json.dumps({"type": "ADDED", "object": {"metadata": {"name": "x" * 600_000}}}).encode() + b"\n"
 
     def chunks_of(size: int) -> Script:
@@ -153,7 +153,7 @@ def test_a_long_watch_line_in_small_chunks_is_read_whole_and_one_byte_chunks_are
     assert len(events) == 1 and events[0].object["metadata"]["name"] == "x" * 600_000
     hostile.scripts[:] = [chunks_of(1)]  # a CPU sink (h11 spends microseconds on every chunk): refused early
     started = time.monotonic()
-    with pytest.raises(ApiUnreachable, match="chunks of 1.0 bytes on average"):
+    with pytest.raises(ApiUnreachable, match=r"chunks of 1\.0 bytes on average"):
         list(api(hostile, certificate).watch("/api/v1/configmaps", query={}))
     assert time.monotonic() - started < 2.0
 
