@@ -18,7 +18,7 @@ import pytest
 from ipmasq.errors import ApiClientError, ApiServerError, ApiUnreachable, TooManyRequests
 from ipmasq.kube import client as client_module
 from ipmasq.kube.client import MAX_ANSWER_BYTES, KubeClient, RetryGate
-from ipmasq.kube.credentials import Credentials
+from ipmasq.kube.credentials import Credentials, ExecPlugin
 
 Script = Callable[[ssl.SSLSocket, bytes], None]  # the connection and the request head it read
 
@@ -35,9 +35,12 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 class HostileServer:
     """A TLS server on 127.0.0.1: every request is handed to the next script queued (the last one repeats)."""
 
-    def __init__(self, certificate: tuple[Path, Path]) -> None:
+    def __init__(self, certificate: tuple[Path, Path], client_ca: Path | None = None) -> None:
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.load_cert_chain(*certificate)
+        if client_ca is not None:  # a client certificate signed by this CA is required
+            self.context.verify_mode = ssl.CERT_REQUIRED
+            self.context.load_verify_locations(cafile=str(client_ca))
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.scripts: list[Script] = []
@@ -236,3 +239,81 @@ def test_garbage_and_early_closes_are_one_line_errors(hostile, certificate) -> N
         with pytest.raises(ApiUnreachable) as raised:
             api(hostile, certificate).get("/api/v1/nodes")
         assert "\n" not in str(raised.value) and len(str(raised.value)) < 300
+
+
+def make_certificate(directory: Path, name: str, san: str) -> tuple[Path, Path]:
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+                    f"{name}.pem", "-days", "1", "-subj", f"/CN={name}", "-addext", f"subjectAltName={san}"],
+                   cwd=directory, check=True, capture_output=True)
+    return directory / f"{name}.pem", directory / f"{name}.key"
+
+
+def test_tls_server_name_is_what_the_certificate_is_checked_against(tmp_path: Path) -> None:
+    named = make_certificate(tmp_path, "api", "DNS:api.internal")  # no IP in it: 127.0.0.1 alone would not match
+    server = HostileServer(named)
+    try:
+        server.scripts[:] = [answer(200, b'{"kind":"NodeList"}')]
+        plain = Credentials(host="127.0.0.1", port=server.port, ca_file=str(named[0]))
+        with pytest.raises(ApiUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
+            KubeClient(plain, timeout=2).get("/api/v1/nodes")
+        renamed = Credentials(host="127.0.0.1", port=server.port, ca_file=str(named[0]),
+                              tls_server_name="api.internal")
+        assert KubeClient(renamed, timeout=2).get("/api/v1/nodes") == {"kind": "NodeList"}
+    finally:
+        server.close()
+
+
+def test_the_api_server_is_reached_through_an_http_proxys_tunnel(hostile, certificate) -> None:  # type: ignore[no-untyped-def]
+    asked: list[bytes] = []
+    proxy = socket.create_server(("127.0.0.1", 0))
+
+    def pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            sink.close()
+
+    def tunnel() -> None:
+        client_side, _ = proxy.accept()
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += client_side.recv(4096)
+        asked.append(head.split(b"\r\n", 1)[0])
+        upstream = socket.create_connection(("127.0.0.1", hostile.port))
+        client_side.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        threading.Thread(target=pipe, args=(upstream, client_side), daemon=True).start()
+        pipe(client_side, upstream)
+
+    threading.Thread(target=tunnel, daemon=True).start()
+    hostile.scripts[:] = [answer(200, b'{"kind":"NodeList"}')]
+    credentials = Credentials(host="127.0.0.1", port=hostile.port, ca_file=str(certificate[0]), token="secret",
+                              proxy_url=f"http://127.0.0.1:{proxy.getsockname()[1]}")
+    try:
+        assert KubeClient(credentials, timeout=5).get("/api/v1/nodes") == {"kind": "NodeList"}
+    finally:
+        proxy.close()
+    assert asked == [f"CONNECT 127.0.0.1:{hostile.port} HTTP/1.1".encode()]
+    assert all(b"CONNECT" not in request for request in hostile.requests)  # the API server sees only the request
+
+
+def test_an_exec_plugins_client_certificate_is_presented(tmp_path: Path, certificate) -> None:  # type: ignore[no-untyped-def]
+    user_cert, user_key = make_certificate(tmp_path, "user", "DNS:user")
+    server = HostileServer(certificate, client_ca=user_cert)
+    credential = {"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                  "status": {"clientCertificateData": user_cert.read_text(), "clientKeyData": user_key.read_text()}}
+    plugin = tmp_path / "plugin"
+    plugin.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(credential)}\nEOF\n")
+    plugin.chmod(0o700)
+    try:
+        server.scripts[:] = [answer(200, b'{"kind":"NodeList"}')]
+        credentials = Credentials(host="127.0.0.1", port=server.port, ca_file=str(certificate[0]),
+                                  exec_plugin=ExecPlugin(command=str(plugin),
+                                                         api_version="client.authentication.k8s.io/v1",
+                                                         interactive_mode="Never"))
+        assert KubeClient(credentials, timeout=5).get("/api/v1/nodes") == {"kind": "NodeList"}
+        assert all(b"Authorization" not in request for request in server.requests)  # a certificate, no token
+    finally:
+        server.close()
