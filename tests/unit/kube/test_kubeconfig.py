@@ -11,6 +11,7 @@ import stat
 import subprocess
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -138,3 +139,30 @@ def test_an_exec_plugin_that_never_answers_is_cut_off(tmp_path: Path, monkeypatc
     credentials = load(str(config))
     with pytest.raises(ApiError, match="no credential within"):
         auth_module.run_exec_plugin(credentials.exec_plugin, timeout=0.5)  # type: ignore[arg-type]
+
+
+def test_what_lightkube_reads_from_one_kubeconfig_we_read_the_same(tmp_path: Path) -> None:
+    """lightkube (a well-kept client) as the oracle for what both read: contexts, servers, tokens, CA data."""
+    from lightkube.config.kubeconfig import KubeConfig
+
+    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
+    config = write(tmp_path / "config", {
+        "current-context": "prod",
+        "contexts": [{"name": "prod", "context": {"cluster": "p", "user": "admin"}},
+                     {"name": "dev", "context": {"cluster": "d", "user": "dev"}}],
+        "clusters": [{"name": "p", "cluster": {"server": "https://203.0.113.10:6443",
+                                               "certificate-authority-data": ca}},
+                     {"name": "d", "cluster": {"server": "https://[2001:db8::1]", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "admin", "user": {"token": "t-admin"}}, {"name": "dev", "user": {"tokenFile": "tok"}}]})
+    oracle = KubeConfig.from_file(config)
+    for context in ("prod", "dev", None):
+        theirs = oracle.get(context)
+        assert theirs is not None and theirs.user is not None
+        ours = load(str(config), context=context)
+        server = urlsplit(theirs.cluster.server)
+        assert (ours.host.strip("[]"), ours.port) == (server.hostname, server.port or 443)
+        assert ours.insecure == theirs.cluster.insecure
+        assert ours.token == theirs.user.token
+        assert (ours.token_file is None) == (theirs.user.token_file is None)
+        assert ours.ca_data == (base64.b64decode(theirs.cluster.certificate_auth_data).decode()
+                                if theirs.cluster.certificate_auth_data else None)
