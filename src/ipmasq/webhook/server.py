@@ -55,7 +55,8 @@ MAX_BODY_BYTES = 16 << 20
 BODY_BUDGET_BYTES = 48 << 20
 REQUEST_SECONDS = 10.0  # the whole request from its first byte: the API server gives a review at most 30 s
 KEEP_ALIVE_SECONDS = 30.0  # an idle connection between reviews (the API server keeps them for reuse)
-MAX_CONNECTIONS = 256
+# asyncio's TLS keeps a 256 KiB buffer per connection: 128 of them are 32 MiB, and the API server keeps a few
+MAX_CONNECTIONS = 128
 BACKLOG = 1024
 MAX_HEAD_BYTES = 64 * 1024
 GRACE_SECONDS = 10.0  # a shutdown waits this long for the requests in flight
@@ -98,6 +99,14 @@ class _GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown; a connection between requests is dropped at once (a TLS close would wait
+        for a peer that may never answer), one in a request finishes it first."""
+        idle = self.cycle is None or self.cycle.response_complete
+        super().shutdown()
+        if idle:
+            self.transport.abort()
 
     def _deciding(self) -> bool:
         """Whether its request is in whole and waits for (or is in) its decision: never evicted."""
@@ -219,7 +228,7 @@ class WebhookServer:
         started = time.monotonic()
         held = 0
         try:
-            chunks: list[bytes] = []
+            body = bytearray()  # json.loads reads it as it is: one copy of the body, not chunks and their join
             while True:  # the whole body before any decision slot: a slow upload holds only its own connection
                 message = await receive()
                 if message["type"] != "http.request":
@@ -230,11 +239,9 @@ class WebhookServer:
                     return
                 self._held_bytes += len(chunk)
                 held += len(chunk)
-                chunks.append(chunk)
+                body += chunk
                 if not message.get("more_body", False):
                     break
-            body = b"".join(chunks)
-            del chunks
             if self._decisions is None:
                 self._decisions = asyncio.Semaphore(self.workers)
             async with self._decisions:
@@ -253,7 +260,7 @@ class WebhookServer:
                     print(f"ipmasq webhook: a decision's log line failed: {one_line(repr(exc))[:200]}",
                           file=sys.stderr, flush=True)
 
-    def _decide(self, body: bytes, started: float) -> tuple[int, bytes, str, str | None]:
+    def _decide(self, body: bytearray, started: float) -> tuple[int, bytes, str, str | None]:
         """In a decision thread: the status, the answer, its type, and the line to log (None: none)."""
         if body.count(b"{") + body.count(b"[") > MAX_CONTAINERS:
             return 400, b"not an AdmissionReview: more objects and arrays than a ConfigMap's review has\n", \
