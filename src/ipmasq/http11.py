@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -239,10 +239,11 @@ class Connection:
                 raise HttpError("the connection closed before an answer")
             self._h11.receive_data(data)
 
-    def _io(self, action: object, deadline: Deadline) -> bytes:
+    def _io(self, action: Callable[[], object], deadline: Deadline) -> bytes:
+        """`action` on the socket within what is left of `deadline` (its bytes, when it reads)."""
         try:
             self.sock.settimeout(deadline.left())
-            result = action()  # type: ignore[operator]
+            result = action()
         except HttpTimeout:
             self._broken = True
             raise
