@@ -317,3 +317,30 @@ def test_an_exec_plugins_client_certificate_is_presented(tmp_path: Path, certifi
         assert all(b"Authorization" not in request for request in server.requests)  # a certificate, no token
     finally:
         server.close()
+
+
+def test_ipmasq_status_logs_in_through_an_exec_plugin_from_a_merged_kubeconfig(
+        hostile, certificate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from ipmasq.cli import main
+
+    plugin = tmp_path / "gke-gcloud-auth-plugin"
+    plugin.write_text('#!/bin/sh\necho \'{"apiVersion":"client.authentication.k8s.io/v1beta1",'
+                      '"kind":"ExecCredential","status":{"token":"from-the-plugin"}}\'\n')
+    plugin.chmod(0o700)
+    users = tmp_path / "users"
+    users.write_text(json.dumps({"users": [{"name": "gke", "user": {"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1beta1", "command": str(plugin),
+        "interactiveMode": "Never", "installHint": "gcloud components install gke-gcloud-auth-plugin"}}}]}))
+    clusters = tmp_path / "clusters"
+    clusters.write_text(json.dumps({
+        "current-context": "gke", "contexts": [{"name": "gke", "context": {"cluster": "gke", "user": "gke"}}],
+        "clusters": [{"name": "gke", "cluster": {"server": f"https://127.0.0.1:{hostile.port}",
+                                                 "certificate-authority": str(certificate[0])}}]}))
+    monkeypatch.setenv("KUBECONFIG", f"{clusters}:{users}")
+    hostile.scripts[:] = [answer(200, b'{"kind":"List","items":[]}')]
+    code = main(["status", "-o", "json"])
+    assert code in (0, 1)  # an answer about the fleet: no usage error, no traceback
+    json.loads(capsys.readouterr().out)
+    assert hostile.requests and all(b"Authorization: Bearer from-the-plugin" in r for r in hostile.requests)
+    assert hostile.connections == 1  # one kept-alive connection for every call of the command
