@@ -6,16 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_debian=()
-for tool in iptables:iptables ip6tables:iptables nft:nftables ip:iproute2 conntrack:conntrack kubectl:kubernetes-client \
-    promtool:prometheus \
-    etcd:etcd-server containerd:containerd runc:runc podman:podman mmdebstrap:mmdebstrap go:golang-go make:make \
-    rsync:rsync jq:jq dpkg-source:dpkg-dev gcc:gcc openssl:openssl; do
-  # the second line: the Kubernetes lab (a real cluster from Debian's packages, built once and cached)
+for tool in iptables:iptables ip6tables:iptables nft:nftables ip:iproute2 conntrack:conntrack promtool:prometheus \
+    runc:runc podman:podman mmdebstrap:mmdebstrap gcc:gcc openssl:openssl; do
+  # the second line: the Kubernetes lab (its Kubernetes, etcd and containerd are built from Go modules and cached)
   command -v "${tool%%:*}" >/dev/null 2>&1 || need_debian+=("${tool#*:}")
 done
 [ -x /usr/lib/cni/bridge ] || need_debian+=(containernetworking-plugins)
-# the Kubernetes lab's build replaces the reflect2 Kubernetes 1.20 vendors (it crashes under Debian's Go) with this one
-[ -d /usr/share/gocode/src/github.com/modern-go/reflect2 ] || need_debian+=(golang-github-modern-go-reflect2-dev)
 if [ ${#need_debian[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing ${need_debian[*]} from Debian" >&2
@@ -24,6 +20,11 @@ if [ ${#need_debian[@]} -gt 0 ]; then
   else
     echo "bootstrap: missing ${need_debian[*]} (run as root on Debian to install them)" >&2
   fi
+fi
+
+# the Kubernetes lab builds Kubernetes 1.37 with the go command (Go 1.26 or newer; Debian 12's golang-go is 1.19)
+if ! command -v go >/dev/null 2>&1; then
+  echo "bootstrap: no go on PATH: the Kubernetes lab needs Go 1.26 or newer to build its cluster" >&2
 fi
 
 PYTHON=${PYTHON:-python3}

@@ -29,15 +29,18 @@ def register(subparsers: Any) -> None:
         "config, with the seconds each node took and the alerts each one raised.",
     )
     parser.add_argument("--scenario", default="all", metavar="NAME", help="a scenario name, or all (default)")
-    parser.add_argument("--backend", choices=BACKENDS, default="iptables", help="the agent's backend")
+    parser.add_argument("--backend", choices=BACKENDS, default=None,
+                        help="the agent's backend (default iptables; with --kubernetes the scenarios alternate "
+                        "between iptables and nftables, so one run covers both beside either kube-proxy mode)")
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
     parser.add_argument("--keep", action="store_true",
                         help="leave the namespaces (and the last agent) for exploring; prints how to enter them")
     parser.add_argument("--kubernetes", action="store_true",
-                        help="run the scenarios on a real Kubernetes cluster in the namespaces (etcd, kube-apiserver, "
-                        "controller-manager, scheduler; two nodes in two pools, each with containerd, kubelet and "
-                        "kube-proxy), the agent installed with kubectl apply -k deploy/ from an image built from the "
-                        "Dockerfile; binaries and images are built once and cached in /var/cache/ipmasq/kube-lab")
+                        help="run the scenarios on a real Kubernetes 1.37 cluster in the namespaces (etcd, "
+                        "kube-apiserver, controller-manager, scheduler; two nodes in two pools, each with containerd, "
+                        "kubelet and kube-proxy, one in iptables mode and one in nftables mode), the agent installed "
+                        "with kubectl apply -k deploy/ from an image built from the Dockerfile; binaries (from Go "
+                        "modules, with Go 1.26+) and images are built once and cached in /var/cache/ipmasq/kube-lab")
     parser.add_argument("--down", action="store_true",
                         help="with --kubernetes: remove a cluster left by --keep (processes, namespaces, state)")
     parser.add_argument("--prepare", action="store_true",
@@ -82,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         lab = build_lab(net)
         for scenario in chosen:
-            results.append(run_scenario(lab, scenario, backend=args.backend))
+            results.append(run_scenario(lab, scenario, backend=args.backend or "iptables"))
             if args.output == "text":
                 _print_scenario(results[-1])
     finally:
@@ -140,7 +143,7 @@ def _run_fleet(args: argparse.Namespace) -> int:
     result: FleetResult | None = None
     progress = (lambda line: print(f"-- {line}", flush=True)) if args.output == "text" else (lambda _line: None)
     try:
-        lab = build_fleet(net, args.backend)
+        lab = build_fleet(net, args.backend or "iptables")
         result = run_fleet_rollout(lab, progress=progress)
     finally:
         if args.keep:

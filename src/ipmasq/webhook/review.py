@@ -2,8 +2,9 @@
 
 Pure, no I/O: the agent's own loader says what the agent would refuse, `ipmasq lint` says what it would accept but
 its author cannot have meant (a denial) and what works but surprises (a warning), so the webhook, the agent and
-lint can never disagree. Every other ConfigMap is allowed at once, without reading its data: the webhook sees every
-ConfigMap write of the cluster (the API server cannot select one object by name) and must not slow them down.
+lint can never disagree. Every other ConfigMap is allowed at once, without reading its data: the configuration's
+matchConditions (deploy/webhook) send only the ConfigMaps judged here, and any other that reaches the webhook all the
+same (a configuration without them) must not be slowed down.
 """
 
 from __future__ import annotations

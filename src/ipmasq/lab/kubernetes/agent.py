@@ -16,8 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ipmasq.backends.base import Backend
 from ipmasq.backends.iptables import IptablesBackend, Variant
+from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.lab.kubernetes.cluster import Cluster, ClusterError, NodeSpec
 from ipmasq.lab.netns import NamespaceRunner
 from ipmasq.lab.scenarios import GKE_FLAGS, NO_RULES, policy_for
@@ -25,11 +28,13 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 
 __all__ = [
-    "AGENT_LABEL", "CONFIGMAP", "agent_pods", "apply_config", "deploy_agent", "kernel", "lab_overlay",
-    "node_options", "overlay_for", "remove_agent", "uninstall", "wait_agents_ready", "wait_synced", "wait_volume",
+    "AGENT_LABEL", "CONFIGMAP", "SHIPPED_BACKEND", "agent_pods", "apply_config", "deploy_agent", "kernel",
+    "lab_overlay", "node_options", "overlay_for", "remove_agent", "uninstall", "wait_agents_ready", "wait_synced",
+    "wait_volume",
 ]
 
 AGENT_LABEL = "k8s-app=ip-masq-agent"
+SHIPPED_BACKEND = "iptables"  # what deploy/ passes (--backend=iptables); the lab runs nftables through an overlay
 CONFIGMAP = "ip-masq-agent"
 OVERLAYS = {(): "deploy", GKE_FLAGS: "deploy/overlays/gke"}
 
@@ -42,23 +47,40 @@ def overlay_for(flags: tuple[str, ...]) -> str:
         raise ClusterError(f"no shipped manifest runs the agent with {' '.join(flags)}") from None
 
 
-def lab_overlay(cluster: Cluster, shipped: str, image: str) -> Path:
-    """A kustomization on top of the shipped one that changes only the image (the shipped files stay as they are)."""
+def lab_overlay(cluster: Cluster, shipped: str, image: str, backend: str = SHIPPED_BACKEND) -> Path:
+    """A kustomization on top of the shipped one that changes only the image and, for another backend than the
+    shipped one, the agent's --backend flag (the shipped files stay as they are)."""
     repository, tag = image.rsplit(":", 1)
-    directory = cluster.state / "deploy" / shipped.replace("/", "-") / tag
+    directory = cluster.state / "deploy" / shipped.replace("/", "-") / backend / tag
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "kustomization.yaml").write_text(json.dumps({
+    kustomization: dict[str, Any] = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         # kustomize takes a base by a relative path only
         "resources": [os.path.relpath((cluster.source / shipped).resolve(), directory.resolve())],
         "images": [{"name": "ipmasq/ipmasq", "newName": repository, "newTag": tag}],
-    }, indent=2) + "\n")
+    }
+    if backend != SHIPPED_BACKEND:
+        args = _shipped_args(cluster, shipped)
+        (index,) = [i for i, arg in enumerate(args) if arg == f"--backend={SHIPPED_BACKEND}"]
+        kustomization["patches"] = [{
+            "target": {"group": "apps", "version": "v1", "kind": "DaemonSet", "name": "ip-masq-agent"},
+            "patch": json.dumps([{"op": "replace", "path": f"/spec/template/spec/containers/0/args/{index}",
+                                  "value": f"--backend={backend}"}])}]
+    (directory / "kustomization.yaml").write_text(json.dumps(kustomization, indent=2) + "\n")
     return directory
 
 
-def deploy_agent(cluster: Cluster, shipped: str = "deploy", *, image: str | None = None, wait: bool = True) -> None:
-    """`kubectl apply -k` of a shipped kustomization (deploy/ or an overlay), the lab's image in it."""
-    cluster.kubectl("apply", "-k", str(lab_overlay(cluster, shipped, image or cluster.artifacts.image)))
+def _shipped_args(cluster: Cluster, shipped: str) -> list[str]:
+    built = cluster.kubectl("kustomize", str(cluster.source / shipped)).stdout
+    (daemonset,) = [d for d in yaml.safe_load_all(built) if d and d.get("kind") == "DaemonSet"]
+    return list(daemonset["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def deploy_agent(cluster: Cluster, shipped: str = "deploy", *, image: str | None = None, wait: bool = True,
+                 backend: str = SHIPPED_BACKEND) -> None:
+    """`kubectl apply -k` of a shipped kustomization (deploy/ or an overlay), the lab's image in it, the agent on
+    `backend`."""
+    cluster.apply_shipped(lab_overlay(cluster, shipped, image or cluster.artifacts.image, backend))
     if wait:
         wait_agents_ready(cluster)
 
@@ -104,20 +126,23 @@ def node_options(options: PolicyOptions, node: NodeSpec) -> PolicyOptions:
     return replace(options, node_name=node.name)
 
 
-def kernel(cluster: Cluster, node: NodeSpec, options: PolicyOptions) -> Backend:
-    """The node's nat rules as the agent's own iptables backend reads them (Debian's iptables: the nft variant)."""
-    return IptablesBackend(NamespaceRunner(cluster.namespace(node)), chain=options.masq_chain, variant=Variant.NFT,
+def kernel(cluster: Cluster, node: NodeSpec, options: PolicyOptions, backend: str = SHIPPED_BACKEND) -> Backend:
+    """The node's nat rules as the agent's own backend reads them (iptables: Debian's, the nft variant)."""
+    runner = NamespaceRunner(cluster.namespace(node))
+    if backend == "nftables":
+        return NftablesBackend(runner)
+    return IptablesBackend(runner, chain=options.masq_chain, variant=Variant.NFT,
                            families=policy_for(NO_RULES, options).families)
 
 
 def wait_synced(cluster: Cluster, node: NodeSpec, config: str | None, options: PolicyOptions, *,
-                timeout: float = 60.0) -> float:
+                timeout: float = 60.0, backend: str = SHIPPED_BACKEND) -> float:
     """Wait until the node's kernel holds what the agent should write for this config; returns the seconds."""
     policy: Policy = policy_for(config, node_options(options, node))
-    backend = kernel(cluster, node, options)
+    kernel_rules = kernel(cluster, node, options, backend)
     started = time.monotonic()
     while True:
-        if all(backend.read(f) == backend.desired(policy, f) for f in policy.families):
+        if all(kernel_rules.read(f) == kernel_rules.desired(policy, f) for f in policy.families):
             return time.monotonic() - started
         if time.monotonic() - started > timeout:
             pod = _pod_name(cluster, node)

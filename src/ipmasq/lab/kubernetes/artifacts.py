@@ -1,16 +1,22 @@
-"""What the Kubernetes lab runs, built from Debian's packages and cached on the machine.
+"""What the Kubernetes lab runs, built from Go modules and Debian's packages and cached on the machine.
 
-    CACHE/kubernetes/bin/      kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, built
-                               with Debian's Go from Debian's `kubernetes` source package (1.20.2: the newest Debian
-                               ships with its vendor tree, so it builds offline) with Kubernetes' own `make`
-    CACHE/pause/pause.tar      the pod sandbox image: Kubernetes' pause.c, compiled static, as a docker-archive
+    CACHE/kubernetes/bin/      kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl:
+                               module k8s.io/kubernetes (gomod/kubernetes/go.mod pins the release)
+    CACHE/etcd/bin/            etcd: module go.etcd.io/etcd/server/v3 (gomod/etcd)
+    CACHE/containerd/bin/      containerd, containerd-shim-runc-v2, ctr: module github.com/containerd/containerd/v2
+                               (gomod/containerd)
+    CACHE/pause/pause.tar      the pod sandbox image: a pause.c like Kubernetes' own, compiled static, as a
+                               docker-archive
     CACHE/base/                a bookworm root file system (mmdebstrap), the image's base where none can be pulled
     CACHE/image/               the agent's image, built from the repository's Dockerfile with that base (podman)
+    CACHE/go/                  the Go module and build caches of these builds
 
-CACHE is /var/cache/ipmasq/kube-lab (IPMASQ_LAB_CACHE overrides it). Each artifact is stored with the key of its
-inputs (the source package, the Go version, the pause source, the package list, the repository's files) and rebuilt
-only when the key changes; a half-built artifact never has a key, so an interrupted build starts again.
-Control-plane binaries already on the machine (KUBEBUILDER_ASSETS, then PATH) are used instead of building.
+runc and the CNI plugins are Debian's (runc, containernetworking-plugins). CACHE is /var/cache/ipmasq/kube-lab
+(IPMASQ_LAB_CACHE overrides it). Each artifact is stored with the key of its inputs (go.mod and go.sum, the Go
+version, the pause source, the package list, the repository's files) and rebuilt only when the key changes. A build
+writes into NAME.partial and is renamed into place with its key last, so a half-built artifact is never used and an
+interrupted build starts again. Every module is downloaded before anything compiles: a module the proxy refuses (or
+an unreachable proxy) ends the preparation with one line naming it, before any cluster starts.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -30,32 +37,28 @@ from pathlib import Path
 from ipmasq.errors import IpmasqError
 
 __all__ = [
-    "KUBE_BINARIES", "PAUSE_IMAGE", "Artifacts", "BuildError", "Toolchain", "cache_dir", "ensure_artifacts",
-    "kubernetes_toolchain", "missing_packages",
+    "CONTAINERD_BINARIES", "KUBE_BINARIES", "PAUSE_IMAGE", "Artifacts", "BuildError", "GoBuild", "Toolchain",
+    "cache_dir", "ensure_artifacts", "kubernetes_toolchain", "missing_packages",
 ]
 
-KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
-PAUSE_IMAGE = "k8s.gcr.io/pause:3.2"  # what kubelet 1.20 and containerd 1.6 name the sandbox image
+KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl")
+CONTAINERD_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"  # containerd's pinned sandbox image: imported, never pulled
 BASE_PACKAGES = ("python3", "python3-venv", "iptables", "nftables", "conntrack", "ca-certificates")
 IMAGE_REPOSITORY = "ipmasq/ipmasq"
-# Debian's kubernetes source package is in main as deb-src only: a private sources list, never the machine's
-DEB_SRC = ("deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian "
-           "bookworm main")
+GOMOD = Path(__file__).with_name("gomod")
+GO_MINIMUM = (1, 26)  # what kubelet 1.37 and its modules' go lines ask for
+GO_JOBS = "2"  # compile jobs at once: the machines have 2 cores
+GO_FALLBACKS = ("/usr/local/go/bin/go",)  # Go's own install location, when go is not on PATH
 
 # command -> the Debian package that provides it (what `missing_packages` names)
 REQUIRED_COMMANDS = {
-    "etcd": "etcd-server", "containerd": "containerd", "ctr": "containerd", "runc": "runc", "kubectl":
-    "kubernetes-client", "nsenter": "util-linux", "unshare": "util-linux", "openssl": "openssl", "ip": "iproute2",
-    "iptables": "iptables", "conntrack": "conntrack", "podman": "podman", "mmdebstrap": "mmdebstrap",
-    "gcc": "gcc", "go": "golang-go", "make": "make", "rsync": "rsync", "jq": "jq", "dpkg-source": "dpkg-dev",
+    "runc": "runc", "nsenter": "util-linux", "unshare": "util-linux", "openssl": "openssl", "ip": "iproute2",
+    "iptables": "iptables", "nft": "nftables", "conntrack": "conntrack", "podman": "podman",
+    "mmdebstrap": "mmdebstrap", "gcc": "gcc",
 }
+BUILD_ONLY = {"podman", "mmdebstrap", "gcc"}
 CNI_PLUGINS_DIR = "/usr/lib/cni"  # containernetworking-plugins
-# Kubernetes 1.20 vendors reflect2 1.0.1, which crashes under Go 1.18 and newer on map iteration (the API server dies
-# with "fatal error: fault" in reflect2's UnsafeIterate the first time it serves a custom resource); Debian's
-# golang-github-modern-go-reflect2-dev is 1.0.2, the release that fixed it, with the same API. It replaces the
-# vendored copy before the build.
-REFLECT2_DIR = "/usr/share/gocode/src/github.com/modern-go/reflect2"
-REFLECT2_PACKAGE = "golang-github-modern-go-reflect2-dev"
 
 
 class BuildError(IpmasqError):
@@ -68,22 +71,32 @@ def cache_dir() -> Path:
 
 def missing_packages(*, building: bool = True) -> list[str]:
     """The Debian packages whose commands are missing (sorted, once each); `building`: also the build tools."""
-    build_only = {"podman", "mmdebstrap", "gcc", "go", "make", "rsync", "jq", "dpkg-source"}
-    wanted = {c: p for c, p in REQUIRED_COMMANDS.items() if building or c not in build_only}
+    wanted = {c: p for c, p in REQUIRED_COMMANDS.items() if building or c not in BUILD_ONLY}
     missing = {p for c, p in wanted.items() if shutil.which(c) is None}
     if not os.path.exists(os.path.join(CNI_PLUGINS_DIR, "bridge")):
         missing.add("containernetworking-plugins")
-    if building and not os.path.isdir(REFLECT2_DIR):
-        missing.add(REFLECT2_PACKAGE)
     return sorted(missing)
 
 
 @dataclass(frozen=True)
 class Toolchain:
-    """Where each binary of the cluster comes from."""
+    """Where each binary of the cluster comes from: kube-*, kubectl, etcd, containerd, its shim and ctr."""
 
-    binaries: dict[str, str]  # kube-* name -> path
-    etcd: str
+    binaries: dict[str, str]  # name -> path
+    kubernetes_version: str  # the release the binaries were built from, e.g. v1.37.2
+
+    @property
+    def etcd(self) -> str:
+        return self.binaries["etcd"]
+
+    @property
+    def kubectl(self) -> str:
+        return self.binaries["kubectl"]
+
+    @property
+    def containerd_dir(self) -> str:
+        """containerd finds its shim on PATH: this directory goes first on the daemon's PATH."""
+        return os.path.dirname(self.binaries["containerd-shim-runc-v2"])
 
 
 @dataclass(frozen=True)
@@ -135,80 +148,145 @@ def _step(progress: Progress, what: str, build: Callable[[], None]) -> None:
     progress(f"built {what} in {time.monotonic() - started:.0f} s")
 
 
-# ---- Kubernetes binaries ---------------------------------------------------------------------------------------
+# ---- Go builds: Kubernetes, etcd, containerd -------------------------------------------------------------------
 
-def _present_binary(name: str) -> str | None:
-    assets = os.environ.get("KUBEBUILDER_ASSETS")
-    if assets and os.access(os.path.join(assets, name), os.X_OK):
-        return os.path.join(assets, name)
-    return shutil.which(name)
+@dataclass(frozen=True)
+class GoBuild:
+    """One cached directory of binaries built from the module in gomod/NAME (its go.mod's `tool` lines)."""
+
+    name: str  # gomod/NAME and CACHE/NAME
+    binaries: tuple[str, ...]  # what lands in CACHE/NAME/bin
+    # go build names a binary after its package's last element, the one before a /vN: server/v3 makes `server`
+    renames: tuple[tuple[str, str], ...] = ()
+    cgo: bool = False
+
+    @property
+    def module_dir(self) -> Path:
+        return GOMOD / self.name
+
+    def packages(self) -> list[str]:
+        return _tool_packages((self.module_dir / "go.mod").read_text())
+
+    def ldflags(self) -> str:
+        flags = "-s -w"
+        if self.name == "kubernetes":  # what Kubernetes' own build stamps: the version kubelet and kubectl report
+            version = kubernetes_version()
+            major, minor = version.lstrip("v").split(".")[:2]
+            flags += "".join(f" -X k8s.io/component-base/version.{name}={value}" for name, value in (
+                ("gitVersion", version), ("gitMajor", major), ("gitMinor", minor), ("gitTreeState", "clean")))
+        return flags
 
 
-def _go_version() -> str:
-    return _run(["go", "version"], what="go version").strip()
+GO_BUILDS = (
+    GoBuild("kubernetes", KUBE_BINARIES),
+    GoBuild("etcd", ("etcd",), renames=(("server", "etcd"),)),
+    GoBuild("containerd", CONTAINERD_BINARIES),
+)
 
 
-def _apt(cache: Path, *args: str) -> list[str]:
-    lists = cache / "apt" / "lists"
-    (lists / "partial").mkdir(parents=True, exist_ok=True)
-    sources = cache / "apt" / "sources.list"
-    sources.write_text(DEB_SRC + "\n")
-    return ["apt-get", "-qq", "-o", f"Dir::Etc::SourceList={sources}", "-o", "Dir::Etc::SourceParts=/dev/null",
-            "-o", f"Dir::State::Lists={lists}", *args]
+def _tool_packages(go_mod: str) -> list[str]:
+    """The packages of a go.mod's `tool` directives (one line or a block)."""
+    packages: list[str] = []
+    block = False
+    for raw in go_mod.splitlines():
+        line = raw.split("//", 1)[0].strip()
+        if block:
+            if line == ")":
+                block = False
+            elif line:
+                packages.append(line)
+        elif line == "tool (":
+            block = True
+        elif line.startswith("tool "):
+            packages.append(line.split()[1])
+    return packages
 
 
-def _build_kubernetes(cache: Path, wanted: list[str], key: str) -> None:
-    """Debian's source package, unpacked as upstream ships it, built with Kubernetes' own make."""
-    target = cache / "kubernetes"
-    work = cache / "kubernetes-src"
+def kubernetes_version() -> str:
+    """The k8s.io/kubernetes release gomod/kubernetes requires (the one source of the lab's version)."""
+    found = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes (v[0-9]+\.[0-9]+\.[0-9]+)\b",
+                      (GOMOD / "kubernetes" / "go.mod").read_text(), re.MULTILINE)
+    if found is None:
+        raise BuildError(f"{GOMOD / 'kubernetes' / 'go.mod'}: requires no k8s.io/kubernetes release")
+    return found.group(1)
+
+
+def _go_env(cache: Path) -> dict[str, str]:
+    """The builds' own caches under CACHE/go; no toolchain download (GOTOOLCHAIN=local: a too-old Go says so
+    instead of fetching another); the module proxy as the machine configures it."""
+    env = {**os.environ, "GOMODCACHE": str(cache / "go" / "mod"), "GOCACHE": str(cache / "go" / "build"),
+           "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly -buildvcs=false", "CGO_ENABLED": "0"}
+    go = shutil.which("go") or next((p for p in GO_FALLBACKS if os.access(p, os.X_OK)), None)
+    if go is not None:  # where the machine keeps Go without putting it on every PATH (a service's environment)
+        env["PATH"] = f"{os.path.dirname(go)}:{env.get('PATH', '/usr/bin:/bin')}"
+    return env
+
+
+def _go_version(env: dict[str, str]) -> str:
+    if shutil.which("go", path=env.get("PATH")) is None:
+        raise BuildError(f"go not found: the lab builds Kubernetes with Go {'.'.join(map(str, GO_MINIMUM))} or "
+                         "newer on PATH")
+    version = _run(["go", "env", "GOVERSION"], env=env, what="go env GOVERSION").strip()
+    found = re.match(r"go(\d+)\.(\d+)", version)
+    if found is None or (int(found.group(1)), int(found.group(2))) < GO_MINIMUM:
+        raise BuildError(f"{version or 'go'} is too old: the lab builds Kubernetes with Go "
+                         f"{'.'.join(map(str, GO_MINIMUM))} or newer")
+    return version
+
+
+def _go_download(build: GoBuild, work: Path, env: dict[str, str]) -> None:
+    """Every module the build needs, fetched through the go command before anything compiles: a refusal names the
+    module (go's own line, e.g. `go: k8s.io/kubernetes@v1.37.9: reading ...: 404 Not Found`)."""
+    try:
+        result = subprocess.run(["go", "mod", "download"], cwd=work, env=env, capture_output=True, text=True,
+                                timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"go mod download (gomod/{build.name}): {exc}") from None
+    if result.returncode != 0:
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        named = [line for line in lines if "@" in line] or lines or [f"exit {result.returncode}"]
+        raise BuildError(f"a Go module could not be downloaded for gomod/{build.name}: {named[-1][:400]}")
+
+
+def _go_build(cache: Path, build: GoBuild, key: str, env: dict[str, str]) -> None:
+    target, partial = cache / build.name, cache / f"{build.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    (partial / "bin").mkdir(parents=True)
+    work = partial / "module"
+    work.mkdir()
+    for name in ("go.mod", "go.sum"):  # built from a copy: the checkout is never written (go.sum stays as committed)
+        shutil.copy2(build.module_dir / name, work / name)
+    _go_download(build, work, env)
+    build_env = {**env, "CGO_ENABLED": "1" if build.cgo else "0"}
+    _run(["go", "build", "-p", GO_JOBS, "-trimpath", "-ldflags", build.ldflags(), "-o", str(partial / "bin") + "/",
+          *build.packages()], cwd=work, env=build_env, timeout=3600, what=f"go build (gomod/{build.name})")
+    for made, name in build.renames:
+        (partial / "bin" / made).rename(partial / "bin" / name)
+    missing = [name for name in build.binaries if not (partial / "bin" / name).is_file()]
+    if missing:
+        raise BuildError(f"go build (gomod/{build.name}) made no {', '.join(missing)}")
+    shutil.rmtree(work)
+    _write_stamp(partial, key, binaries=list(build.binaries))
     shutil.rmtree(target, ignore_errors=True)
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    _run(_apt(cache, "update"), what="apt-get update (deb-src)")
-    _run(_apt(cache, "source", "--download-only", "kubernetes"), cwd=work, what="apt-get source kubernetes")
-    (dsc,) = sorted(work.glob("kubernetes_*.dsc"))
-    _run(["dpkg-source", "-x", "--skip-debianization", dsc.name, "tree"], cwd=work, what="dpkg-source -x")
-    tree = work / "tree"
-    vendored = tree / "vendor" / "github.com" / "modern-go" / "reflect2"
-    shutil.rmtree(vendored)
-    shutil.copytree(REFLECT2_DIR, vendored,
-                    ignore=shutil.ignore_patterns("*_test.go", "tests", "go.mod", "go.sum", ".*"))
-    gopath = tree / ".go"
-    (gopath / "src" / "k8s.io").mkdir(parents=True)
-    (gopath / "src" / "k8s.io" / "kubernetes").symlink_to("../../..")
-    env = {**os.environ, "GOPATH": str(gopath), "GOCACHE": str(cache / "gocache"), "CGO_ENABLED": "0", "GOFLAGS": ""}
-    _run(["make", f"WHAT={' '.join('cmd/' + b for b in wanted)}"], cwd=tree, env=env, timeout=3600,
-         what="make (Kubernetes)")
-    (target / "bin").mkdir(parents=True)
-    for name in wanted:
-        shutil.copy2(tree / "_output" / "bin" / name, target / "bin" / name)
-    _write_stamp(target, key, source=dsc.name, binaries=wanted)
-    shutil.rmtree(work, ignore_errors=True)  # 1.5 GB of tree and objects; the Go cache stays for a rebuild
+    partial.rename(target)
 
 
-def _reflect2_digest() -> str:
-    if not os.path.isdir(REFLECT2_DIR):
-        raise BuildError(f"{REFLECT2_DIR} not found: apt-get install {REFLECT2_PACKAGE}")
-    digest = hashlib.sha256()
-    for path in sorted(Path(REFLECT2_DIR).glob("*.go")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+def _go_key(build: GoBuild, go_version: str) -> str:
+    return _key(build.name, go_version, build.ldflags(), *build.binaries,
+                (build.module_dir / "go.mod").read_bytes(), (build.module_dir / "go.sum").read_bytes())
 
 
 def _toolchain(cache: Path, progress: Progress) -> Toolchain:
-    etcd = shutil.which("etcd") or _present_binary("etcd")
-    if etcd is None:
-        raise BuildError("etcd not found: apt-get install etcd-server")
-    present = {name: _present_binary(name) for name in KUBE_BINARIES}
-    wanted = [name for name, path in present.items() if path is None]
-    binaries = {name: path for name, path in present.items() if path is not None}
-    if wanted:
-        key = _key("kubernetes bookworm source", _go_version(), _reflect2_digest(), *wanted)
-        if not _stamp_matches(cache / "kubernetes", key):
-            _step(progress, f"Kubernetes ({', '.join(wanted)}) from Debian's source package",
-                  lambda: _build_kubernetes(cache, wanted, key))
-        binaries.update({name: str(cache / "kubernetes" / "bin" / name) for name in wanted})
-    return Toolchain(binaries, etcd)
+    env = _go_env(cache)
+    binaries: dict[str, str] = {}
+    go_version = _go_version(env)
+    for build in GO_BUILDS:
+        key = _go_key(build, go_version)
+        if not _stamp_matches(cache / build.name, key):
+            _step(progress, f"{', '.join(build.binaries)} with {go_version} (gomod/{build.name})",
+                  lambda build=build, key=key: _go_build(cache, build, key, env))  # type: ignore[misc]
+        binaries.update({name: str(cache / build.name / "bin" / name) for name in build.binaries})
+    return Toolchain(binaries, kubernetes_version())
 
 
 # ---- the pause image -------------------------------------------------------------------------------------------
@@ -357,6 +435,7 @@ def _forget_older_images(current: str) -> None:
 def kubernetes_toolchain(progress: Progress) -> Toolchain:
     """Just the cluster's binaries (etcd, kube-apiserver, ...), built or taken from the cache: what a bench that
     needs a real API server runs, without the images."""
+    cache_dir().mkdir(parents=True, exist_ok=True)
     return _toolchain(cache_dir(), progress)
 
 

@@ -5,7 +5,11 @@
      ├─ control plane 10.142.0.2: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
      ├─ gke-prod-egress-pool-7f3k 10.142.15.203 (and the spare 10.142.15.204), pods 10.44.14.0/24
      └─ gke-prod-general-pool-2b9x 10.142.15.210, pods 10.44.15.0/24
-         each node: containerd, kubelet, kube-proxy (iptables mode), a CNI bridge for its pods
+         each node: containerd, kubelet, kube-proxy (the egress pool's in iptables mode, the general pool's in
+         nftables mode), a CNI bridge for its pods
+
+The API server enforces Pod Security `baseline` cluster-wide (an AdmissionConfiguration, as a hardened cluster
+does); kube-system carries the labels the README tells users to set for the agent (PRIVILEGED_NAMESPACE_LABELS).
 
 Every node has its own network namespace and its own mount namespace: a private /run (so the DaemonSet's hostPath
 /run/xtables.lock and /run/ip-masq-agent are the node's, as on a real machine), /var/log, and the three kernel
@@ -40,8 +44,8 @@ from ipmasq.lab.netns import Namespace, Network
 from ipmasq.lab.topology import ADDR, Lab, build_world
 
 __all__ = [
-    "API_PORT", "CONTROL_PLANE", "FAST_SYNC_FREQUENCY", "KUBELET_SYNC_FREQUENCY", "NODES", "Cluster",
-    "ClusterError", "NodeSpec", "cluster_is_up", "state_dir", "tear_down",
+    "API_PORT", "CONTROL_PLANE", "FAST_SYNC_FREQUENCY", "KUBELET_SYNC_FREQUENCY", "NODES",
+    "PRIVILEGED_NAMESPACE_LABELS", "Cluster", "ClusterError", "NodeSpec", "cluster_is_up", "state_dir", "tear_down",
 ]
 
 def _instance() -> str:
@@ -76,6 +80,12 @@ KUBELET_SYNC_FREQUENCY = "1m"
 FAST_SYNC_FREQUENCY = "2s"
 # what kubelet sets unless told otherwise (pkg/kubelet/cm: setupKernelTunables): shown to it, never written
 KUBELET_KERNEL_SETTINGS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
+# Pod Security: what the API server enforces, audits and warns about where a namespace says nothing (a cluster
+# hardened as the Pod Security Standards advise), and the labels kube-system needs for the agent's DaemonSet
+# (hostNetwork, NET_ADMIN: only `privileged` admits them). The README tells users to set exactly these.
+POD_SECURITY_DEFAULT = "baseline"
+PRIVILEGED_NAMESPACE_LABELS = {f"pod-security.kubernetes.io/{mode}": "privileged"
+                               for mode in ("enforce", "warn", "audit")}
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,7 @@ class NodeSpec:
     address: str
     pod_cidr: str
     extra_addresses: tuple[str, ...] = ()
+    proxy_mode: str = "iptables"  # kube-proxy's mode on the node: iptables or nftables
 
     @property
     def pod_gateway(self) -> str:
@@ -95,7 +106,9 @@ class NodeSpec:
 NODES = (
     # the egress pool's node also holds the spare address the partner's firewall admits
     NodeSpec("gke-prod-egress-pool-7f3k", "egress-pool", "node1", ADDR.node, "10.44.14.0/24", (ADDR.spare_node,)),
-    NodeSpec("gke-prod-general-pool-2b9x", "general-pool", "node2", "10.142.15.210", "10.44.15.0/24"),
+    # kube-proxy in nftables mode here (GA since 1.33, the planned default): the agent beside either mode
+    NodeSpec("gke-prod-general-pool-2b9x", "general-pool", "node2", "10.142.15.210", "10.44.15.0/24",
+             proxy_mode="nftables"),
 )
 
 
@@ -287,13 +300,23 @@ class Cluster:
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True,
                 timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         try:
-            result = subprocess.run(["kubectl", f"--kubeconfig={self.kubeconfig}", *args], input=stdin,
+            result = subprocess.run([self.artifacts.toolchain.kubectl, f"--kubeconfig={self.kubeconfig}", *args],
+                                    input=stdin,
                                     capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise ClusterError(f"kubectl {' '.join(args)}: no answer within {timeout:.0f} s") from None
         if check and result.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)}: {result.stderr.strip()[-500:]}")
         return result
+
+    def apply_shipped(self, kustomization: Path) -> None:
+        """`kubectl apply -k` of a shipped kustomization (through the lab's overlay): a `Warning:` from the API
+        server (a deprecated API or field, a Pod Security warning) fails it as an error would, since users would see
+        it on every supported release."""
+        result = self.kubectl("apply", "-k", str(kustomization))
+        warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]
+        if warnings:
+            raise ClusterError(f"kubectl apply -k {kustomization}: the API server warned: {' | '.join(warnings)}")
 
     def kubectl_json(self, *args: str) -> Any:
         """What kubectl prints with -o json (the API's objects, as plain JSON values)."""
@@ -317,6 +340,8 @@ class Cluster:
         _make_pki(self.state / "pki")
         self._credentials()
         self._control_plane()
+        self.kubectl("label", "--overwrite", "namespace", "kube-system",
+                     *(f"{k}={v}" for k, v in PRIVILEGED_NAMESPACE_LABELS.items()))
         progress(f"control plane up ({time.monotonic() - started:.0f} s)")
         for node in self.nodes:
             self._node(node)
@@ -386,9 +411,10 @@ class Cluster:
         self._api_server_argv = [
             *enter, tools.binaries["kube-apiserver"], "--etcd-servers=http://127.0.0.1:2379",
             f"--advertise-address={CONTROL_PLANE}", "--bind-address=0.0.0.0", "--secure-port=6443",
-            "--insecure-port=0", f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
             f"--token-auth-file={pki / 'tokens.csv'}", "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction",
+            f"--admission-control-config-file={self._admission_config()}",
             f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
             f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -411,7 +437,19 @@ class Cluster:
             "--use-service-account-credentials=true", "--bind-address=127.0.0.1"], group)
         self._start("kube-scheduler", [
             *enter, tools.binaries["kube-scheduler"], f"--kubeconfig={self.state / 'scheduler.kubeconfig'}",
-            "--leader-elect=false", "--bind-address=127.0.0.1", "--port=0"], group)
+            "--leader-elect=false", "--bind-address=127.0.0.1"], group)
+
+    def _admission_config(self) -> Path:
+        """Pod Security's cluster-wide defaults (the API server's AdmissionConfiguration)."""
+        path = self.state / "admission.yaml"
+        path.write_text(json.dumps({
+            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration", "plugins": [{
+                "name": "PodSecurity", "configuration": {
+                    "apiVersion": "pod-security.admission.config.k8s.io/v1", "kind": "PodSecurityConfiguration",
+                    "defaults": {f"{mode}{suffix}": (POD_SECURITY_DEFAULT if suffix == "" else "latest")
+                                 for mode in ("enforce", "audit", "warn") for suffix in ("", "-version")},
+                    "exemptions": {"usernames": [], "runtimeClasses": [], "namespaces": []}}}]}, indent=2) + "\n")
+        return path
 
     def _wait_api_ready(self) -> None:
         if not _wait(lambda: self.kubectl("get", "--raw", "/readyz", check=False, timeout=5).returncode == 0, 60,
@@ -462,9 +500,13 @@ class Cluster:
         (home / "containerd.toml").write_text(_containerd_config(home))
         (home / "cni" / "10-lab.conflist").write_text(_cni_config(node, home))
         group = (node.name, "daemons")
+        tools = self.artifacts.toolchain
+        # containerd finds its runc shim on PATH: the one built with it first
+        path = f"PATH={tools.containerd_dir}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
         self._start(f"{node.name}-containerd",
-                    self.in_node(node, ["containerd", f"--config={home / 'containerd.toml'}"]), group)
-        ctr = ["ctr", "--address=/run/containerd/containerd.sock", "--namespace=k8s.io"]
+                    self.in_node(node, ["env", path, tools.binaries["containerd"],
+                                        f"--config={home / 'containerd.toml'}"]), group)
+        ctr = self._ctr()
         if not _wait(lambda: subprocess.run(self.in_node(node, [*ctr, "version"]), capture_output=True).returncode
                      == 0, 30):
             raise ClusterError(f"{node.name}: containerd did not start (log: {self.state / 'logs'})")
@@ -481,7 +523,7 @@ class Cluster:
 
     def tag_image(self, node: NodeSpec, image: str, as_name: str) -> None:
         """Name an imported image as the kubelet asks for it (docker.io/NAME:TAG, whatever name podman saved)."""
-        ctr = ["ctr", "--address=/run/containerd/containerd.sock", "--namespace=k8s.io"]
+        ctr = self._ctr()
         listing = subprocess.run(self.in_node(node, [*ctr, "images", "ls", "-q"]), capture_output=True, text=True)
         tag = image.rsplit(":", 1)[1]
         source = next((ref for ref in listing.stdout.split() if ref.endswith(f"ipmasq/ipmasq:{tag}")), None)
@@ -492,13 +534,16 @@ class Cluster:
             subprocess.run(self.in_node(node, [*ctr, "images", "tag", "--force", source, target]),
                            capture_output=True, check=True)
 
+    def _ctr(self) -> list[str]:
+        return [self.artifacts.toolchain.binaries["ctr"], "--address=/run/containerd/containerd.sock",
+                "--namespace=k8s.io"]
+
     def start_kubelet(self, node: NodeSpec) -> None:
         home = self.state / "nodes" / node.name
         self.kubelets[node.name] = self._start(f"{node.name}-kubelet", self.in_node(node, [
             self.artifacts.toolchain.binaries["kubelet"], f"--config={home / 'kubelet.yaml'}",
-            f"--kubeconfig={self.state / (node.name + '.kubeconfig')}", "--container-runtime=remote",
-            "--container-runtime-endpoint=unix:///run/containerd/containerd.sock",
-            f"--root-dir={home / 'kubelet'}", f"--node-ip={node.address}", f"--hostname-override={node.name}",
+            f"--kubeconfig={self.state / (node.name + '.kubeconfig')}", f"--root-dir={home / 'kubelet'}",
+            f"--node-ip={node.address}", f"--hostname-override={node.name}",
             f"--node-labels=cloud.google.com/gke-nodepool={node.pool}", "--v=1"]), (node.name, "daemons"))
 
     def start_kube_proxy(self, node: NodeSpec) -> None:
@@ -601,22 +646,26 @@ class Cluster:
 
 
 def _containerd_config(home: Path) -> str:
-    return f"""version = 2
+    """containerd 2's configuration (version 3): the node's own root, state and socket; its CRI plugin with the lab's
+    pause image pinned (imported, never pulled), Debian's runc and CNI plugins, the node's CNI configuration."""
+    return f"""version = 3
 root = "{home / 'containerd'}"
 state = "/run/containerd"
 [grpc]
   address = "/run/containerd/containerd.sock"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+[plugins.'io.containerd.cri.v1.runtime']
   # root here cannot lower a process's oom_score_adj: runc would fail every sandbox
   restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
     conf_dir = "{home / 'cni'}"
 """
 
@@ -635,6 +684,10 @@ def _kubelet_config(node: NodeSpec, sync_frequency: str) -> str:
     return json.dumps({
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         "cgroupDriver": "cgroupfs", "cgroupRoot": f"/{CGROUP_ROOT}/{node.name}", "failSwapOn": False,
+        # this machine's cgroup hierarchy is v1, which kubelet refuses from 1.35 unless told (removal: 1.38 at the
+        # earliest); on a cgroup v2 host the setting changes nothing
+        "failCgroupV1": False,
+        "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
         "address": node.address, "readOnlyPort": 0, "healthzBindAddress": "127.0.0.1",
         "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
         "authorization": {"mode": "AlwaysAllow"},
@@ -647,14 +700,15 @@ def _kubelet_config(node: NodeSpec, sync_frequency: str) -> str:
 
 
 def _kube_proxy_config(node: NodeSpec, kubeconfig: Path) -> str:
+    sync = {"syncPeriod": "30s", "minSyncPeriod": "1s"}
     return json.dumps({
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
-        "clientConnection": {"kubeconfig": str(kubeconfig)}, "mode": "iptables", "clusterCIDR": ADDR.pod_range,
+        "clientConnection": {"kubeconfig": str(kubeconfig)}, "mode": node.proxy_mode, "clusterCIDR": ADDR.pod_range,
         "hostnameOverride": node.name, "bindAddress": node.address,
         "metricsBindAddress": "127.0.0.1:10249", "healthzBindAddress": "127.0.0.1:10256",
         # 0: leave the machine-wide conntrack table size and hash alone (kube-proxy would set them for everyone)
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
-        "iptables": {"syncPeriod": "30s", "minSyncPeriod": "1s"},
+        "iptables": sync, "nftables": sync,
     }, indent=2) + "\n"
 
 

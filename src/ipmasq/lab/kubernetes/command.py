@@ -33,7 +33,7 @@ def find_source(given: str | None) -> Path:
 
 def run_kubernetes_lab(args: argparse.Namespace, *, print_scenario: Callable[[Any], None]) -> int:
     from ipmasq.lab.kubernetes.agent import deploy_agent
-    from ipmasq.lab.kubernetes.scenarios import run_scenario
+    from ipmasq.lab.kubernetes.scenarios import run_scenario, scenario_backend
     from ipmasq.lab.kubernetes.webhook import deploy_webhook, wait_webhook_serving
     from ipmasq.lab.run import ScenarioResult
     from ipmasq.lab.scenarios import SCENARIOS
@@ -73,9 +73,10 @@ def run_kubernetes_lab(args: argparse.Namespace, *, print_scenario: Callable[[An
         progress("cluster up")
         # the admission webhook, as shipped: every scenario's ConfigMap goes through it, and --keep leaves it
         progress(f"admission webhook serving (deploy/webhook, {deploy_webhook(cluster):.0f} s)")
-        for scenario in chosen:
+        for index, scenario in enumerate(chosen):
             begun = time.monotonic()
-            results.append(run_scenario(cluster, scenario, progress=progress))
+            backend = args.backend or scenario_backend(index)
+            results.append(run_scenario(cluster, scenario, progress=progress, backend=backend))
             seconds.append(time.monotonic() - begun)
             if text:
                 print_scenario(results[-1])

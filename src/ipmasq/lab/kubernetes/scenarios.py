@@ -24,7 +24,15 @@ from ipmasq.lab.run import ScenarioResult
 from ipmasq.lab.scenarios import Phase, PhaseResult, Scenario, Vantage, outcome
 from ipmasq.lab.topology import ProbeClient
 
-__all__ = ["run_scenario"]
+__all__ = ["run_scenario", "scenario_backend"]
+
+BACKENDS = ("iptables", "nftables")
+
+
+def scenario_backend(index: int) -> str:
+    """The agent's backend for the scenario at this place in a run: they alternate, so a run of every scenario has
+    the agent on both backends, each beside kube-proxy in iptables mode on one node and nftables mode on the other."""
+    return BACKENDS[index % len(BACKENDS)]
 
 
 def _probe_client(cluster: Cluster, pod: str) -> ProbeClient:
@@ -54,7 +62,8 @@ def recreate_node(cluster: Cluster, node: NodeSpec, *, agent_running: bool) -> N
 
 
 def run_scenario(cluster: Cluster, scenario: Scenario, *, progress: Callable[[str], None] = lambda _l: None,
-                 ) -> ScenarioResult:
+                 backend: str = agent.SHIPPED_BACKEND) -> ScenarioResult:
+    """The scenario's phases with the agent on `backend` (the DaemonSet as shipped, or through the lab's overlay)."""
     result = ScenarioResult(scenario.name, scenario.summary)
     cluster.restart_kubelets(FAST_SYNC_FREQUENCY)  # config changes reach the nodes within seconds, not a minute
     assert cluster.world is not None
@@ -72,10 +81,10 @@ def run_scenario(cluster: Cluster, scenario: Scenario, *, progress: Callable[[st
                     for node in nodes:
                         recreate_node(cluster, node, agent_running=running)
                 if not running:
-                    agent.deploy_agent(cluster, shipped)
+                    agent.deploy_agent(cluster, shipped, backend=backend)
                     running = True
                 for node in nodes:
-                    agent.wait_synced(cluster, node, phase.config, phase.options)
+                    agent.wait_synced(cluster, node, phase.config, phase.options, backend=backend)
             else:
                 agent.remove_agent(cluster)
                 running = False
@@ -83,7 +92,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario, *, progress: Callable[[st
                     if phase.agent == "uninstalled":
                         agent.uninstall(cluster, node, chain)
                     else:  # SIGTERM left the rules
-                        agent.wait_synced(cluster, node, phase.config, phase.options, timeout=0)
+                        agent.wait_synced(cluster, node, phase.config, phase.options, timeout=0, backend=backend)
             for rule in phase.hand_written:
                 for node in nodes:
                     cluster.namespace(node).run(rule.command)

@@ -22,7 +22,7 @@ _CANARY = "nonMasqueradeCIDRs:\n  - 10.0.0.0/33\n"
 def deploy_webhook(cluster: Cluster, *, image: str | None = None, timeout: float = 120.0) -> float:
     """`kubectl apply -k deploy/webhook`, then wait until the API server's calls reach it; returns the seconds."""
     started = time.monotonic()
-    cluster.kubectl("apply", "-k", str(lab_overlay(cluster, SHIPPED, image or cluster.artifacts.image)))
+    cluster.apply_shipped(lab_overlay(cluster, SHIPPED, image or cluster.artifacts.image))
     wait_webhook_serving(cluster, timeout=timeout)
     return time.monotonic() - started
 

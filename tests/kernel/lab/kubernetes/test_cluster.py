@@ -1,8 +1,8 @@
 """The Kubernetes lab: the shipped DaemonSet on a real cluster (kube-apiserver, kubelet, containerd, kube-proxy), the
 image built from the Dockerfile, every namespace-lab scenario on real pods, and what an operator does with kubectl.
 
-One cluster for the module (about a minute to come up with the cache warm; a first run builds Kubernetes from
-Debian's source package and the image first). In CI a missing package or root is a failure, never a skip.
+One cluster for the module (about 20 s to come up with the cache warm; a first run builds Kubernetes, etcd and
+containerd from their Go modules and the image first). In CI a missing package or root is a failure, never a skip.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ipmasq.lab.kubernetes.cluster import (
     ClusterError,
     NodeSpec,
 )
-from ipmasq.lab.kubernetes.scenarios import run_scenario
+from ipmasq.lab.kubernetes.scenarios import run_scenario, scenario_backend
 from ipmasq.lab.scenarios import (
     EGRESS_NODE,
     GENERAL_NODE,
@@ -130,6 +130,15 @@ def _nat_lines(lab: Cluster, node_name: str, prefix: str) -> list[str]:
     return sorted(line for line in save.splitlines() if prefix in line and not line.startswith("#"))
 
 
+def _kube_proxy_rules(lab: Cluster, node: NodeSpec) -> list[str]:
+    """What kube-proxy wrote on the node, in its mode: its KUBE- chains (iptables), its `ip kube-proxy` table
+    (nftables)."""
+    if node.proxy_mode == "iptables":
+        return _nat_lines(lab, node.name, "KUBE-")
+    listed = lab.namespace(node).run(["nft", "list", "table", "ip", "kube-proxy"], check=False)
+    return listed.stdout.splitlines()
+
+
 def test_the_shipped_daemonset_is_ready_on_every_node_as_shipped(lab: Cluster) -> None:
     agent.apply_config(lab, None)
     agent.deploy_agent(lab)
@@ -196,9 +205,11 @@ def test_gke_default_change_cuts_the_aws_vpc_and_the_configmap_fixes_it_through_
         agent.uninstall(lab, node, GKE_OPTIONS.masq_chain)
 
 
-@pytest.mark.parametrize("name", list(SCENARIOS))
-def test_every_namespace_lab_scenario_on_real_pods(cluster: Cluster, name: str) -> None:
-    result = run_scenario(cluster, SCENARIOS[name], progress=_progress)
+@pytest.mark.parametrize(("name", "backend"), [(name, scenario_backend(i)) for i, name in enumerate(SCENARIOS)])
+def test_every_namespace_lab_scenario_on_real_pods(cluster: Cluster, name: str, backend: str) -> None:
+    """Every scenario, the agent on iptables or nftables in turn, each beside kube-proxy in iptables mode on one node
+    and in nftables mode on the other."""
+    result = run_scenario(cluster, SCENARIOS[name], progress=_progress, backend=backend)
     mismatches = [f"{p.node} {p.target}: predicted {p.predicted_source}, saw {p.seen_source}"
                   for phase in result.phases for p in phase.probes if not p.ok]
     assert result.error is None, result.error
@@ -288,24 +299,111 @@ def test_a_rolling_update_hands_over_without_a_connection_leaving_with_a_wrong_s
         assert "took the node lock" in logs
 
 
-def test_kube_proxys_rules_are_never_touched_and_check_finds_nothing_about_them(cluster: Cluster) -> None:
+@pytest.mark.parametrize("backend", ["iptables", "nftables"])
+def test_kube_proxys_rules_are_never_touched_and_check_finds_nothing_about_them(cluster: Cluster,
+                                                                                backend: str) -> None:
+    """Beside kube-proxy in iptables mode (the egress node) and in nftables mode (the general node), the agent on
+    either backend."""
+    agent.remove_agent(cluster)
     agent.apply_config(cluster, KEEP_10_8)
-    agent.deploy_agent(cluster)
-    before = {n.name: _nat_lines(cluster, n.name, "KUBE-") for n in cluster.nodes}
+    agent.deploy_agent(cluster, backend=backend)
+    before = {n.name: _kube_proxy_rules(cluster, n) for n in cluster.nodes}
     for node in cluster.nodes:
-        assert any("KUBE-SERVICES" in line for line in before[node.name])  # a real kube-proxy wrote them
+        # a real kube-proxy wrote them, in its mode
+        assert any(("KUBE-SERVICES" if node.proxy_mode == "iptables" else "chain services") in line
+                   for line in before[node.name]), node.proxy_mode
         assert any("default/kubernetes" in line for line in before[node.name])
     for pod in agent.agent_pods(cluster).values():  # new agents write their rules anew
         cluster.kubectl("delete", "pod", "-n", "kube-system", pod["metadata"]["name"])
     agent.wait_agents_ready(cluster)
     for node in cluster.nodes:
-        agent.wait_synced(cluster, node, KEEP_10_8, REFERENCE_OPTIONS)
-        assert _nat_lines(cluster, node.name, "KUBE-") == before[node.name]
+        agent.wait_synced(cluster, node, KEEP_10_8, REFERENCE_OPTIONS, backend=backend)
+        assert _kube_proxy_rules(cluster, node) == before[node.name]
     for node, pod in agent.agent_pods(cluster).items():
         result = agent.run_in_pod(cluster, "kube-system", pod["metadata"]["name"], ["ipmasq", "check"])
         assert result.returncode == 0, (node, result.stdout, result.stderr)
         assert "KUBE-" not in result.stdout
         assert "ok: the node's rules match the config" in result.stdout
+
+
+ECHO = "echo"  # a Service's backend: the probe server, answering with the source address it saw
+ECHO_PORT = 8080
+
+
+def _echo_service(lab: Cluster, backend_node: NodeSpec) -> tuple[str, int]:
+    """One probe-server pod on `backend_node` behind a Service of type NodePort (externalTrafficPolicy Cluster:
+    kube-proxy masquerades what enters through a node); returns (ClusterIP, NodePort)."""
+    labels = {"app": ECHO}
+    lab.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": ECHO, "namespace": LAB_NAMESPACE, "labels": labels},
+         "spec": {"nodeName": backend_node.name, "automountServiceAccountToken": False,
+                  "terminationGracePeriodSeconds": 0,
+                  "containers": [{"name": ECHO, "image": lab.artifacts.image, "imagePullPolicy": "Never",
+                                  "command": ["python", "-m", "ipmasq.lab.probe", "serve", str(ECHO_PORT)],
+                                  "readinessProbe": {"tcpSocket": {"port": ECHO_PORT}, "periodSeconds": 1}}]}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": ECHO, "namespace": LAB_NAMESPACE},
+         "spec": {"type": "NodePort", "externalTrafficPolicy": "Cluster", "selector": labels,
+                  "ports": [{"port": ECHO_PORT, "targetPort": ECHO_PORT, "protocol": "TCP"}]}},
+    ]}))
+    lab.kubectl("wait", "-n", LAB_NAMESPACE, f"pod/{ECHO}", "--for=condition=Ready", "--timeout=90s", timeout=100)
+    service = lab.kubectl_json("get", "service", "-n", LAB_NAMESPACE, ECHO)
+    return service["spec"]["clusterIP"], int(service["spec"]["ports"][0]["nodePort"])
+
+
+def _seen_from(python: list[str], host: str, port: int) -> str | None:
+    """The source the echo server saw for one connection made by `python` (a command that runs Python where the
+    connection starts), retried until kube-proxy has programmed the Service (its rules follow the endpoints within
+    its minSyncPeriod)."""
+    seen: list[str | None] = [None]
+
+    def answered() -> bool:
+        result = subprocess.run([*python, "-m", "ipmasq.lab.probe", "connect", host, str(port), "2"],
+                                capture_output=True, text=True, timeout=30)
+        text = result.stdout.strip()
+        seen[0] = None if text in ("", "FAILED") else text
+        return seen[0] is not None
+
+    _wait(answered, 60, f"a connection to {host}:{port}")
+    return seen[0]
+
+
+@pytest.mark.parametrize("backend", ["iptables", "nftables"])
+def test_service_traffic_keeps_working_beside_the_agent_on_either_kube_proxy_mode(cluster: Cluster,
+                                                                                  backend: str) -> None:
+    """A ClusterIP reached from pods on both nodes keeps the pod's address (kube-proxy does not masquerade pod
+    traffic with a cluster CIDR set, and the agent preserves the pod range); a NodePort with externalTrafficPolicy
+    Cluster, entered through either node from outside the cluster, is masqueraded by kube-proxy itself, in iptables
+    mode (egress node) and in nftables mode (general node), with the agent's rules beside it on either backend."""
+    agent.remove_agent(cluster)
+    agent.apply_config(cluster, KEEP_10_8)
+    agent.deploy_agent(cluster, backend=backend)
+    backend_node = cluster.node(EGRESS_NODE)
+    for node in cluster.nodes:
+        agent.wait_synced(cluster, node, KEEP_10_8, REFERENCE_OPTIONS, backend=backend)
+    try:
+        cluster_ip, node_port = _echo_service(cluster, backend_node)
+        kubectl_exec = [cluster.artifacts.toolchain.kubectl, f"--kubeconfig={cluster.kubeconfig}", "exec", "-n",
+                        LAB_NAMESPACE]
+        for node in cluster.nodes:
+            pod, pod_ip = cluster.probe_pods()[node.name]
+            assert _seen_from([*kubectl_exec, pod, "--", "python"], cluster_ip, ECHO_PORT) == pod_ip, node.name
+        outside = ["nsenter", f"--net=/run/netns/{cluster.net['router'].name}", "--", sys.executable]
+        for node in cluster.nodes:  # from outside the cluster (the VPC's router) through each node's NodePort
+            seen = _seen_from(outside, node.address, node_port)
+            # masqueraded to the address the entry node sends from toward the pod: its bridge's when the pod is
+            # local, its own address when the pod is on the other node
+            expected = backend_node.pod_gateway if node is backend_node else node.address
+            assert seen == expected, (node.name, node.proxy_mode, seen)
+        for node, pod in agent.agent_pods(cluster).items():  # no false alarm beside either mode's Service rules
+            result = agent.run_in_pod(cluster, "kube-system", pod["metadata"]["name"], ["ipmasq", "check"])
+            assert result.returncode == 0, (node, result.stdout, result.stderr)
+            assert "ok: the node's rules match the config" in result.stdout
+    finally:
+        cluster.kubectl("delete", "-n", LAB_NAMESPACE, f"pod/{ECHO}", f"service/{ECHO}", "--ignore-not-found",
+                        "--wait=false")
+        agent.remove_agent(cluster)
+        for node in cluster.nodes:
+            agent.uninstall(cluster, node, REFERENCE_OPTIONS.masq_chain)
 
 
 def test_kubectl_exec_runs_check_and_trace_against_the_config_the_agent_enforces(cluster: Cluster) -> None:

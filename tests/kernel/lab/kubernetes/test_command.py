@@ -5,10 +5,13 @@ works with the kubeconfig it names, a pod on every node takes `kubectl exec` pro
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +114,19 @@ def test_down_without_a_cluster_and_kubernetes_flags_misused() -> None:
     assert prepared.returncode == 0 and "artifacts ready" in prepared.stderr and not cluster_is_up()
     fleet = _lab("--scenario", "fleet-rollout", timeout=60)
     assert fleet.returncode == 2 and "namespace lab only" in fleet.stderr
+
+
+def test_a_module_that_cannot_be_had_is_one_line_before_any_cluster_starts(tmp_path: Path) -> None:
+    """An empty cache and no way to the module proxy: the run ends at the first module it cannot download, naming
+    it, with no namespace, process or state made; --prepare the same."""
+    env = {**os.environ, "IPMASQ_LAB_CACHE": str(tmp_path / "cache"), "GOPROXY": "off"}
+    for args in (("--scenario", "vpn-inside-10-8"), ("--prepare",)):
+        run = subprocess.run([sys.executable, "-m", "ipmasq", "lab", "--kubernetes", *args], capture_output=True,
+                             text=True, timeout=300, env=env)
+        assert run.returncode == 1, run.stderr[-2000:]
+        last = run.stderr.strip().splitlines()[-1]
+        assert re.fullmatch(r"ipmasq lab: a Go module could not be downloaded for gomod/kubernetes: go: "
+                            r"[a-z0-9./-]+@v[0-9][^ ]*: module lookup disabled by GOPROXY=off", last), last
+        assert "Traceback" not in run.stderr and "network:" not in run.stderr  # no cluster began
+        assert not cluster_is_up() and _left_behind() == []
+        assert not (tmp_path / "cache" / "kubernetes").exists()  # nothing half-built where a build is looked for

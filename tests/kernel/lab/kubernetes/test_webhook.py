@@ -16,14 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from ipmasq.lab.kubernetes import agent, webhook
 from ipmasq.lab.kubernetes.cluster import (
     FAST_SYNC_FREQUENCY,
+    PRIVILEGED_NAMESPACE_LABELS,
     Cluster,
 )
 from ipmasq.lab.scenarios import KEEP_10_8, REFERENCE_OPTIONS
 from ipmasq.webhook.review import respond
+from tests.conftest import ROOT
 from tests.hostile.admission import configmap, hostile_configmaps
 from tests.kernel.lab.kubernetes.conftest import module_cluster, progress
 
@@ -75,6 +79,85 @@ def test_the_webhook_runs_as_shipped(lab: Cluster) -> None:
                               "resources": ["configmaps"], "scope": "Namespaced"}]
     secret = lab.kubectl_json("get", "secret", "ipmasq-webhook-certificate", "-n", "kube-system")
     assert hook["clientConfig"]["caBundle"] == secret["data"]["ca-bundle.crt"]  # both replicas serve that CA's cert
+
+
+def _webhook_calls(lab: Cluster) -> float:
+    """How often the API server has called the webhook (its own counter, every result and type summed)."""
+    metrics = lab.kubectl("get", "--raw", "/metrics").stdout
+    return sum(sample.value for family in text_string_to_metric_families(metrics)
+               if family.name == "apiserver_admission_webhook_request" for sample in family.samples
+               if sample.name.endswith("_total") and sample.labels.get("name", "").startswith("configmaps.ipmasq"))
+
+
+def test_the_api_server_calls_the_webhook_only_for_the_configmaps_it_judges(lab: Cluster) -> None:
+    """matchConditions: a write of any other ConfigMap never reaches the webhook (the API server's own count of
+    its calls stays put), while the agent's ConfigMap and a near-miss name are sent."""
+    before = _webhook_calls(lab)
+    unrelated = [("app-settings", "default"), ("coredns", "kube-system"), ("kube-root-ca.crt", "default")]
+    for name, namespace in unrelated:
+        written = _kubectl(lab, "apply", "--dry-run=server", "-f", "-",
+                           stdin=json.dumps(configmap({"config": BAD_CIDR}, name=name, namespace=namespace)))
+        assert written.returncode == 0, written.stderr  # a bad config nobody reads: no business of the webhook's
+    assert _webhook_calls(lab) == before
+    judged = _kubectl(lab, "apply", "--dry-run=server", "-f", "-", stdin=_manifest(BAD_CIDR))
+    assert judged.returncode != 0 and "denied the request" in judged.stderr
+    near_miss = _kubectl(lab, "apply", "--dry-run=server", "-f", "-",
+                         stdin=_manifest(GOOD, name="ip-masq-agent-config"))
+    assert near_miss.returncode == 0 and "Warning:" in near_miss.stderr, near_miss.stderr
+    assert _webhook_calls(lab) >= before + 2
+
+
+def _pod_of(lab: Cluster, shipped: str, kind: str, namespace: str) -> str:
+    """The pod a shipped workload makes (its template, as the lab's overlay renders it), in `namespace`."""
+    rendered = lab.kubectl("kustomize", str(agent.lab_overlay(lab, shipped, lab.artifacts.image))).stdout
+    (workload,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == kind]
+    template = workload["spec"]["template"]
+    return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "psa-check", "namespace": namespace,
+                                                                       "labels": template["metadata"]["labels"]},
+                       "spec": template["spec"]})
+
+
+def test_the_webhooks_pods_pass_pod_security_restricted(lab: Cluster) -> None:
+    """Created (a server-side dry run: admission runs, nothing is stored) in a namespace that enforces and warns at
+    `restricted`, the webhook's pod is admitted without a warning; the agent's pod, which needs hostNetwork and
+    NET_ADMIN, is refused there, so the check is real."""
+    namespace = "psa-restricted"
+    _kubectl(lab, "create", "namespace", namespace)
+    try:
+        lab.kubectl("label", "--overwrite", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted",
+                    "pod-security.kubernetes.io/warn=restricted")
+        created = _kubectl(lab, "create", "--dry-run=server", "-f", "-",
+                           stdin=_pod_of(lab, webhook.SHIPPED, "Deployment", namespace))
+        assert created.returncode == 0 and "Warning" not in created.stderr, created.stderr
+        refused = _kubectl(lab, "create", "--dry-run=server", "-f", "-",
+                           stdin=_pod_of(lab, "deploy", "DaemonSet", namespace))
+        assert refused.returncode != 0 and 'violates PodSecurity "restricted:latest"' in refused.stderr, refused
+    finally:
+        _kubectl(lab, "delete", "namespace", namespace, "--wait=false")
+
+
+def test_pod_security_baseline_is_enforced_where_a_namespace_says_nothing_and_kube_system_admits_the_agent(
+        lab: Cluster) -> None:
+    """The lab's API server enforces `baseline` cluster-wide: the agent's pod is refused in an unlabelled namespace
+    and admitted in kube-system, labelled as the README tells users to label it."""
+    namespace = "psa-unlabelled"
+    _kubectl(lab, "create", "namespace", namespace)
+    try:
+        refused = _kubectl(lab, "create", "--dry-run=server", "-f", "-",
+                           stdin=_pod_of(lab, "deploy", "DaemonSet", namespace))
+        assert refused.returncode != 0 and 'violates PodSecurity "baseline:latest"' in refused.stderr, refused
+        assert "host namespaces" in refused.stderr  # hostNetwork, what the agent cannot do without
+        admitted = _kubectl(lab, "create", "--dry-run=server", "-f", "-",
+                            stdin=_pod_of(lab, "deploy", "DaemonSet", "kube-system"))
+        assert admitted.returncode == 0 and "Warning" not in admitted.stderr, admitted.stderr
+    finally:
+        _kubectl(lab, "delete", "namespace", namespace, "--wait=false")
+    labels = lab.kubectl_json("get", "namespace", "kube-system")["metadata"]["labels"]
+    assert {k: labels.get(k) for k in PRIVILEGED_NAMESPACE_LABELS} == PRIVILEGED_NAMESPACE_LABELS
+    # what users are told to run is what the lab runs
+    (command,) = [line.split() for line in (ROOT / "README.md").read_text().splitlines()
+                  if "kubectl label namespace kube-system" in line]
+    assert dict(word.split("=", 1) for word in command if "=" in word) == PRIVILEGED_NAMESPACE_LABELS
 
 
 def test_kubectl_apply_of_a_config_the_agent_refuses_is_denied_with_its_line(lab: Cluster, tmp_path: Path) -> None:

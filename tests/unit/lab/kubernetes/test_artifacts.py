@@ -4,7 +4,9 @@ lab's configuration files for kubelet, kube-proxy, containerd and CNI."""
 from __future__ import annotations
 
 import json
+import re
 import tarfile
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -55,12 +57,50 @@ def test_a_docker_archive_ctr_can_import(tmp_path: Path) -> None:
 
 
 def test_missing_packages_are_named_by_their_debian_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(artifacts.shutil, "which", lambda name: None if name in ("etcd", "go") else "/bin/" + name)
+    monkeypatch.setattr(artifacts.shutil, "which", lambda name: None if name in ("runc", "podman") else "/bin/" + name)
     monkeypatch.setattr(artifacts.os.path, "exists", lambda path: True)  # the CNI plugins are there
-    assert artifacts.missing_packages() == ["etcd-server", "golang-go"]
-    assert artifacts.missing_packages(building=False) == ["etcd-server"]
+    assert artifacts.missing_packages() == ["podman", "runc"]
+    assert artifacts.missing_packages(building=False) == ["runc"]
     monkeypatch.setattr(artifacts.os.path, "exists", lambda path: False)
     assert "containernetworking-plugins" in artifacts.missing_packages()
+
+
+def test_each_go_build_makes_the_binaries_its_go_mod_names_as_tools() -> None:
+    for build in artifacts.GO_BUILDS:
+        made = {p.split("/")[-2] if re.fullmatch(r"v[0-9]+", p.split("/")[-1]) else p.split("/")[-1]
+                for p in build.packages()}
+        renamed = dict(build.renames)
+        assert {renamed.get(name, name) for name in made} == set(build.binaries), build.name
+    assert artifacts._tool_packages("tool x/y\ntool (\n\ta/b // why\n\n\tc/d\n)\n") == ["x/y", "a/b", "c/d"]
+
+
+def test_the_lab_builds_one_kubernetes_release_and_stamps_it() -> None:
+    version = artifacts.kubernetes_version()
+    assert version.startswith("v1.37."), version
+    (kubernetes,) = [b for b in artifacts.GO_BUILDS if b.name == "kubernetes"]
+    assert f"version.gitVersion={version}" in kubernetes.ldflags() and "version.gitMinor=37" in kubernetes.ldflags()
+    go_mod = (artifacts.GOMOD / "kubernetes" / "go.mod").read_text()
+    # k8s.io/kubernetes pins its staging modules at v0.0.0: every one replaced by its release of the same version
+    staging = version.replace("v1.", "v0.")
+    for line in go_mod.split("replace (", 1)[1].split(")", 1)[0].strip().splitlines():
+        module, arrow, target, target_version = line.split()
+        assert arrow == "=>" and target == module and target_version == staging, line
+    for build in artifacts.GO_BUILDS:  # what `go build -mod=readonly` needs: go.sum committed beside go.mod
+        assert (build.module_dir / "go.sum").stat().st_size > 0
+
+
+def test_a_module_the_proxy_refuses_ends_the_build_with_one_line_naming_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    if artifacts.shutil.which("go") is None and not Path(artifacts.GO_FALLBACKS[0]).exists():
+        pytest.skip("no go command")
+    monkeypatch.setenv("GOPROXY", "off")  # what an unreachable proxy looks like to a cold module cache
+    with pytest.raises(artifacts.BuildError) as raised:
+        artifacts._toolchain(tmp_path, lambda line: None)
+    message = str(raised.value)
+    assert "\n" not in message and "gomod/kubernetes" in message, message
+    assert re.search(r"go: [a-z0-9./-]+@v[0-9][^ ]*: module lookup disabled by GOPROXY=off", message), message
+    assert not (tmp_path / "kubernetes").exists()  # nothing half-built stands where a build is looked for
+    assert not artifacts._stamp_matches(tmp_path / "kubernetes.partial", "any")
 
 
 def test_the_source_is_a_checkout_with_a_dockerfile_and_deploy(tmp_path: Path) -> None:
@@ -73,13 +113,18 @@ def test_node_configuration_files() -> None:
     node = cluster.NODES[0]
     kubelet = json.loads(cluster._kubelet_config(node, "1m"))
     assert kubelet["cgroupRoot"] == f"/ipmasq-lab/{node.name}" and kubelet["syncFrequency"] == "1m"
+    assert kubelet["failCgroupV1"] is False  # this machine's cgroup v1: kubelet 1.35+ refuses it otherwise
     proxy = json.loads(cluster._kube_proxy_config(node, Path("/k")))
     assert proxy["mode"] == "iptables" and proxy["conntrack"]["maxPerCore"] == 0  # machine-wide settings untouched
+    assert {n.proxy_mode for n in cluster.NODES} == {"iptables", "nftables"}  # the agent beside either mode
     cni = json.loads(cluster._cni_config(node, Path("/n")))
     bridge = cni["plugins"][0]
     assert bridge["ipMasq"] is False  # the agent decides what is masqueraded, not the CNI plugin
     assert bridge["ipam"]["ranges"] == [[{"subnet": node.pod_cidr, "gateway": node.pod_gateway}]]
-    assert "restrict_oom_score_adj = true" in cluster._containerd_config(Path("/n"))
+    containerd = tomllib.loads(cluster._containerd_config(Path("/n")))
+    runtime = containerd["plugins"]["io.containerd.cri.v1.runtime"]
+    assert containerd["version"] == 3 and runtime["restrict_oom_score_adj"] is True
+    assert containerd["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == artifacts.PAUSE_IMAGE
     # each node's pod range is its own, inside the lab's pod range, and the egress pool holds the spare address
     assert len({n.pod_cidr for n in cluster.NODES}) == len(cluster.NODES)
     assert cluster.NODES[0].extra_addresses == ("10.142.15.204",)
