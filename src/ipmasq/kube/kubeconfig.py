@@ -24,7 +24,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from ipmasq.errors import ApiError, clip, one_line
+from ipmasq.errors import ApiError, NotAFile, NoWriter, clip, one_line
+from ipmasq.input_files import open_input
 from ipmasq.kube.credentials import Credentials, ExecPlugin, in_cluster
 
 __all__ = ["EXEC_API_VERSIONS", "MAX_KUBECONFIG_BYTES", "load", "merged"]
@@ -91,13 +92,20 @@ def merged(paths: list[str], *, explicit: bool = False) -> tuple[dict[str, Any],
 
 
 def _read(path: str, *, must_exist: bool) -> dict[str, Any] | None:
+    # through open_input: a FIFO nobody writes to, /dev/zero or a directory is one line, never a wait or a flood
     try:
-        with open(os.path.expanduser(path), "rb") as fh:
-            data = fh.read(MAX_KUBECONFIG_BYTES + 1)
+        fd, _status, first = open_input(os.path.expanduser(path))
     except FileNotFoundError:
         if must_exist:
             raise ApiError(f"{path}: cannot read the kubeconfig: no such file") from None
         return None
+    except OSError as exc:
+        raise ApiError(f"{path}: cannot read the kubeconfig: {exc.strerror}") from None
+    except (NotAFile, NoWriter) as exc:
+        raise ApiError(f"{path}: cannot read the kubeconfig: {str(exc) or 'a FIFO nobody writes to'}") from None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            data = first + fh.read(MAX_KUBECONFIG_BYTES + 1 - len(first))
     except OSError as exc:
         raise ApiError(f"{path}: cannot read the kubeconfig: {exc.strerror}") from None
     if len(data) > MAX_KUBECONFIG_BYTES:

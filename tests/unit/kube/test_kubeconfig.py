@@ -166,3 +166,24 @@ def test_what_lightkube_reads_from_one_kubeconfig_we_read_the_same(tmp_path: Pat
         assert (ours.token_file is None) == (theirs.user.token_file is None)
         assert ours.ca_data == (base64.b64decode(theirs.cluster.certificate_auth_data).decode()
                                 if theirs.cluster.certificate_auth_data else None)
+
+
+def test_a_kubeconfig_that_is_no_file_is_one_line_not_a_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero", str(tmp_path)):
+        with pytest.raises(ApiError, match="cannot read the kubeconfig") as raised:
+            load(path)
+        assert "\n" not in str(raised.value)
+    monkeypatch.setenv("KUBECONFIG", f"{fifo}:/dev/zero")
+    with pytest.raises(ApiError, match="cannot read the kubeconfig"):
+        load()
+    for hostile in ("clusters: 5\n", "current-context: [1]\ncontexts: []\nclusters: []\n", "a: &a [*a]\n",
+                    "[" * 10_000, json.dumps(one("a", "https://h:99999", {"token": "t"})),
+                    json.dumps(one("a", "https://h", {"exec": {"apiVersion": "client.authentication.k8s.io/v1",
+                                                               "command": "x", "env": "X=1"}}))):
+        config = tmp_path / "hostile"
+        config.write_text(hostile)
+        with pytest.raises(ApiError) as raised:
+            load(str(config))
+        assert str(raised.value).startswith(str(config)) and "\n" not in str(raised.value)
