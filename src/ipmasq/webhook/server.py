@@ -12,7 +12,9 @@ What this module adds, because a hostile peer on the pod network can reach the p
   that is not waiting for its decision (a slow peer, an idle keep-alive), so an ordinary review still gets in;
 - the body read whole before a decision slot is taken (a slow upload never holds one), bounded by its
   Content-Length (MAX_BODY_BYTES at most) and by BODY_BUDGET_BYTES for all bodies held at once;
-- `workers` decisions at once, run in threads off the event loop (a large review does not stall the others' I/O);
+- `workers` decisions at once, run in threads off the event loop (a large review does not stall the others' I/O),
+  bodies over 1 MiB one at a time, and a body with more JSON values than a ConfigMap's review has refused before
+  json.loads builds them (MAX_JSON_VALUES);
 - the decision answered first, logged after (a log line that cannot be written never loses the answer).
 
 The certificate can be replaced while serving (`use_certificate`): each new TLS handshake takes the context current
@@ -27,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import resource
 import socket
 import ssl
@@ -60,9 +63,14 @@ MAX_CONNECTIONS = 128
 BACKLOG = 1024
 MAX_HEAD_BYTES = 64 * 1024
 GRACE_SECONDS = 10.0  # a shutdown waits this long for the requests in flight
-# More JSON objects and arrays than an AdmissionReview of a ConfigMap has (its data are strings): refused before
-# json.loads builds them (a body of "[[],[],...]" would cost over 20 times its size).
-MAX_CONTAINERS = 200_000
+# json.loads builds a Python object of 30 to 60 bytes for every value, whatever its text: 16 MiB of "[1.5,1.5,..."
+# would be 4 million floats, 150 MiB. Outside its strings, a JSON text has a comma, a colon, a bracket or a brace for
+# every value but one, so counting those once the strings are collapsed bounds the objects before any is made. An
+# AdmissionReview of a ConfigMap has a few hundred (10,000 keys of data: 40,000); its config is one string.
+MAX_JSON_VALUES = 100_000
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+# Bodies over this are decided one at a time (their parse is the memory that counts)
+LARGE_BODY_BYTES = 1 << 20
 
 Respond = Callable[[object], tuple[dict[str, Any], Verdict]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -150,7 +158,9 @@ class WebhookServer:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="webhook-decision")
-        self._decisions: asyncio.Semaphore | None = None  # made on the server's event loop
+        # asyncio's primitives bind to the loop that first waits on them (the server's)
+        self._decisions = asyncio.Semaphore(workers)
+        self._large = asyncio.Lock()
         self._held_bytes = 0  # request bodies held now (changed on the event loop only)
 
     # ---- the certificate ------------------------------------------------------------------------------------
@@ -242,9 +252,10 @@ class WebhookServer:
                 body += chunk
                 if not message.get("more_body", False):
                     break
-            if self._decisions is None:
-                self._decisions = asyncio.Semaphore(self.workers)
-            async with self._decisions:
+            async with contextlib.AsyncExitStack() as slots:
+                if len(body) > LARGE_BODY_BYTES:
+                    await slots.enter_async_context(self._large)
+                await slots.enter_async_context(self._decisions)
                 loop = asyncio.get_running_loop()
                 status, payload, content_type, logged = await loop.run_in_executor(self._executor, self._decide,
                                                                                    body, started)
@@ -262,8 +273,8 @@ class WebhookServer:
 
     def _decide(self, body: bytearray, started: float) -> tuple[int, bytes, str, str | None]:
         """In a decision thread: the status, the answer, its type, and the line to log (None: none)."""
-        if body.count(b"{") + body.count(b"[") > MAX_CONTAINERS:
-            return 400, b"not an AdmissionReview: more objects and arrays than a ConfigMap's review has\n", \
+        if _json_values(body) >= MAX_JSON_VALUES:
+            return 400, b"not an AdmissionReview: more JSON values than a ConfigMap's review has\n", \
                 "text/plain", None
         try:
             review = json.loads(body)
@@ -280,6 +291,13 @@ class WebhookServer:
                 logged = f"{'admitted' if verdict.allowed else 'denied'} a review (its log line failed: " \
                          f"{one_line(repr(exc))[:120]})"
         return 200, payload, "application/json", logged
+
+
+def _json_values(body: bytearray) -> int:
+    """At least the number of values json.loads would make of `body` (each string counted as one), in C loops: 0.1 s
+    for a 14 MB review whose config is one string."""
+    skeleton = _JSON_STRING.sub(b'""', body)
+    return sum(skeleton.count(mark) for mark in (b",", b":", b"[", b"{")) + 1
 
 
 async def _send(send: Send, status: int, payload: bytes, content_type: str, *, close: bool = False) -> None:

@@ -197,3 +197,25 @@ def test_shutdown_finishes_the_review_in_flight(certificate: CertificateSet) -> 
     stopping.join(20)
     running.server_close()
     assert answers == [200]
+
+
+def test_a_body_of_millions_of_tiny_json_values_is_refused_before_it_is_parsed(server: WebhookServer,
+                                                                               certificate: CertificateSet) -> None:
+    body = b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u", "x": [' \
+        + b"1.5," * 2_000_000 + b'1.5]}}'  # 8 MB that json.loads would make 2 million floats of
+    status, _answer, seconds = ask(server, certificate, body)
+    assert status == 400 and seconds < 5
+    assert ask(server, certificate, review_body())[0] == 200
+
+
+@pytest.mark.parametrize("name", ["yaml-nested-1mib", "json-nested-1mib", "alias-bomb-deep", "random-bytes-1mib",
+                                  "directory-form-1000-files", "keys-10000"])
+def test_the_hostile_corpus_gets_through_the_server_the_decision_respond_gives(
+        server: WebhookServer, certificate: CertificateSet, name: str) -> None:
+    from tests.hostile.admission import hostile_configmaps
+
+    obj = hostile_configmaps()[name]
+    body = review_body(object=obj, oldObject=configmap({"config": "{}"}))
+    expected, _verdict = respond(json.loads(body))
+    status, answer, _seconds = ask(server, certificate, body)
+    assert status == 200 and answer["response"]["allowed"] == expected["response"]["allowed"]
