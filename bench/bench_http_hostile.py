@@ -16,10 +16,10 @@ API client (KubeClient.get / watch against a scripted TLS server):
 
 Webhook (WebhookServer with the real respond(), its memory measured in its own process):
   ordinary reviews at concurrency 20 (each of 20 threads on its own kept-alive connection, as the API server),
-  alone and during each attack: two slow 16 MB uploads, 300 slow heads, two 14 MB reviews of 700,000 CIDRs at
-  once, two 16 MB bodies of 4 million tiny JSON values at once, a userInfo that is not an object; then a burst of
-  200 new connections (the listen backlog). Targets: every ordinary review within 1 s, the webhook's peak RSS
-  under 200 MiB.
+  alone and during each attack: two slow 16 MB uploads, 300 slow heads, 2,000 connections that never start TLS,
+  two 14 MB reviews of 700,000 CIDRs at once, two 16 MB bodies of 4 million tiny JSON values at once, a userInfo
+  that is not an object; then a burst of 200 new connections (the listen backlog). Targets: every ordinary review
+  within 1 s, the webhook's peak RSS under 200 MiB.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ SRC = HERE.parent / "src"
 HOST = "ipmasq-webhook.kube-system.svc"
 ORDINARY_TARGET_S = 1.0
 WEBHOOK_RSS_TARGET_MIB = 200.0
-ATTACKS = ("none", "slow uploads", "slow heads", "big reviews", "tiny JSON values", "userInfo not an object")
+ATTACKS = ("none", "slow uploads", "slow heads", "silent connections", "big reviews", "tiny JSON values",
+           "userInfo not an object")
 
 
 def rss_mib(pid: int, key: str = "VmHWM") -> float:
@@ -326,6 +327,12 @@ def webhook_run(src: Path, cert: str, key: str, ca: str) -> dict[str, Any]:
                 held = slow_uploads(webhook, stop)
             elif attack == "slow heads":
                 held = slow_heads(webhook, stop)
+            elif attack == "silent connections":  # TCP only: no TLS handshake ever starts
+                for _ in range(2000):
+                    try:
+                        held.append(socket.create_connection(("127.0.0.1", webhook.port), timeout=5))
+                    except OSError:
+                        break
             elif attack == "big reviews":
                 threads = big_reviews(webhook, extra)
                 time.sleep(1.0)  # while they are being read and decided

@@ -1,15 +1,16 @@
 """AdmissionReview over HTTPS: an ASGI app on uvicorn (its h11 protocol, the HTTP parser the rest of ipmasq uses too),
 a thin, bounded layer around review.respond.
 
-What uvicorn gives: an asyncio server (a slow peer costs a socket and a few KiB, not a thread), HTTP/1.1 keep-alive
-as the API server uses it, a listen backlog of BACKLOG, reading paused past 64 KiB until the app asks for more, and
-a graceful shutdown that lets the requests in flight finish.
+What uvicorn gives: an asyncio server (a slow peer costs a socket and its buffers, not a thread), HTTP/1.1
+keep-alive as the API server uses it, a listen backlog of BACKLOG, reading paused past 64 KiB until the app asks for
+more, and a graceful shutdown that lets the requests in flight finish.
 
 What this module adds, because a hostile peer on the pod network can reach the port as well as the API server can:
 - a deadline on the whole request, head and body (REQUEST_SECONDS from its first byte, not per read): a peer that
   trickles a byte every few seconds is cut off then;
-- a connection limit that slow peers cannot exhaust: at MAX_CONNECTIONS, a new connection closes the oldest one
-  that is not waiting for its decision (a slow peer, an idle keep-alive), so an ordinary review still gets in;
+- a connection limit that slow peers cannot exhaust: connections count from their accept, and at MAX_CONNECTIONS a
+  new one closes the oldest that is not waiting for its decision (a TLS handshake that does not come, a slow
+  request, an idle keep-alive), so an ordinary review still gets in; a handshake has HANDSHAKE_SECONDS;
 - the body read whole before a decision slot is taken (a slow upload never holds one), bounded by its
   Content-Length (MAX_BODY_BYTES at most) and by BODY_BUDGET_BYTES for all bodies held at once;
 - `workers` decisions at once, run in threads off the event loop (a large review does not stall the others' I/O),
@@ -18,14 +19,15 @@ What this module adds, because a hostile peer on the pod network can reach the p
 - the decision answered first, logged after (a log line that cannot be written never loses the answer).
 
 The certificate can be replaced while serving (`use_certificate`): each new TLS handshake takes the context current
-when it arrives (the listening context's SNI callback hands it over); key material goes to ssl through an
-in-memory file only.
+when it begins; key material goes to ssl through an in-memory file only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -57,6 +59,9 @@ MAX_BODY_BYTES = 16 << 20
 # All request bodies held at once (read, or waiting for their decision): two of the largest and room for the rest.
 BODY_BUDGET_BYTES = 48 << 20
 REQUEST_SECONDS = 10.0  # the whole request from its first byte: the API server gives a review at most 30 s
+HANDSHAKE_SECONDS = 5.0  # a TLS handshake from the connection's accept
+TLS_READ_BYTES = 16 * 1024 + 256  # a TLS record's plaintext at most, and room for its header
+GC_EVERY_CONNECTIONS = 256
 KEEP_ALIVE_SECONDS = 30.0  # an idle connection between reviews (the API server keeps them for reuse)
 # asyncio's TLS keeps a 256 KiB buffer per connection: 128 of them are 32 MiB, and the API server keeps a few
 MAX_CONNECTIONS = 128
@@ -84,21 +89,115 @@ class ServerError(IpmasqError):
     """The webhook cannot serve (the address is taken, the certificate is unusable)."""
 
 
-class _GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a whole-request deadline and a connection limit that evicts instead of refusing."""
+class _Config(uvicorn.Config):
+    """uvicorn's settings, and what the connections of one WebhookServer share: the open ones (handshaking or
+    served) and the TLS context of the moment."""
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self._since = self.loop.time()
-        self._deadline: asyncio.TimerHandle | None = None
-        super().connection_made(transport)
-        self._arm()
-        if len(self.connections) > MAX_CONNECTIONS:
-            waiting = [c for c in self.connections if isinstance(c, _GuardedH11Protocol) and c is not self
-                       and not c._deciding()]
+    connections: set[_Gate]
+    tls_context: Callable[[], ssl.SSLContext]
+    ended = 0  # connections ended since the last garbage collection
+
+
+class _Gate(asyncio.Protocol):
+    """What uvicorn makes for each accepted connection. It counts the connection from its accept (a TLS handshake
+    that never comes still holds 256 KiB of asyncio's buffers), closes the oldest waiting one when MAX_CONNECTIONS
+    are open, and makes the TLS handshake itself (HANDSHAKE_SECONDS at most, the context current at that moment);
+    then the HTTP protocol takes over the TLS transport."""
+
+    def __init__(self, config: _Config, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.config = config
+        self.loop = _loop or asyncio.get_event_loop()
+        self.http = _GuardedH11Protocol(config, server_state, app_state, _loop)
+        self.http.gate = self
+        self.since = self.loop.time()
+        self.handshaking = True
+        self.raw: asyncio.Transport | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.pause_reading()  # nothing is read before TLS takes over the transport
+        self.raw = transport
+        open_now = self.config.connections
+        open_now.add(self)
+        if len(open_now) > MAX_CONNECTIONS:
+            waiting = [gate for gate in open_now if gate is not self and gate.waiting()]
             if waiting:
-                min(waiting, key=lambda c: c._since)._cut()
+                min(waiting, key=lambda gate: gate.since).cut()
+        self._task = self.loop.create_task(self._handshake(transport))
+
+    async def _handshake(self, transport: asyncio.Transport) -> None:
+        secure = None
+        try:
+            secure = await self.loop.start_tls(transport, self.http, self.config.tls_context(), server_side=True,
+                                               ssl_handshake_timeout=HANDSHAKE_SECONDS)
+        except OSError:  # no TLS (a port scan, a plain-text probe), or none in time (TimeoutError is an OSError)
+            pass
+        finally:  # cancelled too (cut to make room)
+            if secure is None or self.http.lost_early:
+                transport.abort()
+                self.done()
+        if secure is not None and not self.http.lost_early:
+            self.handshaking = False
+            self.http.connection_made(secure)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.done()  # gone before its handshake began
 
     def data_received(self, data: bytes) -> None:
+        pass  # not reached: reading is paused until TLS takes over
+
+    def done(self) -> None:
+        if self not in self.config.connections:
+            return
+        self.config.connections.discard(self)
+        # an ended connection's transport, TLS objects and protocols are a reference cycle of about 45 KiB that only
+        # the cyclic collector frees, and its full passes are rare: a peer opening and dropping connections as fast
+        # as it can grew the process by 45 MiB a thousand. Collected every GC_EVERY_CONNECTIONS (~10 ms each).
+        self.config.ended += 1
+        if self.config.ended >= GC_EVERY_CONNECTIONS:
+            self.config.ended = 0
+            gc.collect()
+
+    def waiting(self) -> bool:
+        """Whether it may be closed to make room: still handshaking, reading a request, or idle between them."""
+        return self.handshaking or not self.http.deciding()
+
+    def cut(self) -> None:
+        self.done()  # at once: the next eviction picks another, whenever this one's transport reports its end
+        if not self.handshaking:
+            self.http.cut()
+            return
+        if self._task is not None:
+            self._task.cancel()
+        if self.raw is not None:
+            self.raw.abort()
+
+
+class _GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on each whole request.
+
+    asyncio's start_tls may hand it the first bytes of the request, or the connection's end, in the same step as the
+    handshake's, before the gate can call connection_made: those are kept and replayed, or end it before it starts.
+    """
+
+    gate: _Gate
+    _deadline: asyncio.TimerHandle | None = None
+    _early: list[bytes] | None = None
+    lost_early = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+        early, self._early = self._early, None
+        for data in early or ():
+            self.data_received(data)
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is None:  # before connection_made (see the class's docstring)
+            self._early = [*(self._early or ()), data]
+            return
         if self._deadline is None:
             self._arm()  # the first byte of the next request on a kept-alive connection
         super().data_received(data)
@@ -109,6 +208,10 @@ class _GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.gate.done()
+        if self.transport is None:  # before connection_made (see the class's docstring)
+            self.lost_early = True
+            return
         super().connection_lost(exc)
 
     def shutdown(self) -> None:
@@ -119,21 +222,21 @@ class _GuardedH11Protocol(H11Protocol):
         if idle:
             self.transport.abort()
 
-    def _deciding(self) -> bool:
+    def deciding(self) -> bool:
         """Whether its request is in whole and waits for (or is in) its decision: never evicted."""
         cycle = self.cycle
         return cycle is not None and not cycle.more_body and not cycle.response_complete
 
     def _arm(self) -> None:
         self._disarm()
-        self._deadline = self.loop.call_later(REQUEST_SECONDS, self._cut)
+        self._deadline = self.loop.call_later(REQUEST_SECONDS, self.cut)
 
     def _disarm(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
 
-    def _cut(self) -> None:
+    def cut(self) -> None:
         self._deadline = None
         if not self.transport.is_closing():
             with contextlib.suppress(h11.LocalProtocolError):
@@ -156,7 +259,6 @@ class WebhookServer:
         self.log = log
         self.workers = workers
         self.context: ssl.SSLContext | None = None
-        self._listening_context: ssl.SSLContext | None = None
         self.ready = threading.Event()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -177,36 +279,33 @@ class WebhookServer:
                 context.load_cert_chain(cert_path, key_path)
         except (ssl.SSLError, OSError) as exc:
             raise ServerError(f"the serving certificate is unusable: {one_line(str(exc))}") from None
-        if self._listening_context is None:
-            context.sni_callback = self._pick_context
-            self._listening_context = context
         self.context = context
         self.ready.set()
-
-    def _pick_context(self, connection: ssl.SSLObject, _name: str | None, listening: ssl.SSLContext) -> None:
-        current = self.context
-        if current is not None and current is not listening:
-            connection.context = current
 
     # ---- serving --------------------------------------------------------------------------------------------
 
     def serve_forever(self) -> None:
-        config = uvicorn.Config(self._app, interface="asgi3", proxy_headers=False, lifespan="off", log_config=None,
-                                access_log=False,
-                                http=_GuardedH11Protocol, backlog=BACKLOG, timeout_keep_alive=int(KEEP_ALIVE_SECONDS),
-                                timeout_graceful_shutdown=int(GRACE_SECONDS), h11_max_incomplete_event_size=
-                                MAX_HEAD_BYTES, server_header=False, date_header=False,
-                                ssl_context_factory=lambda _config, _default: self._tls())
+        # no ssl for uvicorn: each connection's _Gate makes the TLS handshake itself, counted and with a deadline
+        config = _Config(self._app, interface="asgi3", proxy_headers=False, lifespan="off", log_config=None,
+                         access_log=False, http=_Gate, backlog=BACKLOG, timeout_keep_alive=int(KEEP_ALIVE_SECONDS),
+                         timeout_graceful_shutdown=int(GRACE_SECONDS), h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+                         server_header=False, date_header=False)
+        config.connections = set()
+        config.tls_context = self._tls
         # a hostile peer's garbage is answered 400 by uvicorn; a warning line for each would flood the log
         logging.getLogger("uvicorn.error").setLevel(logging.ERROR)
         _raise_file_limit()
+        # asyncio gives each TLS connection a 256 KiB read buffer, kept until a garbage collection breaks the
+        # connection's reference cycle: 2,000 connections opened and closed by a peer left 300 MiB resident. A TLS
+        # record is at most 16 KiB, so a buffer of that size reads as well (this process serves only the webhook).
+        asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BYTES
         self._server = uvicorn.Server(config)
         self._server.run(sockets=[self._listener])
 
     def _tls(self) -> ssl.SSLContext:
-        if self._listening_context is None:
+        if self.context is None:
             raise ServerError("no serving certificate")
-        return self._listening_context
+        return self.context
 
     def shutdown(self) -> None:
         """Stop accepting, finish the requests in flight (GRACE_SECONDS at most), stop."""

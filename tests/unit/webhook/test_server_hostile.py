@@ -219,3 +219,18 @@ def test_the_hostile_corpus_gets_through_the_server_the_decision_respond_gives(
     expected, _verdict = respond(json.loads(body))
     status, answer, _seconds = ask(server, certificate, body)
     assert status == 200 and answer["response"]["allowed"] == expected["response"]["allowed"]
+
+
+def test_connections_that_never_start_tls_are_counted_and_evicted(server: WebhookServer, certificate: CertificateSet,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 16)
+    silent = [socket.create_connection(("127.0.0.1", server.server_address[1])) for _ in range(40)]
+    try:
+        status, answer, seconds = ask(server, certificate, review_body())
+        assert status == 200 and answer["response"]["allowed"] is True and seconds < 2.0
+        # the oldest silent ones were closed to make room: the server ended them
+        silent[0].settimeout(5)
+        assert silent[0].recv(1) == b""
+    finally:
+        for sock in silent:
+            sock.close()
