@@ -218,7 +218,10 @@ class _GuardedH11Protocol(H11Protocol):
         """uvicorn's graceful shutdown; a connection between requests is dropped at once (a TLS close would wait
         for a peer that may never answer), one in a request finishes it first."""
         idle = self.cycle is None or self.cycle.response_complete
-        super().shutdown()
+        try:
+            super().shutdown()
+        except h11.LocalProtocolError:  # a request cut off half-way: nothing to finish
+            idle = True
         if idle:
             self.transport.abort()
 
