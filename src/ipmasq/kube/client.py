@@ -289,11 +289,12 @@ class KubeClient:
 
 def _closed_by_peer(connection: http11.Connection) -> bool:
     """Whether an idle kept-alive connection was closed (or written to) by the server meanwhile."""
+    poller = select.poll()  # not select(): a descriptor past 1,023 is valid in a process with many connections
     try:
-        readable, _, _ = select.select([connection.sock], [], [], 0)
+        poller.register(connection.sock, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return True
-    return bool(readable)
 
 
 def _watch_event(line: bytes, path: str) -> WatchEvent:
