@@ -11,12 +11,15 @@
     ├── FlowLogError            a flow log line of no format `audit` reads; names the file and line (audit)
     └── ApiError                the API server could not be asked, or refused (ipmasq.kube)
         ├── ApiUnreachable      no answer: connection refused or reset, TLS failure, timeout, a garbled reply
-        └── ApiRefused          an answer with an error status; its `status` and the server's own message
-            ├── Unauthorized    401: the token is not (or no longer) valid
-            ├── Forbidden       403: RBAC does not allow it
-            ├── NotFound        404
-            ├── Conflict        409: exists already, or changed since it was read
-            └── Gone            410: a watch's resourceVersion is too old; list again
+        └── ApiRefused          an answer with an error status; its `status`, the server's message and its Status
+            ├── ApiClientError  4xx (and a 3xx, never followed): this request is wrong; asking again will not help
+            │   ├── Unauthorized    401: the token is not (or no longer) valid
+            │   ├── Forbidden       403: RBAC does not allow it
+            │   ├── NotFound        404
+            │   ├── Conflict        409: exists already, or changed since it was read
+            │   └── Gone            410: a watch's resourceVersion is too old; list again
+            ├── TooManyRequests 429: the server sheds load (API Priority and Fairness); ask again after retry_after
+            └── ApiServerError  5xx: the server failed; ask again later (retry_after when it said when)
     PrefixError (ValueError)    a CIDR that does not parse or is not aligned; callers locate it as a ConfigError
     NotAFile, NoWriter          an input path that is not a file to read (input_files); callers name the path
 
@@ -29,9 +32,13 @@ The CLI maps ConfigError to exit 1, UsageError to exit 2; everything is printed 
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
+    "ApiClientError",
     "ApiError",
     "ApiRefused",
+    "ApiServerError",
     "ApiUnreachable",
     "BackendError",
     "ConfigError",
@@ -48,6 +55,7 @@ __all__ = [
     "NotFound",
     "PrefixError",
     "RuleParseError",
+    "TooManyRequests",
     "Unauthorized",
     "UsageError",
     "clip",
@@ -139,33 +147,54 @@ class ApiUnreachable(ApiError):
 
 
 class ApiRefused(ApiError):
-    """The API server answered with an error status."""
+    """The API server answered with an error status; `status_object` is the API's Status when it sent one."""
 
-    def __init__(self, status: int, message: str, *, verb: str = "", path: str = "") -> None:
+    def __init__(self, status: int, message: str, *, verb: str = "", path: str = "",
+                 status_object: dict[str, Any] | None = None, retry_after: float | None = None) -> None:
         self.status = status
         self.server_message = message
+        self.status_object = status_object
+        self.retry_after = retry_after  # seconds the server asked us to wait (Retry-After), when it said
         where = f"{verb} {path}: " if verb else ""
         super().__init__(one_line(f"{where}{status} {clip(message, 200)}"))
 
+    @property
+    def reason(self) -> str | None:
+        """The Status's machine-readable reason (NotFound, AlreadyExists, Expired, TooManyRequests, ...)."""
+        reason = (self.status_object or {}).get("reason")
+        return reason if isinstance(reason, str) else None
 
-class Unauthorized(ApiRefused):
+
+class ApiClientError(ApiRefused):
+    """4xx, or a 3xx (a redirect is never followed with the token): the request itself is refused."""
+
+
+class Unauthorized(ApiClientError):
     """401: the credentials are not (or no longer) valid."""
 
 
-class Forbidden(ApiRefused):
+class Forbidden(ApiClientError):
     """403: RBAC does not allow this request."""
 
 
-class NotFound(ApiRefused):
+class NotFound(ApiClientError):
     """404: no such object."""
 
 
-class Conflict(ApiRefused):
+class Conflict(ApiClientError):
     """409: the object exists already, or changed since it was read."""
 
 
-class Gone(ApiRefused):
+class Gone(ApiClientError):
     """410: the resourceVersion a watch started from is too old; list again."""
+
+
+class TooManyRequests(ApiRefused):
+    """429: the server sheds load; the request was not carried out and may be sent again after `retry_after`."""
+
+
+class ApiServerError(ApiRefused):
+    """5xx: the server (or a proxy before it) failed; asking again later may work."""
 
 
 class PrefixError(ValueError):

@@ -1,16 +1,15 @@
 """The client side of the agent's endpoints: the listen address format and the GET `ipmasq health` sends.
 
 Kept apart from ipmasq.agent.health (the server) so that `ipmasq health`, which the DaemonSet's exec probes run
-every few seconds inside the agent's container, imports neither the agent nor an HTTP library: a plain socket.
+every few seconds inside the agent's container, imports nothing of the agent: only ipmasq.http11 (h11), the HTTP
+the API client and the status responder use too.
 """
 
 from __future__ import annotations
 
-import errno
-import socket
-import time
 from typing import NamedTuple
 
+from ipmasq import http11
 from ipmasq.errors import UsageError
 
 __all__ = ["DEFAULT_METRICS_ADDRESS", "Answer", "parse_listen_address", "query"]
@@ -37,46 +36,28 @@ def parse_listen_address(text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def query(address: str, path: str, *, timeout: float = 3.0) -> Answer:
-    """GET one endpoint of a running agent: ok when it answered 200; `why` is its one-line answer or the failure.
-
-    A plain socket, not http.client: the exec probes run this every few seconds inside the agent's container."""
-    host, port = parse_listen_address(address)
-    host = host or "127.0.0.1"
-    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n".encode())
-            answer = _read_all(sock, timeout)
-    except OSError as exc:
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        return Answer(False, f"cannot reach the agent at {address}: {reason}")
-    head, _, body = answer.partition(b"\r\n\r\n")
-    status_line = head.split(b"\r\n", 1)[0].split(b" ")
-    if len(status_line) < 2 or not status_line[0].startswith(b"HTTP/") or not status_line[1].isdigit():
-        return Answer(False, f"cannot reach the agent at {address}: not an HTTP answer: {answer[:40]!r}")
-    status = int(status_line[1])
-    text = body.decode(errors="replace").strip()
-    line = text.splitlines()[0] if text else f"HTTP {status}"
-    return Answer(status == 200, line)
-
-
 QUERY_MAX_BYTES = 1 << 20  # an endpoint's answer is a line; /metrics a few KiB
 
 
-def _read_all(sock: socket.socket, timeout: float) -> bytes:
-    """Until the server closes (it always sends Connection: close), within `timeout` in all and QUERY_MAX_BYTES."""
-    chunks: list[bytes] = []
-    size = 0
-    deadline = time.monotonic() + timeout
-    while size < QUERY_MAX_BYTES:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(errno.ETIMEDOUT, "timed out")
-        sock.settimeout(left)
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
+def query(address: str, path: str, *, timeout: float = 3.0) -> Answer:
+    """GET one endpoint of a running agent: ok when it answered 200; `why` is its one-line answer or the failure.
+    `timeout` bounds the whole exchange, and the answer is bounded by QUERY_MAX_BYTES as it arrives."""
+    host, port = parse_listen_address(address)
+    host = host or "127.0.0.1"
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    deadline = http11.Deadline(timeout)
+    try:
+        connection = http11.connect(host, port, deadline)
+    except http11.HttpError as exc:
+        return Answer(False, f"cannot reach the agent at {address}: {exc}")
+    try:
+        connection.send_request("GET", path, {"Host": authority, "Connection": "close"}, None, deadline)
+        head = connection.receive_head(deadline)
+        body = connection.read_body(deadline, QUERY_MAX_BYTES)
+    except http11.HttpError as exc:
+        return Answer(False, f"cannot reach the agent at {address}: {exc}")
+    finally:
+        connection.close()
+    text = body.decode(errors="replace").strip()
+    line = text.splitlines()[0] if text else f"HTTP {head.status}"
+    return Answer(head.status == 200, line)

@@ -1,7 +1,8 @@
 """A minimal HTTP/1.0 and HTTP/1.1 responder over `socket` and `select.poll`: GET and HEAD, one request per connection.
 
 Why not http.server: importing it (with http.client, email, socketserver, mimetypes, html) costs the agent about
-7 MiB of resident memory, almost as much as the whole rest of the agent; three fixed endpoints need none of it.
+7 MiB of resident memory, almost as much as the whole rest of the agent; three fixed endpoints need none of it. The
+request head is parsed by h11 through ipmasq.http11, the parser the API client and the health probe use too.
 
 One thread, non-blocking sockets, one poll() over the listener, every connection and a wake pipe. Nothing a client
 does can hold the loop: a request head must arrive whole within REQUEST_SECONDS (a slowloris client that trickles
@@ -23,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+from ipmasq import http11
+
 __all__ = ["MAX_CONNECTIONS", "MAX_HEADERS", "MAX_HEAD_BYTES", "REQUEST_SECONDS", "RESPONSE_SECONDS", "Responder",
            "Response", "parse_request_head"]
 
@@ -38,7 +41,6 @@ RECV_BYTES = 4096
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
            414: "URI Too Long", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
            503: "Service Unavailable", 505: "HTTP Version Not Supported"}
-TOKEN_CHARS = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _READ = select.POLLIN | select.POLLPRI
@@ -60,40 +62,27 @@ def parse_request_head(head: bytes) -> Request | Response:
     """The request line and headers (without the blank line ending them) -> the request, or the error to answer.
     Lines end in CRLF, or a bare LF (which RFC 9112 lets a server accept: a request typed into nc).
 
-    Strict where a lenient parse could be misread (RFC 9112): one space between the three parts of the request
-    line, a token method, header lines `name: value` with a token name, no line folding, Host on HTTP/1.1.
+    h11 parses it (ipmasq.http11, the one HTTP/1.1 parser of ipmasq), strict where a lenient parse could be misread
+    (RFC 9112): the request line's three parts, token methods and header names, Host on HTTP/1.1. What is served
+    is decided here: GET and HEAD, an origin-form or absolute-form target, at most MAX_HEADERS header lines.
     """
-    lines = [line[:-1] if line.endswith(b"\r") else line for line in head.split(b"\n")]
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or not parts[0] or not parts[1]:
-        return _error(400, "bad request line")
-    method_bytes, target, version = parts
-    if not version.startswith(b"HTTP/") or len(version) != 8 or version[6:7] != b"." \
-            or not version[5:6].isdigit() or not version[7:8].isdigit():
-        return _error(400, "bad HTTP version")
-    if version[5:6] != b"1":
-        return _error(505, "HTTP/1.0 and HTTP/1.1 only")
-    if not set(method_bytes) <= TOKEN_CHARS:
-        return _error(400, "bad method")
-    if len(lines) - 1 > MAX_HEADERS:
+    if head.count(b"\n") > MAX_HEADERS:
         return _error(431, f"more than {MAX_HEADERS} header lines")
-    has_host = False
-    for line in lines[1:]:
-        name, colon, _ = line.partition(b":")
-        if not colon or not name or not set(name) <= TOKEN_CHARS:
-            return _error(400, "bad header line")
-        has_host = has_host or name.lower() == b"host"
-    if version == b"HTTP/1.1" and not has_host:
-        return _error(400, "HTTP/1.1 request without Host")
-    if target.startswith((b"http://", b"https://")):  # absolute form, as a proxy sends: the path is what follows
-        slash = target.find(b"/", target.index(b"//") + 2)
-        target = target[slash:] if slash >= 0 else b"/"
-    if not target.startswith(b"/") or any(c < 0x21 or c > 0x7E for c in target):
+    parsed = http11.parse_request_head(head.removesuffix(b"\r") + b"\r\n\r\n")
+    if len(parsed) == 2:
+        status, why = parsed
+        return _error(status, why.split(":", 1)[0])  # h11's reason without the bytes it quotes
+    method, target, version, _headers = parsed
+    if version not in ("1.0", "1.1"):
+        return _error(505, "HTTP/1.0 and HTTP/1.1 only")
+    if target.startswith(("http://", "https://")):  # absolute form, as a proxy sends: the path is what follows
+        slash = target.find("/", target.index("//") + 2)
+        target = target[slash:] if slash >= 0 else "/"
+    if not target.startswith("/"):
         return _error(400, "bad request target")
-    method = method_bytes.decode("ascii")
     if method not in ("GET", "HEAD"):
         return _error(405, f"method {method[:16]} not allowed: GET or HEAD")
-    return Request(method, target.split(b"?", 1)[0].decode("ascii"))
+    return Request(method, target.split("?", 1)[0])
 
 
 def _end_of_head(data: bytearray) -> int:

@@ -1,47 +1,62 @@
-"""The seam to the API server: JSON requests and watch streams over one HTTPS connection per call.
+"""The seam to the API server: JSON requests and watch streams over HTTPS, on ipmasq.http11 (h11).
 
-Written on ssl (and the small HTTP/1.1 reader in ipmasq.kube._http) rather than a client library: the agent's memory
-budget with the API on is 28 MiB, and the well-kept clients cost 14-35 MiB more (docs/measurements.md). The tests
-hold this client to lightkube, a well-kept one, as the oracle of what goes over the wire.
+Every call has a deadline for the whole of it (connect, TLS, request, answer), not for each read: a server that
+trickles a byte a second fails the call when its time is up. A watch ends by the server's timeoutSeconds or by the
+client's own deadline a little after it, whichever comes first. Answers and watch lines are bounded as they arrive
+(a ConfigMap is at most 1 MiB; nothing the agent asks for is larger than a few), so a hostile or broken server costs
+a clear error, never the agent's memory.
+
+One kept-alive connection per API server is reused across calls (a watch holds its own while it streams). A 3xx is
+an error and is never followed (the token goes to the API server only). 429 and 503 with Retry-After are asked
+again after the time the server gave, jittered, and every thread of the agent waits it out (one shared gate), so a
+server shedding load is not asked again at once by each of them.
 
 Everything that goes wrong is one of ipmasq.errors' ApiError tree: ApiUnreachable when there was no usable answer,
-an ApiRefused subclass (Unauthorized, Forbidden, NotFound, Conflict, Gone) when the server said no. Answers are
-bounded (a ConfigMap is at most 1 MiB; nothing the agent asks for is larger than a few), so a hostile or broken
-server costs a clear error, never the agent's memory.
+an ApiRefused subclass when the server said no (its Status carried).
 """
 
 from __future__ import annotations
 
 import json
-import ssl
-from collections.abc import Iterator, Mapping
+import random
+import select
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
-from ipmasq import __version__
+from ipmasq import __version__, http11
 from ipmasq.errors import (
+    ApiClientError,
     ApiError,
     ApiRefused,
+    ApiServerError,
     ApiUnreachable,
     Conflict,
     Forbidden,
     Gone,
     NotFound,
+    TooManyRequests,
     Unauthorized,
     clip,
 )
-from ipmasq.kube import _http
-from ipmasq.kube.credentials import Credentials, TokenFile
+from ipmasq.kube.auth import Auth
+from ipmasq.kube.credentials import Credentials
 
-__all__ = ["MAX_ANSWER_BYTES", "ApiClient", "KubeClient", "WatchEvent"]
+__all__ = ["MAX_ANSWER_BYTES", "ApiClient", "KubeClient", "RetryGate", "WatchEvent"]
 
 # The largest answer (or watch line) read: a ConfigMap's 1 MiB of data, JSON-escaped, with its metadata and
 # managedFields, fits several times over.
 MAX_ANSWER_BYTES = 8 << 20
 _REFUSALS: dict[int, type[ApiRefused]] = {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
-                                          410: Gone}
+                                          410: Gone, 429: TooManyRequests}
 MERGE_PATCH = "application/merge-patch+json"
+MAX_ATTEMPTS = 3  # a call asked again at most twice after a Retry-After
+MAX_RETRY_AFTER = 30.0  # a longer Retry-After is capped: the agent's own loop asks again later anyway
+DEFAULT_RETRY_AFTER = 1.0  # a 429 that says nothing of when
+WATCH_GRACE = 30.0  # the client ends a watch this long after the timeoutSeconds it asked the server for
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +80,53 @@ class ApiClient(Protocol):
     def watch(self, path: str, *, query: Mapping[str, str], timeout_seconds: int = 300) -> Iterator[WatchEvent]: ...
 
 
+class RetryGate:
+    """When the API server may be asked again: one for all the threads that share a client. A Retry-After moves it
+    on (with up to a quarter more, at random, so that many agents told the same do not come back together)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self._lock = threading.Lock()
+        self._until = 0.0
+        self._clock, self._sleep = clock, sleep
+
+    def hold(self, seconds: float) -> float:
+        """Nobody asks before `seconds` (jittered) from now; the wait it set."""
+        wait = min(seconds, MAX_RETRY_AFTER) * random.uniform(1.0, 1.25)
+        with self._lock:
+            self._until = max(self._until, self._clock() + wait)
+        return wait
+
+    def wait(self, deadline: http11.Deadline) -> float:
+        """Sleep until the gate opens; the seconds still to wait when that is past the call's deadline (0: open)."""
+        left = self._until - self._clock()
+        if left <= 0:
+            return 0.0
+        if left >= deadline.at - time.monotonic():
+            return left
+        self._sleep(left)
+        return 0.0
+
+
 class KubeClient:
-    def __init__(self, credentials: Credentials, *, timeout: float = 10.0) -> None:
+    def __init__(self, credentials: Credentials, *, timeout: float = 10.0, gate: RetryGate | None = None) -> None:
+        """`timeout`: the seconds each call may take in all (a watch: its timeoutSeconds and WATCH_GRACE)."""
         self.credentials = credentials
         self.timeout = timeout
-        self._context = _ssl_context(credentials)
-        self._token = TokenFile(credentials.token_file, credentials.token)
+        self.auth = Auth(credentials)
+        self.gate = gate or RetryGate()
         self.user_agent = f"ipmasq/{__version__}"
+        self._authority = f"{credentials.host}:{credentials.port}"
+        self._idle: http11.Connection | None = None
+        self._idle_lock = threading.Lock()
+        proxy = urlsplit(credentials.proxy_url) if credentials.proxy_url else None
+        self._proxy = (proxy.hostname or "", proxy.port or 80) if proxy is not None else None
+
+    def close(self) -> None:
+        with self._idle_lock:
+            if self._idle is not None:
+                self._idle.close()
+                self._idle = None
 
     # ---- requests -------------------------------------------------------------------------------------------
 
@@ -94,108 +149,164 @@ class KubeClient:
     def request(self, verb: str, path: str, *, query: Mapping[str, str] | None = None,
                 body: Mapping[str, Any] | list[Any] | None = None,
                 content_type: str = "application/json") -> dict[str, Any]:
-        """One request; the answer's JSON object. A 401 reads the token again and tries once more (it rotated)."""
+        """One call, within `timeout` in all; the answer's JSON object. A 401 reads the token again and asks once
+        more (it rotated); a 429 or a 503 with Retry-After is asked again after it, while the deadline allows."""
         target = path + (f"?{urlencode(dict(query))}" if query else "")
         payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
-        for attempt in (1, 2):
-            response = self._send(verb, target, payload, content_type, timeout=self.timeout, reread=attempt == 2)
-            try:
-                data = _read_bounded(response, verb, path)
-            finally:
-                response.close()
-            if response.status == 401 and attempt == 1 and self._token.path is not None:
+        deadline = http11.Deadline(self.timeout)
+        reread = False
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            self._wait_for_gate(deadline, verb, path)
+            connection, head = self._exchange(verb, target, payload, content_type, deadline, reread=reread)
+            data = self._read(connection, deadline, verb, path)
+            if head.status == 401 and not reread and self.auth.rotates:
+                reread = True
                 continue
-            if response.status >= 400:
-                raise _refusal(response.status, data, verb, path)
-            return _json_object(data, verb, path)
+            if 200 <= head.status < 300:
+                return _json_object(data, verb, path)
+            refusal = _refusal(head, data, verb, path)
+            if isinstance(refusal, ApiRefused) and refusal.retry_after is not None and attempt < MAX_ATTEMPTS:
+                wait = self.gate.hold(refusal.retry_after)
+                if wait < deadline.at - time.monotonic():
+                    continue
+            raise refusal
         raise AssertionError("unreachable")  # the loop returns or raises
 
     def watch(self, path: str, *, query: Mapping[str, str], timeout_seconds: int = 300) -> Iterator[WatchEvent]:
-        """The events of a watch, until the server ends it (its timeoutSeconds) or it breaks (ApiUnreachable).
+        """The events of a watch, until the server ends it (its timeoutSeconds), the client's own deadline passes
+        (WATCH_GRACE later: a server that keeps the stream open past it is not waited on), or it breaks.
 
         `query` gives resourceVersion (where to start) and any selector; bookmarks are asked for, so that a quiet
         watch still moves its resourceVersion on and a restart rarely lands on 410 Gone."""
         params = {**query, "watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_seconds)}
         target = f"{path}?{urlencode(params)}"
-        # the server closes at timeoutSeconds; a silent connection well past that is a dead one
-        response = self._send("GET", target, None, "application/json", timeout=timeout_seconds + 30.0, reread=False)
+        deadline = http11.Deadline(timeout_seconds + WATCH_GRACE)
+        head_deadline = http11.Deadline(min(self.timeout, timeout_seconds + WATCH_GRACE))
+        self._wait_for_gate(head_deadline, "WATCH", path)
+        connection, head = self._exchange("GET", target, None, "application/json", head_deadline, reread=False)
+        kept = False
         try:
-            if response.status == 401 and self._token.path is not None:
-                self._token.token(reread=True)
-            if response.status >= 400:
-                raise _refusal(response.status, _read_bounded(response, "WATCH", path), "WATCH", path)
-            while True:
-                try:
-                    line = response.readline(MAX_ANSWER_BYTES)
-                except _http.HttpError as exc:
-                    raise ApiUnreachable(f"watch {path}: the stream broke: {exc}") from None
-                if not line:
-                    return
-                if len(line) > MAX_ANSWER_BYTES:
-                    raise ApiUnreachable(f"watch {path}: an event of more than {MAX_ANSWER_BYTES:,} bytes")
-                if not line.strip():
-                    continue
-                event = _json_object(line, "WATCH", path)
-                kind, obj = event.get("type"), event.get("object")
-                if not isinstance(kind, str) or not isinstance(obj, dict):
-                    shown = clip(line.decode("utf-8", "replace"))
-                    raise ApiUnreachable(f"watch {path}: a line that is not a watch event: {shown!r}")
-                if kind == "ERROR":
-                    code = obj.get("code")
-                    raise _refusal(code if isinstance(code, int) else 500, line, "WATCH", path)
-                yield WatchEvent(kind, obj)
+            if head.status == 401 and self.auth.rotates:
+                self.auth.token(reread=True)
+            if not 200 <= head.status < 300:
+                refusal = _refusal(head, self._read(connection, head_deadline, "WATCH", path), "WATCH", path)
+                if isinstance(refusal, ApiRefused) and refusal.retry_after is not None:
+                    self.gate.hold(refusal.retry_after)
+                raise refusal
+            try:
+                for line in connection.lines(deadline, MAX_ANSWER_BYTES):
+                    if not line.strip():
+                        continue
+                    yield _watch_event(line, path)
+            except http11.HttpTimeout:
+                return  # the client's own end of the watch: the caller watches again from where it got to
+            except http11.TooLarge:
+                raise ApiUnreachable(f"watch {path}: an event of more than {MAX_ANSWER_BYTES:,} bytes") from None
+            except http11.HttpError as exc:
+                raise ApiUnreachable(f"watch {path}: the stream broke: {exc}") from None
+            kept = self._keep(connection)
         finally:
-            response.close()
+            if not kept:
+                connection.close()
 
     # ---- the connection --------------------------------------------------------------------------------------
 
-    def _send(self, verb: str, target: str, payload: bytes | None, content_type: str, *, timeout: float,
-              reread: bool) -> _http.Response:
-        headers = {"Accept": "application/json", "User-Agent": self.user_agent}
-        token = self._token.token(reread=reread)
+    def _wait_for_gate(self, deadline: http11.Deadline, verb: str, path: str) -> None:
+        left = self.gate.wait(deadline)
+        if left > 0:
+            raise TooManyRequests(429, f"the API server asked to wait {left:.1f} s more before asking again",
+                                  verb=verb, path=path, retry_after=left)
+
+    def _exchange(self, verb: str, target: str, payload: bytes | None, content_type: str,
+                  deadline: http11.Deadline, *, reread: bool) -> tuple[http11.Connection, http11.Head]:
+        """Send the request and take the answer's head, on the kept-alive connection when there is one (asked
+        again on a new connection if that one turns out closed before any answer)."""
+        headers = {"Host": self._authority, "Accept": "application/json", "User-Agent": self.user_agent}
+        token = self.auth.token(reread=reread)
         if token:
             headers["Authorization"] = f"Bearer {token}"
         if payload is not None:
             headers["Content-Type"] = content_type
+        where = f"{verb} {target.split('?')[0]}: {self.credentials.server}"
+        for kept in (True, False):
+            connection = self._take() if kept else None
+            if kept and connection is None:
+                continue
+            try:
+                if connection is None:
+                    connection = self._connect(deadline)
+                connection.send_request(verb, target, headers, payload, deadline)
+                return connection, connection.receive_head(deadline)
+            except http11.HttpTimeout as exc:
+                if connection is not None:
+                    connection.close()
+                raise ApiUnreachable(f"{where}: {exc}") from None
+            except http11.HttpError as exc:
+                if connection is not None:
+                    connection.close()
+                if kept:
+                    continue  # the server had closed the kept connection: a new one
+                raise ApiUnreachable(f"{where}: {exc}") from None
+        raise AssertionError("unreachable")
+
+    def _connect(self, deadline: http11.Deadline) -> http11.Connection:
+        host = self.credentials.host.strip("[]")
+        return http11.connect(host, self.credentials.port, deadline, tls=self.auth.context(),
+                              server_hostname=self.credentials.tls_server_name or host, proxy=self._proxy)
+
+    def _take(self) -> http11.Connection | None:
+        with self._idle_lock:
+            connection, self._idle = self._idle, None
+        if connection is not None and _closed_by_peer(connection):
+            connection.close()
+            return None
+        return connection
+
+    def _keep(self, connection: http11.Connection) -> bool:
+        """Keep `connection` for the next call when its exchange ended cleanly and none is kept yet."""
+        if not connection.reusable:
+            return False
+        connection.next_exchange()
+        with self._idle_lock:
+            if self._idle is None:
+                self._idle = connection
+                return True
+        return False
+
+    def _read(self, connection: http11.Connection, deadline: http11.Deadline, verb: str, path: str) -> bytes:
         try:
-            return _http.request(self._context, self.credentials.host.strip("[]"), self.credentials.port, verb,
-                                 target, headers, payload, timeout=timeout)
-        except _http.HttpError as exc:
-            raise ApiUnreachable(f"{verb} {target.split('?')[0]}: {self.credentials.server}: {exc}") from None
+            data = connection.read_body(deadline, MAX_ANSWER_BYTES)
+        except http11.TooLarge:
+            connection.close()
+            raise ApiUnreachable(f"{verb} {path}: an answer of more than {MAX_ANSWER_BYTES:,} bytes") from None
+        except http11.HttpError as exc:
+            connection.close()
+            raise ApiUnreachable(f"{verb} {path}: the answer broke off: {exc}") from None
+        if not self._keep(connection):
+            connection.close()
+        return data
 
 
-def _ssl_context(credentials: Credentials) -> ssl.SSLContext:
-    """Trusts only the cluster's CA when one is named (not the machine's whole store: smaller, and what the API
-    server's certificate is signed by)."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+def _closed_by_peer(connection: http11.Connection) -> bool:
+    """Whether an idle kept-alive connection was closed (or written to) by the server meanwhile."""
+    poller = select.poll()  # not select(): a descriptor past 1,023 is valid in a process with many connections
     try:
-        if credentials.insecure:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        elif credentials.ca_file or credentials.ca_data:
-            context.load_verify_locations(cafile=credentials.ca_file, cadata=credentials.ca_data)
-        else:
-            context.load_default_certs()
-        if credentials.client_cert_file:
-            context.load_cert_chain(credentials.client_cert_file, credentials.client_key_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ApiError(f"the API server's CA or the client certificate cannot be loaded: {_describe(exc)}") from None
-    return context
+        poller.register(connection.sock, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return True
 
 
-def _describe(exc: BaseException) -> str:
-    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-    return clip(str(text), 120)
-
-
-def _read_bounded(response: _http.Response, verb: str, path: str) -> bytes:
-    try:
-        data = response.read(MAX_ANSWER_BYTES)
-    except _http.HttpError as exc:
-        raise ApiUnreachable(f"{verb} {path}: the answer broke off: {exc}") from None
-    if len(data) > MAX_ANSWER_BYTES:
-        raise ApiUnreachable(f"{verb} {path}: an answer of more than {MAX_ANSWER_BYTES:,} bytes")
-    return data
+def _watch_event(line: bytes, path: str) -> WatchEvent:
+    event = _json_object(line, "WATCH", path)
+    kind, obj = event.get("type"), event.get("object")
+    if not isinstance(kind, str) or not isinstance(obj, dict):
+        shown = clip(line.decode("utf-8", "replace"))
+        raise ApiUnreachable(f"watch {path}: a line that is not a watch event: {shown!r}")
+    if kind == "ERROR":
+        code = obj.get("code")
+        raise _refusal(http11.Head(code if isinstance(code, int) else 500, {}), line, "WATCH", path)
+    return WatchEvent(kind, obj)
 
 
 def _json_object(data: bytes, verb: str, path: str) -> dict[str, Any]:
@@ -209,15 +320,35 @@ def _json_object(data: bytes, verb: str, path: str) -> dict[str, Any]:
     return value
 
 
-def _refusal(status: int, data: bytes, verb: str, path: str) -> ApiError:
-    """The server's Status message when it sent one, else the start of whatever it sent."""
+def _retry_after(head: http11.Head) -> float | None:
+    """The seconds a 429 or a 503 asks us to wait (Retry-After as delay-seconds; a 429 without one: a second)."""
+    if head.status not in (429, 503):
+        return None
+    text = head.headers.get("retry-after", "").strip()
+    if text.isdigit():
+        return float(min(int(text[:6]), int(MAX_RETRY_AFTER)))
+    return DEFAULT_RETRY_AFTER if head.status == 429 or text else None
+
+
+def _refusal(head: http11.Head, data: bytes, verb: str, path: str) -> ApiError:
+    """The error for an answer that is not a 2xx: the server's Status (its message, reason, details) when it sent
+    one, else the start of whatever it sent."""
+    status = head.status
     message = data.decode("utf-8", "replace").strip()
+    status_object: dict[str, Any] | None = None
     try:
         value = json.loads(data)
         if isinstance(value, dict):
             inner = value.get("object") if value.get("type") == "ERROR" else value
+            if isinstance(inner, dict) and inner.get("kind") == "Status":
+                status_object = inner
             if isinstance(inner, dict) and isinstance(inner.get("message"), str):
                 message = inner["message"]
     except (ValueError, RecursionError):
         pass
-    return _REFUSALS.get(status, ApiRefused)(status, message, verb=verb, path=path)
+    if 300 <= status < 400:
+        location = clip(head.headers.get("location", "nowhere said"), 120)
+        return ApiClientError(status, f"a redirect to {location}, not followed (the token goes to the API server "
+                                      "only)", verb=verb, path=path)
+    kind = _REFUSALS.get(status) or (ApiServerError if status >= 500 else ApiClientError)
+    return kind(status, message, verb=verb, path=path, status_object=status_object, retry_after=_retry_after(head))

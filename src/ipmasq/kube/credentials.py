@@ -8,28 +8,38 @@ the hour): it is read again whenever its file changed, never kept from start-up.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
-import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
-
-import yaml
 
 from ipmasq.errors import ApiError, clip
 
-__all__ = ["SERVICE_ACCOUNT_DIR", "Credentials", "TokenFile", "from_kubeconfig", "in_cluster", "pod_namespace"]
+__all__ = ["SERVICE_ACCOUNT_DIR", "Credentials", "ExecPlugin", "TokenFile", "from_kubeconfig", "in_cluster",
+           "pod_namespace"]
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 @dataclass(frozen=True, slots=True)
+class ExecPlugin:
+    """A kubeconfig user's exec credential plugin (gke-gcloud-auth-plugin, `aws eks get-token`, kubelogin): the
+    command that prints an ExecCredential with a token or a client certificate, and when it expires."""
+
+    command: str
+    api_version: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    install_hint: str | None = None
+    interactive_mode: str = "IfAvailable"  # Never, IfAvailable, Always
+    provide_cluster_info: bool = False
+    base_dir: str = "."  # a relative command is found from the kubeconfig that named it
+
+
+@dataclass(frozen=True, slots=True)
 class Credentials:
-    """How to reach one API server: its address, the CA that signs its certificate, and a bearer token (literal or
-    a file read again as it rotates) and/or a client certificate."""
+    """How to reach one API server: its address, the CA that signs its certificate, and a bearer token (literal, a
+    file read again as it rotates, or an exec plugin's) and/or a client certificate (a file or PEM kept in memory:
+    key material is never written anywhere)."""
 
     host: str
     port: int
@@ -39,7 +49,13 @@ class Credentials:
     token_file: str | None = None
     client_cert_file: str | None = None
     client_key_file: str | None = None
+    client_cert_data: str | None = field(default=None, repr=False)  # PEM
+    client_key_data: str | None = field(default=None, repr=False)  # PEM
     insecure: bool = False  # a kubeconfig's insecure-skip-tls-verify
+    tls_server_name: str | None = None  # the name the server's certificate is checked against, when not host
+    proxy_url: str | None = None  # http://host:port: the API server reached through this proxy's CONNECT
+    exec_plugin: ExecPlugin | None = None
+    cluster_info: dict[str, object] | None = field(default=None, repr=False, compare=False)  # for provideClusterInfo
 
     @property
     def server(self) -> str:
@@ -93,67 +109,8 @@ def pod_namespace(directory: str = SERVICE_ACCOUNT_DIR) -> str | None:
 
 
 def from_kubeconfig(path: str | None = None, *, context: str | None = None) -> Credentials:
-    """The credentials of a kubeconfig's current (or named) context: $KUBECONFIG's first file, or ~/.kube/config.
+    """The credentials of a kubeconfig's current (or named) context, read as kubectl reads it (see
+    ipmasq.kube.kubeconfig): `path`, else every file of $KUBECONFIG merged, else ~/.kube/config."""
+    from ipmasq.kube.kubeconfig import load
 
-    Embedded certificate data is written to private files (ssl loads a client certificate only from a file)."""
-    if path is None:
-        path = (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
-    try:
-        with open(path, "rb") as fh:
-            config = yaml.safe_load(fh.read(1 << 20))
-    except OSError as exc:
-        raise ApiError(f"{path}: cannot read the kubeconfig: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ApiError(f"{path}: not a kubeconfig: {clip(str(exc).splitlines()[0])}") from None
-    if not isinstance(config, dict):
-        raise ApiError(f"{path}: not a kubeconfig (no mapping at the top)")
-    name = context or config.get("current-context")
-    ctx = _named(config, "contexts", name, "context", path)
-    cluster = _named(config, "clusters", ctx.get("cluster"), "cluster", path)
-    user = _named(config, "users", ctx.get("user"), "user", path) if ctx.get("user") else {}
-    server = urlsplit(str(cluster.get("server", "")))
-    if server.scheme != "https" or not server.hostname:
-        raise ApiError(f"{path}: the cluster's server is not an https address: {clip(str(cluster.get('server')))!r}")
-    host = f"[{server.hostname}]" if ":" in server.hostname else server.hostname
-    base = os.path.dirname(os.path.abspath(path))
-    return Credentials(
-        host=host, port=server.port or 443,
-        ca_file=_relative(base, cluster.get("certificate-authority")),
-        ca_data=_decoded(cluster.get("certificate-authority-data"), path),
-        insecure=bool(cluster.get("insecure-skip-tls-verify")),
-        token=user.get("token"), token_file=_relative(base, user.get("tokenFile")),
-        client_cert_file=_relative(base, user.get("client-certificate"))
-        or _private_file(_decoded(user.get("client-certificate-data"), path)),
-        client_key_file=_relative(base, user.get("client-key"))
-        or _private_file(_decoded(user.get("client-key-data"), path)),
-    )
-
-
-def _named(config: dict[str, Any], section: str, name: object, key: str, path: str) -> dict[str, Any]:
-    for item in config.get(section) or []:
-        if isinstance(item, dict) and item.get("name") == name and isinstance(item.get(key), dict):
-            found: dict[str, Any] = item[key]
-            return found
-    raise ApiError(f"{path}: no {key} named {clip(str(name))!r} in {section}")
-
-
-def _relative(base: str, value: object) -> str | None:
-    return os.path.join(base, value) if isinstance(value, str) and value else None
-
-
-def _decoded(value: object, path: str) -> str | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return base64.b64decode(value, validate=True).decode()
-    except (binascii.Error, UnicodeDecodeError):
-        raise ApiError(f"{path}: certificate data that is not base64 PEM") from None
-
-
-def _private_file(pem: str | None) -> str | None:
-    if pem is None:
-        return None
-    fd, name = tempfile.mkstemp(prefix="ipmasq-kube-", suffix=".pem")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(pem)
-    return name
+    return load(path, context=context)

@@ -25,7 +25,8 @@ from ipmasq.lint.manifest import AGENT_CONFIGMAP, AGENT_NAMESPACE, CONFIG_KEY
 from ipmasq.lint.text import scan_lookalikes
 from ipmasq.options import PolicyOptions
 
-__all__ = ["ADMISSION_API", "MAX_LISTED", "ReviewError", "Verdict", "decide", "respond"]
+__all__ = ["ADMISSION_API", "MAX_CONFIGMAP_DATA", "MAX_LISTED", "ReviewError", "Verdict", "data_size", "decide",
+           "respond"]
 
 ADMISSION_API = "admission.k8s.io/v1"
 # A denial or the warnings list this many findings and count the rest: the first ones are what to fix first, and
@@ -37,6 +38,7 @@ _WRITES = ("CREATE", "UPDATE")
 # How close a ConfigMap's name must be to the agent's to be "meant for the agent" (difflib's ratio): catches
 # ip-masq-agnet, ipmasq-agent and ip_masq_agent, not kube-proxy or coredns.
 _NEAR_MISS = 0.8
+MAX_CONFIGMAP_DATA = 1 << 20  # the API server's limit on a ConfigMap's data and binaryData together
 
 
 class ReviewError(IpmasqError):
@@ -90,6 +92,13 @@ def decide(request: Mapping[str, Any], options: PolicyOptions) -> Verdict:
     metadata = metadata if isinstance(metadata, Mapping) else {}
     name = _text(metadata.get("name")) or _text(request.get("name"))
     namespace = _text(request.get("namespace")) or _text(metadata.get("namespace"))
+    if namespace == AGENT_NAMESPACE and (name == AGENT_CONFIGMAP or name.startswith(CONFIG_PREFIX)) \
+            and (size := data_size(obj)) > MAX_CONFIGMAP_DATA:
+        # what the API server itself refuses (a ConfigMap's data and binaryData together); only a peer other than
+        # the API server sends more, and nothing of it is parsed: a config of a million CIDRs costs the YAML
+        # parser and the validator hundreds of MiB
+        return Verdict(False, f"ConfigMap {AGENT_NAMESPACE}/{name}: {size:,} bytes of data, more than a ConfigMap "
+                              f"may hold ({MAX_CONFIGMAP_DATA:,}); not read")
     if namespace != AGENT_NAMESPACE:
         if name == AGENT_CONFIGMAP:
             return Verdict(True, warnings=(
@@ -115,6 +124,28 @@ def decide(request: Mapping[str, Any], options: PolicyOptions) -> Verdict:
             f"ConfigMap {AGENT_NAMESPACE}/{name} looks meant for the ip-masq agent, but the agent reads only "
             f"{AGENT_NAMESPACE}/{AGENT_CONFIGMAP}: this one is never applied",))
     return ALLOWED
+
+
+def data_size(obj: Mapping[str, Any]) -> int:
+    """A ConfigMap's size as the API server counts it for its 1 MiB limit: every key and value of data (UTF-8
+    bytes) and of binaryData (decoded bytes), worked out without copying a value."""
+    size = 0
+    data, binary = obj.get("data"), obj.get("binaryData")
+    for key, value in (data.items() if isinstance(data, Mapping) else ()):
+        size += _utf8_size(key) + _utf8_size(value)
+    for key, value in (binary.items() if isinstance(binary, Mapping) else ()):
+        size += _utf8_size(key)
+        if isinstance(value, str):
+            size += len(value) * 3 // 4 - value[-2:].count("=")
+    return size
+
+
+def _utf8_size(value: object) -> int:
+    if not isinstance(value, str):
+        return 0
+    if value.isascii():  # known without a scan: the common case, and a 14 MB value costs nothing
+        return len(value)
+    return len(value.encode("utf-8", "surrogatepass"))
 
 
 def _data_unchanged(request: Mapping[str, Any], obj: Mapping[str, Any]) -> bool:

@@ -729,7 +729,7 @@ def test_what_the_agents_client_sends_and_reads_is_what_lightkube_reads(cluster:
 
 
 def test_the_agent_with_the_api_on_stays_within_its_memory_budget(cluster: Cluster) -> None:
-    """28 MiB resident with the API features on (the agent without them has 22 MiB)."""
+    """32 MiB resident with the API features on (the agent without them has 22 MiB)."""
     agent.apply_config(cluster, KEEP_10_8)
     agent.deploy_agent(cluster)
     for node in cluster.nodes:
@@ -747,4 +747,4 @@ def test_the_agent_with_the_api_on_stays_within_its_memory_budget(cluster: Clust
     _progress("the agent's resident memory with the API on: "
               + ", ".join(f"{node} {mib:.1f} MiB" for node, mib in sorted(found.items())))
     assert set(found) == {n.name for n in cluster.nodes}
-    assert max(found.values()) <= 28.0, found
+    assert max(found.values()) <= 32.0, found
