@@ -46,7 +46,9 @@ def _api_server(workdir: Path, etcd: str, apiserver: str) -> tuple[list[subproce
                                "--listen-peer-urls=http://127.0.0.1:2380"], stdout=log, stderr=log)]
     procs.append(subprocess.Popen([
         apiserver, "--etcd-servers=http://127.0.0.1:2379", "--bind-address=127.0.0.1", "--secure-port=6443",
-        "--advertise-address=127.0.0.1", f"--token-auth-file={workdir / 'tokens.csv'}",
+        # 1.37 refuses a loopback advertise address to its endpoint reconciler: no kubernetes Service is needed here
+        "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+        f"--token-auth-file={workdir / 'tokens.csv'}",
         "--authorization-mode=RBAC", f"--service-account-key-file={workdir / 'sa.key'}",
         f"--service-account-signing-key-file={workdir / 'sa.key'}",
         "--service-account-issuer=https://kubernetes.default.svc", f"--cert-dir={workdir / 'certs'}",
@@ -149,7 +151,7 @@ def main() -> int:
         for proc in running:
             out, err = proc.communicate(timeout=args.reconciles * 0.2 + args.scrape_seconds + 300)
             if proc.returncode != 0:
-                raise SystemExit(f"bench_agent_api_memory: a run failed:\n{err.decode()[-3000:]}")
+                raise SystemExit(f"bench_agent_api_memory: a run failed:\n{err[-3000:]}")
             results.append(json.loads(out))
     over = []
     print(f"{'':<48}" + "".join(f"{r['backend']:>14}" for r in results) + "   target")
