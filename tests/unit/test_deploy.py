@@ -40,12 +40,12 @@ def daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def test_kustomize_output_validates_against_the_kubernetes_schemas(path: Path) -> None:
     docs = kustomize(path)
     assert {d["kind"] for d in docs} == {"DaemonSet", "ServiceAccount", "CustomResourceDefinition", "Role",
-                                         "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+                                         "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Lease"}
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
-def test_the_agents_rights_are_exactly_its_configmap_events_status_and_reading_a_node() -> None:
+def test_the_agents_rights_are_exactly_its_configmap_events_status_reading_a_node_and_its_lease() -> None:
     docs = kustomize(DEPLOY)
     granted = sorted(
         (doc["kind"], doc["metadata"].get("namespace", ""), group, resource, tuple(rule.get("resourceNames", ())),
@@ -54,11 +54,14 @@ def test_the_agents_rights_are_exactly_its_configmap_events_status_and_reading_a
         for rule in doc["rules"] for group in rule["apiGroups"] for resource in rule["resources"])
     assert granted == [
         ("ClusterRole", "", "", "nodes", (), ("get",)),
-        ("ClusterRole", "", "ipmasq.dev", "ipmasqagentstatuses", (), ("create", "patch")),
+        ("ClusterRole", "", "ipmasq.dev", "ipmasqagentstatuses", (), ("create", "list", "patch")),
         ("Role", "default", "", "events", (), ("create", "patch")),
         ("Role", "kube-system", "", "configmaps", ("ip-masq-agent",), ("get", "list", "watch")),
         ("Role", "kube-system", "", "events", (), ("create", "patch")),
+        ("Role", "kube-system", "coordination.k8s.io", "leases", ("ip-masq-agent",), ("get", "patch")),
     ]
+    (lease,) = [doc for doc in docs if doc["kind"] == "Lease"]  # shipped: the agents cannot create Leases
+    assert (lease["metadata"]["namespace"], lease["metadata"]["name"]) == ("kube-system", "ip-masq-agent")
     bound = {(doc["kind"], doc["roleRef"]["name"]): doc["subjects"] for doc in docs if doc["kind"].endswith("Binding")}
     assert set(bound) == {("RoleBinding", "ip-masq-agent"), ("RoleBinding", "ip-masq-agent-node-events"),
                           ("ClusterRoleBinding", "ip-masq-agent")}
