@@ -684,11 +684,14 @@ def test_what_the_agents_client_sends_and_reads_is_what_lightkube_reads(cluster:
     assert first.type == "MODIFIED" and first.object["data"]["config"] == changed
     # what the agents wrote, read through the oracle's models
     # (by uid, as kubectl describe asks: an earlier ConfigMap of the same name has Events of its own)
-    described = list(oracle.list(Event, namespace="kube-system",
-                                 fields={"involvedObject.name": "ip-masq-agent", "involvedObject.kind": "ConfigMap",
-                                         "involvedObject.uid": str(typed.metadata.uid)}))
+    def described() -> list[Event]:
+        return list(oracle.list(Event, namespace="kube-system",
+                                fields={"involvedObject.name": "ip-masq-agent", "involvedObject.kind": "ConfigMap",
+                                        "involvedObject.uid": str(typed.metadata.uid)}))
+
     # one ConfigApplied summary per content, by the Lease's holder (one of the nodes), not one Event per node
-    applied = [e for e in described if e.reason == "ConfigApplied"]
+    _wait(lambda: any(e.reason == "ConfigApplied" for e in described()), 20, "the fleet's summary on the ConfigMap")
+    applied = [e for e in described() if e.reason == "ConfigApplied"]
     assert applied and {e.source.host for e in applied if e.source} <= {n.name for n in cluster.nodes}
     assert all(e.type == "Normal" and (e.count or 0) >= 1 and e.firstTimestamp is not None for e in applied)
     assert any(f"of {len(cluster.nodes)} nodes" in (e.message or "") for e in applied)
