@@ -83,6 +83,7 @@ class ConfigMapFollower:
         # follower resumes its watch after an outage; only a 410 Gone makes it list again.
         self.resource_version: str | None = None
         self.relists = 0  # lists after the first (each a 410 Gone)
+        self._not_older_than: str | None = None
         self._backoff = BACKOFF_INITIAL
         self._troubled = False
         self._thread: threading.Thread | None = None
@@ -110,7 +111,9 @@ class ConfigMapFollower:
                     else:
                         self._healthy()  # the server ended the watch as asked: the backoff starts again
             except Gone:
-                self.resource_version = None  # list again at once: that is what 410 asks for
+                # list again at once: that is what 410 asks for; not older than what was seen, so the server may
+                # answer from its watch cache (after its restart, every follower's version is older than its cache)
+                self._not_older_than, self.resource_version = self.resource_version, None
                 self.relists += 1
                 continue
             except ApiError as exc:
@@ -125,7 +128,11 @@ class ConfigMapFollower:
         return {"fieldSelector": f"metadata.name={self.name}"}
 
     def _list(self) -> str:
-        listing = self.client.get(self.path, query=self._selector())
+        query = self._selector()
+        if self._not_older_than is not None:
+            query.update(resourceVersion=self._not_older_than, resourceVersionMatch="NotOlderThan")
+        listing = self.client.get(self.path, query=query)
+        self._not_older_than = None
         items = [item for item in listing.get("items") or [] if isinstance(item, dict)]
         self._publish(configmap_state(self.namespace, self.name, self.key, items[0] if items else None))
         metadata = listing.get("metadata")
