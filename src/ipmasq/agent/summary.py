@@ -69,7 +69,7 @@ class SummaryWriter:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self.stop.wait(0.5):
+        while not self.stop.wait(self._sleep()):
             try:
                 self.step()
                 if self._trouble is not None:
@@ -84,6 +84,13 @@ class SummaryWriter:
         if self.elector.leading:
             with contextlib.suppress(ApiError):
                 self.elector.release()
+
+    def _sleep(self) -> float:
+        """The holder looks twice a second for a new content (its own follower's view: no request); a candidate
+        sleeps until its next ask, at most 5 s at a time."""
+        if self.elector.leading:
+            return 0.5
+        return min(5.0, max(0.5, self._next_lease - self.clock()))
 
     def step(self) -> None:
         """One look: the Lease when due, then, holding it, a tally when due. Raises ApiError."""
