@@ -128,6 +128,7 @@ def worker(first: int, count: int, port: int, workdir: Path) -> int:
     from ipmasq.backends.iptables import IptablesBackend, Variant
     from ipmasq.kube.credentials import Credentials
     from ipmasq.options import PolicyOptions
+    from ipmasq.policy.prefix import Family
     from ipmasq.testing import FakeIptables
 
     threading.stack_size(512 << 10)
@@ -170,7 +171,9 @@ def worker(first: int, count: int, port: int, workdir: Path) -> int:
         client = KubeClient(credentials)
         client.user_agent = f"ipmasq/{__version__} (fleet bench {node})"  # the audit log tells the nodes apart
         kernel = Kernel(node)
-        backend = IptablesBackend(kernel, chain=options.masq_chain, variant=Variant.NFT)
+        # as make_backend chooses: IPv4 only unless the options enable IPv6
+        backend = IptablesBackend(kernel, chain=options.masq_chain, variant=Variant.NFT,
+                                  families=(Family.V4,) if options.enable_ipv6 is False else (Family.V4, Family.V6))
         wakeup = Wakeup()
         api_config, reporter = start_api(_Seam(client, node, emit), node, pod=f"ip-masq-agent-{node}",
                                          namespace=NAMESPACE, names=[CONFIGMAP], key="config",
