@@ -120,6 +120,7 @@ class _Seam:
 
 
 def worker(first: int, count: int, port: int, workdir: Path) -> int:
+    import ipmasq.agent.watch
     from ipmasq import __version__
     from ipmasq.agent.apiwiring import start_api
     from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
@@ -131,6 +132,11 @@ def worker(first: int, count: int, port: int, workdir: Path) -> int:
     from ipmasq.policy.prefix import Family
     from ipmasq.testing import FakeIptables
 
+    # The mounted file does not exist here and never changes: an agent watches it with inotify, at no cost while it
+    # does not change; without inotify (its instances are few per user, and shared with the machine) the loop polls
+    # it every second, which is 1,000 wakeups a second for 1,000 nodes on this one machine and no part of the API's
+    # cost. Polled every minute instead (the loop wakes on the API's news at once either way).
+    ipmasq.agent.watch.POLL_SECONDS = 60.0
     threading.stack_size(512 << 10)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

@@ -78,6 +78,10 @@ class Narrator:
     def observed(self, report: ConfigReport) -> Note:
         said: list[Occurrence] = []
         error = report.config_error
+        if report.changed and error is None:
+            # a good new config: the loop's pass follows at once, and its report says what the node enforces (the
+            # moment between, "not applied yet", is not worth a status write on every node of the fleet)
+            return Note((), None)
         status = self.status
         if error is not None and self._once("config", f"rejected {error}"):
             keeping = (f"keeping policy {report.policy_hash[:12]}" if report.policy_hash

@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 
-from ipmasq.agent.apireport import ApiReporter, Narrator
+from ipmasq.agent.apireport import ApiReporter, Narrator, Note
 from ipmasq.agent.reconcile import ConfigReport, ObjectCount, PassReport, SyncResult, Verdict
 from ipmasq.errors import ApiUnreachable
 from ipmasq.kube.agentstatus import StatusWriter, status_from_json, status_path
@@ -40,6 +40,11 @@ def test_applied_is_said_by_the_status_alone_then_silent_until_something_changes
     assert note.status.policy_hash == "a" * 64 and note.status.config_digest == "d" * 64
     quiet = teller.reconciled(applied(result=SyncResult.IN_SYNC))
     assert quiet.occurrences == () and quiet.status is None
+    # a good new config seen: nothing until its pass says what the node enforces (one status write per change)
+    seen = ConfigReport(changed=True, config_error=None, policy_hash="b" * 64, resync_interval=60.0,
+                        readiness=Verdict(False, "not ready: the current config is not applied yet"))
+    assert teller.observed(seen) == Note((), None)
+    assert teller.reconciled(applied("b" * 64)).status is not None
 
 
 def test_a_rejected_config_is_said_once_with_its_line_and_the_policy_kept() -> None:
