@@ -8,6 +8,7 @@ config, 1 when any does not (or the API cannot tell), 2 on a usage error.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import sys
 from typing import Any
@@ -74,14 +75,21 @@ def _gather(client: Any, args: argparse.Namespace) -> FleetView:
         except NotFound:
             obj = None
         configmaps.append(configmap_state(namespace, name, args.configmap_key, obj))
-    try:
-        statuses = _list(client, status_path())
-    except NotFound:  # the CRD is not installed: no agent writes status
-        statuses = []
-    pods = _list(client, f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": AGENT_SELECTOR})
-    nodes = _list(client, "/api/v1/nodes", page=NODE_PAGE)
+
+    def statuses() -> list[Any]:
+        try:
+            return _list(client, status_path())
+        except NotFound:  # the CRD is not installed: no agent writes status
+            return []
+
+    # the three lists side by side: on 5,000 nodes each is tens of pages, and each page a round trip
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        asked = (pool.submit(statuses),
+                 pool.submit(_list, client, f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": AGENT_SELECTOR}),
+                 pool.submit(_list, client, "/api/v1/nodes", page=NODE_PAGE))
+        written, pods, nodes = (future.result() for future in asked)
     names = [n["metadata"]["name"] for n in nodes if isinstance(n, dict)]
-    return fleet_view(configmaps, statuses, pods, names)
+    return fleet_view(configmaps, written, pods, names)
 
 
 def _list(client: Any, path: str, query: dict[str, str] | None = None, *, page: int = PAGE) -> list[Any]:
