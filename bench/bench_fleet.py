@@ -575,11 +575,15 @@ def restart(api: ApiServer, kubectl: str, fleet: Fleet, n: int, pids: dict[str, 
         elif r["verb"] == "watch" and parse_qs(urlsplit(r["requestURI"]).query).get("resourceVersion", [""])[0]:
             resumed += 1
     after = [t - t_ready for t in first_watch.values()]
+    per_second = Counter(int(datetime.fromisoformat(r["requestReceivedTimestamp"]).timestamp() - t_ready)
+                         for r in requests)
     out: dict[str, Any] = {
         "down_seconds": round(t_ready - t_stop, 1), "followers_back": len(first_watch),
         "followers_back_p50_s": round(percentile(after, 50), 2) if after else None,
         "followers_back_max_s": round(max(after), 2) if after else None,
         "configmap_lists": relisted, "configmap_watches_with_resource_version": resumed,
+        # the herd: the most agent requests the server received in one second after it was back
+        "peak_agent_requests_in_one_second": max(per_second.values(), default=0),
         "agent_requests": len(requests), "agent_requests_per_node": round(len(requests) / n, 3),
         "agent_requests_by_kind": kinds(requests), "apiserver_cpu_seconds_until_back": round(apiserver_cpu, 2)}
     # every node still follows: a change after the restart
