@@ -331,6 +331,12 @@ def kinds(requests: list[dict[str, Any]]) -> dict[str, int]:
     return dict(counted.most_common())
 
 
+def refused(requests: list[dict[str, Any]]) -> dict[str, int]:
+    """The answers that were not 2xx, by code (429: the API server's priority and fairness shed the request)."""
+    codes = Counter(str((r.get("responseStatus") or {}).get("code", "?")) for r in requests)
+    return {code: count for code, count in codes.items() if not code.startswith("2")}
+
+
 def _audit_size(api: ApiServer) -> int:
     return api.audit_log.stat().st_size if api.audit_log.exists() else 0
 
@@ -488,7 +494,8 @@ def change(api: ApiServer, kubectl: str, fleet: Fleet, n: int, marker: int, pids
            "apply_to_all_max_s": round(max(seconds), 3),
            "status_written_p99_s": round(percentile(status_written, 99), 3),
            "api_requests": len(requests), "api_requests_per_node_per_change": round(len(requests) / n, 3),
-           "api_requests_by_kind": kinds(requests), "window_seconds": round(t1 - t0, 2)}
+           "api_requests_by_kind": kinds(requests), "api_answers_not_2xx": refused(requests),
+           "window_seconds": round(t1 - t0, 2)}
     out.update({k: v for k, v in phase.items() if not k.startswith("worker")})
     out["bench_cpu_seconds"] = round(sum(v for k, v in phase.items() if k.startswith("worker") and "cpu" in k), 2)
     return out
@@ -538,7 +545,8 @@ def bad_edit(api: ApiServer, kubectl: str, fleet: Fleet, n: int, pids: dict[str,
             "node_events_config_rejected": len({e["involvedObject"]["name"] for e in node_events.get("items") or []}),
             "statuses_with_the_reason": with_reason, "status_written_p99_s": round(status_p99, 3),
             "summary_seconds": round(summary_at - t0, 2), "api_requests": len(requests),
-            "api_requests_per_node": round(len(requests) / n, 3), "api_requests_by_kind": kinds(requests), **phase}
+            "api_requests_per_node": round(len(requests) / n, 3), "api_requests_by_kind": kinds(requests),
+            "api_answers_not_2xx": refused(requests), **phase}
 
 
 def restart(api: ApiServer, kubectl: str, fleet: Fleet, n: int, pids: dict[str, int]) -> dict[str, Any]:
@@ -585,7 +593,8 @@ def restart(api: ApiServer, kubectl: str, fleet: Fleet, n: int, pids: dict[str, 
         # the herd: the most agent requests the server received in one second after it was back
         "peak_agent_requests_in_one_second": max(per_second.values(), default=0),
         "agent_requests": len(requests), "agent_requests_per_node": round(len(requests) / n, 3),
-        "agent_requests_by_kind": kinds(requests), "apiserver_cpu_seconds_until_back": round(apiserver_cpu, 2)}
+        "agent_requests_by_kind": kinds(requests), "api_answers_not_2xx": refused(requests),
+        "apiserver_cpu_seconds_until_back": round(apiserver_cpu, 2)}
     # every node still follows: a change after the restart
     pids = {**pids, "apiserver": new_pid}
     after_change = change(api, kubectl, fleet, n, 4, pids, {})
