@@ -583,8 +583,11 @@ def restart(api: ApiServer, kubectl: str, fleet: Fleet, n: int, pids: dict[str, 
         elif r["verb"] == "watch" and parse_qs(urlsplit(r["requestURI"]).query).get("resourceVersion", [""])[0]:
             resumed += 1
     after = [t - t_ready for t in first_watch.values()]
-    per_second = Counter(int(datetime.fromisoformat(r["requestReceivedTimestamp"]).timestamp() - t_ready)
+    per_second = Counter(math.floor(datetime.fromisoformat(r["requestReceivedTimestamp"]).timestamp() - t_ready)
                          for r in requests)
+    not_2xx = Counter(f"{code} {kind}" for r in requests
+                      if not (code := str((r.get("responseStatus") or {}).get("code", "?"))).startswith("2")
+                      for kind in kinds([r]))
     out: dict[str, Any] = {
         "down_seconds": round(t_ready - t_stop, 1), "followers_back": len(first_watch),
         "followers_back_p50_s": round(percentile(after, 50), 2) if after else None,
@@ -592,8 +595,9 @@ def restart(api: ApiServer, kubectl: str, fleet: Fleet, n: int, pids: dict[str, 
         "configmap_lists": relisted, "configmap_watches_with_resource_version": resumed,
         # the herd: the most agent requests the server received in one second after it was back
         "peak_agent_requests_in_one_second": max(per_second.values(), default=0),
+        "agent_requests_per_second_from_back": [per_second.get(i, 0) for i in range(-2, 31)],
         "agent_requests": len(requests), "agent_requests_per_node": round(len(requests) / n, 3),
-        "agent_requests_by_kind": kinds(requests), "api_answers_not_2xx": refused(requests),
+        "agent_requests_by_kind": kinds(requests), "api_answers_not_2xx": dict(not_2xx.most_common()),
         "apiserver_cpu_seconds_until_back": round(apiserver_cpu, 2)}
     # every node still follows: a change after the restart
     pids = {**pids, "apiserver": new_pid}
