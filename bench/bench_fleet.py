@@ -70,6 +70,7 @@ rules:
     users: ["{AGENT_USER}"]
   - level: None
 """
+BACKGROUND = {"get leases", "watch configmaps"}
 BAD_LINE_3 = "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n  - 10.300.0.0/16\n"
 
 
@@ -494,6 +495,8 @@ def change(api: ApiServer, kubectl: str, fleet: Fleet, n: int, marker: int, pids
            "apply_to_all_max_s": round(max(seconds), 3),
            "status_written_p99_s": round(percentile(status_written, 99), 3),
            "api_requests": len(requests), "api_requests_per_node_per_change": round(len(requests) / n, 3),
+           # what the agents do whether or not anything changes (Lease reads, watches restarted at their timeout)
+           "of_which_background": len([r for r in requests if kinds([r]).keys() & BACKGROUND]),
            "api_requests_by_kind": kinds(requests), "api_answers_not_2xx": refused(requests),
            "window_seconds": round(t1 - t0, 2)}
     out.update({k: v for k, v in phase.items() if not k.startswith("worker")})
