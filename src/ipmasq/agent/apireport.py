@@ -23,16 +23,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ipmasq.agent.apiconfig import ApiConfig
 from ipmasq.agent.reconcile import ConfigReport, PassReport, SyncResult
 from ipmasq.errors import ApiError, Forbidden
 from ipmasq.kube.agentstatus import NodeStatus, StatusWriter
 from ipmasq.kube.events import EventRecorder, ObjectRef, Occurrence, timestamp
 
-__all__ = ["CONFIG", "ApiReporter", "Narrator", "Note"]
+__all__ = ["ApiReporter", "Narrator", "Note"]
 
-# the target of an occurrence about the config: resolved when written, to the ConfigMap it came from (or the Node)
-CONFIG = ObjectRef(kind="<config>", name="<config>")
 BACKLOG = 200  # occurrences waiting to be written while the API is away; older ones are dropped beyond it
 RETRY_INITIAL, RETRY_MAX = 1.0, 60.0  # the wait after a failed write, jittered (+-50%): nodes do not retry in step
 # How long the writer waits for more notes after one: a config change makes two (the config seen: not ready yet; the
@@ -148,10 +145,9 @@ class Narrator:
 class ApiReporter:
     """A LoopObserver that has the Narrator's notes written to the API by a thread of its own."""
 
-    def __init__(self, narrator: Narrator, events: EventRecorder, status: StatusWriter, api_config: ApiConfig | None,
-                 *, log: logging.Logger, stop: threading.Event) -> None:
+    def __init__(self, narrator: Narrator, events: EventRecorder, status: StatusWriter, *, log: logging.Logger,
+                 stop: threading.Event) -> None:
         self.narrator, self.events, self.status_writer = narrator, events, status
-        self.api_config = api_config
         self.log = log
         self.stop = stop
         self._queue: queue.Queue[Note | None] = queue.Queue()
@@ -226,7 +222,7 @@ class ApiReporter:
         while self._backlog:
             occurrence = self._backlog[0]
             try:
-                self.events.record(self._resolved(occurrence))
+                self.events.record(occurrence)
             except Forbidden as exc:  # RBAC will not change by retrying this one: say it, drop it
                 self._troubled(exc)
             self._backlog.pop(0)
@@ -234,16 +230,6 @@ class ApiReporter:
         if self._status is not None:
             self.status_writer.write(self._status)
             self._status = None
-
-    def _resolved(self, occurrence: Occurrence) -> Occurrence:
-        if occurrence.target != CONFIG:
-            return occurrence
-        states = self.api_config.states() if self.api_config is not None else {}
-        for state in states.values():  # the first followed ConfigMap that exists (its uid: describe matches it)
-            if state.exists and state.uid:
-                return replace(occurrence, target=ObjectRef(kind="ConfigMap", name=state.name,
-                                                            namespace=state.namespace, uid=state.uid))
-        return replace(occurrence, target=self.narrator.node_ref)
 
     def _troubled(self, exc: Exception) -> None:
         why = str(exc) if isinstance(exc, ApiError) else f"{type(exc).__name__}: {exc}"

@@ -42,7 +42,7 @@ def start_api(client: ApiClient, node: str, *, pod: str | None, namespace: str, 
     narrator = Narrator(node, pod=pod, version=__version__, backend="", source=lambda: api_config.source,
                         configmaps=configmaps, configmap_exists=configmap_exists, api_digest=api_config.digest)
     reporter = ApiReporter(narrator, EventRecorder(client, component=COMPONENT, host=node),
-                           StatusWriter(client, node), api_config, log=log, stop=stop)
+                           StatusWriter(client, node), log=log, stop=stop)
     api_config.start()
     reporter.start()
     if summary_lease:

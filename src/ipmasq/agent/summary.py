@@ -121,14 +121,14 @@ class SummaryWriter:
         done = result.pending == 0 or now - self._seen_at >= RETALLY_FOR
         self._next_tally = None if done else now + self._interval
 
-    def _current(self) -> tuple[str, str, str] | None:
-        """(uid, digest, name) of the first followed ConfigMap that exists, with the content's digest."""
+    def _current(self) -> tuple[str, str, str, str] | None:
+        """(uid, digest, name, namespace) of the first followed ConfigMap that exists, with the content's digest."""
         digest = self.digest()
         if digest is None:
             return None
         for state in sorted(self.configmaps().values(), key=lambda s: s.name):
             if state.exists and state.uid:
-                return state.uid, digest, state.name
+                return state.uid, digest, state.name, state.namespace
         return None
 
     def _tally(self, digest: str) -> Tally:
@@ -142,9 +142,8 @@ class SummaryWriter:
                 return tally(digest, statuses)
             query = {"limit": str(PAGE), "continue": more}
 
-    def _write(self, result: Tally, target: tuple[str, str, str]) -> None:
-        uid, digest, name = target
-        namespace = next(s.namespace for s in self.configmaps().values() if s.uid == uid)
+    def _write(self, result: Tally, target: tuple[str, str, str, str]) -> None:
+        uid, digest, name, namespace = target
         for summary in result.summaries:
             key = "\0".join((uid, digest, summary.reason)).encode()
             event = f"{name}.{sha256(key).hexdigest()[:16]}"

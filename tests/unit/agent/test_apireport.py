@@ -80,7 +80,7 @@ def test_the_reporter_writes_events_and_status_and_catches_up_after_the_api_retu
     stop = threading.Event()
     teller = narrator(exists=False)
     reporter = ApiReporter(teller, EventRecorder(client, component="ip-masq-agent", host="node-a"),
-                           StatusWriter(client, "node-a"), None, log=logging.getLogger("test"), stop=stop)
+                           StatusWriter(client, "node-a"), log=logging.getLogger("test"), stop=stop)
     reporter.start()
     started = time.monotonic()
     reporter.reconciled(applied(), 0.01)  # returns at once: the loop never waits on the API
@@ -101,7 +101,7 @@ def test_a_config_change_costs_one_status_write_not_one_per_report() -> None:
     stop = threading.Event()
     teller = narrator()
     reporter = ApiReporter(teller, EventRecorder(client, component="ip-masq-agent", host="node-a"),
-                           StatusWriter(client, "node-a"), None, log=logging.getLogger("test"), stop=stop)
+                           StatusWriter(client, "node-a"), log=logging.getLogger("test"), stop=stop)
     reporter.start()
     try:
         reporter.reconciled(applied(), 0.01)
