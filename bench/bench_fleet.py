@@ -74,6 +74,8 @@ rules:
     users: ["{AGENT_USER}"]
   - level: None
 """
+SELECT_FDS = 1024
+NODES_PER_WORKER = 450  # two pipe descriptors each, below SELECT_FDS
 BACKGROUND = {"get leases", "watch configmaps"}
 BAD_LINE_3 = "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n  - 10.300.0.0/16\n"
 
@@ -181,8 +183,12 @@ def worker(first: int, count: int, port: int, workdir: Path) -> int:
     log.propagate = False
     credentials = Credentials(host="127.0.0.1", port=port, token=AGENT_TOKEN, insecure=True)
     options = PolicyOptions()
-    wakeups = []
-    for i in range(first, first + count):
+    # the loop waits with select(), which takes descriptors below 1,024 only: every node's wakeup pipe is made
+    # first, so they get the lowest ones (an agent alone on its node has a dozen descriptors)
+    wakeups = [Wakeup() for _ in range(count)]
+    if max(w.read_fd for w in wakeups) >= SELECT_FDS:
+        raise SystemExit(f"{count} nodes in one worker: their pipes pass select()'s {SELECT_FDS} descriptors")
+    for i, wakeup in zip(range(first, first + count), wakeups, strict=True):
         node = node_name(i)
         client = KubeClient(credentials)
         client.user_agent = f"ipmasq/{__version__} (fleet bench {node})"  # the audit log tells the nodes apart
@@ -190,7 +196,6 @@ def worker(first: int, count: int, port: int, workdir: Path) -> int:
         # as make_backend chooses: IPv4 only unless the options enable IPv6
         backend = IptablesBackend(kernel, chain=options.masq_chain, variant=Variant.NFT,
                                   families=(Family.V4,) if options.enable_ipv6 is False else (Family.V4, Family.V6))
-        wakeup = Wakeup()
         api_config, reporter = start_api(_Seam(client, node, emit), node, pod=f"ip-masq-agent-{node}",
                                          namespace=NAMESPACE, names=[CONFIGMAP], key="config",
                                          summary_lease=CONFIGMAP, log=log, poke=wakeup.request_look,
@@ -200,7 +205,6 @@ def worker(first: int, count: int, port: int, workdir: Path) -> int:
                       LoopSettings(config_path=str(workdir / "no-volume" / "ip-masq-agent"), use_inotify=False),
                       log=log, observer=reporter, api_config=api_config)
         threading.Thread(target=agent.run, args=(wakeup,), name=f"loop-{node}", daemon=True).start()
-        wakeups.append(wakeup)
         time.sleep(0.005)  # a DaemonSet's pods do not all start in the same millisecond either
     emit({"event": "started", "first": first, "count": count})
     for line in sys.stdin:
@@ -400,7 +404,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the API server holds a watch per node
     workdir = Path(tempfile.mkdtemp(prefix="ipmasq-bench-fleet-"))
-    n, workers = args.nodes, args.workers or max(1, min(8, math.ceil(args.nodes / 125)))
+    n = args.nodes
+    workers = args.workers or max(1, min(8, math.ceil(n / 125)), math.ceil(n / NODES_PER_WORKER))
     agents = ((AGENT_TOKEN, AGENT_USER, ("system:serviceaccounts", "system:serviceaccounts:kube-system")),)
     result: dict[str, Any] = {"nodes": n, "workers": workers}
     fleet = Fleet()
@@ -637,7 +642,8 @@ def flatten(result: dict[str, Any]) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=100)
-    parser.add_argument("--workers", type=int, default=0, help="processes (default: one per 125 nodes, 1 to 8)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="processes (default: one per 125 nodes, 1 to 8, and at most 450 nodes in each)")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.add_argument("--out", default=str(Path(__file__).parent / "out"))
     parser.add_argument("--settle", type=float, default=10.0, help="seconds idle before the change")
