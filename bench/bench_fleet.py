@@ -422,7 +422,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             marker = 1
             apply_configmap(api, kubectl, config(marker))
             result["setup_objects_seconds"] = round(time.monotonic() - started, 1)
-            say(f"{n} Nodes and agent Pods created in {result['setup_objects_seconds']} s; starting {workers} workers")
+            say(f"{n} Nodes and agent Pods created in {result['setup_objects_seconds']} s; starting {workers} workers "
+                f"(work directory {workdir})")
             per = math.ceil(n / workers)
             for w in range(workers):
                 first, count = w * per, min(per, n - w * per)

@@ -111,6 +111,7 @@ class SummaryWriter:
             return
         if target[:2] != self._target:
             self._target = target[:2]
+            self._written.clear()  # a new content's Events have names of their own: remember only the current ones
             self._seen_at, self._next_tally, self._interval = now, now + SETTLE_SECONDS, SETTLE_SECONDS
         if self._next_tally is None or now < self._next_tally:
             return
