@@ -73,7 +73,7 @@ class SummaryWriter:
             try:
                 self.step()
                 if self._trouble is not None:
-                    self.log.info("writing the fleet summary again")
+                    self.log.info("fleet summary: the API answers again")
                     self._trouble = None
             except ApiError as exc:
                 if str(exc) != self._trouble:
