@@ -64,7 +64,7 @@ def test_the_schemas_of_every_supported_minor_are_installed() -> None:
 def test_kustomize_output_validates_against_the_kubernetes_schemas(path: Path) -> None:
     docs = kustomize(path)
     assert {d["kind"] for d in docs} == {"DaemonSet", "ServiceAccount", "CustomResourceDefinition", "Role",
-                                         "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+                                         "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Lease"}
     for doc in docs:
         validate_on_every_supported_minor(doc)
 
@@ -105,7 +105,7 @@ def test_every_file_of_deploy_is_in_a_validated_kustomization_or_an_example() ->
     assert {path.resolve() for path in DEPLOY.rglob("*.yaml")} == included | examples | rule_file
 
 
-def test_the_agents_rights_are_exactly_its_configmap_events_status_and_reading_a_node() -> None:
+def test_the_agents_rights_are_exactly_its_configmap_events_status_reading_a_node_and_its_lease() -> None:
     docs = kustomize(DEPLOY)
     granted = sorted(
         (doc["kind"], doc["metadata"].get("namespace", ""), group, resource, tuple(rule.get("resourceNames", ())),
@@ -114,11 +114,14 @@ def test_the_agents_rights_are_exactly_its_configmap_events_status_and_reading_a
         for rule in doc["rules"] for group in rule["apiGroups"] for resource in rule["resources"])
     assert granted == [
         ("ClusterRole", "", "", "nodes", (), ("get",)),
-        ("ClusterRole", "", "ipmasq.dev", "ipmasqagentstatuses", (), ("create", "patch")),
+        ("ClusterRole", "", "ipmasq.dev", "ipmasqagentstatuses", (), ("create", "list", "patch")),
         ("Role", "default", "", "events", (), ("create", "patch")),
         ("Role", "kube-system", "", "configmaps", ("ip-masq-agent",), ("get", "list", "watch")),
         ("Role", "kube-system", "", "events", (), ("create", "patch")),
+        ("Role", "kube-system", "coordination.k8s.io", "leases", ("ip-masq-agent",), ("get", "patch")),
     ]
+    (lease,) = [doc for doc in docs if doc["kind"] == "Lease"]  # shipped: the agents cannot create Leases
+    assert (lease["metadata"]["namespace"], lease["metadata"]["name"]) == ("kube-system", "ip-masq-agent")
     bound = {(doc["kind"], doc["roleRef"]["name"]): doc["subjects"] for doc in docs if doc["kind"].endswith("Binding")}
     assert set(bound) == {("RoleBinding", "ip-masq-agent"), ("RoleBinding", "ip-masq-agent-node-events"),
                           ("ClusterRoleBinding", "ip-masq-agent")}

@@ -126,6 +126,15 @@ class ApiConfig:
         with self._lock:
             return dict(self._states)
 
+    def digest(self) -> str | None:
+        """config_digest of the content the API shows now, as the nodes' status objects hold it (None: not every
+        ConfigMap listed yet); no ConfigMap at all is the defaults' empty content."""
+        with self._lock:
+            if len(self._states) < len(self.names):
+                return None
+            states = [self._states[name] for name in self.names]
+        return config_digest(tuple(state.content for state in states if state.exists and state.content is not None))
+
     def trouble(self) -> str | None:
         with self._lock:
             return next(iter(self._troubles.values()), None)

@@ -1,10 +1,12 @@
 """What the agent tells the API server: Events where `kubectl describe` looks, and its node's IPMasqAgentStatus.
 
 Narrator (pure) turns the loop's reports into occurrences and the node's status value, once per change: a config
-applied (its policy hash and counts), rejected (the log's one line: file, line, value), no ConfigMap (the defaults in
-force), drift repaired, foreign masquerade rules found, waiting for the node lock, a backend failure. Events about
-the config go on the ConfigMap the config came from (kubectl describe configmap ip-masq-agent -n kube-system then
-lists every node's verdict), the others on the Node.
+rejected (the log's one line: file, line, value), no ConfigMap (the defaults in force), drift repaired, foreign
+masquerade rules found, waiting for the node lock, a backend failure, each on the node's Node. A config applied is
+said by the status object alone (its policy hash, digest and the ConfigMap's resourceVersion): a change costs each
+node one status write, and a rejection one Event more. What the ConfigMap itself shows (`kubectl describe configmap`)
+is a fleet summary written by one elected agent (ipmasq.agent.summary): a bad edit on 1,000 nodes is one Event there
+("rejected on 998 of 1,000 nodes: ..."), not 1,000.
 
 ApiReporter is a LoopObserver: the loop hands it reports and goes on at once; a thread of its own writes to the API.
 Nothing here can stop or slow the loop: the API down, slow or refusing only delays (or, past a bounded backlog,
@@ -15,22 +17,24 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ipmasq.agent.apiconfig import ApiConfig
 from ipmasq.agent.reconcile import ConfigReport, PassReport, SyncResult
 from ipmasq.errors import ApiError, Forbidden
 from ipmasq.kube.agentstatus import NodeStatus, StatusWriter
 from ipmasq.kube.events import EventRecorder, ObjectRef, Occurrence, timestamp
 
-__all__ = ["CONFIG", "ApiReporter", "Narrator", "Note"]
+__all__ = ["ApiReporter", "Narrator", "Note"]
 
-# the target of an occurrence about the config: resolved when written, to the ConfigMap it came from (or the Node)
-CONFIG = ObjectRef(kind="<config>", name="<config>")
 BACKLOG = 200  # occurrences waiting to be written while the API is away; older ones are dropped beyond it
-RETRY_INITIAL, RETRY_MAX = 1.0, 60.0
+RETRY_INITIAL, RETRY_MAX = 1.0, 60.0  # the wait after a failed write, jittered (+-50%): nodes do not retry in step
+# How long the writer waits for more notes after one: a config change makes two (the config seen: not ready yet; the
+# pass: ready), and one status write of the second is what each node should cost the API server per change.
+COALESCE_SECONDS = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +50,15 @@ class Narrator:
 
     def __init__(self, node: str, *, pod: str | None, version: str, backend: str,
                  source: Callable[[], str], configmaps: Callable[[], tuple[tuple[str, str], ...]],
-                 configmap_exists: Callable[[], bool | None], now: Callable[[], str] = timestamp) -> None:
+                 configmap_exists: Callable[[], bool | None], now: Callable[[], str] = timestamp,
+                 api_digest: Callable[[], str | None] = lambda: None) -> None:
         self.node_ref = ObjectRef(kind="Node", name=node, uid=node)  # kubelet's own reference to its Node
         self.status = NodeStatus(node=node, pod=pod, version=version, backend=backend, ready=False,
                                  reason="not ready: starting", policy_hash=None, config_digest=None,
                                  config_source="file", configmaps=(), last_rejection=None, last_rejection_time=None,
                                  drift_repairs=0, foreign_masquerade_rules=None, updated="")
         self._source, self._configmaps, self._configmap_exists = source, configmaps, configmap_exists
+        self._api_digest = api_digest  # config_digest of the content the API shows now (None: not listed yet)
         self.now = now
         self._said: dict[str, str] = {}  # topic -> what was last said of it: say only what changed
 
@@ -69,13 +75,18 @@ class Narrator:
     def observed(self, report: ConfigReport) -> Note:
         said: list[Occurrence] = []
         error = report.config_error
+        if report.changed and error is None:
+            # a good new config: the loop's pass follows at once, and its report says what the node enforces (the
+            # moment between, "not applied yet", is not worth a status write on every node of the fleet)
+            return Note((), None)
         status = self.status
         if error is not None and self._once("config", f"rejected {error}"):
             keeping = (f"keeping policy {report.policy_hash[:12]}" if report.policy_hash
                        else "leaving the rules untouched (no good config yet)")
-            said.append(Occurrence(CONFIG, "Warning", "ConfigRejected",
+            said.append(Occurrence(self.node_ref, "Warning", "ConfigRejected",
                                    f"node {self.node_ref.name} rejected the config: {error} ({keeping})"))
-            status = replace(status, last_rejection=error, last_rejection_time=self.now())
+            rejected = self._api_digest() if error.startswith("configmap/") else None
+            status = replace(status, last_rejection=error, last_rejection_time=self.now(), rejected_digest=rejected)
         return self._note(said, replace(status, ready=report.readiness.ok, reason=report.readiness.why))
 
     def reconciled(self, report: PassReport) -> Note:
@@ -86,18 +97,16 @@ class Narrator:
         if report.result.verified and report.policy_hash is not None:
             status = replace(status, policy_hash=report.policy_hash, config_digest=report.config_digest,
                              config_source=self._source(), configmaps=self._configmaps())
-            if report.config_error is None and self._once("config", f"applied {report.policy_hash}"):
+            # applied from a ConfigMap: the status above says so, and the elected writer's summary on the ConfigMap
+            # counts it (no Event per node: a change costs each node one write)
+            if (report.config_error is None and self._once("config", f"applied {report.policy_hash}")
+                    and self._configmap_exists() is False):
                 rules = sum(o.rules for o in report.objects)
                 elements = sum(o.set_elements for o in report.objects)
                 counts = f"{rules} rules" + (f", {elements} set elements" if elements else "")
-                if self._configmap_exists() is False:
-                    said.append(Occurrence(self.node_ref, "Normal", "NoConfigMap",
-                                           f"node {node}: no ConfigMap, the reference's defaults are in force "
-                                           f"(policy {report.policy_hash[:12]}, {counts})"))
-                else:
-                    said.append(Occurrence(CONFIG, "Normal", "ConfigApplied",
-                                           f"node {node} enforces policy {report.policy_hash[:12]} ({counts}, "
-                                           f"{self.status.backend})"))
+                said.append(Occurrence(self.node_ref, "Normal", "NoConfigMap",
+                                       f"node {node}: no ConfigMap, the reference's defaults are in force "
+                                       f"(policy {report.policy_hash[:12]}, {counts})"))
         if report.drift_repair:
             status = replace(status, drift_repairs=status.drift_repairs + 1)
             said.append(Occurrence(self.node_ref, "Warning", "DriftRepaired",
@@ -136,10 +145,9 @@ class Narrator:
 class ApiReporter:
     """A LoopObserver that has the Narrator's notes written to the API by a thread of its own."""
 
-    def __init__(self, narrator: Narrator, events: EventRecorder, status: StatusWriter, api_config: ApiConfig | None,
-                 *, log: logging.Logger, stop: threading.Event) -> None:
+    def __init__(self, narrator: Narrator, events: EventRecorder, status: StatusWriter, *, log: logging.Logger,
+                 stop: threading.Event) -> None:
         self.narrator, self.events, self.status_writer = narrator, events, status
-        self.api_config = api_config
         self.log = log
         self.stop = stop
         self._queue: queue.Queue[Note | None] = queue.Queue()
@@ -179,10 +187,11 @@ class ApiReporter:
         retry = RETRY_INITIAL
         while not self.stop.is_set():
             try:
-                note = self._queue.get(timeout=retry if self._pending() else 30.0)
+                note = self._queue.get(timeout=retry * random.uniform(0.5, 1.5) if self._pending() else 30.0)
                 self._take(note)
-                while True:  # everything already queued, then one write of the newest status
-                    self._take(self._queue.get_nowait())
+                until = time.monotonic() + COALESCE_SECONDS
+                while True:  # what the same change says next (its pass), then one write of the newest status
+                    self._take(self._queue.get(timeout=max(0.0, until - time.monotonic())))
             except queue.Empty:
                 pass
             try:
@@ -213,7 +222,7 @@ class ApiReporter:
         while self._backlog:
             occurrence = self._backlog[0]
             try:
-                self.events.record(self._resolved(occurrence))
+                self.events.record(occurrence)
             except Forbidden as exc:  # RBAC will not change by retrying this one: say it, drop it
                 self._troubled(exc)
             self._backlog.pop(0)
@@ -221,16 +230,6 @@ class ApiReporter:
         if self._status is not None:
             self.status_writer.write(self._status)
             self._status = None
-
-    def _resolved(self, occurrence: Occurrence) -> Occurrence:
-        if occurrence.target != CONFIG:
-            return occurrence
-        states = self.api_config.states() if self.api_config is not None else {}
-        for state in states.values():  # the first followed ConfigMap that exists (its uid: describe matches it)
-            if state.exists and state.uid:
-                return replace(occurrence, target=ObjectRef(kind="ConfigMap", name=state.name,
-                                                            namespace=state.namespace, uid=state.uid))
-        return replace(occurrence, target=self.narrator.node_ref)
 
     def _troubled(self, exc: Exception) -> None:
         why = str(exc) if isinstance(exc, ApiError) else f"{type(exc).__name__}: {exc}"

@@ -84,6 +84,10 @@ def register(subparsers: Any) -> None:
     api.add_argument("--configmap-key", default=DEFAULT_CONFIGMAP_KEY, metavar="KEY",
                      help="the key holding the config in each ConfigMap (default %(default)s, as the reference's "
                           "manifests mount it)")
+    api.add_argument("--summary-lease", default=DEFAULT_CONFIGMAP, metavar="NAME",
+                     help="the Lease (in the ConfigMaps' namespace) whose holder, one agent of the fleet, writes the "
+                          "fleet's verdict on the ConfigMap as at most two Events ('rejected on 998 of 1,000 "
+                          "nodes: ...'); default %(default)s; empty: this agent never writes it")
     api.add_argument("--pod-name", default=os.environ.get("POD_NAME") or None, metavar="NAME",
                      help="this agent's pod, named in its status (default: $POD_NAME)")
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
@@ -173,11 +177,8 @@ def _api(args: argparse.Namespace, log: logging.Logger,
         return None, None
     # imported here, the one place the API features start: TLS and HTTP cost about 6 MiB, and the agent without
     # them keeps its own, smaller budget (docs/measurements.md)
-    from ipmasq.agent.apiconfig import ApiConfig
-    from ipmasq.agent.apireport import ApiReporter, Narrator
-    from ipmasq.kube.agentstatus import StatusWriter
+    from ipmasq.agent.apiwiring import start_api
     from ipmasq.kube.client import KubeClient
-    from ipmasq.kube.events import EventRecorder
 
     try:
         client = KubeClient(credentials)
@@ -187,28 +188,12 @@ def _api(args: argparse.Namespace, log: logging.Logger,
     names = [name for name in args.configmaps.split(",") if name]
     if not names:
         raise UsageError("--configmaps: no ConfigMap named")
-    api_config = ApiConfig(client, namespace, names, args.configmap_key, log=log, poke=wakeup.request_look,
-                           stop=wakeup.stop)
-
-    def configmap_exists() -> bool | None:
-        states = api_config.states()
-        if len(states) < len(api_config.names):
-            return None  # not listed yet: unknown
-        return any(state.exists for state in states.values())
-
-    def configmaps() -> tuple[tuple[str, str], ...]:
-        return tuple((name, state.resource_version or "") for name, state in sorted(api_config.states().items())
-                     if state.exists)
-
-    narrator = Narrator(args.node_name, pod=args.pod_name, version=__version__, backend="",
-                        source=lambda: api_config.source, configmaps=configmaps, configmap_exists=configmap_exists)
-    reporter = ApiReporter(narrator, EventRecorder(client, component="ip-masq-agent", host=args.node_name),
-                           StatusWriter(client, args.node_name), api_config, log=log, stop=wakeup.stop)
+    api_config, reporter = start_api(client, args.node_name, pod=args.pod_name, namespace=namespace, names=names,
+                                     key=args.configmap_key, summary_lease=args.summary_lease, log=log,
+                                     poke=wakeup.request_look, stop=wakeup.stop)
     log.info("API server %s: following ConfigMap%s %s in %s (key %s); Events and status for node %s",
              credentials.server, "s" if len(names) > 1 else "", ", ".join(names), namespace, args.configmap_key,
              args.node_name)
-    api_config.start()
-    reporter.start()
     return api_config, reporter
 
 

@@ -8,6 +8,7 @@ config, 1 when any does not (or the API cannot tell), 2 on a usage error.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import sys
 from typing import Any
@@ -21,6 +22,8 @@ from ipmasq.kube.fleet import FleetView, fleet_view
 __all__ = ["register", "run"]
 
 AGENT_SELECTOR = "k8s-app=ip-masq-agent"
+PAGE = 500  # objects per list request (an agent pod or a status object: a few KiB each)
+NODE_PAGE = 200  # a Node is larger (its images, addresses, conditions: 5-15 KiB)
 
 
 def register(subparsers: Any) -> None:
@@ -72,14 +75,34 @@ def _gather(client: Any, args: argparse.Namespace) -> FleetView:
         except NotFound:
             obj = None
         configmaps.append(configmap_state(namespace, name, args.configmap_key, obj))
-    try:
-        statuses = client.get(status_path()).get("items") or []
-    except NotFound:  # the CRD is not installed: no agent writes status
-        statuses = []
-    pods = client.get(f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": AGENT_SELECTOR})
-    nodes = client.get("/api/v1/nodes")
-    names = [n["metadata"]["name"] for n in nodes.get("items") or [] if isinstance(n, dict)]
-    return fleet_view(configmaps, statuses, pods.get("items") or [], names)
+
+    def statuses() -> list[Any]:
+        try:
+            return _list(client, status_path())
+        except NotFound:  # the CRD is not installed: no agent writes status
+            return []
+
+    # the three lists side by side: on 5,000 nodes each is tens of pages, and each page a round trip
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        asked = (pool.submit(statuses),
+                 pool.submit(_list, client, f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": AGENT_SELECTOR}),
+                 pool.submit(_list, client, "/api/v1/nodes", page=NODE_PAGE))
+        written, pods, nodes = (future.result() for future in asked)
+    names = [n["metadata"]["name"] for n in nodes if isinstance(n, dict)]
+    return fleet_view(configmaps, written, pods, names)
+
+
+def _list(client: Any, path: str, query: dict[str, str] | None = None, *, page: int = PAGE) -> list[Any]:
+    """Every item, in pages: one answer for 5,000 nodes' objects would pass the client's bound on an answer."""
+    items: list[Any] = []
+    ask = {**(query or {}), "limit": str(page)}
+    while True:
+        answer = client.get(path, query=ask)
+        items += answer.get("items") or []
+        more = (answer.get("metadata") or {}).get("continue")
+        if not more:
+            return items
+        ask = {**(query or {}), "limit": str(page), "continue": more}
 
 
 def render_table(view: FleetView) -> str:

@@ -46,6 +46,9 @@ class NodeStatus:
     drift_repairs: int
     foreign_masquerade_rules: int | None
     updated: str
+    # config_digest of the API content the last rejection was about (None: not known, or the file's): the elected
+    # summary writer counts the nodes that rejected the ConfigMap's current content with it
+    rejected_digest: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +58,7 @@ class NodeStatus:
             "configDigest": self.config_digest, "configSource": self.config_source,
             "configMaps": [{"name": name, "resourceVersion": version} for name, version in self.configmaps],
             "lastRejection": self.last_rejection, "lastRejectionTime": self.last_rejection_time,
+            "rejectedDigest": self.rejected_digest,
             "driftRepairs": self.drift_repairs, "foreignMasqueradeRules": self.foreign_masquerade_rules,
             "updateTime": self.updated,
         }
@@ -81,7 +85,7 @@ def status_from_json(obj: dict[str, Any]) -> NodeStatus:
         configmaps=tuple((str(m.get("name")), str(m.get("resourceVersion"))) for m in maps if isinstance(m, dict)),
         last_rejection=text("lastRejection"), last_rejection_time=text("lastRejectionTime"),
         drift_repairs=number("driftRepairs") or 0, foreign_masquerade_rules=number("foreignMasqueradeRules"),
-        updated=text("updateTime") or "")
+        updated=text("updateTime") or "", rejected_digest=text("rejectedDigest"))
 
 
 class StatusWriter:

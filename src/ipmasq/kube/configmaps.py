@@ -3,8 +3,11 @@
 One follower per ConfigMap, each with a `metadata.name` field selector: RBAC can then grant list and watch on exactly
 those names (resourceNames), and nothing else in the namespace is ever sent to the agent. A watch the server ends
 (its timeoutSeconds) is started again from the last resourceVersion seen, bookmarks included; a 410 Gone (that
-version fell out of the server's window) lists again; anything else waits with a growing, jittered backoff. A
-follower never raises: what goes wrong is handed to `on_trouble` as one line, and it keeps trying until stopped.
+version fell out of the server's window) lists again; anything else (the server restarting, a broken stream, a
+refusal) waits with a growing backoff, fully jittered, and then resumes the watch from the last resourceVersion seen:
+a thousand followers cut off together by an API server restart come back spread over the backoff, each with one
+watch request, not all at once with a list each. A follower never raises: what goes wrong is handed to `on_trouble`
+as one line, and it keeps trying until stopped.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import base64
 import binascii
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +26,11 @@ from ipmasq.kube.client import ApiClient
 
 __all__ = ["ConfigMapFollower", "ConfigMapState", "configmap_state"]
 
-BACKOFF_INITIAL = 0.5
+BACKOFF_INITIAL = 1.0  # the first wait after trouble is drawn from [0, this); it doubles up to BACKOFF_MAX
 BACKOFF_MAX = 30.0
-WATCH_SECONDS = 300  # the server ends each watch after this; bookmarks keep its resourceVersion fresh
+WATCH_SECONDS = 300  # the server ends each watch after about this (jittered by WATCH_JITTER); bookmarks keep its
+WATCH_JITTER = 0.1  # resourceVersion fresh, and the jitter keeps watches started together from ending together
+SHORT_WATCH_SECONDS = 1.0  # a watch that ends sooner than this is followed by a backoff, not at once by another
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +79,11 @@ class ConfigMapFollower:
         self.stop = stop
         self.watch_seconds = watch_seconds
         self.state: ConfigMapState | None = None  # None: never listed
+        # where the next watch starts: the last resourceVersion seen (None: list first). Kept across trouble, so a
+        # follower resumes its watch after an outage; only a 410 Gone makes it list again.
+        self.resource_version: str | None = None
+        self.relists = 0  # lists after the first (each a 410 Gone)
+        self._not_older_than: str | None = None
         self._backoff = BACKOFF_INITIAL
         self._troubled = False
         self._thread: threading.Thread | None = None
@@ -88,23 +99,40 @@ class ConfigMapFollower:
     def run(self) -> None:
         while not self.stop.is_set():
             try:
-                version = self._list()
+                if self.resource_version is None:
+                    self.resource_version = self._list()
                 while not self.stop.is_set():
-                    version = self._watch(version)
+                    started = time.monotonic()
+                    self._watch(self.resource_version)
+                    if time.monotonic() - started < SHORT_WATCH_SECONDS:
+                        # ended at once: a server shutting down ends every watch together; come back spread out
+                        self.stop.wait(random.uniform(0.0, self._backoff))
+                        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+                    else:
+                        self._healthy()  # the server ended the watch as asked: the backoff starts again
             except Gone:
-                continue  # list again at once: that is what 410 asks for
+                # list again at once: that is what 410 asks for; not older than what was seen, so the server may
+                # answer from its watch cache (after its restart, every follower's version is older than its cache)
+                self._not_older_than, self.resource_version = self.resource_version, None
+                self.relists += 1
+                continue
             except ApiError as exc:
                 self._trouble(str(exc))
             except Exception as exc:  # a bug must not end the thread: the agent would silently stop following
                 self._trouble(f"{type(exc).__name__}: {exc}")
-            self.stop.wait(self._backoff * random.uniform(0.8, 1.2))
+            # full jitter: followers cut off together (an API server restart) come back spread over the backoff
+            self.stop.wait(random.uniform(0.0, self._backoff))
             self._backoff = min(self._backoff * 2, BACKOFF_MAX)
 
     def _selector(self) -> dict[str, str]:
         return {"fieldSelector": f"metadata.name={self.name}"}
 
     def _list(self) -> str:
-        listing = self.client.get(self.path, query=self._selector())
+        query = self._selector()
+        if self._not_older_than is not None:
+            query.update(resourceVersion=self._not_older_than, resourceVersionMatch="NotOlderThan")
+        listing = self.client.get(self.path, query=query)
+        self._not_older_than = None
         items = [item for item in listing.get("items") or [] if isinstance(item, dict)]
         self._publish(configmap_state(self.namespace, self.name, self.key, items[0] if items else None))
         metadata = listing.get("metadata")
@@ -114,14 +142,15 @@ class ConfigMapFollower:
         self._healthy()
         return version
 
-    def _watch(self, version: str) -> str:
-        """Follow from `version` until the server ends the watch; the last resourceVersion seen."""
+    def _watch(self, version: str) -> None:
+        """Follow from `version` until the server ends the watch; resource_version moves with every event seen."""
+        seconds = max(1, round(self.watch_seconds * random.uniform(1.0 - WATCH_JITTER, 1.0 + WATCH_JITTER)))
         for event in self.client.watch(self.path, query={**self._selector(), "resourceVersion": version},
-                                       timeout_seconds=self.watch_seconds):
+                                       timeout_seconds=seconds):
             metadata = event.object.get("metadata")
             seen = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
             if isinstance(seen, str):
-                version = seen
+                self.resource_version = seen
             if event.type in ("ADDED", "MODIFIED"):
                 self._publish(configmap_state(self.namespace, self.name, self.key, event.object))
             elif event.type == "DELETED":
@@ -129,7 +158,6 @@ class ConfigMapFollower:
             self._healthy()
             if self.stop.is_set():
                 break
-        return version
 
     def _trouble(self, why: str) -> None:
         self._troubled = True

@@ -2,9 +2,10 @@
 
 An occurrence (what happened, to which object, on which node) is one Event object whose name is derived from all of
 that, so every agent, and the same agent after a restart, finds its own. A repeat raises the count and
-lastTimestamp, and is written at most once per REPEAT_WRITE_SECONDS: a bad edit on 500 nodes is 500 Events (one per
-node, which `kubectl describe` lists with the node and the reason), and a resync writes nothing more. Events are
-written by the agent's reporter thread, never by its loop.
+lastTimestamp, and is written at most once per REPEAT_WRITE_SECONDS: a bad edit is one Event on each rejecting
+node's Node (`kubectl describe node` lists it with the reason), and a resync writes nothing more. Events are written
+by the agent's reporter thread, never by its loop; what the ConfigMap shows is the fleet's summary
+(ipmasq.agent.summary).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """FakeKubeClient: the API seam in memory, for fast unit tests of what the agent asks of the API server.
 
 It keeps objects by path and answers as the API server does for what the agent uses: create (409 when the name is
-taken), get (404), a JSON merge patch, a list by `metadata.name` field selector with a resourceVersion, and watches
-fed by the test. `refuse` makes the next calls on a path fail with the given ApiError. The proof that the real
-client and the real API server agree is in the Kubernetes lab's tests, never here.
+taken), get (404), a JSON merge patch (409 when it carries a resourceVersion that is not the object's), a list by
+`metadata.name` field selector with a resourceVersion, a list of a collection in pages (limit, continue), and watches
+fed by the test (each watch's query kept in `watch_queries`). `refuse` makes the next calls on a path fail with the
+given ApiError. The proof that the real client and the real API server agree is in the Kubernetes lab's tests, never
+here.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class FakeKubeClient:
         self.version = 100
         self.refusals: dict[str, list[ApiError]] = {}
         self.watch_events: queue.Queue[WatchEvent | ApiError | None] = queue.Queue()
+        self.watch_queries: list[dict[str, str]] = []
 
     def refuse(self, path: str, *errors: ApiError) -> None:
         self.refusals.setdefault(path, []).extend(errors)
@@ -59,7 +62,14 @@ class FakeKubeClient:
             return {"items": [copy.deepcopy(found)] if found else [],
                     "metadata": {"resourceVersion": str(self.version)}}
         if path not in self.objects:
-            raise NotFound(404, f"{path} not found", verb="GET", path=path)
+            members = sorted(key for key in self.objects if key.rpartition("/")[0] == path)
+            if not members:
+                raise NotFound(404, f"{path} not found", verb="GET", path=path)
+            start = int((query or {}).get("continue") or 0)
+            limit = int((query or {}).get("limit") or len(members))
+            more = str(start + limit) if start + limit < len(members) else ""
+            return {"items": [copy.deepcopy(self.objects[key]) for key in members[start:start + limit]],
+                    "metadata": {"resourceVersion": str(self.version), "continue": more}}
         return copy.deepcopy(self.objects[path])
 
     def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -77,6 +87,9 @@ class FakeKubeClient:
         self._check("PATCH", path)
         if path not in self.objects:
             raise NotFound(404, f"{path} not found", verb="PATCH", path=path)
+        expected = (body.get("metadata") or {}).get("resourceVersion")
+        if expected is not None and expected != self.objects[path]["metadata"].get("resourceVersion"):
+            raise Conflict(409, "the object has been modified", verb="PATCH", path=path)
         obj = _merge(self.objects[path], body)
         self._bump(obj)
         return copy.deepcopy(obj)
@@ -90,6 +103,7 @@ class FakeKubeClient:
 
     def watch(self, path: str, *, query: Mapping[str, str], timeout_seconds: int = 300) -> Iterator[WatchEvent]:
         self._check("WATCH", path)
+        self.watch_queries.append(dict(query))
         while True:
             item = self.watch_events.get()
             if item is None:

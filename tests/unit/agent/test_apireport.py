@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 
-from ipmasq.agent.apireport import CONFIG, ApiReporter, Narrator
+from ipmasq.agent.apireport import ApiReporter, Narrator, Note
 from ipmasq.agent.reconcile import ConfigReport, ObjectCount, PassReport, SyncResult, Verdict
 from ipmasq.errors import ApiUnreachable
 from ipmasq.kube.agentstatus import StatusWriter, status_from_json, status_path
@@ -20,7 +20,7 @@ READY = Verdict(True, "ready: the kernel matches the current config")
 def narrator(exists: bool | None = True) -> Narrator:
     return Narrator("node-a", pod="ip-masq-agent-x1", version="0.1.0", backend="iptables-nft",
                     source=lambda: "api", configmaps=lambda: (("ip-masq-agent", "41"),),
-                    configmap_exists=lambda: exists, now=lambda: "2026-11-24T10:00:00Z")
+                    configmap_exists=lambda: exists, now=lambda: "2026-11-24T10:00:00Z", api_digest=lambda: "c" * 64)
 
 
 def applied(policy: str = "a" * 64, *, drift: bool = False, error: str | None = None,
@@ -32,15 +32,19 @@ def applied(policy: str = "a" * 64, *, drift: bool = False, error: str | None = 
                       foreign_masquerade_rules=foreign, config_digest="d" * 64)
 
 
-def test_applied_once_then_silent_until_something_changes() -> None:
+def test_applied_is_said_by_the_status_alone_then_silent_until_something_changes() -> None:
     teller = narrator()
     note = teller.reconciled(applied())
-    (said,) = note.occurrences
-    assert (said.target, said.reason) == (CONFIG, "ConfigApplied")
-    assert said.message == "node node-a enforces policy aaaaaaaaaaaa (5 rules, iptables-nft)"
+    assert note.occurrences == ()  # no Event per node: the elected writer's summary on the ConfigMap counts it
     assert note.status is not None and note.status.ready and note.status.config_source == "api"
+    assert note.status.policy_hash == "a" * 64 and note.status.config_digest == "d" * 64
     quiet = teller.reconciled(applied(result=SyncResult.IN_SYNC))
     assert quiet.occurrences == () and quiet.status is None
+    # a good new config seen: nothing until its pass says what the node enforces (one status write per change)
+    seen = ConfigReport(changed=True, config_error=None, policy_hash="b" * 64, resync_interval=60.0,
+                        readiness=Verdict(False, "not ready: the current config is not applied yet"))
+    assert teller.observed(seen) == Note((), None)
+    assert teller.reconciled(applied("b" * 64)).status is not None
 
 
 def test_a_rejected_config_is_said_once_with_its_line_and_the_policy_kept() -> None:
@@ -51,6 +55,8 @@ def test_a_rejected_config_is_said_once_with_its_line_and_the_policy_kept() -> N
                           readiness=Verdict(False, f"not ready: config error: {bad}"))
     (said,) = teller.observed(report).occurrences
     assert said.reason == "ConfigRejected" and said.type == "Warning"
+    assert said.target == teller.node_ref  # on the Node: the ConfigMap gets the fleet's summary instead
+    assert teller.status.rejected_digest == "c" * 64  # the content rejected, for the summary's tally
     assert said.message == f"node node-a rejected the config: {bad} (keeping policy aaaaaaaaaaaa)"
     assert teller.observed(report).occurrences == ()
     assert teller.status.last_rejection == bad
@@ -74,7 +80,7 @@ def test_the_reporter_writes_events_and_status_and_catches_up_after_the_api_retu
     stop = threading.Event()
     teller = narrator(exists=False)
     reporter = ApiReporter(teller, EventRecorder(client, component="ip-masq-agent", host="node-a"),
-                           StatusWriter(client, "node-a"), None, log=logging.getLogger("test"), stop=stop)
+                           StatusWriter(client, "node-a"), log=logging.getLogger("test"), stop=stop)
     reporter.start()
     started = time.monotonic()
     reporter.reconciled(applied(), 0.01)  # returns at once: the loop never waits on the API
@@ -87,3 +93,31 @@ def test_the_reporter_writes_events_and_status_and_catches_up_after_the_api_retu
     written = client.objects[status_path("node-a")]
     assert written["metadata"]["ownerReferences"][0]["uid"] == "node-uid"
     assert status_from_json(written) == teller.status
+
+
+def test_a_config_change_costs_one_status_write_not_one_per_report() -> None:
+    client = FakeKubeClient()
+    client.put("/api/v1/nodes/node-a", {"metadata": {"name": "node-a", "uid": "node-uid"}})
+    stop = threading.Event()
+    teller = narrator()
+    reporter = ApiReporter(teller, EventRecorder(client, component="ip-masq-agent", host="node-a"),
+                           StatusWriter(client, "node-a"), log=logging.getLogger("test"), stop=stop)
+    reporter.start()
+    try:
+        reporter.reconciled(applied(), 0.01)
+        deadline = time.monotonic() + 10
+        while status_path("node-a") not in client.objects:
+            assert time.monotonic() < deadline, client.calls
+            time.sleep(0.02)
+        client.calls.clear()
+        # a new config: seen (not ready: not applied yet), then its pass (ready); the writer waits for the second
+        changed = ConfigReport(changed=True, config_error=None, policy_hash="a" * 64, resync_interval=60.0,
+                               readiness=Verdict(False, "not ready: the current config is not applied yet"))
+        reporter.observed(changed)
+        reporter.reconciled(applied("b" * 64), 0.01)
+        while client.objects[status_path("node-a")]["policyHash"] != "b" * 64:
+            assert time.monotonic() < deadline, client.calls
+            time.sleep(0.02)
+        assert client.calls == [("PATCH", status_path("node-a"))]
+    finally:
+        stop.set()

@@ -1,4 +1,5 @@
-"""Following a ConfigMap: list, watch from the list's version, list again on 410, back off on anything else."""
+"""Following a ConfigMap: list, watch from the list's version, list again on 410, back off on anything else and then
+resume the watch from the last version seen."""
 
 from __future__ import annotations
 
@@ -72,10 +73,69 @@ def test_list_then_watch_then_relist_on_gone_and_recover_after_trouble() -> None
         client.watch_events.put(ApiUnreachable("watch: the stream broke"))
         _wait(lambda: len(troubles) >= 1)
         assert "stream broke" in str(troubles[0])
-        _wait(lambda: None in troubles, timeout=10)  # after the 403 on relist, a later list worked
+        _wait(lambda: len(troubles) >= 2, timeout=10)  # the resumed watch was refused: another backoff
+        client.watch_events.put(WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "20"}}))
+        _wait(lambda: None in troubles, timeout=10)  # a later watch worked
         assert any(t is not None and "forbidden" in t for t in troubles)
     finally:
         stop.set()
         client.watch_events.put(None)
     verbs = [verb for verb, _ in client.calls]
     assert verbs[:2] == ["GET", "WATCH"]
+
+
+def test_after_trouble_the_watch_resumes_from_the_last_version_seen_without_a_list() -> None:
+    client = FakeKubeClient()
+    client.put(f"{PATH}/ip-masq-agent", configmap("a"))
+    follower, seen, troubles, stop = _follow(client)
+    try:
+        _wait(lambda: len(seen) == 1)
+        client.watch_events.put(WatchEvent("MODIFIED", configmap("b", "150")))
+        client.watch_events.put(WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "160"}}))
+        _wait(lambda: follower.resource_version == "160")
+        client.watch_events.put(ApiUnreachable("watch: the stream broke"))  # the API server restarting
+        _wait(lambda: len(client.watch_queries) == 2, timeout=10)
+        assert client.watch_queries[1]["resourceVersion"] == "160"
+        assert [verb for verb, _ in client.calls].count("GET") == 1 and follower.relists == 0
+        client.watch_events.put(WatchEvent("MODIFIED", configmap("c", "170")))
+        _wait(lambda: len(seen) == 3 and troubles[-1:] == [None])
+        lists: list[dict[str, str]] = []
+        real_get = client.get
+        client.get = lambda path, query=None: lists.append(dict(query or {})) or real_get(  # type: ignore[method-assign]
+            path, query=query)
+        client.watch_events.put(Gone(410, "too old resource version"))  # only a 410 makes it list again
+        _wait(lambda: follower.relists == 1 and len(lists) == 1)
+        # from the server's cache, not older than what was seen (after a restart the cache starts newer)
+        assert lists[0] == {"fieldSelector": "metadata.name=ip-masq-agent", "resourceVersion": "170",
+                            "resourceVersionMatch": "NotOlderThan"}
+    finally:
+        stop.set()
+        client.watch_events.put(None)
+
+
+def test_the_wait_after_trouble_is_drawn_from_zero_to_the_backoff(monkeypatch: object) -> None:
+    import ipmasq.kube.configmaps as module
+
+    drawn: list[tuple[float, float]] = []
+    real = module.random.uniform
+
+    def uniform(low: float, high: float) -> float:
+        if threading.current_thread().name != "configmap-backoff-test":  # another test's thread
+            return real(low, high)
+        drawn.append((low, high))
+        return 0.0
+
+    monkeypatch.setattr(module.random, "uniform", uniform)  # type: ignore[attr-defined]
+    client = FakeKubeClient()
+    client.refuse(PATH, *[ApiUnreachable("connection refused")] * 4)
+    seen: list[ConfigMapState] = []
+    stop = threading.Event()
+    ConfigMapFollower(client, "kube-system", "backoff-test", "config", on_change=seen.append,
+                      on_trouble=lambda _why: None, stop=stop).start()
+    try:
+        _wait(lambda: len(seen) == 1)
+    finally:
+        stop.set()
+        client.watch_events.put(None)
+    backoffs = [pair for pair in drawn if pair[0] == 0.0]
+    assert backoffs[:4] == [(0.0, 1.0), (0.0, 2.0), (0.0, 4.0), (0.0, 8.0)]

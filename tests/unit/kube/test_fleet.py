@@ -54,3 +54,25 @@ def test_garbage_status_objects_are_read_as_empty_values() -> None:
     view = fleet_view([CONFIGMAP], [{"metadata": {"name": "n1"}, "ready": "yes", "driftRepairs": "many",
                                      "configMaps": "x"}], [pod("n1")], ["n1"])
     assert not view.rows[0].current
+
+
+def test_status_lists_in_pages_so_five_thousand_nodes_stay_within_the_clients_bound() -> None:
+    import argparse
+
+    from ipmasq.commands import status as command
+    from ipmasq.kube.agentstatus import status_path
+    from ipmasq.testing.kube import FakeKubeClient
+
+    client = FakeKubeClient()
+    client.put("/api/v1/namespaces/kube-system/configmaps/ip-masq-agent",
+               {"metadata": {"name": "ip-masq-agent"}, "data": {"config": CURRENT.decode()}})
+    for i in range(1234):
+        name = f"node-{i:04d}"
+        client.put(f"/api/v1/nodes/{name}", {"metadata": {"name": name}})
+        client.put(status_path(name), status(name, CURRENT))
+        client.put(f"/api/v1/namespaces/kube-system/pods/agent-{i:04d}", {**pod(name), "metadata": {"name": name}})
+    args = argparse.Namespace(namespace="kube-system", configmaps="ip-masq-agent", configmap_key="config")
+    view = command._gather(client, args)
+    assert len(view.rows) == 1234 and view.all_current
+    pages = [path for verb, path in client.calls if verb == "GET" and path == "/api/v1/nodes"]
+    assert len(pages) == 7  # 200 a page

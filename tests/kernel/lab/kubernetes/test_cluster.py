@@ -240,13 +240,19 @@ def test_a_bad_configmap_keeps_every_nodes_rules_and_says_why_in_kubectl(cluster
     started = time.monotonic()
 
     def rejected_by_every_node() -> bool:
+        # the ConfigMap: one summary by the Lease's holder; each Node: its own rejection
         described = cluster.kubectl("describe", "configmap", agent.CONFIGMAP, "-n", "kube-system").stdout
-        return all(f"node {n.name} rejected the config: configmap/ip-masq-agent[config]:3: " in described
-                   and "10.300.0.0/16" in described for n in cluster.nodes)
+        nodes = len(cluster.nodes)
+        summary = (f"rejected on {nodes} of {nodes} nodes: configmap/ip-masq-agent[config]:3: " in
+                   " ".join(described.split()) and "10.300.0.0/16" in described)
+        return summary and all(
+            f"node {n.name} rejected the config: configmap/ip-masq-agent[config]:3: "
+            in " ".join(cluster.kubectl("describe", "node", n.name).stdout.split()) for n in cluster.nodes)
 
-    _wait(rejected_by_every_node, 10, "kubectl describe configmap naming every node's rejection and the line")
-    _progress(f"kubectl describe configmap named every node's rejection {time.monotonic() - started:.1f} s after "
-              "the apply")
+    _wait(rejected_by_every_node, 20, "kubectl describe configmap summing up the rejection and its line, and "
+          "kubectl describe node naming each node's")
+    _progress(f"kubectl describe configmap summed up every node's rejection {time.monotonic() - started:.1f} s "
+              "after the apply")
     _wait(lambda: not any(_ready(p) for p in agent.agent_pods(cluster).values()), 90, "every agent NotReady")
     for node in cluster.nodes:
         pod = agent.agent_pods(cluster)[node.name]["metadata"]["name"]
@@ -705,17 +711,20 @@ def test_what_the_agents_client_sends_and_reads_is_what_lightkube_reads(cluster:
     assert first.type == "MODIFIED" and first.object["data"]["config"] == changed
     # what the agents wrote, read through the oracle's models
     # (by uid, as kubectl describe asks: an earlier ConfigMap of the same name has Events of its own)
-    def applied_events() -> list[Event]:
-        described = oracle.list(Event, namespace="kube-system",
+    def described() -> list[Event]:
+        return list(oracle.list(Event, namespace="kube-system",
                                 fields={"involvedObject.name": "ip-masq-agent", "involvedObject.kind": "ConfigMap",
-                                        "involvedObject.uid": str(typed.metadata.uid)})
-        return [e for e in described if e.reason == "ConfigApplied"]
+                                        "involvedObject.uid": str(typed.metadata.uid)}))
 
-    # written by each agent's reporter thread, which may still be backing off after an earlier test's API outage
-    _wait(lambda: {e.source.host for e in applied_events() if e.source} == {n.name for n in cluster.nodes}, 90,
-          "a ConfigApplied Event from every node's agent")
-    applied = applied_events()
+    # one ConfigApplied summary per content, by the Lease's holder (one of the nodes), not one Event per node; after
+    # the API outage of the test before, the holder may still be backing off, or the Lease passing to another node
+    # (a candidate waits 120 s for a record that stands still)
+    _wait(lambda: any(e.reason == "ConfigApplied" for e in described()), 150,
+          "the fleet's summary on the ConfigMap")
+    applied = [e for e in described() if e.reason == "ConfigApplied"]
+    assert applied and {e.source.host for e in applied if e.source} <= {n.name for n in cluster.nodes}
     assert all(e.type == "Normal" and (e.count or 0) >= 1 and e.firstTimestamp is not None for e in applied)
+    assert any(f"of {len(cluster.nodes)} nodes" in (e.message or "") for e in applied)
     status_kind = create_global_resource(GROUP, VERSION, KIND, PLURAL)
     for node in cluster.nodes:
         # the patch above is a config change: the status says not ready until that pass is verified, and is

@@ -1,0 +1,112 @@
+"""One holder among many candidates: a coordination.k8s.io/v1 Lease, as client-go's leader election uses it.
+
+A candidate reads the Lease; it takes it when nobody holds it, or when the holder's record has not moved for the
+lease's duration as measured on this candidate's own clock (client-go's rule: no comparison of clocks between nodes).
+The holder renews it with a merge patch that carries the resourceVersion it last saw, so two candidates never both
+win: the second one's patch is a 409. Everything goes through the ApiClient seam; the caller decides how often to ask.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ipmasq.errors import Conflict, NotFound
+from ipmasq.kube.client import ApiClient
+
+__all__ = ["LeaseElector", "microtime"]
+
+
+def microtime(seconds: float | None = None) -> str:
+    """A Lease's MicroTime: RFC 3339 in UTC with microseconds."""
+    now = time.time() if seconds is None else seconds
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+
+
+class LeaseElector:
+    def __init__(self, client: ApiClient, namespace: str, name: str, identity: str, *, duration: int,
+                 clock: Callable[[], float] = time.monotonic, now: Callable[[], str] = microtime) -> None:
+        self.client = client
+        self.namespace, self.name, self.identity = namespace, name, identity
+        self.duration = duration  # seconds the holder's record must stay unchanged before another takes over
+        self.clock, self.now = clock, now
+        self.holder: str | None = None  # as last seen
+        self._version: str | None = None  # the Lease's resourceVersion when this candidate last held it
+        self._observed: tuple[Any, ...] | None = None  # the holder's record as last seen, and since when (clock)
+        self._observed_at = 0.0
+
+    @property
+    def path(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
+
+    @property
+    def leading(self) -> bool:
+        return self.holder == self.identity
+
+    def try_lead(self) -> bool:
+        """One attempt (one request when renewing, at most two otherwise); True when this candidate holds it now.
+
+        Raises ApiError when the API cannot be asked (the caller retries later)."""
+        if self.leading and self._version is not None:
+            try:  # renew blind, on the version held: a 409 means someone else wrote it, so read it again
+                return self._took(self.client.patch(f"{self.path}/{self.name}", self._spec(renew_only=True)))
+            except (Conflict, NotFound):
+                self.holder, self._version = None, None
+        try:
+            lease = self.client.get(f"{self.path}/{self.name}")
+        except NotFound:
+            try:
+                return self._took(self.client.create(self.path, {
+                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec()["spec"]}))
+            except Conflict:
+                return False  # created by another candidate meanwhile
+        spec = lease.get("spec") if isinstance(lease.get("spec"), dict) else {}
+        assert isinstance(spec, dict)
+        holder = spec.get("holderIdentity") or None
+        record = (holder, spec.get("renewTime"), spec.get("acquireTime"), spec.get("leaseTransitions"))
+        now = self.clock()
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+        self.holder = holder if isinstance(holder, str) else None
+        version = (lease.get("metadata") or {}).get("resourceVersion")
+        duration = spec.get("leaseDurationSeconds")
+        expired = now - self._observed_at >= (duration if isinstance(duration, int) else self.duration)
+        if holder is not None and holder != self.identity and not expired:
+            return False
+        before = spec.get("leaseTransitions")
+        transitions = (before if isinstance(before, int) else 0) + (holder is not None and holder != self.identity)
+        body = self._spec(transitions=transitions, renew_only=holder == self.identity)
+        body["metadata"] = {"resourceVersion": version}
+        try:
+            return self._took(self.client.patch(f"{self.path}/{self.name}", body))
+        except Conflict:
+            return False  # another candidate took it first
+
+    def release(self) -> None:
+        """Give the Lease up (stopping): the next candidate to look takes it at once."""
+        if not self.leading or self._version is None:
+            return
+        self.client.patch(f"{self.path}/{self.name}",
+                          {"metadata": {"resourceVersion": self._version}, "spec": {"holderIdentity": None}})
+        self.holder, self._version = None, None
+
+    def _spec(self, *, transitions: int = 0, renew_only: bool = False) -> dict[str, Any]:
+        spec: dict[str, Any] = {"renewTime": self.now()}
+        if not renew_only:
+            spec.update(holderIdentity=self.identity, acquireTime=spec["renewTime"],
+                        leaseDurationSeconds=self.duration, leaseTransitions=transitions)
+        body: dict[str, Any] = {"spec": spec}
+        if renew_only and self._version is not None:
+            body["metadata"] = {"resourceVersion": self._version}
+        return body
+
+    def _took(self, lease: dict[str, Any]) -> bool:
+        spec = lease.get("spec") if isinstance(lease.get("spec"), dict) else {}
+        assert isinstance(spec, dict)
+        holder = spec.get("holderIdentity")
+        self.holder = holder if isinstance(holder, str) else None
+        version = (lease.get("metadata") or {}).get("resourceVersion")
+        self._version = version if self.leading and isinstance(version, str) else None
+        return self.leading

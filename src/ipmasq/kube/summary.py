@@ -1,0 +1,80 @@
+"""What the ConfigMap says about the fleet: N nodes' verdicts on its current content, told in at most two Events.
+
+Pure: the ConfigMap's content digest and the nodes' IPMasqAgentStatus values in, a tally and its summaries out. A
+node has applied the content when the digest it enforces is the ConfigMap's; it has rejected it when its last
+rejection was about that very content; else it has not said yet. The summaries are what one elected agent writes on
+the ConfigMap (ipmasq.agent.summary): "rejected on 998 of 1,000 nodes: <the line>" as one Warning, "enforced on 2 of
+1,000 nodes" as one Normal Event, however many nodes there are. Each node's own reason stays on its status object
+and its Node's Events.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from ipmasq.errors import clip
+from ipmasq.kube.agentstatus import NodeStatus
+
+__all__ = ["MESSAGE_CHARS", "Summary", "Tally", "tally"]
+
+MESSAGE_CHARS = 1000  # what an Event's message holds here (the API server's own limit is 1 KiB for some fields)
+REASONS_SHOWN = 3  # distinct rejection lines named; the others are counted
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    nodes: int
+    applied: int
+    rejected: int
+    summaries: tuple[Summary, ...]
+
+    @property
+    def pending(self) -> int:
+        """Nodes that have neither applied nor rejected the content (yet, or ever: an agent that is down)."""
+        return self.nodes - self.applied - self.rejected
+
+
+def _nodes(count: int) -> str:
+    return f"{count:,} node" + ("" if count == 1 else "s")
+
+
+def tally(digest: str, statuses: Sequence[NodeStatus]) -> Tally:
+    """The fleet's verdicts on the content with this config_digest, and what to say of them."""
+    total = len(statuses)
+    applied = [s for s in statuses if s.config_digest == digest]
+    rejected = [s for s in statuses if s.config_digest != digest and s.rejected_digest == digest
+                and s.last_rejection]
+    pending = total - len(applied) - len(rejected)
+    summaries: list[Summary] = []
+    if rejected:
+        lines = Counter(s.last_rejection or "" for s in rejected).most_common()
+        shown = [line if len(lines) == 1 else f"{line} ({_nodes(count)})" for line, count in lines[:REASONS_SHOWN]]
+        if len(lines) > REASONS_SHOWN:
+            rest = sum(count for _line, count in lines[REASONS_SHOWN:])
+            shown.append(f"{len(lines) - REASONS_SHOWN} other reasons ({_nodes(rest)})")
+        others = [f"{len(applied):,} enforce it" if applied else "", f"{pending:,} not reported yet" if pending else ""]
+        tail = "; ".join(o for o in others if o)
+        message = (f"rejected on {len(rejected):,} of {_nodes(total)}: " + "; ".join(shown)
+                   + (f" ({tail})" if tail else "")
+                   + ". They keep their last good config; each node's reason is on its status (kubectl get ipmasq "
+                   "-o wide) and its Node's Events")
+        # long lines are clipped from the end: the counts and the most common line come first
+        summaries.append(Summary("Warning", "ConfigRejected", clip(message, MESSAGE_CHARS - 1)))  # "…" is 1
+    if applied:
+        hashes = Counter((s.policy_hash or "")[:12] for s in applied)
+        policy = (f"policy {next(iter(hashes))}" if len(hashes) == 1
+                  else f"{len(hashes)} policies (config rules for some nodes)")
+        tail = f" ({pending:,} not reported yet)" if pending else ""
+        summaries.append(Summary("Normal", "ConfigApplied",
+                                 f"enforced on {len(applied):,} of {_nodes(total)}: {policy}{tail}"))
+    return Tally(total, len(applied), len(rejected), tuple(summaries))

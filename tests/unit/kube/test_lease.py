@@ -1,0 +1,68 @@
+"""One holder among candidates, through the ApiClient seam: taken when free, renewed, taken over only after the
+holder's record stood still for the lease's duration on the candidate's own clock; never two holders."""
+
+from __future__ import annotations
+
+from ipmasq.kube.lease import LeaseElector
+from ipmasq.testing.kube import FakeKubeClient
+
+PATH = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/ip-masq-agent"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def candidates(client: FakeKubeClient, clock: Clock) -> tuple[LeaseElector, LeaseElector]:
+    times = iter(f"2026-11-25T10:00:{i:02d}.000000Z" for i in range(60))
+    return tuple(LeaseElector(client, "kube-system", "ip-masq-agent", name, duration=120, clock=clock,
+                              now=lambda: next(times)) for name in ("node-a", "node-b"))  # type: ignore[return-value]
+
+
+def test_the_first_candidate_takes_a_shipped_empty_lease_and_the_other_waits() -> None:
+    client, clock = FakeKubeClient(), Clock()
+    client.put(PATH, {"metadata": {"name": "ip-masq-agent"}, "spec": {}})
+    a, b = candidates(client, clock)
+    assert a.try_lead() and a.leading
+    assert not b.try_lead() and b.holder == "node-a"
+    client.calls.clear()
+    assert a.try_lead()  # renewing: one patch on the version held, no read
+    assert [verb for verb, _ in client.calls] == ["PATCH"]
+    assert client.objects[PATH]["spec"]["holderIdentity"] == "node-a"
+
+
+def test_a_holder_that_stops_renewing_is_replaced_after_the_duration_and_learns_it() -> None:
+    client, clock = FakeKubeClient(), Clock()
+    a, b = candidates(client, clock)
+    assert a.try_lead()  # no Lease yet: created
+    assert not b.try_lead()
+    clock.now = 119.0
+    assert not b.try_lead()  # the record stood still, but not for the whole duration yet
+    clock.now = 120.0
+    assert b.try_lead() and client.objects[PATH]["spec"]["leaseTransitions"] == 1
+    assert not a.try_lead() and a.holder == "node-b"  # its blind renewal is a 409: it reads, and is not the holder
+
+
+def test_a_renewing_holder_is_never_replaced_and_a_race_has_one_winner() -> None:
+    client, clock = FakeKubeClient(), Clock()
+    client.put(PATH, {"metadata": {"name": "ip-masq-agent"}, "spec": {}})
+    a, b = candidates(client, clock)
+    assert a.try_lead()
+    for step in range(1, 10):
+        clock.now = step * 60.0
+        assert a.try_lead()
+        assert not b.try_lead()
+    a.release()
+    assert client.objects[PATH]["spec"].get("holderIdentity") is None
+    # both read it free; the first patch wins, the second carries the resourceVersion it read: 409, not two holders
+    stale = client.get(PATH)
+    assert b.try_lead()
+    real_get = client.get
+    client.get = lambda path, **_: stale  # type: ignore[method-assign]
+    assert not a.try_lead()
+    client.get = real_get  # type: ignore[method-assign]
+    assert client.objects[PATH]["spec"]["holderIdentity"] == "node-b"
