@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.server
 import json
 import ssl
-import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,15 +17,6 @@ from ipmasq.kube.client import MAX_ANSWER_BYTES, KubeClient
 from ipmasq.kube.credentials import Credentials
 
 Handler = Callable[[http.server.BaseHTTPRequestHandler], None]
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    directory = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out",
-                    "cert.pem", "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   cwd=directory, check=True, capture_output=True)
-    return directory / "cert.pem", directory / "key.pem"
 
 
 @pytest.fixture

@@ -23,15 +23,6 @@ from ipmasq.kube.credentials import Credentials, ExecPlugin
 Script = Callable[[ssl.SSLSocket, bytes], None]  # the connection and the request head it read
 
 
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    directory = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out",
-                    "cert.pem", "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   cwd=directory, check=True, capture_output=True)
-    return directory / "cert.pem", directory / "key.pem"
-
-
 class HostileServer:
     """A TLS server on 127.0.0.1: every request is handed to the next script queued (the last one repeats)."""
 

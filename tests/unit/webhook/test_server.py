@@ -9,37 +9,16 @@ import json
 import socket
 import ssl
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from ipmasq.webhook.certificate import CertificateSet, issue, service_names
-from ipmasq.webhook.review import respond
-from ipmasq.webhook.server import MAX_BODY_BYTES, VALIDATE_PATH, WebhookServer, serve
+from ipmasq.webhook.server import MAX_BODY_BYTES, VALIDATE_PATH, WebhookServer
 from tests.hostile.admission import configmap
 
 NAMES = service_names("ipmasq-webhook", "kube-system")
 HOST = "ipmasq-webhook.kube-system.svc"
-
-
-@pytest.fixture
-def certificate() -> CertificateSet:
-    return issue(NAMES, datetime.datetime.now(datetime.UTC), 30)
-
-
-@pytest.fixture
-def server(certificate: CertificateSet) -> Iterator[WebhookServer]:
-    logged: list[str] = []
-    running = WebhookServer(("127.0.0.1", 0), respond, log=logged.append)
-    running.use_certificate(certificate.tls_cert, certificate.tls_key)
-    running.logged = logged  # type: ignore[attr-defined]
-    serve(running)
-    try:
-        yield running
-    finally:
-        running.shutdown()
-        running.server_close()
 
 
 def connect(server: WebhookServer, ca: bytes) -> http.client.HTTPSConnection:
