@@ -24,17 +24,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ipmasq.agent.reconcile import ConfigReport, PassReport, SyncResult
-from ipmasq.errors import ApiError, Forbidden
+from ipmasq.errors import ApiError, ApiRefused, Forbidden
 from ipmasq.kube.agentstatus import NodeStatus, StatusWriter
 from ipmasq.kube.events import EventRecorder, ObjectRef, Occurrence, timestamp
 
-__all__ = ["ApiReporter", "Narrator", "Note"]
+__all__ = ["ApiReporter", "Narrator", "Note", "retry_wait"]
 
 BACKLOG = 200  # occurrences waiting to be written while the API is away; older ones are dropped beyond it
 RETRY_INITIAL, RETRY_MAX = 1.0, 60.0  # the wait after a failed write, jittered (+-50%): nodes do not retry in step
 # How long the writer waits for more notes after one: a config change makes two (the config seen: not ready yet; the
 # pass: ready), and one status write of the second is what each node should cost the API server per change.
 COALESCE_SECONDS = 0.25
+# Every node of a fleet hears of a ConfigMap change in the same second and has its status (after a bad edit, a Node
+# Event too) to write about it. One burst from all of them, all one user and so one flow of the API server's priority
+# and fairness, is shed with 429 beyond what that flow may queue (measured: 2,000 nodes at once, half their first
+# writes refused, and the server's Retry-After raised to tens of seconds). Each node waits a random part of this
+# more, so that the server gets a stream; the kernel is never waited for, only what is said about it.
+SPREAD_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,26 +190,27 @@ class ApiReporter:
     # ---- the writer thread -----------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        retry = RETRY_INITIAL
+        backoff = RETRY_INITIAL
+        wait = backoff  # before the next write while one is pending
         while not self.stop.is_set():
             try:
-                note = self._queue.get(timeout=retry * random.uniform(0.5, 1.5) if self._pending() else 30.0)
+                note = self._queue.get(timeout=wait if self._pending() else 30.0)
                 self._take(note)
-                until = time.monotonic() + COALESCE_SECONDS
+                until = time.monotonic() + COALESCE_SECONDS + random.uniform(0.0, SPREAD_SECONDS)
                 while True:  # what the same change says next (its pass), then one write of the newest status
                     self._take(self._queue.get(timeout=max(0.0, until - time.monotonic())))
             except queue.Empty:
                 pass
             try:
                 self._write()
-                retry = RETRY_INITIAL
+                backoff = wait = RETRY_INITIAL
                 self._recovered()
-            except ApiError as exc:
+            except Exception as exc:  # an ApiError; and a bug here must not end the thread (nor ever the loop)
                 self._troubled(exc)
-                retry = min(retry * 2, RETRY_MAX)
-            except Exception as exc:  # a bug here must not end the thread (nor ever the loop)
-                self._troubled(exc)
-                retry = min(retry * 2, RETRY_MAX)
+                said = retry_wait(exc)
+                if said is None:
+                    backoff = min(backoff * 2, RETRY_MAX)
+                wait = said if said is not None else backoff * random.uniform(0.5, 1.5)
 
     def _pending(self) -> bool:
         return bool(self._backlog) or self._status is not None
@@ -243,3 +250,16 @@ class ApiReporter:
             dropped = f" ({self._dropped} events dropped meanwhile)" if self._dropped else ""
             self.log.info("writing events and status to the API again%s", dropped)
             self._trouble, self._dropped = None, 0
+
+
+def retry_wait(error: Exception, uniform: Callable[[float, float], float] = random.uniform) -> float | None:
+    """The seconds to wait before writing again when the API server said when (a 429's or 503's Retry-After, which
+    priority and fairness raise while it sheds, or what is left of it when the client did not even ask), with up to
+    a quarter more so that a fleet told the same does not come back together; None: it did not say, back off.
+
+    Our own doubling backoff is not added on top: the client refuses locally while a Retry-After runs, and backing off
+    on those refusals (not the server's answers) left nodes asking a minute after the server would have taken them.
+    Never sooner than the first backoff step, whatever a server says."""
+    if isinstance(error, ApiRefused) and error.retry_after is not None:
+        return max(error.retry_after, RETRY_INITIAL) * uniform(1.0, 1.25)
+    return None

@@ -6,9 +6,12 @@ import logging
 import threading
 import time
 
-from ipmasq.agent.apireport import ApiReporter, Narrator, Note
+import pytest
+
+from ipmasq.agent import apireport
+from ipmasq.agent.apireport import RETRY_INITIAL, ApiReporter, Narrator, Note, retry_wait
 from ipmasq.agent.reconcile import ConfigReport, ObjectCount, PassReport, SyncResult, Verdict
-from ipmasq.errors import ApiUnreachable
+from ipmasq.errors import ApiServerError, ApiUnreachable, NotFound, TooManyRequests
 from ipmasq.kube.agentstatus import StatusWriter, status_from_json, status_path
 from ipmasq.kube.events import EventRecorder
 from ipmasq.policy.prefix import Family
@@ -121,3 +124,55 @@ def test_a_config_change_costs_one_status_write_not_one_per_report() -> None:
         assert client.calls == [("PATCH", status_path("node-a"))]
     finally:
         stop.set()
+
+
+def test_after_a_429_the_writer_asks_again_when_the_server_said_not_later_by_its_own_backoff() -> None:
+    highest = lambda low, high: high  # noqa: E731 - the jitter's upper end
+    # the server's Retry-After (priority and fairness raise it to 32 s while they shed), a quarter more at most
+    assert retry_wait(TooManyRequests(429, "slow down", retry_after=16.0), highest) == 20.0
+    assert retry_wait(TooManyRequests(429, "slow down", retry_after=16.0), lambda low, high: low) == 16.0
+    assert retry_wait(ApiServerError(503, "later", retry_after=5.0), highest) == 6.25
+    # never sooner than the first backoff step, whatever a server says
+    assert retry_wait(TooManyRequests(429, "slow down", retry_after=0.0), highest) == RETRY_INITIAL * 1.25
+    # said nothing: the writer's own doubling backoff decides
+    for error in (ApiServerError(500, "oops"), ApiUnreachable("connection refused"), NotFound(404, "no"),
+                  ValueError("a bug")):
+        assert retry_wait(error) is None
+
+
+def test_a_status_write_refused_by_priority_and_fairness_is_asked_again_at_the_servers_pace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # scaled down to keep the test short: a first backoff step of 0.05 s, a Retry-After of 0.5 s, no spread
+    monkeypatch.setattr(apireport, "RETRY_INITIAL", 0.05)
+    monkeypatch.setattr(apireport, "SPREAD_SECONDS", 0.0)
+    asked: list[float] = []
+
+    class TimedClient(FakeKubeClient):
+        def _check(self, verb: str, path: str) -> None:
+            if verb == "POST" and path == statuses:
+                asked.append(time.monotonic())
+            super()._check(verb, path)
+
+    client = TimedClient()
+    client.put("/api/v1/nodes/node-a", {"metadata": {"name": "node-a", "uid": "node-uid"}})
+    statuses = status_path("node-a").rsplit("/", 1)[0]  # a node's first status is created there
+    # refused six times in a row, as a client does while the server's Retry-After runs
+    client.refuse(statuses, *[TooManyRequests(429, "the API server asked to wait", retry_after=0.5)] * 6)
+    stop = threading.Event()
+    reporter = ApiReporter(narrator(), EventRecorder(client, component="ip-masq-agent", host="node-a"),
+                           StatusWriter(client, "node-a"), log=logging.getLogger("test"), stop=stop)
+    reporter.start()
+    try:
+        reporter.reconciled(applied(), 0.01)
+        deadline = time.monotonic() + 10
+        while status_path("node-a") not in client.objects:
+            assert time.monotonic() < deadline, client.calls
+            time.sleep(0.02)
+    finally:
+        stop.set()
+    gaps = [later - earlier for earlier, later in zip(asked, asked[1:])]
+    assert len(gaps) == 6, gaps
+    # never sooner than the server said; and not later and later: the writer's own doubling backoff (0.05 s, 0.1 s,
+    # ... 1.6 s from its first step) is not stacked on the server's time
+    assert all(gap >= 0.49 for gap in gaps), gaps
+    assert max(gaps) < 0.5 * 1.25 + 0.9, gaps
