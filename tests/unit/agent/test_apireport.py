@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -170,7 +171,7 @@ def test_a_status_write_refused_by_priority_and_fairness_is_asked_again_at_the_s
             time.sleep(0.02)
     finally:
         stop.set()
-    gaps = [later - earlier for earlier, later in zip(asked, asked[1:])]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(asked)]
     assert len(gaps) == 6, gaps
     # never sooner than the server said; and not later and later: the writer's own doubling backoff (0.05 s, 0.1 s,
     # ... 1.6 s from its first step) is not stacked on the server's time
