@@ -20,11 +20,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from bench_agent_memory import ADDRESS, CONFIGS, _rss, _syncs, _wait_for, scrape_for
+from bench_core import scratch_dir  # type: ignore[import-not-found]
 from ipmasq.kube.client import KubeClient
 from ipmasq.kube.credentials import Credentials
 from ipmasq.lab.kubernetes.artifacts import kubernetes_toolchain
@@ -75,7 +75,7 @@ def _ready(client: KubeClient) -> bool:
 
 def inner(backend: str, reconciles: int, scrape_seconds: float, etcd: str, apiserver: str) -> dict[str, object]:
     """Runs inside the namespace: the API server and the agent on its loopback."""
-    workdir = Path(tempfile.mkdtemp(prefix="ipmasq-bench-api-"))
+    workdir = scratch_dir("ipmasq-bench-api-")
     procs, credentials = _api_server(workdir, etcd, apiserver)
     agent = None
     try:

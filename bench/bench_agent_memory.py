@@ -47,12 +47,12 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from bench_core import scratch_dir  # type: ignore[import-not-found]
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import network
 
@@ -166,7 +166,7 @@ def _wait_for(condition: object, timeout: float) -> None:
 def inner(backend: str, reconciles: int, idle: int, window: float, scrape_seconds: float,
           scrape_every: float) -> dict[str, object]:
     """Runs inside the namespace (so the scrapes go to its loopback)."""
-    workdir = Path(tempfile.mkdtemp(prefix="ipmasq-bench-mem-"))
+    workdir = scratch_dir("ipmasq-bench-mem-")
     config_dir = str(workdir / "config")
     publish(config_dir, CONFIGS[0].format("10ms"))
     log = (workdir / "agent.log").open("w")

@@ -16,11 +16,11 @@ import argparse
 import compileall
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import ipmasq
+from bench_core import scratch_dir  # type: ignore[import-not-found]
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import network
 
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--backend", choices=("iptables", "nftables"), default="iptables")
     args = parser.parse_args()
     compileall.compile_dir(str(Path(ipmasq.__file__).parent), quiet=1)
-    config_dir = tempfile.mkdtemp(prefix="ipmasq-plateau-")
+    config_dir = str(scratch_dir("ipmasq-plateau-"))
     publish(config_dir, "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 10ms\n")
     with network() as net:
         node = net.add("node")

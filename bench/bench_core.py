@@ -12,8 +12,11 @@ least 200,000 destinations per second against 10,000 CIDRs.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import random
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +54,14 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
             pass
         time.sleep(0.05)
     raise SystemExit(f"timed out waiting for {what}")
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A work directory for one run (configs, the agent's log, certificates, etcd's data), removed when the process
+    exits, after the run's own clean-up has stopped what wrote there."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def best_of(repeats: int, fn: Callable[[], object]) -> float:

@@ -35,12 +35,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-from bench_core import wait_for  # type: ignore[import-not-found]
+from bench_core import scratch_dir, wait_for  # type: ignore[import-not-found]
 from bench_scale import VARIANTS, kube_proxy_rules  # type: ignore[import-not-found]
 from ipmasq.config.source import MAX_CONFIG_BYTES
 from ipmasq.lab.kubelet import publish
@@ -142,7 +141,7 @@ def inner(variant: str, foreign: int, size: int, cgroup: CgroupFiles) -> dict[st
     flags, restore = VARIANTS[variant]
     if foreign:
         subprocess.run([restore, "--noflush"], input=kube_proxy_rules(foreign), text=True, check=True)
-    workdir = Path(tempfile.mkdtemp(prefix="ipmasq-bench-pod-"))
+    workdir = scratch_dir("ipmasq-bench-pod-")
     config_dir = str(workdir / "config")
     publish(config_dir, small_config("60s"))
     first, count = full_config(size, 0, "60s")
@@ -202,8 +201,8 @@ RELEASE_PROBE = r"""
 import ctypes, gc, sys
 from ipmasq.config.source import ConfigInput, config_from_bytes
 from ipmasq.options import PolicyOptions
-from ipmasq.policy import Policy
-from ipmasq.rules.nft import render_script
+from ipmasq.policy.policy import Policy
+from ipmasq.netfilter.nft import render_script
 def rss():
     with open("/proc/self/status") as fh:
         return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024

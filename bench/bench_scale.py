@@ -38,13 +38,12 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_core import wait_for  # type: ignore[import-not-found]
+from bench_core import scratch_dir, wait_for  # type: ignore[import-not-found]
 from ipmasq.lab.netns import network
 
 ADDRESS = "127.0.0.1:9848"
@@ -164,7 +163,7 @@ def inner(variant: str, count: int, foreign: int, idle: int) -> dict[str, object
     """Runs inside the namespace (so the scrapes go to its loopback)."""
     flags, restore = VARIANTS[variant]
     subprocess.run([restore, "--noflush"], input=kube_proxy_rules(foreign), text=True, check=True)
-    workdir = Path(tempfile.mkdtemp(prefix="ipmasq-bench-scale-"))
+    workdir = scratch_dir("ipmasq-bench-scale-")
     config_dir = workdir / "config"
     write_config(config_dir, count, "100ms")
     argv = [sys.executable, "-m", "ipmasq", "agent", f"--config={config_dir}", *flags,
@@ -234,7 +233,7 @@ def legacy_profile(count: int, foreign: int, repeat: int = 5) -> list[tuple[str,
     from ipmasq.policy.prefix import Family
 
     subprocess.run(["iptables-legacy-restore", "--noflush"], input=kube_proxy_rules(foreign), text=True, check=True)
-    workdir = Path(tempfile.mkdtemp(prefix="ipmasq-bench-legacy-"))
+    workdir = scratch_dir("ipmasq-bench-legacy-")
     write_config(workdir / "config", count, "100ms")
     payload = subprocess.run([sys.executable, "-m", "ipmasq", "render", f"--config={workdir / 'config'}",
                               "--backend=iptables"], capture_output=True, text=True, check=True).stdout
