@@ -6,6 +6,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -77,22 +78,34 @@ def test_no_configmap_is_said_on_the_node_drift_and_foreign_rules_too() -> None:
     assert teller.status.drift_repairs == 1
 
 
-def test_the_reporter_writes_events_and_status_and_catches_up_after_the_api_returns() -> None:
-    client = FakeKubeClient()
+def started_reporter(client: FakeKubeClient, teller: Narrator, stop: threading.Event) -> ApiReporter:
+    """A reporter for node-a writing through `client`, its thread started; it ends when `stop` is set."""
     client.put("/api/v1/nodes/node-a", {"metadata": {"name": "node-a", "uid": "node-uid"}})
-    client.refuse("/api/v1/namespaces/default/events", ApiUnreachable("connection refused"))
-    stop = threading.Event()
-    teller = narrator(exists=False)
     reporter = ApiReporter(teller, EventRecorder(client, component="ip-masq-agent", host="node-a"),
                            StatusWriter(client, "node-a"), log=logging.getLogger("test"), stop=stop)
     reporter.start()
+    return reporter
+
+
+def wait_written(client: FakeKubeClient, condition: Callable[[], bool]) -> None:
+    """Until the reporter's thread has written what `condition` looks for in the fake (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, client.calls
+        time.sleep(0.02)
+
+
+def test_the_reporter_writes_events_and_status_and_catches_up_after_the_api_returns() -> None:
+    client = FakeKubeClient()
+    client.refuse("/api/v1/namespaces/default/events", ApiUnreachable("connection refused"))
+    stop = threading.Event()
+    teller = narrator(exists=False)
+    reporter = started_reporter(client, teller, stop)
     started = time.monotonic()
     reporter.reconciled(applied(), 0.01)  # returns at once: the loop never waits on the API
     assert time.monotonic() - started < 0.1
-    deadline = time.monotonic() + 10
-    while status_path("node-a") not in client.objects or not any("/events/" in p for p in client.objects):
-        assert time.monotonic() < deadline, client.calls
-        time.sleep(0.02)
+    wait_written(client, lambda: status_path("node-a") in client.objects
+                 and any("/events/" in p for p in client.objects))
     stop.set()
     written = client.objects[status_path("node-a")]
     assert written["metadata"]["ownerReferences"][0]["uid"] == "node-uid"
@@ -101,27 +114,18 @@ def test_the_reporter_writes_events_and_status_and_catches_up_after_the_api_retu
 
 def test_a_config_change_costs_one_status_write_not_one_per_report() -> None:
     client = FakeKubeClient()
-    client.put("/api/v1/nodes/node-a", {"metadata": {"name": "node-a", "uid": "node-uid"}})
     stop = threading.Event()
-    teller = narrator()
-    reporter = ApiReporter(teller, EventRecorder(client, component="ip-masq-agent", host="node-a"),
-                           StatusWriter(client, "node-a"), log=logging.getLogger("test"), stop=stop)
-    reporter.start()
+    reporter = started_reporter(client, narrator(), stop)
     try:
         reporter.reconciled(applied(), 0.01)
-        deadline = time.monotonic() + 10
-        while status_path("node-a") not in client.objects:
-            assert time.monotonic() < deadline, client.calls
-            time.sleep(0.02)
+        wait_written(client, lambda: status_path("node-a") in client.objects)
         client.calls.clear()
         # a new config: seen (not ready: not applied yet), then its pass (ready); the writer waits for the second
         changed = ConfigReport(changed=True, config_error=None, policy_hash="a" * 64, resync_interval=60.0,
                                readiness=Verdict(False, "not ready: the current config is not applied yet"))
         reporter.observed(changed)
         reporter.reconciled(applied("b" * 64), 0.01)
-        while client.objects[status_path("node-a")]["policyHash"] != "b" * 64:
-            assert time.monotonic() < deadline, client.calls
-            time.sleep(0.02)
+        wait_written(client, lambda: client.objects[status_path("node-a")]["policyHash"] == "b" * 64)
         assert client.calls == [("PATCH", status_path("node-a"))]
     finally:
         stop.set()
@@ -155,20 +159,14 @@ def test_a_status_write_refused_by_priority_and_fairness_is_asked_again_at_the_s
             super()._check(verb, path)
 
     client = TimedClient()
-    client.put("/api/v1/nodes/node-a", {"metadata": {"name": "node-a", "uid": "node-uid"}})
     statuses = status_path("node-a").rsplit("/", 1)[0]  # a node's first status is created there
     # refused six times in a row, as a client does while the server's Retry-After runs
     client.refuse(statuses, *[TooManyRequests(429, "the API server asked to wait", retry_after=0.5)] * 6)
     stop = threading.Event()
-    reporter = ApiReporter(narrator(), EventRecorder(client, component="ip-masq-agent", host="node-a"),
-                           StatusWriter(client, "node-a"), log=logging.getLogger("test"), stop=stop)
-    reporter.start()
+    reporter = started_reporter(client, narrator(), stop)
     try:
         reporter.reconciled(applied(), 0.01)
-        deadline = time.monotonic() + 10
-        while status_path("node-a") not in client.objects:
-            assert time.monotonic() < deadline, client.calls
-            time.sleep(0.02)
+        wait_written(client, lambda: status_path("node-a") in client.objects)
     finally:
         stop.set()
     gaps = [later - earlier for earlier, later in itertools.pairwise(asked)]
