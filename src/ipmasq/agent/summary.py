@@ -23,15 +23,14 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ipmasq.errors import ApiError, Conflict, NotFound
 from ipmasq.kube.agentstatus import NodeStatus, status_from_json, status_path
 from ipmasq.kube.client import ApiClient
 from ipmasq.kube.configmaps import ConfigMapState
-from ipmasq.kube.events import timestamp
+from ipmasq.kube.events import ObjectRef, Occurrence, event_object, timestamp
 from ipmasq.kube.lease import LeaseElector
-from ipmasq.kube.summary import Summary, Tally, tally
+from ipmasq.kube.summary import Tally, tally
 from ipmasq.sha256 import sha256
 
 __all__ = ["LEASE_SECONDS", "SummaryWriter"]
@@ -145,29 +144,22 @@ class SummaryWriter:
 
     def _write(self, result: Tally, target: tuple[str, str, str, str]) -> None:
         uid, digest, name, namespace = target
+        configmap = ObjectRef("ConfigMap", name, namespace, uid)
+        path = f"/api/v1/namespaces/{namespace}/events"
         for summary in result.summaries:
+            # named by the content and the reason, not the message: a later tally of the same content (counts moved
+            # on, or a new holder) patches the same Event
             key = "\0".join((uid, digest, summary.reason)).encode()
             event = f"{name}.{sha256(key).hexdigest()[:16]}"
             if self._written.get(event) == summary.message:
                 continue
-            path = f"/api/v1/namespaces/{namespace}/events"
+            said = Occurrence(configmap, summary.type, summary.reason, summary.message)
+            fresh = event_object(said, event, namespace, component=self.component, host=self.host)
             try:
-                self.client.create(path, self._event(summary, event, namespace, name, uid))
+                self.client.create(path, fresh)
             except Conflict:  # an earlier tally of the same content (by this holder or one before it)
                 try:
-                    self.client.patch(f"{path}/{event}", {"message": summary.message, "lastTimestamp": timestamp()})
+                    self.client.patch(f"{path}/{event}", {"message": fresh["message"], "lastTimestamp": timestamp()})
                 except NotFound:  # expired meanwhile
-                    self.client.create(path, self._event(summary, event, namespace, name, uid))
+                    self.client.create(path, fresh)
             self._written[event] = summary.message
-
-    def _event(self, summary: Summary, event: str, namespace: str, name: str, uid: str) -> dict[str, Any]:
-        now = timestamp()
-        return {
-            "apiVersion": "v1", "kind": "Event", "metadata": {"name": event, "namespace": namespace},
-            "involvedObject": {"kind": "ConfigMap", "apiVersion": "v1", "namespace": namespace, "name": name,
-                               "uid": uid},
-            "type": summary.type, "reason": summary.reason, "message": summary.message,
-            "source": {"component": self.component, "host": self.host},
-            "reportingComponent": self.component, "reportingInstance": self.host,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }

@@ -20,7 +20,7 @@ from ipmasq.errors import Conflict, NotFound, clip
 from ipmasq.kube.client import ApiClient
 from ipmasq.sha256 import sha256
 
-__all__ = ["REPEAT_WRITE_SECONDS", "EventRecorder", "ObjectRef", "Occurrence", "timestamp"]
+__all__ = ["REPEAT_WRITE_SECONDS", "EventRecorder", "ObjectRef", "Occurrence", "event_object", "timestamp"]
 
 REPEAT_WRITE_SECONDS = 300.0
 REMEMBERED = 256  # occurrences whose Event this agent remembers (older ones are found again by name)
@@ -131,14 +131,19 @@ class EventRecorder:
         return f"/api/v1/namespaces/{self.namespace(occurrence)}/events"
 
     def _event(self, occurrence: Occurrence, name: str) -> dict[str, Any]:
-        now = timestamp()
-        return {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": name, "namespace": self.namespace(occurrence)},
-            "involvedObject": occurrence.target.as_json(),
-            "type": occurrence.type, "reason": occurrence.reason,
-            "message": clip(occurrence.message, MESSAGE_CHARS),
-            "source": {"component": self.component, "host": self.host},
-            "reportingComponent": self.component, "reportingInstance": self.host,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
+        return event_object(occurrence, name, self.namespace(occurrence), component=self.component, host=self.host)
+
+
+def event_object(occurrence: Occurrence, name: str, namespace: str, *, component: str, host: str) -> dict[str, Any]:
+    """A new core/v1 Event for the occurrence (count 1, first and last seen now), its message clipped."""
+    now = timestamp()
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": name, "namespace": namespace},
+        "involvedObject": occurrence.target.as_json(),
+        "type": occurrence.type, "reason": occurrence.reason,
+        "message": clip(occurrence.message, MESSAGE_CHARS),
+        "source": {"component": component, "host": host},
+        "reportingComponent": component, "reportingInstance": host,
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }
