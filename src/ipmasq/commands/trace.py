@@ -163,27 +163,36 @@ def _dumps(paths: list[str]) -> tuple[NatTable | None, NftTracer | None]:
     return table, nft
 
 
-def _live_nft(run: SubprocessRunner, notes: list[str]) -> NftTracer | None:
-    """The node's nftables ruleset beside its iptables rules; None, with a note, where nft cannot list it."""
+def _read_live_ruleset(run: SubprocessRunner) -> str | IpmasqError | OSError:
+    """`nft -j list ruleset`, read once per trace: its text, or why it could not be read (no nft, or it cannot
+    list), for the caller to raise or to say."""
     try:
-        return _nft_tracer(read_nft_ruleset(run), "nft -j list ruleset")
+        return read_nft_ruleset(run)
+    except (IpmasqError, OSError) as exc:
+        return exc
+
+
+def _holds_ours(ruleset: str | IpmasqError | OSError) -> bool:
+    """The agent's nftables table is in the listing (then its rules, and every nat chain, are nftables')."""
+    if not isinstance(ruleset, str):
+        return False  # no nft, or it cannot list: the iptables reading says the rest
+    try:
+        return parse_list_json(ruleset) is not None
+    except NftParseError:
+        return False
+
+
+def _nft_beside(ruleset: str | IpmasqError | OSError, notes: list[str]) -> NftTracer | None:
+    """The node's nftables chains beside its iptables rules; None, with a note, where nft could not list them."""
+    try:
+        if not isinstance(ruleset, str):
+            raise ruleset
+        return _nft_tracer(ruleset, "nft -j list ruleset")
     except (IpmasqError, OSError) as exc:
         # the iptables walk still answers; what it cannot see is said, not hidden
         notes.append(f"nftables chains not walked ({clip(str(exc))}): a chain there, such as kube-proxy's in "
                      "nftables mode, is not in this answer")
         return None
-
-
-def _node_uses_nft() -> bool:
-    """The agent's nftables table is on the node (then its rules, and every nat chain, are nftables')."""
-    try:
-        text = read_nft_ruleset(SubprocessRunner())
-    except (IpmasqError, OSError):
-        return False  # no nft, or it cannot list: the iptables reading says the rest
-    try:
-        return parse_list_json(text) is not None
-    except NftParseError:
-        return False
 
 
 def _kube_proxy_hint(result: TraceResult, packet: Packet) -> str | None:
@@ -207,18 +216,19 @@ def run(args: argparse.Namespace) -> int:
     if args.dump:
         table, nft = _dumps(args.dump)
         result = _walk(packet, table, nft, iptables_in_nft=True)
-    elif args.backend == "nftables" or (args.backend == "auto" and _node_uses_nft()):
-        runner = SubprocessRunner()
-        ruleset = read_nft_ruleset(runner)
-        # iptables-nft's nat table in that listing (kube-proxy's iptables mode) walked in iptables' terms
-        beside = read_iptables_nft_beside(runner, ruleset, (packet.family,)).get(packet.family)
-        result = _walk(packet, beside, _nft_tracer(ruleset, "nft -j list ruleset"), iptables_in_nft=True)
     else:
         runner = SubprocessRunner()
-        variant = detect_variant(runner)
-        table = parse_save(read_nat_save(runner, packet.family, variant=variant))
-        nft = _live_nft(runner, notes)
-        result = _walk(packet, table, nft, iptables_in_nft=variant is Variant.NFT)
+        ruleset = _read_live_ruleset(runner)
+        if args.backend == "nftables" or (args.backend == "auto" and _holds_ours(ruleset)):
+            if not isinstance(ruleset, str):
+                raise ruleset  # asked for nftables: why nft could not list is the answer
+            # iptables-nft's nat table in that listing (kube-proxy's iptables mode) walked in iptables' terms
+            beside = read_iptables_nft_beside(runner, ruleset, (packet.family,)).get(packet.family)
+            result = _walk(packet, beside, _nft_tracer(ruleset, "nft -j list ruleset"), iptables_in_nft=True)
+        else:
+            variant = detect_variant(runner)
+            table = parse_save(read_nat_save(runner, packet.family, variant=variant))
+            result = _walk(packet, table, _nft_beside(ruleset, notes), iptables_in_nft=variant is Variant.NFT)
     hint = _kube_proxy_hint(result, packet)
     notes = [*result.notes, *notes, *([hint] if hint else [])]
     masquerade_address = args.local_address[0] if args.local_address else None
