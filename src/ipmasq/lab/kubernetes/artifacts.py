@@ -46,6 +46,7 @@ CONTAINERD_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"  # containerd's pinned sandbox image: imported, never pulled
 BASE_PACKAGES = ("python3", "python3-venv", "iptables", "nftables", "conntrack", "ca-certificates")
 IMAGE_REPOSITORY = "ipmasq/ipmasq"
+IMAGE_KEEP_SECONDS = 6 * 3600
 GOMOD = Path(__file__).with_name("gomod")
 GO_MINIMUM = (1, 26)  # what kubelet 1.37 and its modules' go lines ask for
 GO_JOBS = "2"  # compile jobs at once: the machines have 2 cores
@@ -410,7 +411,8 @@ def _image(cache: Path, source: Path, base: str, progress: Progress) -> tuple[Pa
         except OSError:
             continue
     key = _key(digest.hexdigest(), base)
-    target = cache / "image"
+    # one directory per build: two checkouts on one machine (a branch's lab beside main's) each keep their own image
+    target = cache / "images" / key
     image = f"{IMAGE_REPOSITORY}:lab-{key}"
     archive = target / f"ipmasq-{key}.tar"
     if _stamp_matches(target, key) and archive.exists():
@@ -431,18 +433,24 @@ def _image(cache: Path, source: Path, base: str, progress: Progress) -> tuple[Pa
             _run([*argv, "-f", str(source / "Dockerfile"), str(source)], timeout=1200, what="podman build")
         _run(["podman", "save", "-q", "--format", "docker-archive", "-o", str(archive), image], what="podman save")
         _write_stamp(target, key, image=image)
-        _forget_older_images(image)
+        _forget_older_images(cache / "images", key)
 
     _step(progress, f"the agent image {image} from {source / 'Dockerfile'}", build)
     return archive, image
 
 
-def _forget_older_images(current: str) -> None:
-    """Earlier builds of the agent's image and the build stages left untagged: the cache keeps only the current one
-    (a rebuild follows every change of the repository)."""
+def _forget_older_images(images: Path, current: str) -> None:  # current: the key of the image just built
+    """Earlier builds of the agent's image, and the build stages left untagged: the cache keeps the current one and
+    those built in the last hours (another checkout's lab may be running on one of them)."""
+    shutil.rmtree(images.parent / "image", ignore_errors=True)  # the single slot of earlier versions
+    horizon = time.time() - IMAGE_KEEP_SECONDS
+    for directory in images.iterdir():
+        if directory.is_dir() and directory.name != current and directory.stat().st_mtime < horizon:
+            shutil.rmtree(directory, ignore_errors=True)
+    kept = {f"{IMAGE_REPOSITORY}:lab-{d.name}" for d in images.iterdir() if d.is_dir()}
     listing = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
                              text=True).stdout.split()
-    older = [ref for ref in listing if f"{IMAGE_REPOSITORY}:lab-" in ref and not ref.endswith(current)]
+    older = [ref for ref in listing if f"{IMAGE_REPOSITORY}:lab-" in ref and not any(ref.endswith(k) for k in kept)]
     if older:
         subprocess.run(["podman", "rmi", "-f", *older], capture_output=True)
     subprocess.run(["podman", "image", "prune", "-f"], capture_output=True)
