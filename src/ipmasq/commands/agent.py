@@ -32,6 +32,7 @@ from ipmasq.commands.common import add_backend_flags, add_policy_flags, agent_se
 from ipmasq.conntrack import conntrack_flusher
 from ipmasq.errors import ApiError, UsageError
 from ipmasq.kube import credentials as kube_credentials
+from ipmasq.kube import kubeconfig
 from ipmasq.options import PolicyOptions
 
 if TYPE_CHECKING:  # the API features' modules load only when the API is used (see _api)
@@ -163,7 +164,7 @@ def _api(args: argparse.Namespace, log: logging.Logger,
     if args.api == "off":
         return None, None
     try:
-        credentials = (kube_credentials.from_kubeconfig(args.kubeconfig) if args.kubeconfig
+        credentials = (kubeconfig.load(args.kubeconfig) if args.kubeconfig
                        else kube_credentials.in_cluster())
     except ApiError as exc:
         raise UsageError(f"--kubeconfig: {exc}") from None

@@ -15,8 +15,8 @@ from typing import Any
 from ipmasq.errors import ApiError, NotFound, UsageError
 from ipmasq.kube.agentstatus import status_path
 from ipmasq.kube.configmaps import configmap_state
-from ipmasq.kube.credentials import from_kubeconfig
 from ipmasq.kube.fleet import FleetView, fleet_view
+from ipmasq.kube.kubeconfig import load as load_kubeconfig
 
 __all__ = ["register", "run"]
 
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from ipmasq.kube.client import KubeClient
 
     try:
-        client = KubeClient(from_kubeconfig(args.kubeconfig, context=args.context))
+        client = KubeClient(load_kubeconfig(args.kubeconfig, context=args.context))
     except ApiError as exc:
         raise UsageError(str(exc)) from None
     try:
