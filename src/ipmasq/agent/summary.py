@@ -25,8 +25,9 @@ import time
 from collections.abc import Callable
 
 from ipmasq.errors import ApiError, Conflict, NotFound
-from ipmasq.kube.agentstatus import NodeStatus, status_from_json, status_path
-from ipmasq.kube.client import ApiClient
+from ipmasq.kube import objects
+from ipmasq.kube.agentstatus import status_from_json, status_path
+from ipmasq.kube.client import ApiClient, list_items
 from ipmasq.kube.configmaps import ConfigMapState
 from ipmasq.kube.events import ObjectRef, Occurrence, event_object, timestamp
 from ipmasq.kube.lease import LeaseElector
@@ -132,15 +133,8 @@ class SummaryWriter:
         return None
 
     def _tally(self, digest: str) -> Tally:
-        statuses: list[NodeStatus] = []
-        query = {"limit": str(PAGE)}
-        while True:
-            page = self.client.get(status_path(), query=query)
-            statuses += [status_from_json(item) for item in page.get("items") or [] if isinstance(item, dict)]
-            more = (page.get("metadata") or {}).get("continue")
-            if not more:
-                return tally(digest, statuses)
-            query = {"limit": str(PAGE), "continue": more}
+        listing = list_items(self.client, status_path(), objects.agent_status, page=PAGE)
+        return tally(digest, [status_from_json(item) for item in listing.items])
 
     def _write(self, result: Tally, target: tuple[str, str, str, str]) -> None:
         uid, digest, name, namespace = target

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from ipmasq.errors import ApiError, NotFound, UsageError
+from ipmasq.kube import objects
 from ipmasq.kube.agentstatus import status_path
 from ipmasq.kube.configmaps import configmap_state
 from ipmasq.kube.fleet import FleetView, fleet_view
@@ -77,29 +78,25 @@ def _gather(client: Any, args: argparse.Namespace) -> FleetView:
 
     def statuses() -> list[Any]:
         try:
-            return _list(client, status_path())
+            return _list(client, status_path(), objects.agent_status)
         except NotFound:  # the CRD is not installed: no agent writes status
             return []
 
     # one after the other on the client's one kept-alive connection: a page is a round trip, not a TLS handshake
     written = statuses()
-    pods = _list(client, f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": AGENT_SELECTOR})
-    nodes = _list(client, "/api/v1/nodes", page=NODE_PAGE)
+    pods = _list(client, f"/api/v1/namespaces/{namespace}/pods", objects.pod, {"labelSelector": AGENT_SELECTOR})
+    nodes = _list(client, "/api/v1/nodes", objects.node, page=NODE_PAGE)
     names = [n["metadata"]["name"] for n in nodes if isinstance(n, dict)]
     return fleet_view(configmaps, written, pods, names)
 
 
-def _list(client: Any, path: str, query: dict[str, str] | None = None, *, page: int = PAGE) -> list[Any]:
-    """Every item, in pages: one answer for 5,000 nodes' objects would pass the client's bound on an answer."""
-    items: list[Any] = []
-    ask = {**(query or {}), "limit": str(page)}
-    while True:
-        answer = client.get(path, query=ask)
-        items += answer.get("items") or []
-        more = (answer.get("metadata") or {}).get("continue")
-        if not more:
-            return items
-        ask = {**(query or {}), "limit": str(page), "continue": more}
+def _list(client: Any, path: str, item: objects.Check, query: dict[str, str] | None = None, *,
+          page: int = PAGE) -> list[Any]:
+    """Every item, checked, in pages (the client's one pager): one answer for 5,000 nodes' objects would pass the
+    client's bound on an answer."""
+    from ipmasq.kube.client import list_items  # with KubeClient: ssl is loaded only when the API is asked
+
+    return list_items(client, path, item, query=query, page=page).items
 
 
 def render_table(view: FleetView) -> str:

@@ -8,6 +8,7 @@ read back by `ipmasq status`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +65,7 @@ class NodeStatus:
         }
 
 
-def status_from_json(obj: dict[str, Any]) -> NodeStatus:
+def status_from_json(obj: Mapping[str, Any]) -> NodeStatus:
     """Read back what an agent wrote (missing or wrongly typed fields as their empty values: never a traceback)."""
     def text(key: str) -> str | None:
         value = obj.get(key)
