@@ -27,7 +27,8 @@ from ipmasq.diagnose.sources import (
     read_nft_ruleset,
     rules_from_dump,
 )
-from ipmasq.errors import IpmasqError, UsageError
+from ipmasq.errors import IpmasqError, UsageError, one_line
+from ipmasq.findings import Finding
 
 __all__ = ["register", "run"]
 
@@ -75,6 +76,14 @@ def _rules_from_dumps(paths: list[str]) -> NodeRules:
     return replace(texts["iptables"], nft_ruleset=texts["nftables"].nft_ruleset)
 
 
+def shown(finding: Finding) -> Finding:
+    """The finding as a terminal may show it: what it quotes of the node's rules (a rule comment, a chain or table
+    name: anything a writer of rules chose) with every control character, C1 control and bidi override escaped
+    (ipmasq.errors.one_line), so that no rule can move the cursor, retitle the window or reorder a line."""
+    return replace(finding, message=one_line(finding.message), hint=one_line(finding.hint),
+                   file=None if finding.file is None else one_line(finding.file))
+
+
 def run(args: argparse.Namespace) -> int:
     common.at_most_one_stdin(("--config", args.config), *(("--from-dump", d) for d in args.from_dump))
     if not args.from_dump:
@@ -106,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         common.print_json({"ok": report.ok, "findings": [f.as_dict() for f in report.findings]})
     else:
         for f in report.findings:
-            print(f.as_text())
+            print(shown(f).as_text())
         print("ok: the node's rules match the config" if report.ok and not report.findings
               else ("ok (warnings only)" if report.ok else "NOT OK"))
     return 0 if report.ok else 1

@@ -32,7 +32,7 @@ from ipmasq.diagnose.sources import (
 )
 from ipmasq.diagnose.trace import Tracer, TraceResult, trace
 from ipmasq.diagnose.trace_nft import NftTracer
-from ipmasq.errors import IpmasqError, NftParseError, NftTraceError, UsageError, clip
+from ipmasq.errors import IpmasqError, NftParseError, NftTraceError, UsageError, clip, one_line
 from ipmasq.netfilter.iptables import NatTable, parse_save
 from ipmasq.netfilter.nft import parse_list_json
 from ipmasq.policy.packet import Outcome, Packet
@@ -121,11 +121,11 @@ def _nft_tracer(text: str, shown: str) -> NftTracer:
     try:
         parse_list_json(text)  # read as check reads it: a listing check refuses, trace refuses in the same words
     except NftParseError as exc:
-        raise IpmasqError(f"{shown}: {exc}") from None
+        raise IpmasqError(one_line(f"{shown}: {exc}")) from None  # the error may quote the listing's names
     try:
         return NftTracer(text)
     except NftTraceError as exc:
-        raise IpmasqError(f"{shown}: {exc}") from None
+        raise IpmasqError(one_line(f"{shown}: {exc}")) from None
 
 
 def _walk(packet: Packet, table: NatTable | None, nft: NftTracer | None, *, iptables_in_nft: bool) -> TraceResult:
@@ -256,23 +256,26 @@ def as_dict(result: TraceResult, packet: Packet, *, masquerade_address: str | No
 
 
 def as_text(d: dict[str, Any]) -> str:
+    """The walk for a terminal. Every string read from the rules (chain and table names, rules and their comments,
+    notes quoting them) is escaped with ipmasq.errors.one_line where it becomes a line: a rule's comment may hold
+    an escape sequence, a C1 control, a bidi override or a newline, and none of them reaches the terminal raw."""
     lines = []
     chain = None
     for step in d["steps"]:
         if step["chain"] != chain:
             chain = step["chain"]
-            lines.append(f"  [{chain}]")
-        lines.append(f"  {'MATCH' if step['matched'] else '  no '}  {step['rule']}")
+            lines.append(f"  [{one_line(chain)}]")
+        lines.append(f"  {'MATCH' if step['matched'] else '  no '}  {one_line(step['rule'])}")
     outcome = _OUTCOME_OF_JSON[d["outcome"]]
     head = _OUTCOME_TEXT[outcome]
     if outcome is Outcome.SNAT:
-        head += f" to {d['snat_to']}"
+        head += f" to {one_line(str(d['snat_to']))}"
     if outcome is Outcome.UNDECIDED:
-        lines.append(f"{head}: {d['cannot_decide']}")
+        lines.append(f"{head}: {one_line(str(d['cannot_decide']))}")
     else:
         decided = ("the chain policy (ACCEPT)" if d["decided_by"] is None
-                   else f"{d['decided_by_name']}: {d['decided_by']}")
-        seen = d["source_seen"] or "(the out interface's address: give --local-address to name it)"
+                   else one_line(f"{d['decided_by_name']}: {d['decided_by']}"))
+        seen = one_line(d["source_seen"] or "(the out interface's address: give --local-address to name it)")
         lines.append(f"outcome: {head}; the destination sees {seen}; decided by: {decided}")
-    lines.extend(f"note: {note}" for note in d.get("notes", ()))
+    lines.extend(f"note: {one_line(note)}" for note in d.get("notes", ()))
     return "\n".join(lines)

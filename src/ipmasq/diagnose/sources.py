@@ -16,7 +16,7 @@ from ipmasq.backends.base import Runner
 from ipmasq.backends.choose import detect
 from ipmasq.backends.iptables import Variant, detect_variant, tools
 from ipmasq.diagnose.check import NodeRules
-from ipmasq.errors import BackendError, IpmasqError, NftParseError, NotAFile, NoWriter, RuleParseError, clip
+from ipmasq.errors import BackendError, IpmasqError, NftParseError, NotAFile, NoWriter, RuleParseError, clip, one_line
 from ipmasq.input_files import open_input
 from ipmasq.netfilter.iptables import NatTable, our_chains, parse_save, save_lines
 from ipmasq.netfilter.nft import NftTable, parse_list_json
@@ -112,7 +112,7 @@ def rules_from_dump(text: str, path: str) -> NodeRules:
         try:
             return NodeRules("nftables", {}, parse_list_json(text), nft_ruleset=text)
         except NftParseError as exc:
-            raise IpmasqError(f"{path}: {exc}") from None
+            raise IpmasqError(one_line(f"{path}: {exc}")) from None  # it may quote the listing's names
     return NodeRules("iptables", {family_of_dump(table := parse_save_dump(text, path)): table})
 
 
@@ -127,7 +127,7 @@ def read_live_rules(run: Runner, families: tuple[Family, ...], *, chain: str, ba
         try:
             nft = parse_list_json(read_nft_ruleset(run))
         except NftParseError as exc:
-            raise IpmasqError(f"nft -j list ruleset: {exc}") from None
+            raise IpmasqError(one_line(f"nft -j list ruleset: {exc}")) from None
     if backend == "auto":
         if any(our_chains(t, chain) for t in tables.values()):
             backend = "iptables"
@@ -153,7 +153,7 @@ def parse_save_dump(text: str, path: str) -> NatTable:
     try:
         table = parse_save(text)
     except RuleParseError as exc:
-        raise RuleParseError(f"{path}: {exc}") from None
+        raise RuleParseError(one_line(f"{path}: {exc}")) from None
     if not table.chains and not table.rules:
         raise IpmasqError(f"{path}: no *nat table found (expected iptables-save or nft -j list ruleset output)")
     _check_chains(text, table, path)
@@ -199,8 +199,8 @@ def _check_chains(text: str, table: NatTable, path: str) -> None:
             continue
         chain = line[3:].split(" ", 1)[0]
         if chain not in declared:
-            raise IpmasqError(f"{path}:{number}: a rule of chain {clip(chain, 60)}, which the dump never declares "
-                              f"(:{clip(chain, 60)} - [0:0]): not iptables-save output")
+            raise IpmasqError(one_line(f"{path}:{number}: a rule of chain {clip(chain, 60)}, which the dump never "
+                                       f"declares (:{clip(chain, 60)} - [0:0]): not iptables-save output"))
 
 
 def read_nat_save(run: Runner, family: Family, *, variant: Variant | None = None) -> str:
