@@ -64,7 +64,8 @@ def test_the_schemas_of_every_supported_minor_are_installed() -> None:
 def test_kustomize_output_validates_against_the_kubernetes_schemas(path: Path) -> None:
     docs = kustomize(path)
     assert {d["kind"] for d in docs} == {"DaemonSet", "ServiceAccount", "CustomResourceDefinition", "Role",
-                                         "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Lease"}
+                                         "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Lease",
+                                         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     for doc in docs:
         validate_on_every_supported_minor(doc)
 
@@ -122,7 +123,8 @@ def test_the_agents_rights_are_exactly_its_configmap_events_status_reading_a_nod
     ]
     (lease,) = [doc for doc in docs if doc["kind"] == "Lease"]  # shipped: the agents cannot create Leases
     assert (lease["metadata"]["namespace"], lease["metadata"]["name"]) == ("kube-system", "ip-masq-agent")
-    bound = {(doc["kind"], doc["roleRef"]["name"]): doc["subjects"] for doc in docs if doc["kind"].endswith("Binding")}
+    bound = {(doc["kind"], doc["roleRef"]["name"]): doc["subjects"] for doc in docs
+             if doc["kind"] in ("RoleBinding", "ClusterRoleBinding")}
     assert set(bound) == {("RoleBinding", "ip-masq-agent"), ("RoleBinding", "ip-masq-agent-node-events"),
                           ("ClusterRoleBinding", "ip-masq-agent")}
     for subjects in bound.values():
@@ -545,3 +547,107 @@ def test_a_kube_system_configmap_holding_a_config_is_sent_exactly_when_judged(
     obj = configmap({key: value}, name="egress")
     is_judged, is_sent = judged(obj), sent(match_condition, obj)
     assert is_sent == is_judged or (is_sent and starts_with_a_key_then_a_long_gap(value))
+
+
+# ---- the admission policy: each node's agent writes only for its own node -----------------------------------------
+# Its CEL is evaluated here by cel-python as the API server evaluates it (matchConditions, then variables, then each
+# validation in order); the real API server's verdict on real tokens is the Kubernetes lab's test.
+
+AGENT_USER = "system:serviceaccount:kube-system:ip-masq-agent"
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+@pytest.fixture(scope="module")
+def own_node_policy() -> dict[str, Any]:
+    (policy,) = [d for d in kustomize(DEPLOY) if d["kind"] == "ValidatingAdmissionPolicy"]
+    (binding,) = [d for d in kustomize(DEPLOY) if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    return policy
+
+
+def admitted(policy: dict[str, Any], resource: str, obj: dict[str, Any], *, user: str = AGENT_USER,
+             node: str | None = "node-a") -> str | None:
+    """None when the policy admits the request, else the message of the first validation that refused it."""
+    environment = celpy.Environment()
+
+    def run(expression: str, activation: dict[str, Any]) -> Any:
+        return environment.program(environment.compile(expression)).evaluate(activation)
+    extra = {NODE_CLAIM: [node]} if node is not None else {}
+    request = {"operation": "CREATE", "resource": {"resource": resource},
+               "userInfo": {"username": user, "extra": extra}}
+    activation: dict[str, Any] = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(obj)}
+    spec = policy["spec"]
+    if not all(run(condition["expression"], activation) for condition in spec["matchConditions"]):
+        return None
+    activation["variables"] = celpy.json_to_cel(
+        {variable["name"]: run(variable["expression"], activation) for variable in spec["variables"]})
+    for validation in spec["validations"]:
+        verdict = run(validation["expression"], activation)
+        assert isinstance(verdict, celpy.celtypes.BoolType), verdict  # an error would be a denial (Fail)
+        if not verdict:
+            if "messageExpression" in validation:
+                return str(run(validation["messageExpression"], activation))
+            return str(validation["message"])
+    return None
+
+
+def status_object(name: str, node_name: str | None = None) -> dict[str, Any]:
+    return {"apiVersion": "ipmasq.dev/v1alpha1", "kind": "IPMasqAgentStatus", "metadata": {"name": name},
+            **({"nodeName": node_name} if node_name else {})}
+
+
+def event_about(kind: str, name: str) -> dict[str, Any]:
+    return {"metadata": {"name": f"{name}.1", "namespace": "default"}, "involvedObject": {"kind": kind, "name": name}}
+
+
+def lease(holder: str | None, seconds: int | None = 120) -> dict[str, Any]:
+    spec: dict[str, Any] = {"renewTime": "2026-11-26T18:00:00.000000Z"}
+    if holder is not None:
+        spec["holderIdentity"] = holder
+    if seconds is not None:
+        spec["leaseDurationSeconds"] = seconds
+    return {"metadata": {"name": "ip-masq-agent", "namespace": "kube-system"}, "spec": spec}
+
+
+def test_an_agent_writes_its_own_nodes_status_events_and_the_lease(own_node_policy: dict[str, Any]) -> None:
+    for resource, obj in (("ipmasqagentstatuses", status_object("node-a", "node-a")),
+                          ("ipmasqagentstatuses", status_object("node-a")),
+                          ("events", event_about("Node", "node-a")),
+                          ("events", event_about("ConfigMap", "ip-masq-agent")),
+                          ("leases", lease("node-a")), ("leases", lease(None, None)),
+                          ("leases", {"metadata": {"name": "ip-masq-agent"}})):
+        assert admitted(own_node_policy, resource, obj) is None, (resource, obj)
+
+
+def test_an_agent_cannot_speak_for_another_node(own_node_policy: dict[str, Any]) -> None:
+    refused = {
+        ("ipmasqagentstatuses", "another"): status_object("node-b", "node-b"),
+        ("ipmasqagentstatuses", "forged"): status_object("zzz-forged", "node-b"),
+        ("ipmasqagentstatuses", "claims"): status_object("node-a", "node-b"),
+        ("events", "node"): event_about("Node", "node-b"),
+        ("events", "pod"): event_about("Pod", "coredns-1"),
+        ("leases", "holder"): lease("node-b"),
+    }
+    for (resource, _case), obj in refused.items():
+        message = admitted(own_node_policy, resource, obj)
+        assert message is not None and message.startswith("ip-masq-agent on node node-a may "), (resource, obj)
+    assert admitted(own_node_policy, "leases", lease("node-a", 2147483647)) == \
+        "ip-masq-agent may hold the Lease for at most 120 seconds"
+
+
+def test_an_agents_token_without_its_node_writes_nothing_and_others_are_not_looked_at(
+        own_node_policy: dict[str, Any]) -> None:
+    message = admitted(own_node_policy, "ipmasqagentstatuses", status_object("node-a"), node=None)
+    assert message is not None and NODE_CLAIM in message
+    in_another_namespace = "system:serviceaccount:ipmasq:ip-masq-agent"
+    assert admitted(own_node_policy, "events", event_about("Node", "node-b"), user=in_another_namespace) is not None
+    for user in ("kubernetes-admin", "system:serviceaccount:kube-system:ip-masq-agent-webhook",
+                 "system:node:node-b"):
+        assert admitted(own_node_policy, "ipmasqagentstatuses", status_object("node-b"), user=user) is None
+
+
+def test_the_lease_bound_is_what_the_agents_write(own_node_policy: dict[str, Any]) -> None:
+    from ipmasq.agent.summary import LEASE_SECONDS
+
+    assert admitted(own_node_policy, "leases", lease("node-a", LEASE_SECONDS)) is None
+    assert admitted(own_node_policy, "leases", lease("node-a", LEASE_SECONDS + 1)) is not None
