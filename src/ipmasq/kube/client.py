@@ -21,7 +21,6 @@ Everything that goes wrong is one of ipmasq.errors' ApiError tree: ApiUnreachabl
 
 from __future__ import annotations
 
-import email.utils
 import json
 import random
 import select
@@ -401,6 +400,9 @@ def _retry_after(head: http11.Head, now: Callable[[], float] = time.time) -> flo
     if text and text.isascii() and text.isdigit():
         return float(min(int(text[:6]), int(MAX_RETRY_AFTER)))
     if text and text.isascii() and len(text) <= 64:  # an IMF-fixdate is 29 characters
+        # imported here: the email package costs the agent about 1 MiB resident, and servers send delay-seconds
+        import email.utils
+
         try:
             when = email.utils.parsedate_to_datetime(text)
         except (TypeError, ValueError, IndexError, OverflowError):
