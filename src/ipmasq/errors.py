@@ -11,6 +11,8 @@
     ├── FlowLogError            a flow log line of no format `audit` reads; names the file and line (audit)
     └── ApiError                the API server could not be asked, or refused (ipmasq.kube)
         ├── ApiUnreachable      no answer: connection refused or reset, TLS failure, timeout, a garbled reply
+        │   └── ApiMalformed    an answer that is not what the API sends: an object of the wrong shape, a list
+        │                       past its bound in pages or bytes
         └── ApiRefused          an answer with an error status; its `status`, the server's message and its Status
             ├── ApiClientError  4xx (and a 3xx, never followed): this request is wrong; asking again will not help
             │   ├── Unauthorized    401: the token is not (or no longer) valid
@@ -21,7 +23,14 @@
             ├── TooManyRequests 429: the server sheds load (API Priority and Fairness); ask again after retry_after
             └── ApiServerError  5xx: the server failed; ask again later (retry_after when it said when)
     PrefixError (ValueError)    a CIDR that does not parse or is not aligned; callers locate it as a ConfigError
-    NotAFile, NoWriter          an input path that is not a file to read (input_files); callers name the path
+    InputRefused                a file that is not read (input_files); callers name the path and what it was for
+    ├── NotAFile                a device, socket or directory (or, where a regular file is asked for, a FIFO)
+    ├── NoWriter                a FIFO that no process holds open for writing
+    ├── FileTooLarge            more bytes than the reader's bound (nothing past it was kept)
+    └── FileTooSlow             not read within the reader's deadline
+    HttpError                   an HTTP exchange failed (ipmasq.http11); each caller translates it at its seam
+    ├── HttpTimeout             the exchange's deadline passed
+    └── TooLarge                a body or a line over its bound (nothing past the bound was kept)
 
 The lab's errors (NetnsError, LabError, FleetError, PrometheusError) are IpmasqErrors of ipmasq.lab. Exceptions
 that only steer control flow inside one module, never reported as such, stay there: diagnose.trace.Undecidable (a
@@ -37,15 +46,21 @@ from typing import Any
 __all__ = [
     "ApiClientError",
     "ApiError",
+    "ApiMalformed",
     "ApiRefused",
     "ApiServerError",
     "ApiUnreachable",
     "BackendError",
     "ConfigError",
     "Conflict",
+    "FileTooLarge",
+    "FileTooSlow",
     "FlowLogError",
     "Forbidden",
     "Gone",
+    "HttpError",
+    "HttpTimeout",
+    "InputRefused",
     "IpmasqError",
     "LockBusyError",
     "NftParseError",
@@ -55,6 +70,7 @@ __all__ = [
     "NotFound",
     "PrefixError",
     "RuleParseError",
+    "TooLarge",
     "TooManyRequests",
     "Unauthorized",
     "UsageError",
@@ -146,6 +162,11 @@ class ApiUnreachable(ApiError):
     """No usable answer from the API server (refused, reset, TLS, timeout, a reply that is not the API's)."""
 
 
+class ApiMalformed(ApiUnreachable):
+    """An answer that is not what the API server sends: a field of the wrong type, an object without its name, a
+    list that never ends; one line naming the call and the field, never a traceback in the caller."""
+
+
 class ApiRefused(ApiError):
     """The API server answered with an error status; `status_object` is the API's Status when it sent one."""
 
@@ -201,9 +222,35 @@ class PrefixError(ValueError):
     """A CIDR that does not parse or is not aligned; the message is the reference agent's."""
 
 
-class NotAFile(Exception):
-    """The path is a device, socket or directory: what it is, as "a socket"."""
+class InputRefused(Exception):
+    """A file that is not read (ipmasq.input_files): its message says what it is or what bound it passed, and the
+    caller names the path."""
 
 
-class NoWriter(Exception):
+class NotAFile(InputRefused):
+    """The path is a device, socket or directory (or a FIFO where a regular file is asked for): what it is, as
+    "a socket"."""
+
+
+class NoWriter(InputRefused):
     """The path is a FIFO that no process holds open for writing: reading it would be an empty file or a wait."""
+
+
+class FileTooLarge(InputRefused):
+    """The file holds more than the reader's bound; nothing past the bound was kept."""
+
+
+class FileTooSlow(InputRefused):
+    """The file was not read within the reader's deadline (a network or FUSE file system that stalls)."""
+
+
+class HttpError(Exception):
+    """An HTTP exchange failed: the connection, TLS, or an answer that is not HTTP/1.1 (the message says which)."""
+
+
+class HttpTimeout(HttpError):
+    """The exchange's deadline passed."""
+
+
+class TooLarge(HttpError):
+    """A body or a line over its bound (nothing past the bound was kept)."""

@@ -10,7 +10,8 @@ facing a hostile or broken peer needs on top of it, once.
 - one connection kept alive across exchanges when both sides agree (`reusable`).
 
 Users: the API client (ipmasq.kube.client), the health probe's client (ipmasq.agent.client) and the status
-responder's request parsing (ipmasq.agent.responder). Errors are HttpError; each caller translates them at its seam.
+responder's request parsing (ipmasq.agent.responder). Errors are ipmasq.errors' HttpError (HttpTimeout, TooLarge),
+also reachable here as http11.HttpError; each caller translates them at its seam.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import h11
+
+from ipmasq.errors import HttpError, HttpTimeout, TooLarge
 
 if TYPE_CHECKING:  # ssl is imported by the callers that use TLS: the agent without the API maps no libssl
     import ssl
@@ -37,18 +40,6 @@ MAX_HEAD_BYTES = 64 * 1024  # a status line and headers; the API server's are we
 CHUNKS_BEFORE_CHECK = 1024
 MIN_MEAN_CHUNK = 16
 _RECV = 64 * 1024
-
-
-class HttpError(Exception):
-    """The exchange failed: the connection, TLS, or an answer that is not HTTP/1.1 (the message says which)."""
-
-
-class HttpTimeout(HttpError):
-    """The exchange's deadline passed."""
-
-
-class TooLarge(HttpError):
-    """A body or a line over its bound (nothing past the bound was kept)."""
 
 
 class Deadline:

@@ -33,6 +33,7 @@ from ipmasq.config.source import ConfigInput, read_config_input
 from ipmasq.conntrack import conntrack_flusher
 from ipmasq.errors import ApiError, ConfigError, UsageError
 from ipmasq.kube import credentials as kube_credentials
+from ipmasq.kube import kubeconfig
 from ipmasq.options import PolicyOptions
 
 if TYPE_CHECKING:  # the API features' modules load only when the API is used (see _api)
@@ -219,7 +220,7 @@ def _api(args: argparse.Namespace, log: logging.Logger, wakeup: Wakeup, *, mode:
     if args.api == "off":
         return None, None
     try:
-        credentials = (kube_credentials.from_kubeconfig(args.kubeconfig) if args.kubeconfig
+        credentials = (kubeconfig.load(args.kubeconfig) if args.kubeconfig
                        else kube_credentials.in_cluster())
     except ApiError as exc:
         raise UsageError(f"--kubeconfig: {exc}") from None

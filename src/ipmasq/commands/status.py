@@ -18,8 +18,8 @@ from typing import Any
 from ipmasq.errors import ApiError, NotFound, UsageError, one_line
 from ipmasq.kube import paths
 from ipmasq.kube.configmaps import configmap_state
-from ipmasq.kube.credentials import from_kubeconfig
 from ipmasq.kube.fleet import FleetView, fleet_view
+from ipmasq.kube.kubeconfig import load as load_kubeconfig
 from ipmasq.kube.listing import list_items
 
 __all__ = ["register", "run"]
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from ipmasq.kube.client import KubeClient
 
     try:
-        client = KubeClient(from_kubeconfig(args.kubeconfig, context=args.context))
+        client = KubeClient(load_kubeconfig(args.kubeconfig, context=args.context))
     except ApiError as exc:
         raise UsageError(str(exc)) from None
     try:

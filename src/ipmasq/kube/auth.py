@@ -3,7 +3,9 @@ Credentials value.
 
 Key material stays in memory: ssl loads a certificate chain only from a path, so PEM data goes into an anonymous
 in-memory file (memfd_create(2)) that ssl reads through /proc/self/fd and that is closed at once; nothing is
-written to a file system.
+written to a file system. Files named by the credentials (CA, client certificate and key) are read through the one
+bounded reader of credential files first (ipmasq.kube.credentials.read_credential), never handed to ssl by path: a
+FIFO or /dev/zero there is one line, not a hang or a flood.
 
 An exec credential plugin (client.authentication.k8s.io/v1 or v1beta1) is run when a token is first needed, again
 when the ExecCredential it printed expires (its expirationTimestamp, less a minute), and again after a 401. Its
@@ -28,7 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ipmasq.errors import ApiError, clip, one_line
-from ipmasq.kube.credentials import Credentials, ExecPlugin, TokenFile
+from ipmasq.kube.credentials import Credentials, ExecPlugin, TokenFile, read_credential
 
 __all__ = ["Auth", "ExecCredential", "run_exec_plugin", "ssl_context"]
 
@@ -198,6 +200,14 @@ def _parse_credential(output: bytes, plugin: ExecPlugin, name: str) -> ExecCrede
     return ExecCredential(token, cert, key, expires)
 
 
+def _pem_or_der(data: bytes) -> str | bytes:
+    """A CA file's bytes as ssl's cadata takes them: PEM text, or DER bytes."""
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError:
+        return data
+
+
 @contextlib.contextmanager
 def _memory_file(data: str) -> Iterator[str]:
     """A path ssl can read `data` from, backed by memory only (memfd), gone when the block ends."""
@@ -213,21 +223,26 @@ def ssl_context(credentials: Credentials, *, exec_pair: tuple[str | None, str | 
     """Trusts only the cluster's CA when one is named (not the machine's whole store: what the API server's
     certificate is signed by); a client certificate from files, from data, or from the exec plugin."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ca_data: str | bytes | None = credentials.ca_data
+    cert_pem, key_pem = exec_pair or (credentials.client_cert_data, credentials.client_key_data)
+    if not credentials.insecure and credentials.ca_file and not ca_data:
+        ca_data = _pem_or_der(read_credential(credentials.ca_file, "the CA file"))
+    if not cert_pem and credentials.client_cert_file:
+        cert_pem = read_credential(credentials.client_cert_file, "the client certificate").decode("utf-8", "replace")
+        if credentials.client_key_file:
+            key_pem = read_credential(credentials.client_key_file, "the client key").decode("utf-8", "replace")
     try:
         if credentials.insecure:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-        elif credentials.ca_file or credentials.ca_data:
-            context.load_verify_locations(cafile=credentials.ca_file, cadata=credentials.ca_data)
+        elif ca_data:
+            context.load_verify_locations(cadata=ca_data)
         else:
             context.load_default_certs()
-        cert_pem, key_pem = exec_pair or (credentials.client_cert_data, credentials.client_key_data)
         if cert_pem:
             with _memory_file(cert_pem) as cert_path, _memory_file(key_pem or cert_pem) as key_path:
                 context.load_cert_chain(cert_path, key_path)
-        elif credentials.client_cert_file:
-            context.load_cert_chain(credentials.client_cert_file, credentials.client_key_file)
-    except (OSError, ssl.SSLError) as exc:
+    except (OSError, ssl.SSLError, ValueError) as exc:
         text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise ApiError(f"the API server's CA or the client certificate cannot be loaded: {clip(str(text), 120)}") \
             from None

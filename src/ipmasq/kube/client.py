@@ -17,6 +17,7 @@ an ApiRefused subclass when the server said no (its Status carried).
 
 from __future__ import annotations
 
+import email.utils
 import json
 import random
 import select
@@ -320,13 +321,22 @@ def _json_object(data: bytes, verb: str, path: str) -> dict[str, Any]:
     return value
 
 
-def _retry_after(head: http11.Head) -> float | None:
-    """The seconds a 429 or a 503 asks us to wait (Retry-After as delay-seconds; a 429 without one: a second)."""
+def _retry_after(head: http11.Head, now: Callable[[], float] = time.time) -> float | None:
+    """The seconds a 429 or a 503 asks us to wait, at most MAX_RETRY_AFTER: Retry-After as delay-seconds (ASCII
+    digits only: str.isdigit() and int() also take "²" or Arabic-Indic digits) or an HTTP-date (RFC 9110 10.2.3);
+    anything else, or a 429 without one, a second."""
     if head.status not in (429, 503):
         return None
     text = head.headers.get("retry-after", "").strip()
-    if text.isdigit():
+    if text and text.isascii() and text.isdigit():
         return float(min(int(text[:6]), int(MAX_RETRY_AFTER)))
+    if text and text.isascii() and len(text) <= 64:  # an IMF-fixdate is 29 characters
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            when = None
+        if when is not None and when.tzinfo is not None:
+            return min(max(when.timestamp() - now(), 0.0), MAX_RETRY_AFTER)
     return DEFAULT_RETRY_AFTER if head.status == 429 or text else None
 
 

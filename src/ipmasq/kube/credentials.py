@@ -3,21 +3,39 @@
 Values only (no ssl here): the agent reads them to decide whether the API features start at all.
 
 The service account's token is a file the kubelet rewrites as it rotates (projected, bound tokens expire within
-the hour): it is read again whenever its file changed, never kept from start-up.
+the hour): it is read again whenever its file changed, never kept from start-up. Every credential file is read
+through ipmasq.input_files.read_regular (regular files only, bounded, with a deadline). A kubeconfig is read by
+ipmasq.kube.kubeconfig, which builds on this module (never the other way round).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from ipmasq.errors import ApiError, clip
+from ipmasq.errors import ApiError, InputRefused, clip, one_line
+from ipmasq.input_files import read_regular
 
-__all__ = ["SERVICE_ACCOUNT_DIR", "Credentials", "ExecPlugin", "TokenFile", "from_kubeconfig", "in_cluster",
-           "pod_namespace"]
+__all__ = ["MAX_CERTIFICATE_BYTES", "MAX_TOKEN_BYTES", "SERVICE_ACCOUNT_DIR", "Credentials", "ExecPlugin",
+           "TokenFile", "in_cluster", "pod_namespace", "read_credential"]
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# A bound service-account token is about 1 KiB, an OIDC token a few; a CA bundle (the machine's whole store) about
+# 200 KiB; a kubeconfig with dozens of clusters and embedded CAs about 100 KiB.
+MAX_TOKEN_BYTES = 1 << 20
+MAX_CERTIFICATE_BYTES = 4 << 20
+
+
+def read_credential(path: str, what: str, *, limit: int = MAX_CERTIFICATE_BYTES) -> bytes:
+    """A credential file's bytes through the one bounded reader; one ApiError line naming `what` and the path when
+    it cannot be read (missing, no permission, a FIFO, a device, too large, too slow)."""
+    try:
+        return read_regular(path, limit=limit)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+    except InputRefused as exc:
+        why = str(exc) or type(exc).__name__
+    raise ApiError(one_line(f"{clip(path, 200)}: cannot read {what}: {why}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,16 +90,24 @@ class TokenFile:
         self._token: str | None = literal
 
     def token(self, *, reread: bool = False) -> str | None:
+        """The token; ApiError when its file cannot be read and none was read before (after that, the last one read
+        is kept through a rotation in progress: the next request reads again)."""
         if self.path is None:
             return self._literal
         try:
             status = os.stat(self.path)
             stamp = (status.st_ino, status.st_mtime_ns, status.st_size)
             if reread or stamp != self._stamp:
-                self._token = Path(self.path).read_text().strip()
+                data = read_credential(self.path, "the token file", limit=MAX_TOKEN_BYTES)
+                self._token = data.decode("utf-8", "replace").strip()
                 self._stamp = stamp
-        except OSError:
-            pass  # keep the last token read: a rotation in progress, the next request reads again
+        except OSError as exc:  # the stat: the file gone (a rotation in progress) or unreadable
+            if self._token is None:
+                raise ApiError(one_line(f"{clip(self.path, 200)}: cannot read the token file: "
+                                        f"{exc.strerror}")) from None
+        except ApiError:
+            if self._token is None:
+                raise
         return self._token
 
 
@@ -103,14 +129,7 @@ def in_cluster(directory: str = SERVICE_ACCOUNT_DIR) -> Credentials | None:
 
 def pod_namespace(directory: str = SERVICE_ACCOUNT_DIR) -> str | None:
     try:
-        return Path(directory, "namespace").read_text().strip() or None
-    except OSError:
+        return read_regular(os.path.join(directory, "namespace"), limit=4096).decode("utf-8", "replace").strip() \
+            or None
+    except (OSError, InputRefused):
         return None
-
-
-def from_kubeconfig(path: str | None = None, *, context: str | None = None) -> Credentials:
-    """The credentials of a kubeconfig's current (or named) context, read as kubectl reads it (see
-    ipmasq.kube.kubeconfig): `path`, else every file of $KUBECONFIG merged, else ~/.kube/config."""
-    from ipmasq.kube.kubeconfig import load
-
-    return load(path, context=context)

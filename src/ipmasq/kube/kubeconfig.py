@@ -11,6 +11,11 @@ one it printed expires). A cluster: server, certificate-authority (file or data)
 tls-server-name, proxy-url (an http:// proxy). A user's auth-provider (the removed in-tree gcp/azure/oidc
 helpers) is refused with one line naming the exec plugin that replaced it.
 
+The file is read through the one bounded reader of credential files (a regular file, at most 4 MiB, with a
+deadline: a FIFO or /dev/zero is one line, never a wait or a flood), and YAML aliases may repeat at most
+MAX_ALIAS_NODES nodes, as kubectl's YAML decoder refuses "excessive aliasing": a few hundred bytes of nested
+aliases would otherwise stand for billions of values.
+
 Values only: the result is a Credentials; nothing here opens a connection or runs a plugin.
 """
 
@@ -24,14 +29,16 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from ipmasq.errors import ApiError, NotAFile, NoWriter, clip, one_line
-from ipmasq.input_files import open_input
-from ipmasq.kube.credentials import Credentials, ExecPlugin, in_cluster
+from ipmasq.errors import ApiError, clip, one_line
+from ipmasq.kube.credentials import MAX_CERTIFICATE_BYTES, Credentials, ExecPlugin, in_cluster, read_credential
 
-__all__ = ["EXEC_API_VERSIONS", "MAX_KUBECONFIG_BYTES", "load", "merged"]
+__all__ = ["EXEC_API_VERSIONS", "MAX_ALIAS_NODES", "MAX_KUBECONFIG_BYTES", "load", "merged"]
 
 EXEC_API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
-MAX_KUBECONFIG_BYTES = 4 << 20  # kubeconfigs with dozens of clusters and embedded CAs are ~100 KiB
+MAX_KUBECONFIG_BYTES = MAX_CERTIFICATE_BYTES  # kubeconfigs with dozens of clusters and embedded CAs are ~100 KiB
+# The nodes YAML aliases may repeat in one kubeconfig: an anchored user or cluster repeated a few times is a few
+# hundred; an alias bomb of 687 bytes stands for ~10^9.
+MAX_ALIAS_NODES = 10_000
 _SECTIONS = (("clusters", "cluster"), ("users", "user"), ("contexts", "context"))
 
 
@@ -92,26 +99,12 @@ def merged(paths: list[str], *, explicit: bool = False) -> tuple[dict[str, Any],
 
 
 def _read(path: str, *, must_exist: bool) -> dict[str, Any] | None:
-    # through open_input: a FIFO nobody writes to, /dev/zero or a directory is one line, never a wait or a flood
+    full = os.path.expanduser(path)
+    if not must_exist and not os.path.exists(full):
+        return None  # a $KUBECONFIG entry that is not there is skipped, as kubectl skips it
+    data = read_credential(full, "the kubeconfig", limit=MAX_KUBECONFIG_BYTES)
     try:
-        fd, _status, first = open_input(os.path.expanduser(path))
-    except FileNotFoundError:
-        if must_exist:
-            raise ApiError(f"{path}: cannot read the kubeconfig: no such file") from None
-        return None
-    except OSError as exc:
-        raise ApiError(f"{path}: cannot read the kubeconfig: {exc.strerror}") from None
-    except (NotAFile, NoWriter) as exc:
-        raise ApiError(f"{path}: cannot read the kubeconfig: {str(exc) or 'a FIFO nobody writes to'}") from None
-    try:
-        with os.fdopen(fd, "rb") as fh:
-            data = first + fh.read(MAX_KUBECONFIG_BYTES + 1 - len(first))
-    except OSError as exc:
-        raise ApiError(f"{path}: cannot read the kubeconfig: {exc.strerror}") from None
-    if len(data) > MAX_KUBECONFIG_BYTES:
-        raise ApiError(f"{path}: not a kubeconfig (more than {MAX_KUBECONFIG_BYTES >> 20} MiB)")
-    try:
-        config = yaml.safe_load(data)
+        config = yaml.load(data, Loader=_BoundedLoader)  # a SafeLoader whose aliases are bounded
     except yaml.YAMLError as exc:
         raise ApiError(f"{path}: not a kubeconfig: {clip(one_line(str(exc).splitlines()[0]))}") from None
     except RecursionError:
@@ -121,6 +114,38 @@ def _read(path: str, *, must_exist: bool) -> dict[str, Any] | None:
     if not isinstance(config, dict):
         raise ApiError(f"{path}: not a kubeconfig (no mapping at the top)")
     return config
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, counting the nodes each alias repeats: past MAX_ALIAS_NODES in all, the document is
+    refused; so is an alias inside the value it names (a cycle nothing reading a kubeconfig should walk)."""
+
+    def __init__(self, stream: bytes) -> None:
+        super().__init__(stream)
+        self._repeated = 0
+        self._sizes: dict[int, int] = {}  # id of each finished collection -> its nodes, itself included
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event: yaml.AliasEvent = self.peek_event()  # type: ignore[no-untyped-call]
+            anchored = self.anchors.get(event.anchor)
+            if anchored is not None:
+                self._repeated += self._size(anchored)
+                if self._repeated > MAX_ALIAS_NODES:
+                    raise yaml.YAMLError(f"YAML aliases repeat more than {MAX_ALIAS_NODES:,} values")
+        node = super().compose_node(parent, index)
+        if isinstance(node, yaml.CollectionNode) and id(node) not in self._sizes:
+            children = node.value if isinstance(node, yaml.SequenceNode) else [p for pair in node.value for p in pair]
+            self._sizes[id(node)] = 1 + sum(self._size(child) for child in children)
+        return node
+
+    def _size(self, node: yaml.Node) -> int:
+        if isinstance(node, yaml.ScalarNode):
+            return 1
+        size = self._sizes.get(id(node))
+        if size is None:  # still being composed: the alias is inside the value it names
+            raise yaml.YAMLError("a YAML alias refers to the value that contains it")
+        return size
 
 
 def _entry(config: dict[str, Any], section: str, key: str, name: object, where: str) -> dict[str, Any]:

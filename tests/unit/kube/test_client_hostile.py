@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ipmasq import http11
 from ipmasq.errors import ApiClientError, ApiServerError, ApiUnreachable, TooManyRequests
 from ipmasq.kube import client as client_module
 from ipmasq.kube.client import MAX_ANSWER_BYTES, KubeClient, RetryGate
@@ -335,3 +336,28 @@ def test_ipmasq_status_logs_in_through_an_exec_plugin_from_a_merged_kubeconfig(
     json.loads(capsys.readouterr().out)
     assert hostile.requests and all(b"Authorization: Bearer from-the-plugin" in r for r in hostile.requests)
     assert hostile.connections == 1  # one kept-alive connection for every call of the command
+
+
+def test_retry_after_is_ascii_digits_or_an_http_date_and_bounded() -> None:
+    def head(value: str, status: int = 429) -> http11.Head:
+        return http11.Head(status, {"retry-after": value})
+    at = 1_700_000_000.0  # the wall clock an HTTP-date is measured from, injected
+    cases = {"7": 7.0, " 12 ": 12.0, "99999999999999999999": 30.0, "\u00b2": 1.0, "\u0663": 1.0, "1\u00b2": 1.0,
+             "Tue, 14 Nov 2023 22:13:30 GMT": 10.0, "Tue, 14 Nov 2023 22:13:10 GMT": 0.0,
+             "Tue, 14 Nov 2023 23:13:20 GMT": 30.0, "Tue, 14 Nov 99999 22:13:30 GMT": 1.0, "soon": 1.0,
+             "Tue, 14 Nov 2023 22:13:30": 1.0, "x" * 10_000: 1.0}
+    for value, wait in cases.items():
+        assert client_module._retry_after(head(value), now=lambda: at) == wait, value
+    assert client_module._retry_after(head("\u00b2", 503)) == 1.0
+    assert client_module._retry_after(head("", 503)) is None
+
+
+def test_a_retry_after_of_unicode_digits_is_a_refusal_not_a_traceback(hostile, certificate) -> None:  # type: ignore[no-untyped-def]
+    def superscript(sock: ssl.SSLSocket, _head: bytes) -> None:
+        body = b'{"kind":"Status","code":429,"message":"later"}'
+        sock.sendall(b"HTTP/1.1 429 X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                     b"Retry-After: \xb2\r\n\r\n%s" % (len(body), body))
+    hostile.scripts[:] = [superscript]
+    with pytest.raises(TooManyRequests) as raised:
+        api(hostile, certificate, timeout=0.5).get("/api/v1/nodes")
+    assert raised.value.retry_after == 1.0

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ipmasq.errors import ApiError
-from ipmasq.kube.credentials import TokenFile, from_kubeconfig, in_cluster
+from ipmasq.kube.credentials import TokenFile, in_cluster
+from ipmasq.kube.kubeconfig import load as from_kubeconfig
 
 
 def test_a_rotated_token_is_read_again_and_a_vanished_one_keeps_the_last(tmp_path: Path) -> None:
@@ -56,3 +57,20 @@ def test_a_kubeconfig_with_embedded_data_and_one_that_is_not(tmp_path: Path) -> 
         with pytest.raises(ApiError) as error:
             from_kubeconfig(str(config))
         assert str(error.value).startswith(str(config)) and "\n" not in str(error.value)
+
+
+def test_a_token_file_that_is_a_device_or_a_fifo_is_one_line_and_a_rotation_keeps_the_last(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for hostile in ("/dev/zero", str(fifo), str(tmp_path)):
+        with pytest.raises(ApiError, match="cannot read the token file") as raised:
+            TokenFile(hostile).token()
+        assert "\n" not in str(raised.value)
+    with pytest.raises(ApiError, match="cannot read the token file: No such file"):
+        TokenFile(str(tmp_path / "absent")).token()
+    path = tmp_path / "token"
+    path.write_text("first\n")
+    token = TokenFile(str(path))
+    assert token.token() == "first"
+    os.replace(fifo, path)  # swapped for something that is not a token: the last one read is kept
+    assert token.token(reread=True) == "first"

@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import tempfile
+import tracemalloc
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -187,3 +188,81 @@ def test_a_kubeconfig_that_is_no_file_is_one_line_not_a_wait(tmp_path: Path, mon
         with pytest.raises(ApiError) as raised:
             load(str(config))
         assert str(raised.value).startswith(str(config)) and "\n" not in str(raised.value)
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """A few hundred bytes of nested YAML aliases that stand for 9**levels values."""
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for level in range(1, levels):
+        lines.append(f"a{level}: &a{level} [" + ",".join([f"*a{level - 1}"] * 9) + "]")
+    return "\n".join(lines) + f"\ncurrent-context: *a{levels - 1}\n"
+
+
+def test_a_kubeconfig_alias_bomb_is_one_line_within_a_small_memory(tmp_path: Path) -> None:
+    config = tmp_path / "bomb"
+    config.write_text(alias_bomb())
+    assert config.stat().st_size < 700
+    tracemalloc.start()
+    try:
+        with pytest.raises(ApiError, match="YAML aliases repeat more than 10,000 values") as raised:
+            load(str(config))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "\n" not in str(raised.value) and str(raised.value).startswith(str(config))
+    assert peak < 20 << 20  # it went past 1 GiB (and a MemoryError) when every alias was expanded
+
+
+def test_a_few_aliases_still_load_as_kubectl_loads_them_and_a_cycle_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.write_text("current-context: a\n"
+                      "contexts: [{name: a, context: &ctx {cluster: a, user: a}}, {name: b, context: *ctx}]\n"
+                      "clusters: [{name: a, cluster: &server {server: 'https://10.0.0.1:6443'}}]\n"
+                      "users: [{name: a, user: {token: t}}, {name: b, user: {token: u}}]\n"
+                      "extensions: [*server, *server, *server]\n")
+    assert load(str(config)).host == "10.0.0.1"
+    config.write_text("current-context: a\nclusters: &loop [{name: a, cluster: *loop}]\n")
+    with pytest.raises(ApiError, match="refers to the value that contains it"):
+        load(str(config))
+
+
+def test_every_credential_file_is_read_bounded_and_never_waited_on(tmp_path: Path) -> None:
+    """A FIFO (nobody writes to it: a wait for ever) or /dev/zero (endless: GiBs) as the token, CA, certificate or
+    key file is one line naming the file, before any connection is made."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=x"], check=True,
+                   capture_output=True)
+    big = tmp_path / "big"
+    with open(big, "wb") as fh:
+        fh.truncate(64 << 20)  # sparse: a regular file over every bound
+    for hostile in (str(fifo), "/dev/zero", str(big)):
+        cases = {"the token file": {"tokenFile": hostile},
+                 "the client certificate": {"client-certificate": hostile, "client-key": str(key)},
+                 "the client key": {"client-certificate": str(cert), "client-key": hostile}}
+        for what, user in cases.items():
+            credentials = load(str(write(tmp_path / "config", one("a", "https://127.0.0.1:9", user))))
+            auth = Auth(credentials)
+            with pytest.raises(ApiError, match=f"cannot read {what}") as raised:
+                auth.token()
+                auth.context()
+            assert "\n" not in str(raised.value) and hostile in str(raised.value)
+        config = one("a", "https://127.0.0.1:9", {"token": "t"})
+        config["clusters"] = [{"name": "a", "cluster": {"server": "https://127.0.0.1:9",
+                                                        "certificate-authority": hostile}}]
+        with pytest.raises(ApiError, match="cannot read the CA file"):
+            ssl_context(load(str(write(tmp_path / "config", config))))
+
+
+def test_a_pem_ca_file_and_a_client_certificate_from_files_still_load(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=x"], check=True,
+                   capture_output=True)
+    config = one("a", "https://127.0.0.1:9", {"client-certificate": str(cert), "client-key": str(key)})
+    config["clusters"] = [{"name": "a", "cluster": {"server": "https://127.0.0.1:9",
+                                                    "certificate-authority": str(cert)}}]
+    context = ssl_context(load(str(write(tmp_path / "config", config))))
+    assert len(context.get_ca_certs()) == 1

@@ -692,7 +692,7 @@ def test_what_the_agents_client_sends_and_reads_is_what_lightkube_reads(cluster:
     from ipmasq.kube import paths
     from ipmasq.kube.client import KubeClient
     from ipmasq.kube.configmaps import configmap_state
-    from ipmasq.kube.credentials import from_kubeconfig
+    from ipmasq.kube.kubeconfig import load as from_kubeconfig
     from ipmasq.kube.paths import GROUP, KIND, PLURAL, VERSION
 
     agent.apply_config(cluster, KEEP_10_8)
