@@ -35,12 +35,11 @@ from ipmasq.agent.apiconfig import ApiContent
 from ipmasq.agent.apireport import FleetSize
 from ipmasq.agent.trouble import Trouble
 from ipmasq.errors import ApiError
-from ipmasq.kube import paths
+from ipmasq.kube import objects, paths
 from ipmasq.kube.agentstatus import NodeStatus, status_from_json
-from ipmasq.kube.client import ApiClient
+from ipmasq.kube.client import ApiClient, list_items
 from ipmasq.kube.events import EventRecorder, ObjectRef, Occurrence
 from ipmasq.kube.lease import LeaseElector
-from ipmasq.kube.listing import list_items
 from ipmasq.kube.summary import Tally, tally
 
 __all__ = ["LEASE_SECONDS", "SummaryWriter", "real_nodes"]
@@ -152,7 +151,8 @@ class SummaryWriter:
         return base * random.uniform(1.0, 1.5)
 
     def _tally(self, digest: str) -> Tally:
-        statuses = [status_from_json(item) for item in list_items(self.client, paths.statuses(), page=PAGE)]
+        listing = list_items(self.client, paths.statuses(), objects.agent_status, page=PAGE)
+        statuses = [status_from_json(item) for item in listing.items]
         result = tally(digest, real_nodes(statuses))
         self.fleet.heard(result.nodes)
         self.elector.publish = result.nodes  # said on the Lease at its next renewal

@@ -16,11 +16,10 @@ import sys
 from typing import Any
 
 from ipmasq.errors import ApiError, NotFound, UsageError, one_line
-from ipmasq.kube import paths
+from ipmasq.kube import objects, paths
 from ipmasq.kube.configmaps import configmap_state
 from ipmasq.kube.fleet import FleetView, fleet_view
 from ipmasq.kube.kubeconfig import load as load_kubeconfig
-from ipmasq.kube.listing import list_items
 
 __all__ = ["register", "run"]
 
@@ -72,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _gather(client: Any, args: argparse.Namespace) -> FleetView:
+    from ipmasq.kube.client import list_items  # the client's one pager (ssl is loaded only when the API is asked)
+
     namespace = args.namespace
     configmaps = []
     try:
@@ -87,14 +88,15 @@ def _gather(client: Any, args: argparse.Namespace) -> FleetView:
 
     def statuses() -> list[Any]:
         try:
-            return list_items(client, paths.statuses(), page=PAGE)
+            return list_items(client, paths.statuses(), objects.agent_status, page=PAGE).items
         except NotFound:  # the CRD is not installed: no agent writes status
             return []
 
     # one after the other on the client's one kept-alive connection: a page is a round trip, not a TLS handshake
     written = statuses()
-    pods = list_items(client, paths.pods(namespace), {"labelSelector": AGENT_SELECTOR}, page=PAGE)
-    nodes = list_items(client, paths.nodes(), page=NODE_PAGE)
+    pods = list_items(client, paths.pods(namespace), objects.pod, query={"labelSelector": AGENT_SELECTOR},
+                      page=PAGE).items
+    nodes = list_items(client, paths.nodes(), objects.node, page=NODE_PAGE).items
     names = [meta["name"] for meta in (n.get("metadata") for n in nodes)
              if isinstance(meta, dict) and isinstance(meta.get("name"), str)]
     return fleet_view(configmaps, written, pods, names, only=only)

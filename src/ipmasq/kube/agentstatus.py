@@ -8,6 +8,7 @@ read back by `ipmasq status`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +80,7 @@ def _owner(meta: dict[str, Any]) -> str | None:
     return None
 
 
-def status_from_json(obj: dict[str, Any]) -> NodeStatus:
+def status_from_json(obj: Mapping[str, Any]) -> NodeStatus:
     """Read back what an agent wrote (missing or wrongly typed fields as their empty values: never a traceback).
 
     The node a status speaks for is the object's name, never the body's nodeName: each node's agent writes the object

@@ -11,8 +11,12 @@ an error and is never followed (the token goes to the API server only). 429 and 
 again after the time the server gave, jittered, and every thread of the agent waits it out (one shared gate), so a
 server shedding load is not asked again at once by each of them.
 
-Everything that goes wrong is one of ipmasq.errors' ApiError tree: ApiUnreachable when there was no usable answer,
-an ApiRefused subclass when the server said no (its Status carried).
+A collection is read through `list_items`, the one pager: pages of `limit` objects, each item checked against its
+shape (ipmasq.kube.objects) before any caller sees it, and the whole list bounded in pages and bytes: a server whose
+`continue` never ends costs one line (ApiMalformed) at the bound, never memory without end.
+
+Everything that goes wrong is one of ipmasq.errors' ApiError tree: ApiUnreachable when there was no usable answer
+(ApiMalformed: an answer of the wrong shape), an ApiRefused subclass when the server said no (its Status carried).
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 from ipmasq import __version__, http11
 from ipmasq.errors import (
     ApiClientError,
     ApiError,
+    ApiMalformed,
     ApiRefused,
     ApiServerError,
     ApiUnreachable,
@@ -43,10 +48,14 @@ from ipmasq.errors import (
     Unauthorized,
     clip,
 )
+from ipmasq.kube import objects
 from ipmasq.kube.auth import Auth
 from ipmasq.kube.credentials import Credentials
 
-__all__ = ["MAX_ANSWER_BYTES", "ApiClient", "KubeClient", "RetryGate", "WatchEvent"]
+__all__ = ["LIST_PAGE", "MAX_ANSWER_BYTES", "MAX_LIST_BYTES", "MAX_LIST_PAGES", "Answer", "ApiClient", "KubeClient",
+           "Listing", "RetryGate", "WatchEvent", "list_items"]
+
+T = TypeVar("T")
 
 # The largest answer (or watch line) read: a ConfigMap's 1 MiB of data, JSON-escaped, with its metadata and
 # managedFields, fits several times over.
@@ -58,6 +67,30 @@ MAX_ATTEMPTS = 3  # a call asked again at most twice after a Retry-After
 MAX_RETRY_AFTER = 30.0  # a longer Retry-After is capped: the agent's own loop asks again later anyway
 DEFAULT_RETRY_AFTER = 1.0  # a 429 that says nothing of when
 WATCH_GRACE = 30.0  # the client ends a watch this long after the timeoutSeconds it asked the server for
+# A list is read in pages of LIST_PAGE objects (one answer for 5,000 nodes' objects would pass MAX_ANSWER_BYTES) and
+# ends with ApiMalformed past MAX_LIST_PAGES pages or MAX_LIST_BYTES of answers in all: Kubernetes' largest clusters
+# (5,000 nodes, an agent pod and a status object each, Nodes of 5-15 KiB) fit several times over.
+LIST_PAGE = 500
+MAX_LIST_PAGES = 1000
+MAX_LIST_BYTES = 256 << 20
+
+
+class Answer(dict[str, Any]):
+    """A JSON object the API server answered, with the size in bytes it had on the wire (what list_items bounds)."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, value: dict[str, Any], size: int) -> None:
+        super().__init__(value)
+        self.size = size
+
+
+@dataclass(frozen=True, slots=True)
+class Listing(Generic[T]):
+    """Every item of a collection, checked, and the list's resourceVersion (where a watch of it starts)."""
+
+    items: list[T]
+    resource_version: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +321,41 @@ class KubeClient:
         return data
 
 
+def list_items(client: ApiClient, path: str, item: Callable[[object, str], T], *,
+               query: Mapping[str, str] | None = None, page: int = LIST_PAGE, max_pages: int = MAX_LIST_PAGES,
+               max_bytes: int = MAX_LIST_BYTES) -> Listing[T]:
+    """Every object of the collection at `path` (with `query`'s selectors), `limit` at a time, each checked by
+    `item` (one of ipmasq.kube.objects' shapes); ApiMalformed past `max_pages` pages or `max_bytes` bytes of
+    answers, or when the server hands back the continue token it was given (a list that would never end)."""
+    items: list[T] = []
+    ask = {**(query or {}), "limit": str(page)}
+    size = 0
+    for number in range(1, max_pages + 1):
+        answer = client.get(path, query=ask)
+        where = f"GET {path}"
+        size += answer.size if isinstance(answer, Answer) else len(json.dumps(answer))
+        if size > max_bytes:
+            raise ApiMalformed(f"{where}: a list of more than {max_bytes >> 20} MiB in {number} pages: not an "
+                               "answer the API server sends")
+        raw = answer.get("metadata")
+        meta = objects.list_meta({} if raw is None else raw, f"{where}: metadata")
+        members = answer.get("items")
+        if members is None:
+            members = []
+        if not isinstance(members, list):
+            raise ApiMalformed(f"{where}: items is not a list: not an answer the API server sends")
+        offset = len(items)
+        items.extend(item(member, f"{where}: items[{offset + index}]") for index, member in enumerate(members))
+        more = meta.get("continue")
+        if not more:
+            return Listing(items, meta.get("resourceVersion"))
+        if more == ask.get("continue"):
+            raise ApiMalformed(f"{where}: the server handed back the continue token it was given: a list that "
+                               "would never end")
+        ask = {**(query or {}), "limit": str(page), "continue": more}
+    raise ApiMalformed(f"GET {path}: a list of more than {max_pages:,} pages: not an answer the API server sends")
+
+
 def _closed_by_peer(connection: http11.Connection) -> bool:
     """Whether an idle kept-alive connection was closed (or written to) by the server meanwhile."""
     poller = select.poll()  # not select(): a descriptor past 1,023 is valid in a process with many connections
@@ -318,7 +386,7 @@ def _json_object(data: bytes, verb: str, path: str) -> dict[str, Any]:
                              f"{clip(data.decode('utf-8', 'replace'))!r}") from None
     if not isinstance(value, dict):
         raise ApiUnreachable(f"{verb} {path}: an answer that is not a JSON object")
-    return value
+    return Answer(value, len(data))
 
 
 def _retry_after(head: http11.Head, now: Callable[[], float] = time.time) -> float | None:

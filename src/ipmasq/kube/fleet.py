@@ -13,7 +13,7 @@ write makes a node look current or adds one. `only` limits the rows to the nodes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,14 +69,14 @@ class FleetView:
         }
 
 
-def _pod_ready(pod: dict[str, Any]) -> bool:
+def _pod_ready(pod: Mapping[str, object]) -> bool:
     status = pod.get("status")
     conditions = status.get("conditions") if isinstance(status, dict) else None
     return any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
                for c in (conditions if isinstance(conditions, list) else []))
 
 
-def _why(status: NodeStatus | None, pod: dict[str, Any] | None, pod_ready: bool, digest: str) -> str:
+def _why(status: NodeStatus | None, pod: Mapping[str, object] | None, pod_ready: bool, digest: str) -> str:
     if pod is None:
         return "no agent pod on this node"
     if status is None:
@@ -96,13 +96,13 @@ def _why(status: NodeStatus | None, pod: dict[str, Any] | None, pod_ready: bool,
     return ""
 
 
-def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[dict[str, Any]],
-               pods: Sequence[dict[str, Any]], nodes: Sequence[str], *, only: Sequence[str] = ()) -> FleetView:
+def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[Mapping[str, Any]],
+               pods: Sequence[Mapping[str, object]], nodes: Sequence[str], *, only: Sequence[str] = ()) -> FleetView:
     digest = config_digest(tuple(c.content for c in sorted(configmaps, key=lambda c: c.name)
                                  if c.exists and c.content is not None))
     by_node = {s.node: s for s in (status_from_json(obj) for obj in statuses) if s.node}
     known = set(nodes)
-    pod_on: dict[str, dict[str, Any]] = {}
+    pod_on: dict[str, Mapping[str, object]] = {}
     for item in pods:
         spec = item.get("spec")
         node_name = spec.get("nodeName") if isinstance(spec, dict) else None

@@ -97,7 +97,9 @@ class FakeKubeClient:
     def put(self, path: str, obj: dict[str, Any]) -> None:
         """The test writes an object (as kubectl apply would)."""
         obj = copy.deepcopy(obj)
-        obj.setdefault("metadata", {}).setdefault("uid", f"uid-{len(self.objects) + 1}")
+        # named by its path, as the API server names every object it holds
+        obj.setdefault("metadata", {}).setdefault("name", path.rpartition("/")[2])
+        obj["metadata"].setdefault("uid", f"uid-{len(self.objects) + 1}")
         self._bump(obj)
         self.objects[path] = obj
 

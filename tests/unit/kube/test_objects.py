@@ -1,0 +1,65 @@
+"""Every shape of ipmasq.kube.objects: an answer of the right shape comes back as it is (typed), one of the wrong
+shape is one line naming the call and the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ipmasq.errors import ApiMalformed, ApiUnreachable
+from ipmasq.kube import objects
+
+META = {"name": "node-a", "uid": "u", "resourceVersion": "5", "labels": {"a": "b"}, "generation": 3}
+
+
+def test_right_shapes_come_back_unchanged_with_fields_the_shape_does_not_name() -> None:
+    good: dict[Any, dict[str, Any]] = {
+        objects.configmap: {"metadata": META, "data": {"config": "x"}, "binaryData": {"b": "eA=="}},
+        objects.lease: {"metadata": META, "spec": {"holderIdentity": None, "leaseDurationSeconds": 120,
+                                                   "renewTime": "2026-11-26T18:00:00.000000Z"}},
+        objects.node: {"metadata": META, "status": {"addresses": []}},
+        objects.pod: {"metadata": META, "spec": {"nodeName": "node-a"},
+                      "status": {"conditions": [{"type": "Ready", "status": "True", "reason": None}]}},
+        objects.agent_status: {"metadata": META, "nodeName": "node-a", "ready": True, "agentPod": None,
+                               "configMaps": [{"name": "ip-masq-agent", "resourceVersion": "9"}],
+                               "driftRepairs": 0, "mode": "observe"},
+        objects.event: {"metadata": META, "involvedObject": {"kind": "Node", "name": "node-a"}, "count": 2,
+                        "source": {"component": "ipmasq", "host": "node-a"}},
+        objects.status: {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"},
+    }
+    for check, value in good.items():
+        assert check(value, "GET /x") is value
+
+
+@pytest.mark.parametrize(("check", "value", "field"), [
+    (objects.node, [], "GET /x is not an object"),
+    (objects.node, {}, r"GET /x\.metadata is missing"),
+    (objects.node, {"metadata": {"name": "a", "labels": {"k": 1}}}, r"metadata\.labels\.k is not a string"),
+    (objects.configmap, {"metadata": META, "data": {"config": {"nested": 1}}}, r"data\.config is not a string"),
+    (objects.lease, {"metadata": META, "spec": {"leaseDurationSeconds": "2147483647"}},
+     r"spec\.leaseDurationSeconds is not an integer"),
+    (objects.lease, {"metadata": META, "spec": {"leaseTransitions": True}}, r"spec\.leaseTransitions is not an int"),
+    (objects.pod, {"metadata": META, "status": {"conditions": [{"type": "Ready"}]}},
+     r"status\.conditions\[0\]\.status is missing"),
+    (objects.agent_status, {"metadata": META, "ready": "yes"}, r"\.ready is not true or false"),
+    (objects.agent_status, {"metadata": META, "configMaps": [{"name": "a", "resourceVersion": 1}]},
+     r"configMaps\[0\]\.resourceVersion is not a string"),
+    (objects.event, {"metadata": META}, r"involvedObject is missing"),
+    (objects.status, {"code": "410"}, r"\.code is not an integer"),
+    (objects.object_meta, {"name": "\x1b]0;owned\x07" * 100}, None),
+])
+def test_a_wrong_shape_is_one_line_naming_the_field(check: objects.Check, value: object, field: str | None) -> None:
+    if field is None:  # a name with escapes is still a string: checked, not judged
+        assert check(value, "GET /x") is value
+        return
+    with pytest.raises(ApiMalformed, match=field) as raised:
+        check(value, "GET /x")
+    text = str(raised.value)
+    assert text.isprintable() and len(text) < 300 and isinstance(raised.value, ApiUnreachable)
+
+
+def test_what_a_wrong_value_shows_is_escaped_and_clipped() -> None:
+    with pytest.raises(ApiMalformed) as raised:
+        objects.node({"metadata": {"name": ["\x1b[2J\u202e" * 1000]}}, "GET /x")
+    assert str(raised.value).isprintable() and len(str(raised.value)) < 200
