@@ -20,7 +20,7 @@ import time
 
 from ipmasq.lab.kubernetes.cluster import Cluster, ClusterError, NodeSpec
 
-__all__ = ["GKE_DEFAULT_RULES", "LABEL", "NAME", "catch_up", "deploy", "node_rules", "remove", "wait_written"]
+__all__ = ["GKE_DEFAULT_RULES", "LABEL", "NAME", "catch_up", "chain_only", "deploy", "node_rules", "remove", "wait_written"]
 
 NAME = "gke-ip-masq-standin"
 LABEL = f"k8s-app={NAME}"
@@ -74,7 +74,7 @@ def _manifests(image: str, rules: str) -> list[dict[str, object]]:
 
 def deploy(cluster: Cluster, rules: str = GKE_DEFAULT_RULES, *, timeout: float = 120.0) -> None:
     """The stand-in on every node, writing `rules`; returns once its chain is on every node."""
-    for manifest in _manifests(cluster.artifacts.image, rules):
+    for manifest in _manifests(cluster.artifacts.image, chain_only(rules)):
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
     result = cluster.kubectl("rollout", "status", f"daemonset/{NAME}", "-n", "kube-system",
                              f"--timeout={timeout:.0f}s", check=False, timeout=timeout + 10)
@@ -124,7 +124,15 @@ def _pod(cluster: Cluster, node: NodeSpec) -> str:
     return str(running[0])
 
 
+def chain_only(rules: str) -> str:
+    """An iptables-restore text kept to the chain itself (a POSTROUTING jump in it would be appended again at
+    every restore of the loop, which ensures the jump once)."""
+    kept = [line for line in rules.splitlines()
+            if line in ("*nat", "COMMIT") or line.startswith((f":{CHAIN} ", f"-A {CHAIN} "))]
+    return "\n".join(kept) + "\n"
+
+
 def catch_up(cluster: Cluster, node: NodeSpec, rules: str) -> None:
-    """The writer on `node` takes `rules` from now on (the other nodes' keep theirs)."""
+    """The writer on `node` takes `rules` (its chain's part) from now on (the other nodes' keep theirs)."""
     cluster.kubectl("exec", "-i", "-n", "kube-system", _pod(cluster, node), "--", "/bin/sh", "-c",
-                    "cat > /tmp/rules.new && mv /tmp/rules.new /tmp/rules", stdin=rules)
+                    "cat > /tmp/rules.new && mv /tmp/rules.new /tmp/rules", stdin=chain_only(rules))
