@@ -20,7 +20,8 @@ import time
 
 from ipmasq.lab.kubernetes.cluster import Cluster, ClusterError, NodeSpec
 
-__all__ = ["GKE_DEFAULT_RULES", "LABEL", "NAME", "catch_up", "chain_only", "deploy", "node_rules", "remove", "wait_written"]
+__all__ = ["GKE_DEFAULT_RULES", "LABEL", "NAME", "catch_up", "chain_only", "deploy", "node_rules", "remove",
+           "wait_written"]
 
 NAME = "gke-ip-masq-standin"
 LABEL = f"k8s-app={NAME}"
