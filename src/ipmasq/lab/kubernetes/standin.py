@@ -20,7 +20,7 @@ import time
 
 from ipmasq.lab.kubernetes.cluster import Cluster, ClusterError, NodeSpec
 
-__all__ = ["GKE_DEFAULT_RULES", "LABEL", "NAME", "catch_up", "chain_only", "deploy", "node_rules", "remove",
+__all__ = ["GKE_DEFAULT_RULES", "JUMP", "LABEL", "NAME", "catch_up", "chain_only", "deploy", "node_rules", "remove",
            "wait_written"]
 
 NAME = "gke-ip-masq-standin"
