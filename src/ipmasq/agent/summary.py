@@ -155,7 +155,9 @@ class SummaryWriter:
         statuses = [status_from_json(item) for item in listing.items]
         result = tally(digest, real_nodes(statuses))
         self.fleet.heard(result.nodes)
-        self.elector.publish = result.nodes  # said on the Lease at its next renewal
+        if self.elector.publish != result.nodes:  # a new size: said on the Lease now, not at the next renewal
+            self.elector.publish = result.nodes
+            self._next_lease = self.clock()
         return result
 
     def _write(self, result: Tally, configmap: ObjectRef, digest: str) -> None:

@@ -130,6 +130,9 @@ def test_objects_for_nodes_that_do_not_exist_are_not_counted_and_the_count_is_pu
     (event,) = summaries(client)
     assert str(event["message"]).startswith(f"rejected on 2 of 2 nodes: {LINE}")
     assert holder.fleet.nodes == 2 and holder.elector.publish == 2
+    holder.step()  # a new size is said on the Lease at once, where every candidate reads it
+    lease = client.objects["/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/ip-masq-agent"]
+    assert lease["metadata"]["annotations"] == {"ipmasq.dev/nodes": "2"}
 
 
 def test_observed_nodes_whose_rules_do_not_enforce_the_content_are_one_warning() -> None:
