@@ -23,7 +23,8 @@ from ipmasq.kube.kubeconfig import load as load_kubeconfig
 
 __all__ = ["register", "run"]
 
-AGENT_SELECTOR = "k8s-app=ip-masq-agent"
+# the agent's pods: the shipped DaemonSet's, and observe mode's beside a provider's agent (deploy/overlays/observe)
+AGENT_SELECTOR = "k8s-app in (ip-masq-agent,ipmasq-observer)"
 PAGE = 500  # objects per list request (an agent pod or a status object: a few KiB each)
 NODE_PAGE = 200  # a Node is larger (its images, addresses, conditions: 5-15 KiB)
 

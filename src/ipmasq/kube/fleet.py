@@ -76,6 +76,15 @@ def _pod_ready(pod: Mapping[str, object]) -> bool:
                for c in (conditions if isinstance(conditions, list) else []))
 
 
+def _agent_pod(pods: Sequence[Mapping[str, object]], named: str | None) -> Mapping[str, object] | None:
+    """The node's agent pod: the one its status names when there are several (an observer beside an agent)."""
+    for pod in pods:
+        metadata = pod.get("metadata")
+        if named is not None and isinstance(metadata, dict) and metadata.get("name") == named:
+            return pod
+    return pods[0] if pods else None
+
+
 def _why(status: NodeStatus | None, pod: Mapping[str, object] | None, pod_ready: bool, digest: str) -> str:
     if pod is None:
         return "no agent pod on this node"
@@ -102,18 +111,19 @@ def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[Mapping[
                                  if c.exists and c.content is not None))
     by_node = {s.node: s for s in (status_from_json(obj) for obj in statuses) if s.node}
     known = set(nodes)
-    pod_on: dict[str, Mapping[str, object]] = {}
+    pods_on: dict[str, list[Mapping[str, object]]] = {}
     for item in pods:
         spec = item.get("spec")
         node_name = spec.get("nodeName") if isinstance(spec, dict) else None
         if isinstance(node_name, str):
-            pod_on[node_name] = item
+            pods_on.setdefault(node_name, []).append(item)
     rows = []
     for node in sorted(set(only) if only else known):
         if node not in known:
             rows.append(NodeRow(node, None, False, None, False, "no such node", exists=False))
             continue
-        status, pod = by_node.get(node), pod_on.get(node)
+        status = by_node.get(node)
+        pod = _agent_pod(pods_on.get(node, []), status.pod if status is not None else None)
         metadata = pod.get("metadata") if pod else None
         pod_name = metadata.get("name") if isinstance(metadata, dict) else None
         pod_ready = _pod_ready(pod) if pod else False

@@ -119,3 +119,11 @@ def test_nothing_an_api_object_says_reaches_the_terminal_raw() -> None:
     table = render_table(fleet_view([CONFIGMAP], [rejected], pods, ["n1"]))
     assert all(char.isprintable() for line in table.splitlines() for char in line)
     assert "\\x1b]0;owned\\x07" in table and "\\u202e" in table and len(table.splitlines()) == 4
+
+
+def test_the_agent_pod_a_status_names_is_its_row_when_an_observer_runs_beside_another_pod() -> None:
+    observer = {**pod("n1"), "metadata": {"name": "ipmasq-observer-1"}}
+    other = {**pod("n1", ready=False), "metadata": {"name": "ip-masq-agent-1"}}
+    named = {**status("n1", CURRENT), "agentPod": "ipmasq-observer-1", "mode": "observe"}
+    (row,) = fleet_view([CONFIGMAP], [named], [other, observer], ["n1"]).rows
+    assert row.pod == "ipmasq-observer-1" and row.current
