@@ -65,6 +65,9 @@ def register(subparsers: Any) -> None:
                              "conntrack or the node lock, and report whether its rules enforce the config (status, "
                              "Events, metrics, `ipmasq status`); ready while observing, whatever the rules say")
     parser.add_argument("--poll", action="store_true", help="poll the config instead of using inotify")
+    parser.add_argument("--observe-interval", type=_seconds, default=None, metavar="SECONDS",
+                        help="observe mode: how often the rules are looked at (default 2; a look reads nothing "
+                             "while the kernel says no rule changed)")
     parser.add_argument("--flush-conntrack", type=go_bool, default=False, metavar="BOOL",
                         help="after a config change, delete the conntrack entries of destinations whose verdict "
                              "changed, so connections already retrying (SYN retransmissions) get the new decision")
@@ -110,6 +113,16 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.01 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"not a number of seconds from 0.01 to 3600: {text[:20]!r}")
+    return value
+
+
 def _writer_name(text: str) -> str:
     if not text or len(text) > 63 or not all(c.isascii() and (c.isalnum() or c in "-_.") for c in text):
         raise argparse.ArgumentTypeError(f"not a writer's name (letters, digits, - _ .): {text[:63]!r}")
@@ -124,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
     settings = LoopSettings(config_path=args.config or DEFAULT_CONFIG, use_inotify=not args.poll)
     if args.observe:
         return _observe(args, options, settings, runner, log, wakeup)
+    if args.observe_interval is not None:
+        raise UsageError("--observe-interval goes with --observe")
     lock = NodeLock(args.lock_file or default_lock_path())
     if args.once:
         wait_for_node_lock(lock, wakeup, log=log)  # never stopped: --once waits for the running agent to exit
@@ -162,12 +177,13 @@ def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSet
              log: logging.Logger, wakeup: Wakeup) -> int:
     """Observe mode (ipmasq.agent.observe): the loop drives an Observer; no node lock, no backend that writes, no
     conntrack; the same endpoints, API features and reports as the enforcing agent."""
-    from ipmasq.agent.observe import Observer
+    from ipmasq.agent.observe import OBSERVE_POLL_SECONDS, Observer
 
     if args.flush_conntrack:
         raise UsageError("--observe never writes: --flush-conntrack cannot go with it")
     observer_pass = Observer(options, runner, log=log, writer=args.observe, backend=args.backend,
-                             fingerprint=KernelFingerprint(xtables_lock=xtables_lock_path()))
+                             fingerprint=KernelFingerprint(xtables_lock=xtables_lock_path()),
+                             poll=args.observe_interval or OBSERVE_POLL_SECONDS)
     if args.once:
         observer_pass.observe(_read_once(settings.config_path))
         return 0 if observer_pass.reconcile().result.verified else 1
