@@ -28,7 +28,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 
 from ipmasq.agent.reconcile import ConfigReport, PassReport, Reconciler, SyncResult, Verdict
-from ipmasq.backends.base import Fingerprint, Runner, State
+from ipmasq.backends.base import Fingerprint, Runner, State, take_fingerprint
 from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import NodeRules, check_node
@@ -133,7 +133,7 @@ class Observer:
         policy = self._config.policy
         if policy is None:
             return self._report(SyncResult.NO_POLICY)
-        fingerprint = self._take_fingerprint()
+        fingerprint = take_fingerprint(self.fingerprint, self.log)
         if fingerprint is None or self._quiet != (policy, fingerprint) or self._error is not None:
             self._quiet = None
             try:
@@ -164,15 +164,6 @@ class Observer:
                 self.log.warning("observe: the rules %s writes in %s do not enforce the config: %s", self.writer,
                                  self.chain, mismatch)
         self._compared, self._mismatch = (policy, rules), mismatch
-
-    def _take_fingerprint(self) -> Hashable | None:
-        if self.fingerprint is None:
-            return None
-        try:
-            return self.fingerprint()
-        except (OSError, IpmasqError) as exc:  # unknown: read everything, as without a fingerprint
-            self.log.debug("reading the kernel's rule fingerprint failed: %s", exc)
-            return None
 
     def _report(self, result: SyncResult) -> PassReport:
         seen = self._seen

@@ -37,7 +37,7 @@ from enum import Enum
 from types import FrameType
 
 from ipmasq.agent.origin import ConfigOrigin
-from ipmasq.backends.base import Backend, Fingerprint, Removable, State
+from ipmasq.backends.base import Backend, Fingerprint, Removable, State, take_fingerprint
 from ipmasq.config.model import DEFAULT_RESYNC_SECONDS, MasqConfig
 from ipmasq.config.source import ConfigInput, config_digest, config_from_bytes
 from ipmasq.errors import BackendError, ConfigError, IpmasqError
@@ -396,13 +396,7 @@ class Reconciler:
         return writes
 
     def _take_fingerprint(self) -> Hashable | None:
-        if self.fingerprint is None:
-            return None
-        try:
-            return self.fingerprint()
-        except (OSError, IpmasqError) as exc:  # unknown: read everything, as without a fingerprint
-            self.log.debug("reading the kernel's rule fingerprint failed: %s", exc)
-            return None
+        return take_fingerprint(self.fingerprint, self.log)
 
     def _count_foreign(self, *, changed: bool, fingerprint: Hashable | None) -> None:
         """Recount the foreign NAT rules when this pass changed the kernel, at the first pass, and every

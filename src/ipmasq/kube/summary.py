@@ -65,15 +65,8 @@ def tally(digest: str, statuses: Sequence[NodeStatus]) -> Tally:
     if wrong:
         summaries.append(_not_enforced(wrong, total, len(applied), pending))
     if rejected:
-        lines = Counter(one_line(s.last_rejection or "") for s in rejected).most_common()
-        shown = [line if len(lines) == 1 else f"{line} ({_nodes(count)})" for line, count in lines[:REASONS_SHOWN]]
-        if len(lines) > REASONS_SHOWN:
-            rest = sum(count for _line, count in lines[REASONS_SHOWN:])
-            shown.append(f"{len(lines) - REASONS_SHOWN} other reasons ({_nodes(rest)})")
-        others = [f"{len(applied):,} enforce it" if applied else "", f"{pending:,} not reported yet" if pending else ""]
-        tail = "; ".join(o for o in others if o)
-        message = (f"rejected on {len(rejected):,} of {_nodes(total)}: " + "; ".join(shown)
-                   + (f" ({tail})" if tail else "")
+        message = (f"rejected on {len(rejected):,} of {_nodes(total)}: "
+                   + _reasons([s.last_rejection or "" for s in rejected], len(applied), pending)
                    + ". They keep their last good config; each node's reason is on its status (kubectl get ipmasq "
                    "-o wide) and its Node's Events")
         # long lines are clipped from the end: the counts and the most common line come first
@@ -88,18 +81,24 @@ def tally(digest: str, statuses: Sequence[NodeStatus]) -> Tally:
     return Tally(total, len(applied), len(rejected), tuple(summaries), not_enforced=len(wrong))
 
 
+def _reasons(lines: Sequence[str], applied: int, pending: int) -> str:
+    """The distinct lines, most common first (counted when they differ, the rarest summed up), one_line'd, then
+    how many enforce the content and have not reported yet."""
+    counted = Counter(one_line(line) for line in lines).most_common()
+    shown = [line if len(counted) == 1 else f"{line} ({_nodes(count)})" for line, count in counted[:REASONS_SHOWN]]
+    if len(counted) > REASONS_SHOWN:
+        rest = sum(count for _line, count in counted[REASONS_SHOWN:])
+        shown.append(f"{len(counted) - REASONS_SHOWN} other reasons ({_nodes(rest)})")
+    others = [f"{applied:,} enforce it" if applied else "", f"{pending:,} not reported yet" if pending else ""]
+    tail = "; ".join(o for o in others if o)
+    return "; ".join(shown) + (f" ({tail})" if tail else "")
+
+
 def _not_enforced(wrong: Sequence[NodeStatus], total: int, applied: int, pending: int) -> Summary:
     """Observe mode: the nodes whose rules, written by another program, do not enforce the content."""
     writers = Counter(f"{one_line(s.writer or 'another agent')} in {one_line(s.chain or '?')}" for s in wrong)
-    lines = Counter(one_line(s.mismatch or "") for s in wrong).most_common()
-    shown = [line if len(lines) == 1 else f"{line} ({_nodes(count)})" for line, count in lines[:REASONS_SHOWN]]
-    if len(lines) > REASONS_SHOWN:
-        rest = sum(count for _line, count in lines[REASONS_SHOWN:])
-        shown.append(f"{len(lines) - REASONS_SHOWN} other reasons ({_nodes(rest)})")
-    others = [f"{applied:,} enforce it" if applied else "", f"{pending:,} not reported yet" if pending else ""]
-    tail = "; ".join(o for o in others if o)
     message = (f"not enforced on {len(wrong):,} of {_nodes(total)} (observed: the rules of "
                + ", ".join(writer for writer, _count in writers.most_common(REASONS_SHOWN)) + "): "
-               + "; ".join(shown) + (f" ({tail})" if tail else "")
+               + _reasons([s.mismatch or "" for s in wrong], applied, pending)
                + ". Each node's reason is on its status (kubectl get ipmasq -o wide)")
     return Summary("Warning", "ConfigNotEnforced", clip(message, MESSAGE_CHARS - 1))
