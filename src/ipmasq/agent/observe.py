@@ -29,6 +29,7 @@ from dataclasses import replace
 
 from ipmasq.agent.reconcile import ConfigReport, PassReport, Reconciler, SyncResult, Verdict
 from ipmasq.backends.base import Fingerprint, Runner, State, take_fingerprint
+from ipmasq.backends.iptables import Variant, detect_variant
 from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import NodeRules, check_node
@@ -45,6 +46,7 @@ __all__ = ["MISMATCH_CHARS", "OBSERVE_POLL_SECONDS", "Observer", "mismatch_line"
 # changed): a change of a node's rules shows in its status within this plus the status write's spread.
 OBSERVE_POLL_SECONDS = 2.0
 MISMATCH_CHARS = 600  # what a status's mismatch line holds: the first findings, clipped
+REDETECT_READS = 30  # reads of the rules between two detections of the iptables variant (a minute at 2 s)
 _SHOWN = 2  # findings named in the line; the others counted
 
 
@@ -102,8 +104,19 @@ class Observer:
         self.backend = _NeverWrites(f"observe ({writer})")
         self._config = Reconciler(self.backend, options, log=log, load=load)
         self.fingerprint = fingerprint
-        self._read_rules: ReadRules = read_rules or (
-            lambda policy: read_node_rules(runner, policy.families, chain=options.masq_chain, backend=backend))
+        self._variant: Variant | None = None  # the iptables variant the writer's rules were last found in
+        self._reads_since_detect = 0
+
+        def read_live(policy: Policy) -> NodeRules:
+            # the variant is detected (every variant's save of every family) only now and then, and again
+            # whenever the rules do not enforce the policy: the writer may have moved to the other variant
+            if self._variant is None or self._mismatch is not None or self._reads_since_detect >= REDETECT_READS:
+                self._variant, self._reads_since_detect = detect_variant(runner), 0
+            self._reads_since_detect += 1
+            return read_node_rules(runner, policy.families, chain=options.masq_chain, backend=backend,
+                                   variant=self._variant)
+
+        self._read_rules: ReadRules = read_rules or read_live
         self._seen: ConfigReport | None = None  # the last config read's report
         self._compared: tuple[Policy, NodeRules] | None = None  # the last comparison's inputs
         self._quiet: tuple[Policy, Hashable] | None = None  # the policy and fingerprint of the last full read
