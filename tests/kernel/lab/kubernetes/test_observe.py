@@ -185,21 +185,24 @@ def test_an_enforcing_agents_status_follows_its_kernel_within_the_fleets_spread(
     for attempt in range(SAMPLES * 4):
         config = configs[attempt % 2]
         agent.apply_config(lab, config)
-        for node in lab.nodes:
-            want = policy_for(config, agent.node_options(REFERENCE_OPTIONS, node))
-            kernel = agent.kernel(lab, node, REFERENCE_OPTIONS)
-            seen: dict[str, float] = {}
+        wants = {node.name: policy_for(config, agent.node_options(REFERENCE_OPTIONS, node)) for node in lab.nodes}
+        kernels = {node.name: agent.kernel(lab, node, REFERENCE_OPTIONS) for node in lab.nodes}
+        seen: dict[tuple[str, str], float] = {}
 
-            def both(node: Any = node, want: Any = want, kernel: Any = kernel, seen: dict[str, float] = seen) -> bool:
-                if "kernel" not in seen and all(kernel.read(f) == kernel.desired(want, f) for f in want.families):
-                    seen["kernel"] = time.monotonic()
-                if "status" not in seen and statuses.client.get(paths.statuses(node.name)).get(
+        def every_node(wants: dict[str, Any] = wants, kernels: dict[str, Any] = kernels,
+                       seen: dict[tuple[str, str], float] = seen) -> bool:
+            for name, want in wants.items():  # both nodes in each round: neither is timed late for the other
+                kernel = kernels[name]
+                if (name, "kernel") not in seen and all(kernel.read(f) == kernel.desired(want, f)
+                                                        for f in want.families):
+                    seen[name, "kernel"] = time.monotonic()
+                if (name, "status") not in seen and statuses.client.get(paths.statuses(name)).get(
                         "policyHash") == policy_hash(want):
-                    seen["status"] = time.monotonic()
-                return len(seen) == 2
+                    seen[name, "status"] = time.monotonic()
+            return len(seen) == 2 * len(wants)
 
-            _wait(both, 60, f"attempt {attempt}: {node.name}'s kernel and status")
-            lags.append(seen["status"] - seen["kernel"])
+        _wait(every_node, 60, f"attempt {attempt}: every node's kernel and status")
+        lags.extend(seen[name, "status"] - seen[name, "kernel"] for name in wants)
     ordered = sorted(lags)
     progress(f"enforce mode, kernel -> the node's status on 2 nodes: {len(ordered)} samples (in order: "
              + ", ".join(f"{lag:.2f}" for lag in lags) + f"), p50 "
