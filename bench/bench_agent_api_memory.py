@@ -7,8 +7,11 @@ binaries: `ipmasq lab --kubernetes --prepare` builds them once) on its loopback,
 the ip-masq-agent ConfigMap; a real `ipmasq agent --kubeconfig` follows that ConfigMap through a watch, writes its
 Events and its IPMasqAgentStatus, and serves /metrics. resyncInterval 10ms, so 1,000 reconciles take seconds; every
 100th, the other of two configs is applied through the API (a watch event, a config change, Events and a status
-write). VmRSS from /proc/PID/status at every 100th reconcile, then while /metrics is scraped every 0.25 s for
---scrape-seconds. Exit 1 when any figure is over BUDGET_RSS_MIB or the memory grows from reconcile 100 on.
+write). `--backends ...,observe` adds observe mode (`--observe=gke`, looking every 10 ms at GKE's default rules,
+written beforehand by iptables-restore as a provider's agent would): each look a pass, each config change a status
+write saying the rules do not enforce it. VmRSS from /proc/PID/status at every 100th reconcile, then while /metrics
+is scraped every 0.25 s for --scrape-seconds. Exit 1 when any figure is over BUDGET_RSS_MIB or the memory grows from
+reconcile 100 on.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from bench_core import scratch_dir  # type: ignore[import-not-found]
 from ipmasq.kube.client import KubeClient
 from ipmasq.kube.credentials import Credentials
 from ipmasq.lab.kubernetes.artifacts import kubernetes_toolchain
+from ipmasq.lab.kubernetes.standin import GKE_DEFAULT_RULES, JUMP
 from ipmasq.lab.netns import network
 
 BUDGET_RSS_MIB = 32.0  # the agent with the API features on (without them: 22 MiB, bench_agent_memory.py)
@@ -89,7 +93,15 @@ def inner(backend: str, reconciles: int, scrape_seconds: float, etcd: str, apise
         path = "/api/v1/namespaces/kube-system/configmaps"
         client.create(path, {"metadata": {"name": "ip-masq-agent"}, "data": {"config": CONFIGS[0].format("10ms")}})
         log = (workdir / "agent.log").open("w")
-        agent = subprocess.Popen([sys.executable, "-m", "ipmasq", "agent", f"--backend={backend}",
+        mode = [f"--backend={backend}"]
+        if backend == "observe":
+            jump = f"-A POSTROUTING {JUMP}\n"
+            subprocess.run(["iptables-restore", "--noflush"], input=GKE_DEFAULT_RULES.replace("COMMIT\n", jump
+                                                                                            + "COMMIT\n"),
+                           text=True, check=True)
+            mode = ["--observe=gke", "--backend=iptables", "--masq-chain=IP-MASQ", "--nomasq-all-reserved-ranges",
+                    "--random-fully=false", "--observe-interval=0.01"]
+        agent = subprocess.Popen([sys.executable, "-m", "ipmasq", "agent", *mode,
                                   f"--config={workdir / 'no-volume' / 'ip-masq-agent'}", f"--kubeconfig={kubeconfig}",
                                   f"--node-name={NODE}", f"--metrics-address={ADDRESS}"], stdout=log,
                                  stderr=subprocess.STDOUT)

@@ -56,7 +56,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from apiserver import ApiServer
 from ipmasq.config.source import config_digest
-from ipmasq.kube.agentstatus import status_path
+from ipmasq.kube import paths
 from ipmasq.kube.client import KubeClient, WatchEvent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ class _Seam:
 
     def _wrote(self, path: str, body: Mapping[str, Any]) -> None:
         now = time.time()
-        if path.startswith(status_path()):
+        if path.startswith(paths.statuses()):
             self.emit({"event": "status", "node": self.node, "digest": body.get("configDigest"),
                        "rejected": body.get("rejectedDigest"), "t": now})
         elif path.startswith(f"/api/v1/namespaces/{NAMESPACE}/events") and isinstance(body.get("message"), str):
@@ -546,7 +546,7 @@ def bad_edit(api: ApiServer, kubectl: str, fleet: Fleet, n: int, pids: dict[str,
     statuses: list[dict[str, Any]] = []
     query = {"limit": "500"}
     while True:
-        page = admin.get(status_path(), query=query)
+        page = admin.get(paths.statuses(), query=query)
         statuses += page.get("items") or []
         if not (page.get("metadata") or {}).get("continue"):
             break

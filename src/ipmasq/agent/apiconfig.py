@@ -20,14 +20,17 @@ import collections
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
+from ipmasq.agent.origin import FILE, ConfigOrigin
+from ipmasq.agent.trouble import Trouble
 from ipmasq.config.source import ConfigInput, config_digest
 from ipmasq.errors import ConfigError
 from ipmasq.kube.client import ApiClient
 from ipmasq.kube.configmaps import ConfigMapFollower, ConfigMapState
 
-__all__ = ["ApiConfig", "ConfigChoice", "Read", "configmap_source"]
+__all__ = ["ApiConfig", "ApiContent", "ConfigChoice", "Read", "configmap_source"]
 # How many earlier API contents are remembered to recognise a late kubelet write (a digest each).
 HISTORY = 32
 
@@ -47,6 +50,21 @@ def _content(read: Read) -> str:
     return config_digest(tuple(data for _name, data in read.files))
 
 
+@dataclass(frozen=True, slots=True)
+class ApiContent:
+    """The API's view of the followed ConfigMaps, composed once per change: the config, its origin (digest computed
+    here, once), and the ConfigMaps as listed (the summary writer's target)."""
+
+    read: Read
+    origin: ConfigOrigin
+    configmaps: tuple[ConfigMapState, ...]
+
+    @property
+    def target(self) -> ConfigMapState | None:
+        """The first followed ConfigMap that exists (the summary's Events are about it)."""
+        return next((c for c in self.configmaps if c.exists and c.uid), None)
+
+
 class ConfigChoice:
     """Which source holds the newest config content (the module's rules). No I/O, no clock, no threads."""
 
@@ -58,8 +76,9 @@ class ConfigChoice:
         self._api_content: str | None = None
         self._file_content: str | None = None
 
-    def from_api(self, read: Read) -> None:
-        content = _content(read)
+    def from_api(self, read: Read, content: str | None = None) -> None:
+        """`content`: the read's _content when the caller has it already (the API's digest, computed once)."""
+        content = _content(read) if content is None else content
         if self.api is not None and self._api_content == content:
             self.api = read
             return
@@ -89,17 +108,23 @@ class ConfigChoice:
 
 
 class ApiConfig:
-    """The agent's ConfigMaps followed through the API, and the choice between them and the mounted file."""
+    """The agent's ConfigMaps followed through the API, and the choice between them and the mounted file.
+
+    Data flows one way: the followers hand in each ConfigMap's state; once every name was listed, the content is
+    composed once (ApiContent: its digest computed here) and handed on to the loop (`poke`, then `choose` at its next
+    wakeup) and to every `listener` (the summary writer); nothing calls back for it."""
 
     def __init__(self, client: ApiClient, namespace: str, names: Sequence[str], key: str, *,
                  log: logging.Logger, poke: Callable[[], None], stop: threading.Event) -> None:
         self.namespace, self.names, self.key = namespace, tuple(sorted(set(names))), key
         self.log = log
         self.poke = poke  # wakes the agent's loop: look at the config again
+        self.listeners: list[Callable[[ApiContent], None]] = []  # told each new content (from a follower's thread)
         self._lock = threading.Lock()
         self._states: dict[str, ConfigMapState] = {}
-        self._troubles: dict[str, str] = {}
+        self._troubles: dict[str, Trouble] = {}
         self._choice = ConfigChoice()
+        self._content: ApiContent | None = None
         self._followers = [ConfigMapFollower(client, namespace, name, key, stop=stop,
                                              on_change=self._changed, on_trouble=self._trouble_for(name))
                            for name in self.names]
@@ -108,66 +133,65 @@ class ApiConfig:
         for follower in self._followers:
             follower.start()
 
-    def choose(self, file_read: Read) -> Read:
-        """The config to enforce now, given what the mounted file holds."""
+    def choose(self, file_read: Read) -> tuple[Read, ConfigOrigin]:
+        """The config to enforce now, given what the mounted file holds, and where it came from."""
         with self._lock:
             self._choice.from_file(file_read)
-            current = self._choice.current()
-        return current if current is not None else file_read
+            content = self._content
+            if content is None or self._choice.newest == "file":
+                exists = content.origin.exists if content is not None else None
+                current = self._choice.file if self._choice.file is not None else file_read
+                return current, FILE if exists is None else ConfigOrigin("file", exists=exists)
+            return content.read, content.origin
 
-    @property
-    def source(self) -> str:
-        """Which source the last choice took: "api" or "file"."""
+    def content(self) -> ApiContent | None:
+        """The API's content as last composed (None: not every ConfigMap listed yet)."""
         with self._lock:
-            return "api" if self._choice.api is not None and self._choice.newest == "api" else "file"
-
-    def states(self) -> dict[str, ConfigMapState]:
-        """Each followed ConfigMap as last seen (absent until first listed)."""
-        with self._lock:
-            return dict(self._states)
+            return self._content
 
     def digest(self) -> str | None:
-        """config_digest of the content the API shows now, as the nodes' status objects hold it (None: not every
-        ConfigMap listed yet); no ConfigMap at all is the defaults' empty content."""
-        with self._lock:
-            if len(self._states) < len(self.names):
-                return None
-            states = [self._states[name] for name in self.names]
-        return config_digest(tuple(state.content for state in states if state.exists and state.content is not None))
-
-    def trouble(self) -> str | None:
-        with self._lock:
-            return next(iter(self._troubles.values()), None)
+        """config_digest of the content the API shows now (None: not every ConfigMap listed yet)."""
+        content = self.content()
+        return content.origin.digest if content is not None else None
 
     def _changed(self, state: ConfigMapState) -> None:
         with self._lock:
             self._states[state.name] = state
-            if len(self._states) == len(self.names):  # every name listed once: the API's view is whole
-                self._choice.from_api(self._api_read())
+            if len(self._states) < len(self.names):
+                return  # the API's view is whole once every name was listed
+            content = self._content = self._compose()
+            self._choice.from_api(content.read, _content(content.read) if isinstance(content.read, ConfigError)
+                                  else content.origin.digest)
         self.poke()
+        for listener in self.listeners:
+            listener(content)
 
-    def _api_read(self) -> Read:
+    def _compose(self) -> ApiContent:
+        states = tuple(self._states[name] for name in self.names)
         files = []
-        for name in self.names:
-            state = self._states[name]
-            source = configmap_source(name, self.key)
+        read: Read | None = None
+        for state in states:
+            source = configmap_source(state.name, self.key)
             if state.bad_value is not None:
-                return ConfigError(f"{state.bad_value}: not read", source=source)
+                read = ConfigError(f"{state.bad_value}: not read", source=source)
+                break
             if state.content is not None:
                 files.append((source, state.content))
-        return ConfigInput(tuple(files))
+        digest = config_digest(tuple(data for _source, data in files))
+        origin = ConfigOrigin("api", digest=digest,
+                              configmaps=tuple((s.name, s.resource_version or "") for s in states if s.exists),
+                              exists=any(s.exists for s in states))
+        return ApiContent(read if read is not None else ConfigInput(tuple(files)), origin, states)
 
     def _trouble_for(self, name: str) -> Callable[[str | None], None]:
-        def trouble(why: str | None) -> None:
+        trouble = self._troubles[name] = Trouble(
+            self.log, said="%s (enforcing the last good config; the mounted file is the source until the API "
+                           "answers again)", over=f"following ConfigMap {self.namespace}/{name} through the API again")
+
+        def said(why: str | None) -> None:
             with self._lock:
-                before = self._troubles.get(name)
                 if why is None:
-                    self._troubles.pop(name, None)
+                    trouble.ended()
                 else:
-                    self._troubles[name] = why
-            if why is None and before is not None:
-                self.log.info("following ConfigMap %s/%s through the API again", self.namespace, name)
-            elif why is not None and why != before:
-                self.log.warning("%s (enforcing the last good config; the mounted file is the source until the API "
-                                 "answers again)", why)
-        return trouble
+                    trouble(why)
+        return said

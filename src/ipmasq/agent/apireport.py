@@ -24,23 +24,51 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ipmasq.agent.reconcile import ConfigReport, PassReport, SyncResult
-from ipmasq.errors import ApiError, ApiRefused, Forbidden
+from ipmasq.agent.trouble import Trouble
+from ipmasq.backoff import Backoff
+from ipmasq.errors import ApiError, ApiRefused, Forbidden, one_line
 from ipmasq.kube.agentstatus import NodeStatus, StatusWriter
 from ipmasq.kube.events import EventRecorder, ObjectRef, Occurrence, timestamp
 
-__all__ = ["ApiReporter", "Narrator", "Note", "retry_wait"]
+__all__ = ["ApiReporter", "FleetSize", "Narrator", "Note", "retry_wait", "spread_seconds"]
 
 BACKLOG = 200  # occurrences waiting to be written while the API is away; older ones are dropped beyond it
-RETRY_INITIAL, RETRY_MAX = 1.0, 60.0  # the wait after a failed write, jittered (+-50%): nodes do not retry in step
+RETRY_INITIAL, RETRY_MAX = 1.0, 60.0  # the wait after a failed write, jittered: nodes do not retry in step
 # How long the writer waits for more notes after one: a config change makes two (the config seen: not ready yet; the
 # pass: ready), and one status write of the second is what each node should cost the API server per change.
 COALESCE_SECONDS = 0.25
 # Every node of a fleet hears of a ConfigMap change in the same second and has its status (after a bad edit, a Node
 # Event too) to write about it. One burst from all of them, all one user and so one flow of the API server's priority
 # and fairness, is shed with 429 beyond what that flow may queue (measured: 2,000 nodes at once, half their first
-# writes refused, and the server's Retry-After raised to tens of seconds). Each node waits a random part of this
-# more, so that the server gets a stream; the kernel is never waited for, only what is said about it.
+# writes refused, and the server's Retry-After raised to tens of seconds). Each node waits a random part of a spread
+# more, so that the server gets a stream; the kernel is never waited for, only what is said about it. The spread
+# grows with the fleet: the writes arrive at about SPREAD_RATE a second whatever its size (the rate the 2 s spread
+# gave 1,000 nodes, which the API server took without shedding), so two nodes say a change at once and 2,000 within
+# 4 s. The fleet's size is what the summary's Lease holder counted (ipmasq.agent.summary publishes it on the Lease);
+# until an agent has seen it, SPREAD_SECONDS, the spread for a fleet of unknown size.
 SPREAD_SECONDS = 2.0
+SPREAD_RATE = 500.0  # status writes per second the fleet's spread aims at
+SPREAD_MAX = 10.0
+
+
+def spread_seconds(nodes: int | None) -> float:
+    """The spread of the fleet's status writes after a change, for a fleet of `nodes` (None: not known yet)."""
+    if nodes is None or nodes <= 0:
+        return SPREAD_SECONDS
+    return min(SPREAD_MAX, nodes / SPREAD_RATE)
+
+
+class FleetSize:
+    """The fleet's size as this agent last heard it (from the summary's Lease); read by the reporter's thread."""
+
+    def __init__(self) -> None:
+        self.nodes: int | None = None
+
+    def heard(self, nodes: int) -> None:
+        self.nodes = nodes
+
+    def spread(self) -> float:
+        return spread_seconds(self.nodes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,19 +80,20 @@ class Note:
 
 
 class Narrator:
-    """Reports in, occurrences and status out, once per change (no I/O, no clock but the injected one)."""
+    """Reports in, occurrences and status out, once per change (no I/O, no clock but the injected one).
 
-    def __init__(self, node: str, *, pod: str | None, version: str, backend: str,
-                 source: Callable[[], str], configmaps: Callable[[], tuple[tuple[str, str], ...]],
-                 configmap_exists: Callable[[], bool | None], now: Callable[[], str] = timestamp,
-                 api_digest: Callable[[], str | None] = lambda: None) -> None:
+    Everything it says comes from the reports: where the enforced content came from is the report's origin (a
+    value the loop set), never a call back into the followers. `mode` is "enforce" or "observe" (ipmasq.agent.observe:
+    then `writer` names the program whose rules in `chain` are observed)."""
+
+    def __init__(self, node: str, *, pod: str | None, version: str, backend: str, now: Callable[[], str] = timestamp,
+                 mode: str = "enforce", writer: str | None = None, chain: str = "") -> None:
         self.node_ref = ObjectRef(kind="Node", name=node, uid=node)  # kubelet's own reference to its Node
         self.status = NodeStatus(node=node, pod=pod, version=version, backend=backend, ready=False,
                                  reason="not ready: starting", policy_hash=None, config_digest=None,
                                  config_source="file", configmaps=(), last_rejection=None, last_rejection_time=None,
-                                 drift_repairs=0, foreign_masquerade_rules=None, updated="")
-        self._source, self._configmaps, self._configmap_exists = source, configmaps, configmap_exists
-        self._api_digest = api_digest  # config_digest of the content the API shows now (None: not listed yet)
+                                 drift_repairs=0, foreign_masquerade_rules=None, updated="", mode=mode,
+                                 writer=writer, chain=chain)
         self.now = now
         self._said: dict[str, str] = {}  # topic -> what was last said of it: say only what changed
 
@@ -80,7 +109,7 @@ class Narrator:
 
     def observed(self, report: ConfigReport) -> Note:
         said: list[Occurrence] = []
-        error = report.config_error
+        error = one_line(report.config_error) if report.config_error is not None else None
         if report.changed and error is None:
             # a good new config: the loop's pass follows at once, and its report says what the node enforces (the
             # moment between, "not applied yet", is not worth a status write on every node of the fleet)
@@ -89,9 +118,12 @@ class Narrator:
         if error is not None and self._once("config", f"rejected {error}"):
             keeping = (f"keeping policy {report.policy_hash[:12]}" if report.policy_hash
                        else "leaving the rules untouched (no good config yet)")
+            if self.status.mode == "observe":
+                keeping = "observing the rules against the last good config"
             said.append(Occurrence(self.node_ref, "Warning", "ConfigRejected",
                                    f"node {self.node_ref.name} rejected the config: {error} ({keeping})"))
-            rejected = self._api_digest() if error.startswith("configmap/") else None
+            origin = report.origin
+            rejected = origin.digest if origin is not None and origin.source == "api" else None
             status = replace(status, last_rejection=error, last_rejection_time=self.now(), rejected_digest=rejected)
         return self._note(said, replace(status, ready=report.readiness.ok, reason=report.readiness.why))
 
@@ -100,13 +132,25 @@ class Narrator:
         status = replace(self.status, ready=report.readiness.ok, reason=report.readiness.why,
                          foreign_masquerade_rules=report.foreign_masquerade_rules)
         node = self.node_ref.name
-        if report.result.verified and report.policy_hash is not None:
+        origin = report.origin
+        compared = report.result.verified or report.result is SyncResult.OUT_OF_SYNC
+        if compared and report.policy_hash is not None:
+            mismatch = one_line(report.mismatch) if report.mismatch is not None else None
             status = replace(status, policy_hash=report.policy_hash, config_digest=report.config_digest,
-                             config_source=self._source(), configmaps=self._configmaps())
+                             config_source=origin.source if origin is not None else "file",
+                             configmaps=origin.configmaps if origin is not None else (), mismatch=mismatch)
+            if mismatch is not None and self._once("mismatch", mismatch):
+                said.append(Occurrence(self.node_ref, "Warning", "ConfigNotEnforced",
+                                       f"node {node}: the rules {self.status.writer or 'another agent'} writes in "
+                                       f"{self.status.chain} do not enforce policy {report.policy_hash[:12]}: "
+                                       f"{mismatch}"))
+            elif mismatch is None:
+                self._said.pop("mismatch", None)
             # applied from a ConfigMap: the status above says so, and the elected writer's summary on the ConfigMap
             # counts it (no Event per node: a change costs each node one write)
-            if (report.config_error is None and self._once("config", f"applied {report.policy_hash}")
-                    and self._configmap_exists() is False):
+            if (report.config_error is None and mismatch is None
+                    and self._once("config", f"applied {report.policy_hash}")
+                    and origin is not None and origin.exists is False):
                 rules = sum(o.rules for o in report.objects)
                 elements = sum(o.set_elements for o in report.objects)
                 counts = f"{rules} rules" + (f", {elements} set elements" if elements else "")
@@ -126,7 +170,7 @@ class Narrator:
         if report.result is SyncResult.FAILED and report.backend_error is not None:
             if self._once("backend", report.backend_error):
                 said.append(Occurrence(self.node_ref, "Warning", "ApplyFailed",
-                                       f"{self.status.backend}: {report.backend_error} (retrying)"))
+                                       f"{self.status.backend}: {one_line(report.backend_error)} (retrying)"))
         else:
             self._said.pop("backend", None)
         return self._note(said, status)
@@ -138,9 +182,10 @@ class Narrator:
         return self._note(said, replace(self.status, ready=False, reason=why))
 
     def failed(self, why: str) -> Note:
-        return self._note([], replace(self.status, ready=False, reason=why))
+        return self._note([], replace(self.status, ready=False, reason=one_line(why)))
 
     def _note(self, said: list[Occurrence], status: NodeStatus) -> Note:
+        status = replace(status, reason=one_line(status.reason))
         changed = replace(status, updated="") != replace(self.status, updated="")
         if changed:
             status = replace(status, updated=self.now())
@@ -152,14 +197,16 @@ class ApiReporter:
     """A LoopObserver that has the Narrator's notes written to the API by a thread of its own."""
 
     def __init__(self, narrator: Narrator, events: EventRecorder, status: StatusWriter, *, log: logging.Logger,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, fleet: FleetSize | None = None) -> None:
         self.narrator, self.events, self.status_writer = narrator, events, status
         self.log = log
         self.stop = stop
+        self.fleet = fleet if fleet is not None else FleetSize()
         self._queue: queue.Queue[Note | None] = queue.Queue()
         self._backlog: list[Occurrence] = []
         self._status: NodeStatus | None = None  # the newest status not yet written
-        self._trouble: str | None = None
+        self._trouble = Trouble(log, said="cannot write events or status to the API: %s (the rules are not "
+                                          "affected; retrying)")
         self._dropped = 0
         self._thread = threading.Thread(target=self._run, name="api-reporter", daemon=True)
 
@@ -190,27 +237,26 @@ class ApiReporter:
     # ---- the writer thread -----------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        backoff = RETRY_INITIAL
-        wait = backoff  # before the next write while one is pending
+        backoff = Backoff(RETRY_INITIAL, RETRY_MAX, jitter=0.5)
+        wait = RETRY_INITIAL  # before the next write while one is pending
         while not self.stop.is_set():
             try:
                 note = self._queue.get(timeout=wait if self._pending() else 30.0)
                 self._take(note)
-                until = time.monotonic() + COALESCE_SECONDS + random.uniform(0.0, SPREAD_SECONDS)
+                until = time.monotonic() + COALESCE_SECONDS + random.uniform(0.0, self.fleet.spread())
                 while True:  # what the same change says next (its pass), then one write of the newest status
                     self._take(self._queue.get(timeout=max(0.0, until - time.monotonic())))
             except queue.Empty:
                 pass
             try:
                 self._write()
-                backoff = wait = RETRY_INITIAL
+                backoff.reset()
+                wait = RETRY_INITIAL
                 self._recovered()
             except Exception as exc:  # an ApiError; and a bug here must not end the thread (nor ever the loop)
                 self._troubled(exc)
                 said = retry_wait(exc)
-                if said is None:
-                    backoff = min(backoff * 2, RETRY_MAX)
-                wait = said if said is not None else backoff * random.uniform(0.5, 1.5)
+                wait = said if said is not None else backoff.next()
 
     def _pending(self) -> bool:
         return bool(self._backlog) or self._status is not None
@@ -239,17 +285,14 @@ class ApiReporter:
             self._status = None
 
     def _troubled(self, exc: Exception) -> None:
-        why = str(exc) if isinstance(exc, ApiError) else f"{type(exc).__name__}: {exc}"
-        if why != self._trouble:
-            self.log.warning("cannot write events or status to the API: %s (the rules are not affected; retrying)",
-                             why)
-            self._trouble = why
+        self._trouble(str(exc) if isinstance(exc, ApiError) else f"{type(exc).__name__}: {exc}")
 
     def _recovered(self) -> None:
-        if self._trouble is not None:
+        if self._trouble.current is not None:
+            self._trouble.ended()
             dropped = f" ({self._dropped} events dropped meanwhile)" if self._dropped else ""
             self.log.info("writing events and status to the API again%s", dropped)
-            self._trouble, self._dropped = None, 0
+            self._dropped = 0
 
 
 def retry_wait(error: Exception, uniform: Callable[[float, float], float] = random.uniform) -> float | None:

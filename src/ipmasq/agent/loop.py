@@ -21,18 +21,21 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ipmasq.agent.memory import release_free_memory
 from ipmasq.agent.nodelock import NodeLock
-from ipmasq.agent.reconcile import ConfigReport, PassReport, Reconciler, StopRequested, SyncResult
+from ipmasq.agent.origin import FILE, ConfigOrigin
+from ipmasq.agent.reconcile import ConfigReport, PassReport, StopRequested, SyncResult
+from ipmasq.agent.trouble import Trouble
 from ipmasq.agent.watch import ConfigWatcher
+from ipmasq.backoff import Backoff
 from ipmasq.config.source import ConfigInput, read_config_input
 from ipmasq.errors import ConfigError
 
-__all__ = ["LOCK_POLL_SECONDS", "Agent", "ConfigChooser", "LoopObserver", "LoopSettings", "Observers", "Wakeup",
-           "wait_for_node_lock"]
+__all__ = ["LOCK_POLL_SECONDS", "Agent", "ConfigChooser", "LoopObserver", "LoopSettings", "Observers", "Passes",
+           "Wakeup", "wait_for_node_lock"]
 
 # How often a waiting agent tries the node lock: the takeover delay once the holder exits.
 LOCK_POLL_SECONDS = 0.1
@@ -147,10 +150,27 @@ class Observers:
 
 
 class ConfigChooser(Protocol):
-    """Picks the config to enforce given what the mounted file holds (ipmasq.agent.apiconfig.ApiConfig: the API's
-    ConfigMaps when they are newer)."""
+    """Picks the config to enforce given what the mounted file holds, and says where it came from
+    (ipmasq.agent.apiconfig.ApiConfig: the API's ConfigMaps when they are newer)."""
 
-    def choose(self, file_read: ConfigInput | ConfigError) -> ConfigInput | ConfigError: ...
+    def choose(self, file_read: ConfigInput | ConfigError) -> tuple[ConfigInput | ConfigError, ConfigOrigin]: ...
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class Passes(Protocol):
+    """What the loop drives, one pass per wakeup that is due: the Reconciler (enforcing: ipmasq.agent.reconcile) or
+    the Observer (observe mode: ipmasq.agent.observe, which never writes)."""
+
+    @property
+    def backend(self) -> _Named: ...
+
+    def observe(self, config_input: ConfigInput | ConfigError) -> ConfigReport: ...
+
+    def reconcile(self) -> PassReport: ...
 
 
 def wait_for_node_lock(lock: NodeLock, wakeup: Wakeup, *, log: logging.Logger,
@@ -187,18 +207,19 @@ def wait_for_node_lock(lock: NodeLock, wakeup: Wakeup, *, log: logging.Logger,
 
 @dataclass
 class _Schedule:
-    """When the loop reconciles next: the resync timer, and the retry timer with its backoff after a failure."""
+    """When the loop reconciles next: the resync timer, and the retry timer with its backoff after a failure (the
+    kernel's tools, not a fleet's API server: not jittered)."""
 
     next_resync: float
-    backoff: float
+    backoff: Backoff
     retry_at: float | None = None
 
-    def failed(self, now: float, settings: LoopSettings) -> None:
-        self.retry_at = now + self.backoff
-        self.backoff = min(self.backoff * 2, settings.backoff_max)
+    def failed(self, now: float) -> None:
+        self.retry_at = now + self.backoff.next()
 
-    def succeeded(self, settings: LoopSettings) -> None:
-        self.retry_at, self.backoff = None, settings.backoff_initial
+    def succeeded(self) -> None:
+        self.retry_at = None
+        self.backoff.reset()
 
     def deadline(self) -> float:
         return self.next_resync if self.retry_at is None else min(self.next_resync, self.retry_at)
@@ -212,7 +233,7 @@ def _read(path: str, *, directory_ok: bool = True) -> ConfigInput | ConfigError:
 
 
 class Agent:
-    def __init__(self, reconciler: Reconciler, settings: LoopSettings, *, log: logging.Logger,
+    def __init__(self, reconciler: Passes, settings: LoopSettings, *, log: logging.Logger,
                  clock: Callable[[], float] = time.monotonic, observer: LoopObserver | None = None,
                  api_config: ConfigChooser | None = None) -> None:
         self.reconciler = reconciler
@@ -225,6 +246,7 @@ class Agent:
         # run() pins what --config named when the agent started, as its watcher does: a file config replaced by a
         # directory is a bad config, never an empty config directory (the defaults)
         self._directory_ok = True
+        self._origin: ConfigOrigin = FILE  # where the content last found good came from: what a pass enforces
 
     def once(self) -> int:
         """One reconcile: 0 when the kernel now matches a good config, 1 otherwise."""
@@ -244,21 +266,21 @@ class Agent:
         self.log.info("agent stopping: rules left in place")
 
     def _loop(self, watcher: ConfigWatcher, wakeup: Wakeup) -> None:
-        schedule = _Schedule(next_resync=self.clock(), backoff=self.settings.backoff_initial)  # first pass at once
-        last_error: str | None = None
+        backoff = Backoff(self.settings.backoff_initial, self.settings.backoff_max, jitter=0.0)
+        schedule = _Schedule(next_resync=self.clock(), backoff=backoff)  # the first pass at once
+        trouble = Trouble(self.log, said="unexpected error in the agent loop: %s (not ready; will retry)",
+                          level=logging.ERROR)
         while not wakeup.stop.is_set():
             try:
                 if self._iteration(wakeup, schedule):
-                    last_error = None  # a pass completed: the same error again is news again
+                    trouble.ended()  # a pass completed: the same error again is news again
                 self._wait(watcher, wakeup, schedule)
             except StopRequested:
                 return  # SIGTERM while a config was being parsed: stop now, nothing was written
             except Exception as exc:  # nothing but stop may end the loop
                 error = f"{type(exc).__name__}: {exc}"
-                if error != last_error:
-                    self.log.error("unexpected error in the agent loop: %s (not ready; will retry)", error)
-                last_error = error
-                schedule.failed(self.clock(), self.settings)
+                trouble(error)
+                schedule.failed(self.clock())
                 self.observer.failed(f"not ready: unexpected error in the agent loop: {error}")
                 # the backoff, woken only by stop: nothing here can raise what the iteration raised
                 select.select([wakeup.read_fd], [], [], max(0.0, schedule.deadline() - self.clock()))
@@ -268,9 +290,12 @@ class Agent:
         """One wakeup: read the config, reconcile when due; True when a pass ran to its end."""
         self.observer.heartbeat()  # once per wakeup: at least once per resync interval, so liveness can tell
         read = _read(self.settings.config_path, directory_ok=self._directory_ok)
+        origin = FILE
         if self.api_config is not None:
-            read = self.api_config.choose(read)
-        seen = self.reconciler.observe(read)
+            read, origin = self.api_config.choose(read)
+        seen = replace(self.reconciler.observe(read), origin=origin)
+        if seen.config_error is None:  # this read is the last good config now: what the next pass enforces
+            self._origin = origin
         self.observer.observed(seen)
         now = self.clock()
         due = (seen.changed or now >= schedule.next_resync or wakeup.resync.is_set()
@@ -281,16 +306,16 @@ class Agent:
         if not due:
             return False
         started = time.perf_counter()
-        report = self.reconciler.reconcile()
+        report = replace(self.reconciler.reconcile(), origin=self._origin)
         self.observer.reconciled(report, time.perf_counter() - started)
         now = self.clock()
         if seen.changed or report.writes:  # the passes that free the most (see ipmasq.agent.memory)
             release_free_memory()
         schedule.next_resync = now + report.resync_interval
         if report.result is SyncResult.FAILED:
-            schedule.failed(now, self.settings)
+            schedule.failed(now)
         else:
-            schedule.succeeded(self.settings)
+            schedule.succeeded()
         return True
 
     def _wait(self, watcher: ConfigWatcher, wakeup: Wakeup, schedule: _Schedule) -> None:

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from enum import Enum
 from types import FrameType
 
-from ipmasq.backends.base import Backend, Fingerprint, Removable, State
+from ipmasq.agent.origin import ConfigOrigin
+from ipmasq.backends.base import Backend, Fingerprint, Removable, State, take_fingerprint
 from ipmasq.config.model import DEFAULT_RESYNC_SECONDS, MasqConfig
 from ipmasq.config.source import ConfigInput, config_digest, config_from_bytes
 from ipmasq.errors import BackendError, ConfigError, IpmasqError
@@ -58,6 +59,7 @@ class SyncResult(Enum):
     APPLIED = "applied"  # one transaction written per differing family, and verified
     NO_POLICY = "no-policy"  # no good config seen yet: nothing touched
     FAILED = "failed"  # a backend error: retry with backoff
+    OUT_OF_SYNC = "out-of-sync"  # observe mode: the node's rules do not enforce the policy (nothing is written)
 
     @property
     def verified(self) -> bool:
@@ -114,6 +116,7 @@ class ConfigReport:
     resync_interval: float  # seconds, from the last good config (the default before one)
     readiness: Verdict
     config_digest: str | None = None  # config_digest of the last good config's content (None: none yet)
+    origin: ConfigOrigin | None = None  # where this read came from (set by the loop, which made the read)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,9 @@ class PassReport:
     foreign_masquerade_rules: int | None = None  # NAT rules not ours that masquerade/SNAT (None: not counted yet)
     rule_counters: tuple[RuleCount, ...] = ()  # the enforced policy's config rules on this node, as last read
     config_digest: str | None = None  # config_digest of the content of the config this pass enforced
+    origin: ConfigOrigin | None = None  # where the enforced content came from (set by the loop, which read it)
+    # observe mode (ipmasq.agent.observe): why the node's rules do not enforce the policy, one line (None: they do)
+    mismatch: str | None = None
 
 
 def count_objects(state: State) -> tuple[int, int]:
@@ -390,13 +396,7 @@ class Reconciler:
         return writes
 
     def _take_fingerprint(self) -> Hashable | None:
-        if self.fingerprint is None:
-            return None
-        try:
-            return self.fingerprint()
-        except (OSError, IpmasqError) as exc:  # unknown: read everything, as without a fingerprint
-            self.log.debug("reading the kernel's rule fingerprint failed: %s", exc)
-            return None
+        return take_fingerprint(self.fingerprint, self.log)
 
     def _count_foreign(self, *, changed: bool, fingerprint: Hashable | None) -> None:
         """Recount the foreign NAT rules when this pass changed the kernel, at the first pass, and every

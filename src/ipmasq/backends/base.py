@@ -34,16 +34,19 @@ one, the payload line it rejected); a busy xtables lock becomes LockBusyError. T
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from ipmasq.errors import IpmasqError
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 
 T = TypeVar("T")
 
-__all__ = ["BACKEND_NAMES", "Backend", "Fingerprint", "Generation", "Removable", "Result", "Runner", "State"]
+__all__ = ["BACKEND_NAMES", "Backend", "Fingerprint", "Generation", "Removable", "Result", "Runner", "State",
+           "take_fingerprint"]
 
 # What `--backend` accepts; auto: see ipmasq.backends.choose.
 BACKEND_NAMES: tuple[str, ...] = ("auto", "iptables", "nftables")
@@ -82,6 +85,17 @@ class Fingerprint(Protocol):
     answers mean nothing was written in between. None when it cannot be read (the caller then reads everything)."""
 
     def __call__(self) -> Hashable | None: ...
+
+
+def take_fingerprint(fingerprint: Fingerprint | None, log: logging.Logger) -> Hashable | None:
+    """The fingerprint now; None when there is none or it cannot be read (the caller then reads everything)."""
+    if fingerprint is None:
+        return None
+    try:
+        return fingerprint()
+    except (OSError, IpmasqError) as exc:  # unknown: read everything, as without a fingerprint
+        log.debug("reading the kernel's rule fingerprint failed: %s", exc)
+        return None
 
 
 class Generation(Protocol):

@@ -29,8 +29,9 @@ from ipmasq.backends.generation import KernelFingerprint, nftables_generation
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.backends.xtables_lock import xtables_lock_path
 from ipmasq.commands.common import add_backend_flags, add_policy_flags, agent_settings, go_bool, options_from_args
+from ipmasq.config.source import ConfigInput, read_config_input
 from ipmasq.conntrack import conntrack_flusher
-from ipmasq.errors import ApiError, UsageError
+from ipmasq.errors import ApiError, ConfigError, UsageError
 from ipmasq.kube import credentials as kube_credentials
 from ipmasq.kube import kubeconfig
 from ipmasq.options import PolicyOptions
@@ -57,7 +58,16 @@ def register(subparsers: Any) -> None:
     add_backend_flags(parser)
     parser.add_argument("--once", action="store_true",
                         help="reconcile once; exit 0 when the kernel then matches the config, 1 otherwise")
+    parser.add_argument("--observe", metavar="WRITER", type=_writer_name,
+                        help="observe mode: another program (WRITER, e.g. gke or reference: named in the status) "
+                             "writes the node's nat rules with the policy flags given here (e.g. --masq-chain "
+                             "IP-MASQ --nomasq-all-reserved-ranges for GKE's agent); never write netfilter, "
+                             "conntrack or the node lock, and report whether its rules enforce the config (status, "
+                             "Events, metrics, `ipmasq status`); ready while observing, whatever the rules say")
     parser.add_argument("--poll", action="store_true", help="poll the config instead of using inotify")
+    parser.add_argument("--observe-interval", type=_seconds, default=None, metavar="SECONDS",
+                        help="observe mode: how often the rules are looked at (default 2; a look reads nothing "
+                             "while the kernel says no rule changed)")
     parser.add_argument("--flush-conntrack", type=go_bool, default=False, metavar="BOOL",
                         help="after a config change, delete the conntrack entries of destinations whose verdict "
                              "changed, so connections already retrying (SYN retransmissions) get the new decision")
@@ -103,12 +113,32 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.01 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"not a number of seconds from 0.01 to 3600: {text[:20]!r}")
+    return value
+
+
+def _writer_name(text: str) -> str:
+    if not text or len(text) > 63 or not all(c.isascii() and (c.isalnum() or c in "-_.") for c in text):
+        raise argparse.ArgumentTypeError(f"not a writer's name (letters, digits, - _ .): {text[:63]!r}")
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     log = configure_logging(args.log_format)
     wakeup = Wakeup()
     runner = SubprocessRunner(cancel=wakeup.stop)
     settings = LoopSettings(config_path=args.config or DEFAULT_CONFIG, use_inotify=not args.poll)
+    if args.observe:
+        return _observe(args, options, settings, runner, log, wakeup)
+    if args.observe_interval is not None:
+        raise UsageError("--observe-interval goes with --observe")
     lock = NodeLock(args.lock_file or default_lock_path())
     if args.once:
         wait_for_node_lock(lock, wakeup, log=log)  # never stopped: --once waits for the running agent to exit
@@ -143,6 +173,48 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSettings, runner: Runner,
+             log: logging.Logger, wakeup: Wakeup) -> int:
+    """Observe mode (ipmasq.agent.observe): the loop drives an Observer; no node lock, no backend that writes, no
+    conntrack; the same endpoints, API features and reports as the enforcing agent."""
+    from ipmasq.agent.observe import OBSERVE_POLL_SECONDS, Observer
+
+    if args.flush_conntrack:
+        raise UsageError("--observe never writes: --flush-conntrack cannot go with it")
+    observer_pass = Observer(options, runner, log=log, writer=args.observe, backend=args.backend,
+                             fingerprint=KernelFingerprint(xtables_lock=xtables_lock_path()),
+                             poll=args.observe_interval or OBSERVE_POLL_SECONDS)
+    if args.once:
+        observer_pass.observe(_read_once(settings.config_path))
+        return 0 if observer_pass.reconcile().result.verified else 1
+    status = AgentStatus(version=__version__, backend=observer_pass.backend.name)
+    status.settings = agent_settings(args, settings.config_path)
+    status.settings["backend"] = observer_pass.backend.name
+    server = _serve_status(status, args.metrics_address, log)
+    signal.signal(signal.SIGTERM, lambda *_: wakeup.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: wakeup.request_stop())
+    signal.signal(signal.SIGHUP, lambda *_: wakeup.request_resync())
+    try:
+        api_config, reporter = _api(args, log, wakeup, mode="observe", writer=args.observe, chain=options.masq_chain)
+        observer: LoopObserver = status if reporter is None else Observers(status, reporter)
+        if reporter is not None:
+            reporter.narrator.set_backend(observer_pass.backend.name)
+        log.info("observe mode: the rules %s writes in %s are compared with the config; this agent writes nothing",
+                 args.observe, options.masq_chain)
+        Agent(observer_pass, settings, log=log, observer=observer, api_config=api_config).run(wakeup)
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
+def _read_once(path: str) -> ConfigInput | ConfigError:
+    try:
+        return read_config_input(path, missing_ok=True)
+    except ConfigError as exc:
+        return exc
+
+
 def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptions, settings: LoopSettings,
            runner: Runner, log: logging.Logger, args: argparse.Namespace, observer: LoopObserver,
            api_config: ConfigChooser | None = None) -> Agent:
@@ -155,8 +227,8 @@ def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptio
     return Agent(reconciler, settings, log=log, observer=observer, api_config=api_config)
 
 
-def _api(args: argparse.Namespace, log: logging.Logger,
-         wakeup: Wakeup) -> tuple[ConfigChooser | None, ApiReporter | None]:
+def _api(args: argparse.Namespace, log: logging.Logger, wakeup: Wakeup, *, mode: str = "enforce",
+         writer: str | None = None, chain: str = "") -> tuple[ConfigChooser | None, ApiReporter | None]:
     """The API server's part, when there is one: the ConfigMaps followed, and the reporter of Events and status.
 
     Started before the node lock is taken (a waiting agent says so in an Event), but nothing here ever decides
@@ -191,7 +263,8 @@ def _api(args: argparse.Namespace, log: logging.Logger,
         raise UsageError("--configmaps: no ConfigMap named")
     api_config, reporter = start_api(client, args.node_name, pod=args.pod_name, namespace=namespace, names=names,
                                      key=args.configmap_key, summary_lease=args.summary_lease, log=log,
-                                     poke=wakeup.request_look, stop=wakeup.stop)
+                                     poke=wakeup.request_look, stop=wakeup.stop, mode=mode, writer=writer,
+                                     chain=chain)
     log.info("API server %s: following ConfigMap%s %s in %s (key %s); Events and status for node %s",
              credentials.server, "s" if len(names) > 1 else "", ", ".join(names), namespace, args.configmap_key,
              args.node_name)

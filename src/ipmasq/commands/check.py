@@ -20,27 +20,11 @@ from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands import common, policy_source
 from ipmasq.diagnose.check import CheckReport, NodeRules, check_node
 from ipmasq.diagnose.leftovers import leftover_findings, read_leftovers
-from ipmasq.diagnose.sources import (
-    read_dump_file,
-    read_iptables_nft_beside,
-    read_live_rules,
-    read_nft_ruleset,
-    rules_from_dump,
-)
-from ipmasq.errors import IpmasqError, UsageError, one_line
+from ipmasq.diagnose.sources import read_dump_file, read_node_rules, rules_from_dump
+from ipmasq.errors import UsageError, one_line
 from ipmasq.findings import Finding
 
 __all__ = ["register", "run"]
-
-
-def _live_ruleset(*, required: bool) -> str | None:
-    """`nft -j list ruleset`; beside iptables (not `required`) None where nft is missing or cannot list."""
-    if required:
-        return read_nft_ruleset(SubprocessRunner())
-    try:
-        return read_nft_ruleset(SubprocessRunner())
-    except (IpmasqError, OSError):
-        return None
 
 
 def register(subparsers: Any) -> None:
@@ -98,15 +82,8 @@ def run(args: argparse.Namespace) -> int:
     if args.from_dump:
         rules = _rules_from_dumps(args.from_dump)
     else:
-        rules = read_live_rules(SubprocessRunner(), policy.families, chain=policy.options.masq_chain,
+        rules = read_node_rules(SubprocessRunner(), policy.families, chain=policy.options.masq_chain,
                                 backend=args.backend)
-        # the whole ruleset: other tables' nat chains decide pod traffic too (beside iptables: kube-proxy's
-        # nftables mode); a node without nft has none
-        rules = replace(rules, nft_ruleset=_live_ruleset(required=rules.backend == "nftables"))
-        if rules.backend == "nftables" and rules.nft_ruleset is not None:
-            # iptables-nft's nat tables in that ruleset (kube-proxy's iptables mode) as iptables-nft-save reads them
-            rules = replace(rules, tables=read_iptables_nft_beside(SubprocessRunner(), rules.nft_ruleset,
-                                                                   policy.families))
     report = check_node(policy, rules, pod_ranges=pods, local_addresses=local)
     if not args.from_dump:  # our objects in a variant or backend the compared rules are not in
         places = read_leftovers(SubprocessRunner(), policy.options, rules.backend)

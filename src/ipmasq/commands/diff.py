@@ -22,7 +22,7 @@ from ipmasq.commands import common, policy_source
 from ipmasq.diff.baselines import BASELINES, BUILTIN_PREFIX, baseline_policy, builtin_set
 from ipmasq.diff.diff import (
     DiffResult,
-    ProbeResult,
+    ProbedDestination,
     Region,
     RuleDiffResult,
     diff_policies,
@@ -141,7 +141,7 @@ def _as_text(result: DiffResult, old: str, new: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _probe_text(probe: ProbeResult) -> str:
+def _probe_text(probe: ProbedDestination) -> str:
     return (f"probe {probe.destination}: {probe.before.value} ({probe.decided_before}) -> {probe.after.value} "
             f"({probe.decided_after}): {'FLIPS' if probe.flips else 'unchanged'}")
 

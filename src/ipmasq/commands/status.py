@@ -1,8 +1,11 @@
-"""`ipmasq status` (and `kubectl ipmasq status`): one table for the whole cluster, from the API server.
+"""`ipmasq status [NODE...]` (and `kubectl ipmasq status`): one table for the whole cluster, from the API server.
 
-Per node: the agent's pod, ready, the enforced policy hash, whether that is the ConfigMap's current content, where the
-config came from (api or file), drift repairs, the last rejection. Exit 0 when every node enforces the current
-config, 1 when any does not (or the API cannot tell), 2 on a usage error.
+Per node: the agent's pod, ready, the enforced policy hash, whether that is the ConfigMap's current content, the mode
+(enforce: the agent writes the rules; observe: another program does, and the agent checks them), where the config
+came from (api or file), drift repairs, and why not current. Exit 0 when every node named (every node when none is)
+enforces the current config, in either mode; 1 when any does not (or the API cannot tell, or a named node does not
+exist); 2 on a usage error. Every string the API gave is printed through ipmasq.errors.one_line: a status object,
+a pod or a ConfigMap name cannot move the cursor, set a title or forge a row.
 """
 
 from __future__ import annotations
@@ -12,16 +15,16 @@ import json
 import sys
 from typing import Any
 
-from ipmasq.errors import ApiError, NotFound, UsageError
-from ipmasq.kube import objects
-from ipmasq.kube.agentstatus import status_path
+from ipmasq.errors import ApiError, NotFound, UsageError, one_line
+from ipmasq.kube import objects, paths
 from ipmasq.kube.configmaps import configmap_state
 from ipmasq.kube.fleet import FleetView, fleet_view
 from ipmasq.kube.kubeconfig import load as load_kubeconfig
 
 __all__ = ["register", "run"]
 
-AGENT_SELECTOR = "k8s-app=ip-masq-agent"
+# the agent's pods: the shipped DaemonSet's, and observe mode's beside a provider's agent (deploy/overlays/observe)
+AGENT_SELECTOR = "k8s-app in (ip-masq-agent,ipmasq-observer)"
 PAGE = 500  # objects per list request (an agent pod or a status object: a few KiB each)
 NODE_PAGE = 200  # a Node is larger (its images, addresses, conditions: 5-15 KiB)
 
@@ -29,9 +32,11 @@ NODE_PAGE = 200  # a Node is larger (its images, addresses, conditions: 5-15 KiB
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "status", help="does every node enforce the current ConfigMap? (from the API server)",
-        description="Ask the API server, for every node: the agent's pod, ready, the policy hash it enforces and "
-        "whether that is the ConfigMap's current content, where its config came from, drift repairs, the last "
-        "rejected config. Exit 1 when any node does not enforce the current config.")
+        description="Ask the API server, for every node (or the NODEs named): the agent's pod, ready, the policy "
+        "hash it enforces and whether that is the ConfigMap's current content, the mode (enforce, or observe: "
+        "another program writes the rules), where its config came from, drift repairs, why not current. Exit 1 "
+        "when any of those nodes does not enforce the current config.")
+    parser.add_argument("nodes", nargs="*", metavar="NODE", help="only these nodes (default: every node)")
     add_status_flags(parser)
     parser.set_defaults(func=run)
 
@@ -67,58 +72,67 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _gather(client: Any, args: argparse.Namespace) -> FleetView:
+    from ipmasq.kube.client import list_items  # the client's one pager (ssl is loaded only when the API is asked)
+
     namespace = args.namespace
     configmaps = []
-    for name in sorted({n for n in args.configmaps.split(",") if n}):
-        try:
-            obj = client.get(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
-        except NotFound:
-            obj = None
-        configmaps.append(configmap_state(namespace, name, args.configmap_key, obj))
+    try:
+        for name in sorted({n for n in args.configmaps.split(",") if n}):
+            try:
+                obj = client.get(paths.configmaps(namespace, name))
+            except NotFound:
+                obj = None
+            configmaps.append(configmap_state(namespace, name, args.configmap_key, obj))
+        only = [paths.check_name(node) for node in getattr(args, "nodes", None) or []]
+    except UsageError as exc:  # a name that cannot be a Kubernetes name
+        raise UsageError(f"status: {exc}") from None
 
     def statuses() -> list[Any]:
         try:
-            return _list(client, status_path(), objects.agent_status)
+            return list_items(client, paths.statuses(), objects.agent_status, page=PAGE).items
         except NotFound:  # the CRD is not installed: no agent writes status
             return []
 
     # one after the other on the client's one kept-alive connection: a page is a round trip, not a TLS handshake
     written = statuses()
-    pods = _list(client, f"/api/v1/namespaces/{namespace}/pods", objects.pod, {"labelSelector": AGENT_SELECTOR})
-    nodes = _list(client, "/api/v1/nodes", objects.node, page=NODE_PAGE)
-    names = [n["metadata"]["name"] for n in nodes if isinstance(n, dict)]
-    return fleet_view(configmaps, written, pods, names)
-
-
-def _list(client: Any, path: str, item: objects.Check, query: dict[str, str] | None = None, *,
-          page: int = PAGE) -> list[Any]:
-    """Every item, checked, in pages (the client's one pager): one answer for 5,000 nodes' objects would pass the
-    client's bound on an answer."""
-    from ipmasq.kube.client import list_items  # with KubeClient: ssl is loaded only when the API is asked
-
-    return list_items(client, path, item, query=query, page=page).items
+    pods = list_items(client, paths.pods(namespace), objects.pod, query={"labelSelector": AGENT_SELECTOR},
+                      page=PAGE).items
+    nodes = list_items(client, paths.nodes(), objects.node, page=NODE_PAGE).items
+    names = [meta["name"] for meta in (n.get("metadata") for n in nodes)
+             if isinstance(meta, dict) and isinstance(meta.get("name"), str)]
+    return fleet_view(configmaps, written, pods, names, only=only)
 
 
 def render_table(view: FleetView) -> str:
-    shown = ", ".join(f"{c.namespace}/{c.name}" + (f" (resourceVersion {c.resource_version})" if c.exists
-                                                   else " (absent: the defaults)") for c in view.configmaps)
+    shown = ", ".join(f"{c.namespace}/{c.name}" + (f" (resourceVersion {one_line(c.resource_version or '')})"
+                                                   if c.exists else " (absent: the defaults)")
+                      for c in view.configmaps)
     lines = [f"ConfigMap {shown}: content {view.digest[:12]}"]
-    header = ("NODE", "AGENT POD", "READY", "ENFORCED", "CURRENT", "SOURCE", "DRIFT", "WHY NOT / LAST REJECTION")
-    table = [header]
+    header = ("NODE", "AGENT POD", "READY", "ENFORCED", "CURRENT", "MODE", "SOURCE", "DRIFT",
+              "WHY NOT / LAST REJECTION")
+    table: list[tuple[str, ...]] = [header]
     for row in view.rows:
         status = row.status
-        table.append((
+        mode = "-"
+        if status is not None:
+            mode = status.mode if status.mode != "observe" else f"observe ({status.writer or '?'}, {status.chain})"
+        last = f"(last rejected: {status.last_rejection})" if status and status.last_rejection else ""
+        table.append(tuple(one_line(cell) for cell in (
             row.node, row.pod or "-",
             "yes" if status is not None and status.ready and row.pod_ready else "no",
             (status.policy_hash or "-")[:12] if status else "-",
             "yes" if row.current else "NO",
+            mode,
             status.config_source if status else "-",
             str(status.drift_repairs) if status else "-",
-            row.why or (f"(last rejected: {status.last_rejection})" if status and status.last_rejection else ""),
-        ))
+            row.why or last,
+        )))
     widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
     for r in table:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=False)) + "  " + r[-1])
     current = sum(row.current for row in view.rows)
     lines.append(f"{current} of {len(view.rows)} nodes enforce the current config")
+    if view.ignored:
+        lines.append(f"({view.ignored} status object{'s' if view.ignored > 1 else ''} named after no node of the "
+                     "cluster ignored)")
     return "\n".join(line.rstrip() for line in lines)

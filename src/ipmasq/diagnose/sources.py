@@ -6,11 +6,13 @@ they go through the injected Runner and never write. Every failure is one line n
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import stat
 import sys
+from dataclasses import replace
 
 from ipmasq.backends.base import Runner
 from ipmasq.backends.choose import detect
@@ -116,12 +118,16 @@ def rules_from_dump(text: str, path: str) -> NodeRules:
     return NodeRules("iptables", {family_of_dump(table := parse_save_dump(text, path)): table})
 
 
-def read_live_rules(run: Runner, families: tuple[Family, ...], *, chain: str, backend: str) -> NodeRules:
+def read_live_rules(run: Runner, families: tuple[Family, ...], *, chain: str, backend: str,
+                    variant: Variant | None = None) -> NodeRules:
     """The live node's rules for `backend` (iptables, nftables, or auto: whichever of ours the node holds, and only
-    on a node with neither, the agent's own choice)."""
+    on a node with neither, the agent's own choice); `variant`: the iptables variant to read (None: detected)."""
     tables: dict[Family, NatTable] = {}
     if backend in ("iptables", "auto"):
-        tables = {family: parse_save(read_nat_save(run, family)) for family in families}
+        if variant is None:
+            variant = detect_variant(run)  # once for every family: it runs each variant's save of each family
+        tables = {family: _parsed_save(_SAVE_NOISE.sub("", read_nat_save(run, family, variant=variant)))
+                  for family in families}
     nft: NftTable | None = None
     if backend in ("nftables", "auto"):
         try:
@@ -138,6 +144,39 @@ def read_live_rules(run: Runner, families: tuple[Family, ...], *, chain: str, ba
             if backend == "nftables":
                 tables = {}
     return NodeRules(backend, tables, nft)
+
+
+# what changes in iptables-save's output when no rule does: its comments (a timestamp) and the chains' counters
+_SAVE_NOISE = re.compile(r"^#[^\n]*\n|(?<= )\[\d+:\d+\]$", re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=2)
+def _parsed_save(text: str) -> NatTable:
+    """parse_save, remembered for the last two texts (a family each): observe mode reads a node every few seconds,
+    and a nat table re-applied unchanged (a writer's loop, kube-proxy's resync) is not parsed again (nothing
+    changes a NatTable once parsed, so the readers may share it)."""
+    return parse_save(text)
+
+
+def read_node_rules(run: Runner, families: tuple[Family, ...], *, chain: str, backend: str,
+                    variant: Variant | None = None) -> NodeRules:
+    """Everything `check` compares on a live node, read-only: ours (read_live_rules), the whole nftables ruleset
+    (other tables' nat chains decide pod traffic too; a node without nft has none beside iptables), and on nftables
+    iptables-nft's nat tables in that ruleset (kube-proxy's iptables mode) as iptables-nft-save reads them. `ipmasq
+    check` and the agent's observe mode both read the node through this."""
+    rules = read_live_rules(run, families, chain=chain, backend=backend, variant=variant)
+    ruleset: str | None
+    if rules.backend == "nftables":
+        ruleset = read_nft_ruleset(run)
+    else:
+        try:
+            ruleset = read_nft_ruleset(run)
+        except (IpmasqError, OSError):
+            ruleset = None
+    rules = replace(rules, nft_ruleset=ruleset)
+    if rules.backend == "nftables" and ruleset is not None:
+        rules = replace(rules, tables=read_iptables_nft_beside(run, ruleset, families))
+    return rules
 
 
 def parse_save_dump(text: str, path: str) -> NatTable:

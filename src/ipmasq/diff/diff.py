@@ -42,7 +42,7 @@ from ipmasq.policy.ranges import (
     union_of_prefixes,
 )
 
-__all__ = ["DiffResult", "Flip", "FlippedPrefix", "ProbeResult", "Region", "RuleDiffResult",
+__all__ = ["DiffResult", "Flip", "FlippedPrefix", "ProbedDestination", "Region", "RuleDiffResult",
            "diff_policies", "diff_rule_policies", "flipped_ranges", "has_rules", "parse_probe"]
 
 
@@ -84,7 +84,7 @@ class FlippedPrefix(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class ProbeResult:
+class ProbedDestination:
     destination: str
     before: Outcome
     after: Outcome
@@ -96,7 +96,7 @@ class ProbeResult:
 @dataclass(frozen=True, slots=True)
 class DiffResult:
     flips: tuple[FlippedPrefix, ...]
-    probes: tuple[ProbeResult, ...]
+    probes: tuple[ProbedDestination, ...]
 
     @property
     def probe_flipped(self) -> bool:
@@ -127,7 +127,7 @@ def diff_policies(before: Policy, after: Policy, probes: tuple[str, ...] = ()) -
     for text in probes:
         probe = parse_probe(text)
         flipped = [f for f in by_family[probe.family] if f.first <= probe.last and f.last >= probe.first]
-        results.append(ProbeResult(
+        results.append(ProbedDestination(
             destination=text,
             before=_outcome(preserved[0, probe.family], probe), after=_outcome(preserved[1, probe.family], probe),
             flips=bool(flipped),
@@ -239,7 +239,7 @@ class Region:
 @dataclass(frozen=True, slots=True)
 class RuleDiffResult:
     regions: tuple[Region, ...]
-    probes: tuple[ProbeResult, ...]
+    probes: tuple[ProbedDestination, ...]
 
     @property
     def probe_flipped(self) -> bool:
@@ -391,6 +391,6 @@ def diff_rule_policies(before: Policy, after: Policy, probes: tuple[str, ...] = 
         was, now = by_family[probe.family].outcomes_over(probe.first, probe.last)
         flipped = any(r.family is probe.family and any(a <= probe.last and b >= probe.first
                                                       for a, b in r.destinations) for r in regions)
-        results.append(ProbeResult(text, _probe_outcome(was), _probe_outcome(now), flipped,
+        results.append(ProbedDestination(text, _probe_outcome(was), _probe_outcome(now), flipped,
                                    _probe_decided(was, before, probe), _probe_decided(now, after, probe)))
     return RuleDiffResult(tuple(regions), tuple(results))

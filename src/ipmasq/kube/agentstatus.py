@@ -13,19 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ipmasq.errors import Conflict, Forbidden, NotFound
+from ipmasq.kube import paths
 from ipmasq.kube.client import ApiClient
+from ipmasq.kube.paths import GROUP, KIND, VERSION
 
-__all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "NodeStatus", "StatusWriter", "status_from_json", "status_path"]
-
-GROUP = "ipmasq.dev"
-VERSION = "v1alpha1"
-KIND = "IPMasqAgentStatus"
-PLURAL = "ipmasqagentstatuses"
-
-
-def status_path(name: str | None = None) -> str:
-    base = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
-    return base if name is None else f"{base}/{name}"
+__all__ = ["NodeStatus", "StatusWriter", "status_from_json"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +42,19 @@ class NodeStatus:
     # config_digest of the API content the last rejection was about (None: not known, or the file's): the elected
     # summary writer counts the nodes that rejected the ConfigMap's current content with it
     rejected_digest: str | None = None
+    # "enforce" (this agent writes the rules) or "observe" (another program does: `writer`, in `chain`)
+    mode: str = "enforce"
+    writer: str | None = None
+    chain: str = ""
+    # observe mode: why the node's rules do not enforce the config of config_digest, one line (None: they do)
+    mismatch: str | None = None
+    # read back only: the Node named by the object's ownerReferences (the agent sets it when it can read the Node)
+    owner: str | None = None
+
+    @property
+    def enforces(self) -> bool:
+        """The node's rules were verified to hold the config of config_digest (by this agent's pass, or observed)."""
+        return self.config_digest is not None and self.mismatch is None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -62,11 +67,24 @@ class NodeStatus:
             "rejectedDigest": self.rejected_digest,
             "driftRepairs": self.drift_repairs, "foreignMasqueradeRules": self.foreign_masquerade_rules,
             "updateTime": self.updated,
+            "mode": self.mode, "writer": self.writer, "chain": self.chain or None, "mismatch": self.mismatch,
         }
 
 
+def _owner(meta: dict[str, Any]) -> str | None:
+    """The Node the object is owned by (its ownerReferences), None when none is named."""
+    owners = meta.get("ownerReferences")
+    for owner in owners if isinstance(owners, list) else []:
+        if isinstance(owner, dict) and owner.get("kind") == "Node" and isinstance(owner.get("name"), str):
+            return str(owner["name"])
+    return None
+
+
 def status_from_json(obj: Mapping[str, Any]) -> NodeStatus:
-    """Read back what an agent wrote (missing or wrongly typed fields as their empty values: never a traceback)."""
+    """Read back what an agent wrote (missing or wrongly typed fields as their empty values: never a traceback).
+
+    The node a status speaks for is the object's name, never the body's nodeName: each node's agent writes the object
+    named after its node, and the object's name is what an admission policy can tie to the writer's credentials."""
     def text(key: str) -> str | None:
         value = obj.get(key)
         return value if isinstance(value, str) else None
@@ -79,14 +97,16 @@ def status_from_json(obj: Mapping[str, Any]) -> NodeStatus:
     assert isinstance(meta, dict)
     maps = obj.get("configMaps") if isinstance(obj.get("configMaps"), list) else []
     assert isinstance(maps, list)
+    name = meta.get("name")
     return NodeStatus(
-        node=text("nodeName") or str(meta.get("name", "")), pod=text("agentPod"), version=text("version") or "",
+        node=name if isinstance(name, str) else "", pod=text("agentPod"), version=text("version") or "",
         backend=text("backend") or "", ready=obj.get("ready") is True, reason=text("reason") or "",
         policy_hash=text("policyHash"), config_digest=text("configDigest"), config_source=text("configSource") or "",
         configmaps=tuple((str(m.get("name")), str(m.get("resourceVersion"))) for m in maps if isinstance(m, dict)),
         last_rejection=text("lastRejection"), last_rejection_time=text("lastRejectionTime"),
         drift_repairs=number("driftRepairs") or 0, foreign_masquerade_rules=number("foreignMasqueradeRules"),
-        updated=text("updateTime") or "", rejected_digest=text("rejectedDigest"))
+        updated=text("updateTime") or "", rejected_digest=text("rejectedDigest"), mode=text("mode") or "enforce",
+        writer=text("writer"), chain=text("chain") or "", mismatch=text("mismatch"), owner=_owner(meta))
 
 
 class StatusWriter:
@@ -102,7 +122,7 @@ class StatusWriter:
         body = status.as_json()
         if self._exists:
             try:
-                self.client.patch(status_path(self.node), body)
+                self.client.patch(paths.statuses(self.node), body)
                 return
             except NotFound:  # deleted (by hand, or with a Node of the same name): make it again
                 self._exists = False
@@ -114,16 +134,16 @@ class StatusWriter:
         if owner is not None:
             metadata["ownerReferences"] = [owner]
         try:
-            self.client.create(status_path(), {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+            self.client.create(paths.statuses(), {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
                                                "metadata": metadata, **body})
         except Conflict:  # written before this agent started (its predecessor, or before a restart)
-            self.client.patch(status_path(self.node), body)
+            self.client.patch(paths.statuses(self.node), body)
         self._exists = True
 
     def _node_owner(self) -> dict[str, Any] | None:
         if self._owner is None:
             try:
-                node = self.client.get(f"/api/v1/nodes/{self.node}")
+                node = self.client.get(paths.nodes(self.node))
             except (NotFound, Forbidden):
                 return None  # no such Node, or no right to read it: the status without an owner, rather than none
             uid = (node.get("metadata") or {}).get("uid")

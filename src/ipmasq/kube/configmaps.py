@@ -4,10 +4,12 @@ One follower per ConfigMap, each with a `metadata.name` field selector: RBAC can
 those names (resourceNames), and nothing else in the namespace is ever sent to the agent. A watch the server ends
 (its timeoutSeconds) is started again from the last resourceVersion seen, bookmarks included; a 410 Gone (that
 version fell out of the server's window) lists again; anything else (the server restarting, a broken stream, a
-refusal) waits with a growing backoff, fully jittered, and then resumes the watch from the last resourceVersion seen:
-a thousand followers cut off together by an API server restart come back spread over the backoff, each with one
-watch request, not all at once with a list each. A follower never raises: what goes wrong is handed to `on_trouble`
-as one line, and it keeps trying until stopped.
+refusal) resumes the watch from the last resourceVersion seen. Every retry, the list after a 410 included, first waits
+the one backoff (ipmasq.backoff: client-go's, 0.8 s doubling to 30 s, fully jittered), which only a watch that
+delivered an event or ran its course resets: a thousand followers cut off together by an API server restart come back
+spread over it, each with one watch request, and a server that answers every watch with 410 gets a list now and then,
+never a storm of them. A follower never raises: what goes wrong is handed to `on_trouble` as one line, and it keeps
+trying until stopped.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ipmasq.backoff import Backoff
 from ipmasq.errors import ApiError, Gone
+from ipmasq.kube import paths
 from ipmasq.kube.client import ApiClient
 
 __all__ = ["ConfigMapFollower", "ConfigMapState", "configmap_state"]
 
-BACKOFF_INITIAL = 1.0  # the first wait after trouble is drawn from [0, this); it doubles up to BACKOFF_MAX
+BACKOFF_INITIAL = 0.8  # the first wait after trouble is drawn from [0, this); it doubles up to BACKOFF_MAX
 BACKOFF_MAX = 30.0
 WATCH_SECONDS = 300  # the server ends each watch after about this (jittered by WATCH_JITTER); bookmarks keep its
 WATCH_JITTER = 0.1  # resourceVersion fresh, and the jitter keeps watches started together from ending together
@@ -84,13 +88,13 @@ class ConfigMapFollower:
         self.resource_version: str | None = None
         self.relists = 0  # lists after the first (each a 410 Gone)
         self._not_older_than: str | None = None
-        self._backoff = BACKOFF_INITIAL
+        self._backoff = Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
         self._troubled = False
         self._thread: threading.Thread | None = None
 
     @property
     def path(self) -> str:
-        return f"/api/v1/namespaces/{self.namespace}/configmaps"
+        return paths.configmaps(self.namespace)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name=f"configmap-{self.name}", daemon=True)
@@ -103,26 +107,22 @@ class ConfigMapFollower:
                     self.resource_version = self._list()
                 while not self.stop.is_set():
                     started = time.monotonic()
-                    self._watch(self.resource_version)
-                    if time.monotonic() - started < SHORT_WATCH_SECONDS:
-                        # ended at once: a server shutting down ends every watch together; come back spread out
-                        self.stop.wait(random.uniform(0.0, self._backoff))
-                        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
-                    else:
-                        self._healthy()  # the server ended the watch as asked: the backoff starts again
+                    if not self._watch(self.resource_version) and time.monotonic() - started < SHORT_WATCH_SECONDS:
+                        break  # ended at once: a server shutting down ends every watch together; back off below
+                    self._healthy()
+                    self._backoff.reset()  # the server ended the watch as asked, or it delivered: a healthy watch
             except Gone:
-                # list again at once: that is what 410 asks for; not older than what was seen, so the server may
-                # answer from its watch cache (after its restart, every follower's version is older than its cache)
+                # list again, after the backoff: that is what 410 asks for; not older than what was seen, so the
+                # server may answer from its watch cache (after its restart, every follower's version is older
+                # than its cache)
                 self._not_older_than, self.resource_version = self.resource_version, None
                 self.relists += 1
-                continue
             except ApiError as exc:
                 self._trouble(str(exc))
             except Exception as exc:  # a bug must not end the thread: the agent would silently stop following
                 self._trouble(f"{type(exc).__name__}: {exc}")
-            # full jitter: followers cut off together (an API server restart) come back spread over the backoff
-            self.stop.wait(random.uniform(0.0, self._backoff))
-            self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+            # followers cut off together (an API server restart) come back spread over the backoff
+            self.stop.wait(self._backoff.next())
 
     def _selector(self) -> dict[str, str]:
         return {"fieldSelector": f"metadata.name={self.name}"}
@@ -139,11 +139,13 @@ class ConfigMapFollower:
         version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
         if not isinstance(version, str):
             raise ApiError(f"list {self.path}: no resourceVersion in the answer")
-        self._healthy()
+        self._healthy()  # the trouble is over; the backoff goes on until a watch is healthy
         return version
 
-    def _watch(self, version: str) -> None:
-        """Follow from `version` until the server ends the watch; resource_version moves with every event seen."""
+    def _watch(self, version: str) -> bool:
+        """Follow from `version` until the server ends the watch; resource_version moves with every event seen.
+        True when it delivered any event."""
+        delivered = False
         seconds = max(1, round(self.watch_seconds * random.uniform(1.0 - WATCH_JITTER, 1.0 + WATCH_JITTER)))
         for event in self.client.watch(self.path, query={**self._selector(), "resourceVersion": version},
                                        timeout_seconds=seconds):
@@ -155,9 +157,11 @@ class ConfigMapFollower:
                 self._publish(configmap_state(self.namespace, self.name, self.key, event.object))
             elif event.type == "DELETED":
                 self._publish(configmap_state(self.namespace, self.name, self.key, None))
+            delivered = True
             self._healthy()
             if self.stop.is_set():
                 break
+        return delivered
 
     def _trouble(self, why: str) -> None:
         self._troubled = True
@@ -167,7 +171,6 @@ class ConfigMapFollower:
         if self._troubled:
             self._troubled = False
             self.on_trouble(None)
-        self._backoff = BACKOFF_INITIAL
 
     def _publish(self, state: ConfigMapState) -> None:
         if state != self.state:

@@ -5,7 +5,9 @@ that, so every agent, and the same agent after a restart, finds its own. A repea
 lastTimestamp, and is written at most once per REPEAT_WRITE_SECONDS: a bad edit is one Event on each rejecting
 node's Node (`kubectl describe node` lists it with the reason), and a resync writes nothing more. Events are written
 by the agent's reporter thread, never by its loop; what the ConfigMap shows is the fleet's summary
-(ipmasq.agent.summary).
+(ipmasq.agent.summary), written here too (`state`: one Event per key whose message is kept current). This is the one
+place Events are written; every message is made one line (ipmasq.errors.one_line: it quotes what API objects and
+configs say) and clipped.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ipmasq.errors import Conflict, NotFound, clip
+from ipmasq.errors import Conflict, NotFound, clip, one_line
+from ipmasq.kube import paths
 from ipmasq.kube.client import ApiClient
 from ipmasq.sha256 import sha256
 
@@ -60,7 +63,7 @@ class Occurrence:
 
 
 @dataclass(slots=True)
-class _Written:
+class _Recorded:
     name: str
     count: int
     written_at: float  # monotonic
@@ -73,7 +76,7 @@ class EventRecorder:
         self.client = client
         self.component, self.host = component, host
         self.clock = clock
-        self._written: OrderedDict[Occurrence, _Written] = OrderedDict()
+        self._written: OrderedDict[Occurrence, _Recorded] = OrderedDict()
 
     def event_name(self, occurrence: Occurrence) -> str:
         key = "\0".join((self.host, occurrence.target.kind, occurrence.target.namespace, occurrence.target.name,
@@ -101,9 +104,24 @@ class EventRecorder:
         except Conflict:
             # this agent before a restart, or its predecessor on the node, wrote it: say it happened again (the
             # count it had is not read back: the agent may create and patch Events, not read them)
-            self.client.patch(f"{path}/{name}", {"lastTimestamp": timestamp()})
+            self.client.patch(paths.events(self.namespace(occurrence), name), {"lastTimestamp": timestamp()})
             count = 1
-        self._remember(occurrence, _Written(name, count, now))
+        self._remember(occurrence, _Recorded(name, count, now))
+
+    def state(self, occurrence: Occurrence, key: str) -> None:
+        """Say the occurrence as the one Event named by `key` (and its target): created, or its message patched when
+        it exists already (an earlier tally of the same content, by this agent or another). Raises ApiError."""
+        name = f"{occurrence.target.name}.{sha256(key.encode()).hexdigest()[:16]}"
+        path = self._path(occurrence)
+        fresh = self._event(occurrence, name)
+        try:
+            self.client.create(path, fresh)
+        except Conflict:
+            try:
+                self.client.patch(paths.events(self.namespace(occurrence), name),
+                                  {"message": fresh["message"], "lastTimestamp": timestamp()})
+            except NotFound:  # expired meanwhile
+                self.client.create(path, fresh)
 
     def flush(self) -> None:
         """Write the repeats held back by the rate limit whose time has come."""
@@ -112,23 +130,24 @@ class EventRecorder:
             if known.unwritten and now - known.written_at >= REPEAT_WRITE_SECONDS:
                 self._write_count(occurrence, known)
 
-    def _write_count(self, occurrence: Occurrence, known: _Written) -> None:
+    def _write_count(self, occurrence: Occurrence, known: _Recorded) -> None:
         count = known.count + known.unwritten
         try:
-            self.client.patch(f"{self._path(occurrence)}/{known.name}", {"count": count, "lastTimestamp": timestamp()})
+            self.client.patch(paths.events(self.namespace(occurrence), known.name),
+                              {"count": count, "lastTimestamp": timestamp()})
         except NotFound:  # expired (Events live an hour): a new one
             self._written.pop(occurrence, None)
             self.record(occurrence)
             return
         known.count, known.unwritten, known.written_at = count, 0, self.clock()
 
-    def _remember(self, occurrence: Occurrence, written: _Written) -> None:
+    def _remember(self, occurrence: Occurrence, written: _Recorded) -> None:
         self._written[occurrence] = written
         while len(self._written) > REMEMBERED:
             self._written.popitem(last=False)
 
     def _path(self, occurrence: Occurrence) -> str:
-        return f"/api/v1/namespaces/{self.namespace(occurrence)}/events"
+        return paths.events(self.namespace(occurrence))
 
     def _event(self, occurrence: Occurrence, name: str) -> dict[str, Any]:
         return event_object(occurrence, name, self.namespace(occurrence), component=self.component, host=self.host)
@@ -142,7 +161,7 @@ def event_object(occurrence: Occurrence, name: str, namespace: str, *, component
         "metadata": {"name": name, "namespace": namespace},
         "involvedObject": occurrence.target.as_json(),
         "type": occurrence.type, "reason": occurrence.reason,
-        "message": clip(occurrence.message, MESSAGE_CHARS),
+        "message": clip(one_line(occurrence.message), MESSAGE_CHARS),
         "source": {"component": component, "host": host},
         "reportingComponent": component, "reportingInstance": host,
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,

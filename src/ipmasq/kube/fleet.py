@@ -1,13 +1,19 @@
 """The whole cluster at a glance: does every node enforce the ConfigMap's current content? (`ipmasq status`)
 
 Pure: the API's objects in (the ConfigMaps, the nodes' IPMasqAgentStatus objects, the agent's pods, the Nodes),
-one row per node out. A node is current when its agent's pod is ready, its status says ready, and the content it
-enforces has the ConfigMap's own digest (config_digest: equal for the mounted file and the ConfigMap it came from).
+one row per node out. A node is current when its agent's pod is ready, and the content its rules were verified to
+enforce has the ConfigMap's own digest (config_digest: equal for the mounted file and the ConfigMap it came from):
+verified by its agent's own pass (mode enforce: the status also says ready), or observed in the rules another program
+writes (mode observe: nothing mismatched).
+
+Rows are the cluster's Nodes, and a node's status is the object named after it (never what an object's body claims
+of itself): an object for a node that does not exist is counted aside, never a row, so that no object anyone can
+write makes a node look current or adds one. `only` limits the rows to the nodes named.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +32,7 @@ class NodeRow:
     status: NodeStatus | None  # what the node's agent wrote (None: nothing)
     current: bool  # enforces the ConfigMap's current content, verified in its kernel
     why: str  # one line: why not current ("" when current)
+    exists: bool = True  # the node exists (False: named on the command line, no such Node)
 
     def as_json(self) -> dict[str, Any]:
         status = self.status
@@ -34,6 +41,8 @@ class NodeRow:
             "ready": status.ready if status else None, "policy_hash": status.policy_hash if status else None,
             "config_source": status.config_source if status else None,
             "backend": status.backend if status else None,
+            "mode": status.mode if status else None, "writer": status.writer if status else None,
+            "chain": (status.chain or None) if status else None, "mismatch": status.mismatch if status else None,
             "last_rejection": status.last_rejection if status else None,
             "drift_repairs": status.drift_repairs if status else None,
             "updated": status.updated if status else None,
@@ -45,6 +54,7 @@ class FleetView:
     configmaps: tuple[ConfigMapState, ...]
     digest: str  # config_digest of the ConfigMaps' current content (no ConfigMap: the defaults' empty content)
     rows: tuple[NodeRow, ...]
+    ignored: int = 0  # status objects named after no node of the cluster (not rows)
 
     @property
     def all_current(self) -> bool:
@@ -55,42 +65,68 @@ class FleetView:
             "configmaps": [{"namespace": c.namespace, "name": c.name, "exists": c.exists,
                             "resource_version": c.resource_version} for c in self.configmaps],
             "config_digest": self.digest, "all_current": self.all_current,
-            "nodes": [row.as_json() for row in self.rows],
+            "nodes": [row.as_json() for row in self.rows], "ignored_status_objects": self.ignored,
         }
 
 
-def _pod_ready(pod: dict[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+def _pod_ready(pod: Mapping[str, object]) -> bool:
+    status = pod.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    return any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (conditions if isinstance(conditions, list) else []))
 
 
-def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[dict[str, Any]],
-               pods: Sequence[dict[str, Any]], nodes: Sequence[str]) -> FleetView:
+def _agent_pod(pods: Sequence[Mapping[str, object]], named: str | None) -> Mapping[str, object] | None:
+    """The node's agent pod: the one its status names when there are several (an observer beside an agent)."""
+    for pod in pods:
+        metadata = pod.get("metadata")
+        if named is not None and isinstance(metadata, dict) and metadata.get("name") == named:
+            return pod
+    return pods[0] if pods else None
+
+
+def _why(status: NodeStatus | None, pod: Mapping[str, object] | None, pod_ready: bool, digest: str) -> str:
+    if pod is None:
+        return "no agent pod on this node"
+    if status is None:
+        return "its agent wrote no status (API off, or no rights to write it)"
+    observing = status.mode == "observe"
+    if status.config_digest != digest:
+        if status.last_rejection and not (status.ready and not observing):
+            return f"rejects the current config: {status.last_rejection}"
+        return "enforces another config than the ConfigMap's current one"
+    if status.mismatch is not None:
+        writer = f"{status.writer or 'another agent'}'s rules in {status.chain or 'its chain'}"
+        return f"observed: {writer} do not enforce the current config: {status.mismatch}"
+    if not status.ready:
+        return status.reason or "not ready"
+    if not pod_ready:
+        return "its pod is not ready"
+    return ""
+
+
+def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[Mapping[str, Any]],
+               pods: Sequence[Mapping[str, object]], nodes: Sequence[str], *, only: Sequence[str] = ()) -> FleetView:
     digest = config_digest(tuple(c.content for c in sorted(configmaps, key=lambda c: c.name)
                                  if c.exists and c.content is not None))
-    by_node = {s.node: s for s in (status_from_json(obj) for obj in statuses)}
-    pod_on: dict[str, dict[str, Any]] = {}
+    by_node = {s.node: s for s in (status_from_json(obj) for obj in statuses) if s.node}
+    known = set(nodes)
+    pods_on: dict[str, list[Mapping[str, object]]] = {}
     for item in pods:
-        node_name = (item.get("spec") or {}).get("nodeName")
+        spec = item.get("spec")
+        node_name = spec.get("nodeName") if isinstance(spec, dict) else None
         if isinstance(node_name, str):
-            pod_on[node_name] = item
+            pods_on.setdefault(node_name, []).append(item)
     rows = []
-    for node in sorted(set(nodes) | set(by_node)):
-        status, pod = by_node.get(node), pod_on.get(node)
-        pod_name = (pod.get("metadata") or {}).get("name") if pod else None
+    for node in sorted(set(only) if only else known):
+        if node not in known:
+            rows.append(NodeRow(node, None, False, None, False, "no such node", exists=False))
+            continue
+        status = by_node.get(node)
+        pod = _agent_pod(pods_on.get(node, []), status.pod if status is not None else None)
+        metadata = pod.get("metadata") if pod else None
+        pod_name = metadata.get("name") if isinstance(metadata, dict) else None
         pod_ready = _pod_ready(pod) if pod else False
-        if pod is None:
-            why = "no agent pod on this node"
-        elif status is None:
-            why = "its agent wrote no status (API off, or no rights to write it)"
-        elif status.config_digest != digest:
-            why = (f"rejects the current config: {status.last_rejection}" if status.last_rejection
-                   and not status.ready else "enforces another config than the ConfigMap's current one")
-        elif not status.ready:
-            why = status.reason or "not ready"
-        elif not pod_ready:
-            why = "its pod is not ready"
-        else:
-            why = ""
+        why = _why(status, pod, pod_ready, digest)
         rows.append(NodeRow(node, pod_name if isinstance(pod_name, str) else None, pod_ready, status, not why, why))
-    return FleetView(tuple(configmaps), digest, tuple(rows))
+    return FleetView(tuple(configmaps), digest, tuple(rows), ignored=len(set(by_node) - known))

@@ -4,6 +4,12 @@ A candidate reads the Lease; it takes it when nobody holds it, or when the holde
 lease's duration as measured on this candidate's own clock (client-go's rule: no comparison of clocks between nodes).
 The holder renews it with a merge patch that carries the resourceVersion it last saw, so two candidates never both
 win: the second one's patch is a 409. Everything goes through the ApiClient seam; the caller decides how often to ask.
+
+The Lease is an object any agent may patch, so what it says is bounded by what the candidates accept: a
+leaseDurationSeconds longer than their own (say 2147483647, patched in by hand or by a hostile node) counts as
+theirs, so a holder that stopped renewing is replaced after `duration` whatever the Lease claims; and the fleet's size
+the holder publishes on it (NODES_ANNOTATION: the nodes it counted, read by every candidate to spread its status
+writes, ipmasq.agent.apireport) is read only as up to seven ASCII digits.
 """
 
 from __future__ import annotations
@@ -13,9 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ipmasq.errors import Conflict, NotFound
+from ipmasq.kube import paths
 from ipmasq.kube.client import ApiClient
 
-__all__ = ["LeaseElector", "microtime"]
+__all__ = ["NODES_ANNOTATION", "LeaseElector", "microtime"]
+
+NODES_ANNOTATION = "ipmasq.dev/nodes"
 
 
 def microtime(seconds: float | None = None) -> str:
@@ -35,10 +44,12 @@ class LeaseElector:
         self._version: str | None = None  # the Lease's resourceVersion when this candidate last held it
         self._observed: tuple[Any, ...] | None = None  # the holder's record as last seen, and since when (clock)
         self._observed_at = 0.0
+        self.nodes: int | None = None  # the fleet's size as the Lease last said it (NODES_ANNOTATION)
+        self.publish: int | None = None  # holding: the fleet's size to say on the Lease at the next renewal
 
     @property
     def path(self) -> str:
-        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
+        return paths.leases(self.namespace)
 
     @property
     def leading(self) -> bool:
@@ -50,11 +61,12 @@ class LeaseElector:
         Raises ApiError when the API cannot be asked (the caller retries later)."""
         if self.leading and self._version is not None:
             try:  # renew blind, on the version held: a 409 means someone else wrote it, so read it again
-                return self._took(self.client.patch(f"{self.path}/{self.name}", self._spec(renew_only=True)))
+                renewal = self._spec(renew_only=True)
+                return self._took(self.client.patch(paths.leases(self.namespace, self.name), renewal))
             except (Conflict, NotFound):
                 self.holder, self._version = None, None
         try:
-            lease = self.client.get(f"{self.path}/{self.name}")
+            lease = self.client.get(paths.leases(self.namespace, self.name))
         except NotFound:
             try:
                 return self._took(self.client.create(self.path, {
@@ -62,6 +74,7 @@ class LeaseElector:
                     "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec()["spec"]}))
             except Conflict:
                 return False  # created by another candidate meanwhile
+        self._heard(lease)
         spec = lease.get("spec") if isinstance(lease.get("spec"), dict) else {}
         assert isinstance(spec, dict)
         holder = spec.get("holderIdentity") or None
@@ -72,15 +85,17 @@ class LeaseElector:
         self.holder = holder if isinstance(holder, str) else None
         version = (lease.get("metadata") or {}).get("resourceVersion")
         duration = spec.get("leaseDurationSeconds")
-        expired = now - self._observed_at >= (duration if isinstance(duration, int) else self.duration)
+        # never longer than this candidate's own duration: no Lease is held for ever by what it claims
+        bounded = min(duration, self.duration) if isinstance(duration, int) and duration > 0 else self.duration
+        expired = now - self._observed_at >= bounded
         if holder is not None and holder != self.identity and not expired:
             return False
         before = spec.get("leaseTransitions")
         transitions = (before if isinstance(before, int) else 0) + (holder is not None and holder != self.identity)
         body = self._spec(transitions=transitions, renew_only=holder == self.identity)
-        body["metadata"] = {"resourceVersion": version}
+        body.setdefault("metadata", {})["resourceVersion"] = version
         try:
-            return self._took(self.client.patch(f"{self.path}/{self.name}", body))
+            return self._took(self.client.patch(paths.leases(self.namespace, self.name), body))
         except Conflict:
             return False  # another candidate took it first
 
@@ -88,7 +103,7 @@ class LeaseElector:
         """Give the Lease up (stopping): the next candidate to look takes it at once."""
         if not self.leading or self._version is None:
             return
-        self.client.patch(f"{self.path}/{self.name}",
+        self.client.patch(paths.leases(self.namespace, self.name),
                           {"metadata": {"resourceVersion": self._version}, "spec": {"holderIdentity": None}})
         self.holder, self._version = None, None
 
@@ -100,9 +115,19 @@ class LeaseElector:
         body: dict[str, Any] = {"spec": spec}
         if renew_only and self._version is not None:
             body["metadata"] = {"resourceVersion": self._version}
+        if self.publish is not None:
+            body.setdefault("metadata", {})["annotations"] = {NODES_ANNOTATION: str(self.publish)}
         return body
 
+    def _heard(self, lease: dict[str, Any]) -> None:
+        meta = lease.get("metadata")
+        annotations = meta.get("annotations") if isinstance(meta, dict) else None
+        said = annotations.get(NODES_ANNOTATION) if isinstance(annotations, dict) else None
+        if isinstance(said, str) and 0 < len(said) <= 7 and said.isascii() and said.isdigit():
+            self.nodes = int(said)
+
     def _took(self, lease: dict[str, Any]) -> bool:
+        self._heard(lease)
         spec = lease.get("spec") if isinstance(lease.get("spec"), dict) else {}
         assert isinstance(spec, dict)
         holder = spec.get("holderIdentity")

@@ -113,6 +113,10 @@ class AgentStatusObject(TypedDict):
     driftRepairs: NotRequired[int]
     foreignMasqueradeRules: NotRequired[int]
     updateTime: NotRequired[str]
+    mode: NotRequired[str]  # enforce, or observe (another program writes the rules)
+    writer: NotRequired[str]
+    chain: NotRequired[str]
+    mismatch: NotRequired[str]
 
 
 class ObjectReference(TypedDict, total=False):
@@ -223,7 +227,8 @@ _AGENT_STATUS = _shape({
     "configSource": _text,
     "configMaps": _list(_shape({"name": _text, "resourceVersion": _text}, required=("name", "resourceVersion"))),
     "lastRejection": _text, "lastRejectionTime": _text, "rejectedDigest": _text, "driftRepairs": _integer,
-    "foreignMasqueradeRules": _integer, "updateTime": _text}, required=("metadata",))
+    "foreignMasqueradeRules": _integer, "updateTime": _text, "mode": _text, "writer": _text, "chain": _text,
+    "mismatch": _text}, required=("metadata",))
 _REFERENCE = _shape({"kind": _text, "name": _text, "namespace": _text, "uid": _text, "apiVersion": _text})
 _EVENT = _shape({"metadata": _OBJECT_META, "involvedObject": _REFERENCE, "type": _text, "reason": _text,
                  "message": _text, "count": _integer, "firstTimestamp": _text, "lastTimestamp": _text,

@@ -1,11 +1,14 @@
 """What the ConfigMap says about the fleet: N nodes' verdicts on its current content, told in at most two Events.
 
 Pure: the ConfigMap's content digest and the nodes' IPMasqAgentStatus values in, a tally and its summaries out. A
-node has applied the content when the digest it enforces is the ConfigMap's; it has rejected it when its last
-rejection was about that very content; else it has not said yet. The summaries are what one elected agent writes on
-the ConfigMap (ipmasq.agent.summary): "rejected on 998 of 1,000 nodes: <the line>" as one Warning, "enforced on 2 of
-1,000 nodes" as one Normal Event, however many nodes there are. Each node's own reason stays on its status object
-and its Node's Events.
+node has applied the content when the digest it enforces is the ConfigMap's (in observe mode: when its rules were
+observed to enforce it); it does not enforce it when it observed the node's rules against that content and found
+them wrong (observe mode: another program writes them); it has rejected it when its last rejection was about that
+very content; else it has not said yet. Every line quoted from a status object is made one line
+(ipmasq.errors.one_line): a status is written by an agent, and read here as anything could have written it. The
+summaries are what one elected agent writes on the ConfigMap (ipmasq.agent.summary): "rejected on 998 of 1,000
+nodes: <the line>" as one Warning, "enforced on 2 of 1,000 nodes" as one Normal Event, however many nodes there are.
+Each node's own reason stays on its status object and its Node's Events.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ipmasq.errors import clip
+from ipmasq.errors import clip, one_line
 from ipmasq.kube.agentstatus import NodeStatus
 
 __all__ = ["MESSAGE_CHARS", "Summary", "Tally", "tally"]
@@ -37,11 +40,12 @@ class Tally:
     applied: int
     rejected: int
     summaries: tuple[Summary, ...]
+    not_enforced: int = 0  # observed against the content, and their rules do not enforce it
 
     @property
     def pending(self) -> int:
         """Nodes that have neither applied nor rejected the content (yet, or ever: an agent that is down)."""
-        return self.nodes - self.applied - self.rejected
+        return self.nodes - self.applied - self.rejected - self.not_enforced
 
 
 def _nodes(count: int) -> str:
@@ -51,21 +55,18 @@ def _nodes(count: int) -> str:
 def tally(digest: str, statuses: Sequence[NodeStatus]) -> Tally:
     """The fleet's verdicts on the content with this config_digest, and what to say of them."""
     total = len(statuses)
-    applied = [s for s in statuses if s.config_digest == digest]
+    compared = [s for s in statuses if s.config_digest == digest]
+    applied = [s for s in compared if s.mismatch is None]
+    wrong = [s for s in compared if s.mismatch is not None]
     rejected = [s for s in statuses if s.config_digest != digest and s.rejected_digest == digest
                 and s.last_rejection]
-    pending = total - len(applied) - len(rejected)
+    pending = total - len(compared) - len(rejected)
     summaries: list[Summary] = []
+    if wrong:
+        summaries.append(_not_enforced(wrong, total, len(applied), pending))
     if rejected:
-        lines = Counter(s.last_rejection or "" for s in rejected).most_common()
-        shown = [line if len(lines) == 1 else f"{line} ({_nodes(count)})" for line, count in lines[:REASONS_SHOWN]]
-        if len(lines) > REASONS_SHOWN:
-            rest = sum(count for _line, count in lines[REASONS_SHOWN:])
-            shown.append(f"{len(lines) - REASONS_SHOWN} other reasons ({_nodes(rest)})")
-        others = [f"{len(applied):,} enforce it" if applied else "", f"{pending:,} not reported yet" if pending else ""]
-        tail = "; ".join(o for o in others if o)
-        message = (f"rejected on {len(rejected):,} of {_nodes(total)}: " + "; ".join(shown)
-                   + (f" ({tail})" if tail else "")
+        message = (f"rejected on {len(rejected):,} of {_nodes(total)}: "
+                   + _reasons([s.last_rejection or "" for s in rejected], len(applied), pending)
                    + ". They keep their last good config; each node's reason is on its status (kubectl get ipmasq "
                    "-o wide) and its Node's Events")
         # long lines are clipped from the end: the counts and the most common line come first
@@ -77,4 +78,27 @@ def tally(digest: str, statuses: Sequence[NodeStatus]) -> Tally:
         tail = f" ({pending:,} not reported yet)" if pending else ""
         summaries.append(Summary("Normal", "ConfigApplied",
                                  f"enforced on {len(applied):,} of {_nodes(total)}: {policy}{tail}"))
-    return Tally(total, len(applied), len(rejected), tuple(summaries))
+    return Tally(total, len(applied), len(rejected), tuple(summaries), not_enforced=len(wrong))
+
+
+def _reasons(lines: Sequence[str], applied: int, pending: int) -> str:
+    """The distinct lines, most common first (counted when they differ, the rarest summed up), one_line'd, then
+    how many enforce the content and have not reported yet."""
+    counted = Counter(one_line(line) for line in lines).most_common()
+    shown = [line if len(counted) == 1 else f"{line} ({_nodes(count)})" for line, count in counted[:REASONS_SHOWN]]
+    if len(counted) > REASONS_SHOWN:
+        rest = sum(count for _line, count in counted[REASONS_SHOWN:])
+        shown.append(f"{len(counted) - REASONS_SHOWN} other reasons ({_nodes(rest)})")
+    others = [f"{applied:,} enforce it" if applied else "", f"{pending:,} not reported yet" if pending else ""]
+    tail = "; ".join(o for o in others if o)
+    return "; ".join(shown) + (f" ({tail})" if tail else "")
+
+
+def _not_enforced(wrong: Sequence[NodeStatus], total: int, applied: int, pending: int) -> Summary:
+    """Observe mode: the nodes whose rules, written by another program, do not enforce the content."""
+    writers = Counter(f"{one_line(s.writer or 'another agent')} in {one_line(s.chain or '?')}" for s in wrong)
+    message = (f"not enforced on {len(wrong):,} of {_nodes(total)} (observed: the rules of "
+               + ", ".join(writer for writer, _count in writers.most_common(REASONS_SHOWN)) + "): "
+               + _reasons([s.mismatch or "" for s in wrong], applied, pending)
+               + ". Each node's reason is on its status (kubectl get ipmasq -o wide)")
+    return Summary("Warning", "ConfigNotEnforced", clip(message, MESSAGE_CHARS - 1))

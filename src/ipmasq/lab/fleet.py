@@ -33,7 +33,7 @@ from ipmasq.cloudnat import follow_path
 from ipmasq.errors import IpmasqError
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import Namespace, NetnsError, Network, stop_process
-from ipmasq.lab.prometheus import Alert, PrometheusServer, ScrapeTarget
+from ipmasq.lab.prometheus import FiredAlert, PrometheusServer, ScrapeTarget
 from ipmasq.lab.scenarios import GKE_FLAGS, GKE_OPTIONS, policy_for
 from ipmasq.lab.topology import OPEN_PORT
 from ipmasq.policy.hash import config_hash, policy_hash
@@ -313,7 +313,7 @@ class _Watch:
                 self.reports[name].config_hash = next(iter(seen))
         return hashes
 
-    def _record(self, alert: Alert) -> None:
+    def _record(self, alert: FiredAlert) -> None:
         node = alert.label("node")
         if node in self.reports:
             self.reports[node].alerts_seen.add((alert.name, alert.state))

@@ -29,7 +29,7 @@ from ipmasq.errors import IpmasqError
 from ipmasq.lab.netns import Namespace, stop_process
 from ipmasq.monitoring import JOB, rule_group
 
-__all__ = ["PORT", "Alert", "PrometheusError", "PrometheusServer", "ScrapeTarget", "alert_rule_groups",
+__all__ = ["PORT", "FiredAlert", "PrometheusError", "PrometheusServer", "ScrapeTarget", "alert_rule_groups",
            "prometheus_config", "relay"]
 
 PORT = 9090
@@ -50,7 +50,7 @@ class ScrapeTarget:
 
 
 @dataclass(frozen=True)
-class Alert:
+class FiredAlert:
     """One entry of /api/v1/alerts: an alert instance and its state (pending or firing)."""
 
     name: str
@@ -161,9 +161,9 @@ class PrometheusServer:
             raise PrometheusError(f"query {expr!r} did not return a vector")
         return [(dict(item["metric"]), float(item["value"][1])) for item in data["result"]]
 
-    def alerts(self) -> list[Alert]:
+    def alerts(self) -> list[FiredAlert]:
         data = self._api("/api/v1/alerts")
-        return [Alert(str(a["labels"].get("alertname", "")), str(a["state"]), tuple(sorted(a["labels"].items())))
+        return [FiredAlert(str(a["labels"].get("alertname", "")), str(a["state"]), tuple(sorted(a["labels"].items())))
                 for a in data["alerts"]]
 
     def stop(self) -> None:

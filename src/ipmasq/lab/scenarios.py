@@ -22,7 +22,7 @@ from ipmasq.policy.policy import Policy, Reason, Verdict
 from ipmasq.policy.prefix import parse_address, parse_cidr
 
 __all__ = [
-    "NO_RULES", "SCENARIOS", "Decision", "HandWrittenRule", "Phase", "PhaseResult", "ProbeOutcome", "Scenario",
+    "NO_RULES", "SCENARIOS", "DecidedBy", "HandWrittenRule", "Phase", "PhaseResult", "ProbeOutcome", "Scenario",
     "Vantage", "policy_for", "predict",
 ]
 
@@ -106,7 +106,7 @@ class Phase:
 
 
 @dataclass(frozen=True)
-class Decision:
+class DecidedBy:
     """What decided a probe's source on the node, as explain names it."""
 
     reason: str  # explain's reason (rule, config, default, exception, link-local, catch-all), or hand-written
@@ -153,7 +153,7 @@ class ProbeOutcome:
     predicted_connected: bool
     seen_source: str | None
     connected: bool
-    decided_by: Decision
+    decided_by: DecidedBy
     node: str | None = None  # the node whose pod sent the probe (the Kubernetes lab has several)
 
     @property
@@ -191,19 +191,19 @@ def policy_for(config: str | None, options: PolicyOptions, hand_written: tuple[H
     return Policy(masq_config, options)
 
 
-def _decision(verdict: Verdict, hand_written: tuple[HandWrittenRule, ...]) -> Decision:
+def _decision(verdict: Verdict, hand_written: tuple[HandWrittenRule, ...]) -> DecidedBy:
     rule = verdict.rule
     if rule is not None:
         family, address = parse_address(verdict.destination)
         matched = next(str(p) for p in rule.destinations if p.family is family and p.contains(address))
         if rule in {h.as_rule() for h in hand_written}:
-            return Decision("hand-written", None, rule.where(), matched)
-        return Decision(verdict.reason.value, rule.name, rule.where(), matched)
+            return DecidedBy("hand-written", None, rule.where(), matched)
+        return DecidedBy(verdict.reason.value, rule.name, rule.where(), matched)
     entry = verdict.entry
     if entry is None:
-        return Decision(verdict.reason.value)
+        return DecidedBy(verdict.reason.value)
     where = None if entry.origin in (Origin.DEFAULT, Origin.LINK_LOCAL) else entry.where()
-    return Decision(verdict.reason.value, None, where, str(entry.prefix))
+    return DecidedBy(verdict.reason.value, None, where, str(entry.prefix))
 
 
 @dataclass(frozen=True)
@@ -230,7 +230,7 @@ def _source_seen(verdict: Verdict, cloud_nat: CloudNat, vantage: Vantage) -> str
     return cloud_nat.nat_ip if cloud_nat.translates(verdict.snat_to) else None
 
 
-def predict(phase: Phase, probe: Probe, vantage: Vantage = Vantage()) -> tuple[str | None, bool, Decision]:
+def predict(phase: Phase, probe: Probe, vantage: Vantage = Vantage()) -> tuple[str | None, bool, DecidedBy]:
     """explain's model: the source the destination sees (None: dropped on the way), whether it connects, and what
     decided on the node."""
     uninstalled = phase.agent == "uninstalled"
@@ -240,7 +240,7 @@ def predict(phase: Phase, probe: Probe, vantage: Vantage = Vantage()) -> tuple[s
     family, destination = parse_address(probe.destination)
     verdict = policy.verdict_for(family, destination, text=probe.destination, source=parse_address(vantage.pod_ip)[1],
                                  protocol="tcp", port=probe.port)
-    decision = Decision("no-rules") if uninstalled else _decision(verdict, phase.hand_written)
+    decision = DecidedBy("no-rules") if uninstalled else _decision(verdict, phase.hand_written)
     seen = _source_seen(verdict, cloud_nat, vantage)
     if seen is None:
         return None, False, decision

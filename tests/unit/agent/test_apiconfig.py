@@ -6,7 +6,8 @@ import logging
 import threading
 
 from ipmasq.agent.apiconfig import ApiConfig, ConfigChoice, configmap_source
-from ipmasq.config.source import ConfigInput
+from ipmasq.agent.origin import ConfigOrigin
+from ipmasq.config.source import ConfigInput, config_digest
 from ipmasq.errors import ConfigError
 from ipmasq.kube.configmaps import ConfigMapState
 
@@ -86,13 +87,17 @@ def test_apiconfig_merges_its_configmaps_in_name_order_once_every_one_was_listed
                     key="config", log=logging.getLogger("test"), poke=lambda: pokes.append(1),
                     stop=threading.Event())
     _states(api, ConfigMapState("kube-system", "ip-masq-b", True, b"b: 1\n", "u2", "7"))
-    assert api.choose(file_read("f")) == file_read("f")  # one of two listed: the API's view is not whole yet
+    # one of two listed: the API's view is not whole yet
+    assert api.choose(file_read("f")) == (file_read("f"), ConfigOrigin("file"))
     _states(api, ConfigMapState("kube-system", "ip-masq-a", True, b"a: 1\n", "u1", "8"))
-    chosen = api.choose(file_read("f"))
+    chosen, origin = api.choose(file_read("f"))
     assert isinstance(chosen, ConfigInput)
     assert chosen.files == (("configmap/ip-masq-a[config]", b"a: 1\n"), ("configmap/ip-masq-b[config]", b"b: 1\n"))
-    assert api.source == "api"
-    assert len(pokes) == 2
+    # where it came from, as a value: the resourceVersions of this very content, its digest computed once
+    assert origin == ConfigOrigin("api", digest=config_digest((b"a: 1\n", b"b: 1\n")),
+                                  configmaps=(("ip-masq-a", "8"), ("ip-masq-b", "7")), exists=True)
+    assert api.digest() == origin.digest
+    assert len(pokes) == 1  # once the API's view is whole
 
 
 def test_binary_data_that_is_not_base64_is_a_config_error_naming_the_configmap() -> None:
@@ -100,8 +105,8 @@ def test_binary_data_that_is_not_base64_is_a_config_error_naming_the_configmap()
                     key="config", log=logging.getLogger("test"), poke=lambda: None, stop=threading.Event())
     _states(api, ConfigMapState("kube-system", "ip-masq-agent", True, None, "u", "3",
                                 bad_value="binaryData that is not base64"))
-    chosen = api.choose(file_read("f"))
-    assert isinstance(chosen, ConfigError)
+    chosen, origin = api.choose(file_read("f"))
+    assert isinstance(chosen, ConfigError) and origin.source == "api"
     assert chosen.located() == "configmap/ip-masq-agent[config]: binaryData that is not base64: not read"
 
 

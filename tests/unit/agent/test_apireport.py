@@ -7,14 +7,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
 from ipmasq.agent import apireport
 from ipmasq.agent.apireport import RETRY_INITIAL, ApiReporter, Narrator, Note, retry_wait
+from ipmasq.agent.origin import ConfigOrigin
 from ipmasq.agent.reconcile import ConfigReport, ObjectCount, PassReport, SyncResult, Verdict
 from ipmasq.errors import ApiServerError, ApiUnreachable, NotFound, TooManyRequests
-from ipmasq.kube.agentstatus import StatusWriter, status_from_json, status_path
+from ipmasq.kube import paths
+from ipmasq.kube.agentstatus import StatusWriter, status_from_json
 from ipmasq.kube.events import EventRecorder
 from ipmasq.policy.prefix import Family
 from ipmasq.testing.kube import FakeKubeClient
@@ -22,19 +25,24 @@ from ipmasq.testing.kube import FakeKubeClient
 READY = Verdict(True, "ready: the kernel matches the current config")
 
 
-def narrator(exists: bool | None = True) -> Narrator:
+def narrator() -> Narrator:
     return Narrator("node-a", pod="ip-masq-agent-x1", version="0.1.0", backend="iptables-nft",
-                    source=lambda: "api", configmaps=lambda: (("ip-masq-agent", "41"),),
-                    configmap_exists=lambda: exists, now=lambda: "2026-11-24T10:00:00Z", api_digest=lambda: "c" * 64)
+                    now=lambda: "2026-11-24T10:00:00Z")
+
+
+def origin(exists: bool | None = True, digest: str = "d" * 64) -> ConfigOrigin:
+    return ConfigOrigin("api", digest=digest, configmaps=(("ip-masq-agent", "41"),), exists=exists)
 
 
 def applied(policy: str = "a" * 64, *, drift: bool = False, error: str | None = None,
-            result: SyncResult = SyncResult.APPLIED, foreign: int | None = 0) -> PassReport:
+            result: SyncResult = SyncResult.APPLIED, foreign: int | None = 0, exists: bool | None = True,
+            mismatch: str | None = None) -> PassReport:
     return PassReport(result=result, config_error=error, backend_error=None, drift_repair=drift, writes=(),
                       removed_leftovers=(), leftovers=(), policy_hash=policy,
                       objects=(ObjectCount(Family.V4, 5, 0),), resync_interval=60.0,
                       readiness=READY if error is None else Verdict(False, f"not ready: config error: {error}"),
-                      foreign_masquerade_rules=foreign, config_digest="d" * 64)
+                      foreign_masquerade_rules=foreign, config_digest="d" * 64, origin=origin(exists),
+                      mismatch=mismatch)
 
 
 def test_applied_is_said_by_the_status_alone_then_silent_until_something_changes() -> None:
@@ -57,7 +65,7 @@ def test_a_rejected_config_is_said_once_with_its_line_and_the_policy_kept() -> N
     teller.reconciled(applied())
     bad = "configmap/ip-masq-agent[config]:3: nonMasqueradeCIDRs[0]: invalid CIDR '10.0.0.0/33'"
     report = ConfigReport(changed=True, config_error=bad, policy_hash="a" * 64, resync_interval=60.0,
-                          readiness=Verdict(False, f"not ready: config error: {bad}"))
+                          readiness=Verdict(False, f"not ready: config error: {bad}"), origin=origin(digest="c" * 64))
     (said,) = teller.observed(report).occurrences
     assert said.reason == "ConfigRejected" and said.type == "Warning"
     assert said.target == teller.node_ref  # on the Node: the ConfigMap gets the fleet's summary instead
@@ -70,10 +78,10 @@ def test_a_rejected_config_is_said_once_with_its_line_and_the_policy_kept() -> N
 
 
 def test_no_configmap_is_said_on_the_node_drift_and_foreign_rules_too() -> None:
-    teller = narrator(exists=False)
-    (said,) = teller.reconciled(applied()).occurrences
+    teller = narrator()
+    (said,) = teller.reconciled(applied(exists=False)).occurrences
     assert (said.target.kind, said.reason) == ("Node", "NoConfigMap")
-    reasons = [o.reason for o in teller.reconciled(applied(drift=True, foreign=3)).occurrences]
+    reasons = [o.reason for o in teller.reconciled(applied(drift=True, foreign=3, exists=False)).occurrences]
     assert reasons == ["DriftRepaired", "ForeignMasqueradeRules"]
     assert teller.status.drift_repairs == 1
 
@@ -99,17 +107,15 @@ def test_the_reporter_writes_events_and_status_and_catches_up_after_the_api_retu
     client = FakeKubeClient()
     client.refuse("/api/v1/namespaces/default/events", ApiUnreachable("connection refused"))
     stop = threading.Event()
-    teller = narrator(exists=False)
+    teller = narrator()
     reporter = started_reporter(client, teller, stop)
-    started = time.monotonic()
-    reporter.reconciled(applied(), 0.01)  # returns at once: the loop never waits on the API
-    assert time.monotonic() - started < 0.1
-    wait_written(client, lambda: status_path("node-a") in client.objects
+    reporter.reconciled(applied(exists=False), 0.01)  # hands over and returns: the writing is the thread's
+    wait_written(client, lambda: paths.statuses("node-a") in client.objects
                  and any("/events/" in p for p in client.objects))
     stop.set()
-    written = client.objects[status_path("node-a")]
+    written = client.objects[paths.statuses("node-a")]
     assert written["metadata"]["ownerReferences"][0]["uid"] == "node-uid"
-    assert status_from_json(written) == teller.status
+    assert status_from_json(written) == replace(teller.status, owner="node-a")  # read back, owned by its Node
 
 
 def test_a_config_change_costs_one_status_write_not_one_per_report() -> None:
@@ -118,15 +124,15 @@ def test_a_config_change_costs_one_status_write_not_one_per_report() -> None:
     reporter = started_reporter(client, narrator(), stop)
     try:
         reporter.reconciled(applied(), 0.01)
-        wait_written(client, lambda: status_path("node-a") in client.objects)
+        wait_written(client, lambda: paths.statuses("node-a") in client.objects)
         client.calls.clear()
         # a new config: seen (not ready: not applied yet), then its pass (ready); the writer waits for the second
         changed = ConfigReport(changed=True, config_error=None, policy_hash="a" * 64, resync_interval=60.0,
                                readiness=Verdict(False, "not ready: the current config is not applied yet"))
         reporter.observed(changed)
         reporter.reconciled(applied("b" * 64), 0.01)
-        wait_written(client, lambda: client.objects[status_path("node-a")]["policyHash"] == "b" * 64)
-        assert client.calls == [("PATCH", status_path("node-a"))]
+        wait_written(client, lambda: client.objects[paths.statuses("node-a")]["policyHash"] == "b" * 64)
+        assert client.calls == [("PATCH", paths.statuses("node-a"))]
     finally:
         stop.set()
 
@@ -159,14 +165,14 @@ def test_a_status_write_refused_by_priority_and_fairness_is_asked_again_at_the_s
             super()._check(verb, path)
 
     client = TimedClient()
-    statuses = status_path("node-a").rsplit("/", 1)[0]  # a node's first status is created there
+    statuses = paths.statuses("node-a").rsplit("/", 1)[0]  # a node's first status is created there
     # refused six times in a row, as a client does while the server's Retry-After runs
     client.refuse(statuses, *[TooManyRequests(429, "the API server asked to wait", retry_after=0.5)] * 6)
     stop = threading.Event()
     reporter = started_reporter(client, narrator(), stop)
     try:
         reporter.reconciled(applied(), 0.01)
-        wait_written(client, lambda: status_path("node-a") in client.objects)
+        wait_written(client, lambda: paths.statuses("node-a") in client.objects)
     finally:
         stop.set()
     gaps = [later - earlier for earlier, later in itertools.pairwise(asked)]
@@ -175,3 +181,24 @@ def test_a_status_write_refused_by_priority_and_fairness_is_asked_again_at_the_s
     # ... 1.6 s from its first step) is not stacked on the server's time
     assert all(gap >= 0.49 for gap in gaps), gaps
     assert max(gaps) < 0.5 * 1.25 + 0.9, gaps
+
+
+def test_the_spread_of_status_writes_grows_with_the_fleet() -> None:
+    assert apireport.spread_seconds(None) == apireport.SPREAD_SECONDS  # not known yet: as for a large fleet
+    assert apireport.spread_seconds(2) < 0.01  # the lab's two nodes say a change at once
+    assert apireport.spread_seconds(1000) == 2.0  # the rate the fixed 2 s gave 1,000 nodes
+    assert apireport.spread_seconds(2000) == 4.0 and apireport.spread_seconds(10**6) == apireport.SPREAD_MAX
+
+
+def test_an_observed_mismatch_is_in_the_status_and_one_node_event_escaped() -> None:
+    teller = Narrator("node-a", pod=None, version="0.1.0", backend="iptables-nft", now=lambda: "t",
+                      mode="observe", writer="gke", chain="IP-MASQ")
+    note = teller.reconciled(applied(result=SyncResult.OUT_OF_SYNC, mismatch="IP-MASQ: missing\x1b[2K"))
+    assert note.status is not None and note.status.mismatch == "IP-MASQ: missing\\x1b[2K"
+    assert note.status.config_digest == "d" * 64 and not note.status.enforces
+    (said,) = note.occurrences
+    assert said.reason == "ConfigNotEnforced" and "gke writes in IP-MASQ" in said.message
+    assert teller.reconciled(applied(result=SyncResult.OUT_OF_SYNC, mismatch="IP-MASQ: missing\x1b[2K")) \
+        .occurrences == ()  # once per change
+    back = teller.reconciled(applied(result=SyncResult.IN_SYNC))
+    assert back.status is not None and back.status.enforces and back.status.mode == "observe"

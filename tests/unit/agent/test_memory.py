@@ -12,6 +12,7 @@ from ipmasq.agent import loop
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup, _Schedule
 from ipmasq.agent.reconcile import Reconciler
 from ipmasq.backends.iptables import IptablesBackend, Variant
+from ipmasq.backoff import Backoff
 from ipmasq.options import PolicyOptions
 from ipmasq.testing import FakeIptables
 from tests.clock import Clock
@@ -34,7 +35,8 @@ def test_released_after_changes_and_writes_only(tmp_path: Path,
                             log=logging.getLogger("test"))
     settings = LoopSettings(config_path=str(path), use_inotify=False)
     agent = Agent(reconciler, settings, log=logging.getLogger("test"), clock=clock)
-    wakeup, schedule = Wakeup(), _Schedule(next_resync=clock.now, backoff=settings.backoff_initial)
+    backoff = Backoff(settings.backoff_initial, settings.backoff_max, jitter=0.0)
+    wakeup, schedule = Wakeup(), _Schedule(next_resync=clock.now, backoff=backoff)
 
     def pass_at(now: float) -> None:
         clock.now = now

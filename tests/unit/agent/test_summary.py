@@ -6,9 +6,14 @@ import logging
 import threading
 from dataclasses import replace
 
+from ipmasq.agent.apiconfig import ApiContent
+from ipmasq.agent.origin import ConfigOrigin
 from ipmasq.agent.summary import SETTLE_SECONDS, SummaryWriter
-from ipmasq.kube.agentstatus import NodeStatus, status_path
+from ipmasq.config.source import ConfigInput
+from ipmasq.kube import paths
+from ipmasq.kube.agentstatus import NodeStatus
 from ipmasq.kube.configmaps import ConfigMapState
+from ipmasq.kube.events import EventRecorder
 from ipmasq.kube.lease import LeaseElector
 from ipmasq.testing.kube import FakeKubeClient
 
@@ -32,8 +37,19 @@ class Clock:
 def writer(client: FakeKubeClient, clock: Clock, node: str) -> SummaryWriter:
     configmap = ConfigMapState("kube-system", "ip-masq-agent", True, b"bad", uid="cm-uid", resource_version="7")
     elector = LeaseElector(client, "kube-system", "ip-masq-agent", node, duration=120, clock=clock)
-    return SummaryWriter(client, elector, lambda: {"ip-masq-agent": configmap}, lambda: NEW, component="ip-masq-agent",
-                         host=node, log=logging.getLogger("test"), stop=threading.Event(), clock=clock)
+    events = EventRecorder(client, component="ip-masq-agent", host=node)
+    summary = SummaryWriter(client, elector, events, log=logging.getLogger("test"), stop=threading.Event(),
+                            clock=clock)
+    origin = ConfigOrigin("api", digest=NEW, configmaps=(("ip-masq-agent", "7"),), exists=True)
+    summary.content_changed(ApiContent(ConfigInput((("configmap/ip-masq-agent[config]", b"bad"),)), origin,
+                                       (configmap,)))
+    return summary
+
+
+def node_status(name: str, status: NodeStatus = BASE) -> dict[str, object]:
+    """A node's status object as its agent writes it: named after the node and owned by it."""
+    return {"metadata": {"name": name, "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name,
+                                                             "uid": f"uid-{name}"}]}, **status.as_json()}
 
 
 def summaries(client: FakeKubeClient) -> list[dict[str, object]]:
@@ -43,8 +59,8 @@ def summaries(client: FakeKubeClient) -> list[dict[str, object]]:
 def test_one_holder_writes_one_warning_for_a_thousand_rejections_and_patches_it_as_nodes_report() -> None:
     client, clock = FakeKubeClient(), Clock()
     for i in range(1000):
-        client.put(status_path(f"node-{i:04d}"), BASE.as_json() if i < 600 else replace(BASE, rejected_digest=None)
-                   .as_json())
+        client.put(paths.statuses(f"node-{i:04d}"),
+                   node_status(f"node-{i:04d}", BASE if i < 600 else replace(BASE, rejected_digest=None)))
     holder, other = writer(client, clock, "node-0000"), writer(client, clock, "node-0001")
     clock.now = 10.0
     holder.step()
@@ -57,10 +73,10 @@ def test_one_holder_writes_one_warning_for_a_thousand_rejections_and_patches_it_
     assert event["reason"] == "ConfigRejected" and event["involvedObject"] == {
         "kind": "ConfigMap", "apiVersion": "v1", "namespace": "kube-system", "name": "ip-masq-agent", "uid": "cm-uid"}
     assert str(event["message"]).startswith(f"rejected on 600 of 1,000 nodes: {LINE} (400 not reported yet)")
-    lists = [path for verb, path in client.calls if verb == "GET" and path == status_path()]
+    lists = [path for verb, path in client.calls if verb == "GET" and path == paths.statuses()]
     assert len(lists) == 2  # in pages of 500
     for i in range(600, 1000):  # the others report
-        client.patch(status_path(f"node-{i:04d}"), {"rejectedDigest": NEW})
+        client.patch(paths.statuses(f"node-{i:04d}"), {"rejectedDigest": NEW})
     clock.now += SETTLE_SECONDS * 2
     holder.step()
     (event,) = summaries(client)  # the same Event, its message patched
@@ -69,13 +85,13 @@ def test_one_holder_writes_one_warning_for_a_thousand_rejections_and_patches_it_
     for _ in range(100):  # every node reported: no more tallies for this content
         clock.now += 1.0
         holder.step()
-    assert not any(path == status_path() for _verb, path in client.calls)
+    assert not any(path == paths.statuses() for _verb, path in client.calls)
 
 
 def test_a_new_holder_patches_the_same_event_not_another_one() -> None:
     client, clock = FakeKubeClient(), Clock()
     for i in range(3):
-        client.put(status_path(f"node-{i}"), BASE.as_json())
+        client.put(paths.statuses(f"node-{i}"), node_status(f"node-{i}"))
     first = writer(client, clock, "node-0")
     clock.now = 10.0
     first.step()
@@ -95,3 +111,44 @@ def test_a_new_holder_patches_the_same_event_not_another_one() -> None:
     second.step()
     (event,) = summaries(client)
     assert str(event["message"]).startswith(f"rejected on 3 of 3 nodes: {LINE}")
+
+
+def test_objects_for_nodes_that_do_not_exist_are_not_counted_and_the_count_is_published_for_the_spread() -> None:
+    """Five thousand objects no Node owns (anyone with the agents' rights could write them) change nothing."""
+    client, clock = FakeKubeClient(), Clock()
+    for i in range(2):
+        client.put(paths.statuses(f"node-{i}"), node_status(f"node-{i}"))
+    for i in range(5000):
+        client.put(paths.statuses(f"phantom-{i}"), {"metadata": {"name": f"phantom-{i}"}, **BASE.as_json()})
+    client.put(paths.statuses("claims-node-0"), node_status("node-0") | {"metadata": {
+        "name": "claims-node-0", "ownerReferences": [{"kind": "Node", "name": "node-0", "uid": "uid-node-0"}]}})
+    holder = writer(client, clock, "node-0")
+    clock.now = 10.0
+    holder.step()
+    clock.now += SETTLE_SECONDS
+    holder.step()
+    (event,) = summaries(client)
+    assert str(event["message"]).startswith(f"rejected on 2 of 2 nodes: {LINE}")
+    assert holder.fleet.nodes == 2 and holder.elector.publish == 2
+    holder.step()  # a new size is said on the Lease at once, where every candidate reads it
+    lease = client.objects["/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/ip-masq-agent"]
+    assert lease["metadata"]["annotations"] == {"ipmasq.dev/nodes": "2"}
+
+
+def test_observed_nodes_whose_rules_do_not_enforce_the_content_are_one_warning() -> None:
+    client, clock = FakeKubeClient(), Clock()
+    observed = replace(BASE, config_digest=NEW, ready=True, last_rejection=None, rejected_digest=None,
+                       mode="observe", writer="gke", chain="IP-MASQ",
+                       mismatch="IP-MASQ: config-not-applied: \x1b[2Konly the MASQUERADE rule")
+    client.put(paths.statuses("node-0"), node_status("node-0", observed))
+    client.put(paths.statuses("node-1"), node_status("node-1", replace(observed, mismatch=None)))
+    holder = writer(client, clock, "node-0")
+    clock.now = 10.0
+    holder.step()
+    clock.now += SETTLE_SECONDS
+    holder.step()
+    by_reason = {str(e["reason"]): str(e["message"]) for e in summaries(client)}
+    assert by_reason["ConfigNotEnforced"].startswith(
+        "not enforced on 1 of 2 nodes (observed: the rules of gke in IP-MASQ): IP-MASQ: config-not-applied: "
+        "\\x1b[2Konly the MASQUERADE rule (1 enforce it)")
+    assert by_reason["ConfigApplied"].startswith("enforced on 1 of 2 nodes")

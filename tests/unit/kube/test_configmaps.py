@@ -138,4 +138,37 @@ def test_the_wait_after_trouble_is_drawn_from_zero_to_the_backoff(monkeypatch: o
         stop.set()
         client.watch_events.put(None)
     backoffs = [pair for pair in drawn if pair[0] == 0.0]
-    assert backoffs[:4] == [(0.0, 1.0), (0.0, 2.0), (0.0, 4.0), (0.0, 8.0)]
+    assert backoffs[:4] == [(0.0, 0.8), (0.0, 1.6), (0.0, 3.2), (0.0, 6.4)]
+
+
+def test_a_server_answering_every_watch_with_410_gets_lists_spaced_by_the_growing_backoff(monkeypatch: object) -> None:
+    """A list's success does not reset the backoff (only a watch that delivered does): a relist storm is not possible
+    (client-go's reflector waits the same way)."""
+    import ipmasq.kube.configmaps as module
+
+    drawn: list[tuple[float, float]] = []
+    real = module.random.uniform
+
+    def uniform(low: float, high: float) -> float:
+        if threading.current_thread().name != "configmap-gone-test":
+            return real(low, high)
+        drawn.append((low, high))
+        return 0.0
+
+    monkeypatch.setattr(module.random, "uniform", uniform)  # type: ignore[attr-defined]
+    client = FakeKubeClient()
+    client.put(f"{PATH}/gone-test", configmap("a"))
+    for _ in range(5):
+        client.watch_events.put(Gone(410, "too old resource version"))
+    stop = threading.Event()
+    follower = ConfigMapFollower(client, "kube-system", "gone-test", "config", on_change=lambda _s: None,
+                                 on_trouble=lambda _why: None, stop=stop)
+    follower.start()
+    try:
+        _wait(lambda: follower.relists == 5 and len([p for p in drawn if p[0] == 0.0]) >= 5)
+    finally:
+        stop.set()
+        client.watch_events.put(None)
+    assert [pair for pair in drawn if pair[0] == 0.0][:5] == [(0.0, 0.8), (0.0, 1.6), (0.0, 3.2), (0.0, 6.4),
+                                                              (0.0, 12.8)]
+    assert [verb for verb, _ in client.calls].count("GET") == 6  # the first list and one per 410, no more

@@ -60,7 +60,7 @@ def test_status_lists_in_pages_so_five_thousand_nodes_stay_within_the_clients_bo
     import argparse
 
     from ipmasq.commands import status as command
-    from ipmasq.kube.agentstatus import status_path
+    from ipmasq.kube import paths
     from ipmasq.testing.kube import FakeKubeClient
 
     client = FakeKubeClient()
@@ -69,10 +69,61 @@ def test_status_lists_in_pages_so_five_thousand_nodes_stay_within_the_clients_bo
     for i in range(1234):
         name = f"node-{i:04d}"
         client.put(f"/api/v1/nodes/{name}", {"metadata": {"name": name}})
-        client.put(status_path(name), status(name, CURRENT))
+        client.put(paths.statuses(name), status(name, CURRENT))
         client.put(f"/api/v1/namespaces/kube-system/pods/agent-{i:04d}", {**pod(name), "metadata": {"name": name}})
     args = argparse.Namespace(namespace="kube-system", configmaps="ip-masq-agent", configmap_key="config")
     view = command._gather(client, args)
     assert len(view.rows) == 1234 and view.all_current
     pages = [path for verb, path in client.calls if verb == "GET" and path == "/api/v1/nodes"]
     assert len(pages) == 7  # 200 a page
+
+
+def test_rows_are_keyed_by_object_name_and_objects_for_no_node_are_ignored() -> None:
+    """A forged object claiming another node (its body's nodeName) neither replaces that node's row nor adds one."""
+    bad = "configmap/ip-masq-agent[config]:3: bad"
+    forged = {**status("zzz-forged", CURRENT), "nodeName": "n1"}
+    view = fleet_view([CONFIGMAP], [status("n1", b"old", ready=False, rejection=bad), forged, status("n2", CURRENT)],
+                      [pod("n1"), pod("n2")], ["n1", "n2"])
+    assert [row.node for row in view.rows] == ["n1", "n2"] and view.ignored == 1
+    assert not view.all_current and view.rows[0].why == f"rejects the current config: {bad}"
+    assert render_table(view).splitlines()[-2:] == ["1 of 2 nodes enforce the current config",
+                                                    "(1 status object named after no node of the cluster ignored)"]
+
+
+def test_named_nodes_only_and_a_named_node_that_does_not_exist_is_not_current() -> None:
+    statuses = [status("n1", CURRENT), status("n2", b"old")]
+    pods = [pod("n1"), pod("n2")]
+    assert fleet_view([CONFIGMAP], statuses, pods, ["n1", "n2"], only=["n1"]).all_current
+    assert not fleet_view([CONFIGMAP], statuses, pods, ["n1", "n2"], only=["n1", "n2"]).all_current
+    missing = fleet_view([CONFIGMAP], statuses, pods, ["n1", "n2"], only=["n1", "n9"])
+    assert not missing.all_current and {row.node: row.why for row in missing.rows}["n9"] == "no such node"
+
+
+def test_an_observed_node_is_current_only_when_its_rules_enforce_the_config_and_says_why_not() -> None:
+    observed = {**status("n1", CURRENT), "mode": "observe", "writer": "gke", "chain": "IP-MASQ",
+                "mismatch": "IP-MASQ: config-not-applied: only the MASQUERADE rule"}
+    in_sync = {**status("n2", CURRENT), "mode": "observe", "writer": "gke", "chain": "IP-MASQ"}
+    view = fleet_view([CONFIGMAP], [observed, in_sync], [pod("n1"), pod("n2")], ["n1", "n2"])
+    rows = {row.node: row for row in view.rows}
+    assert not rows["n1"].current and rows["n2"].current
+    assert rows["n1"].why == ("observed: gke's rules in IP-MASQ do not enforce the current config: IP-MASQ: "
+                              "config-not-applied: only the MASQUERADE rule")
+    assert "observe (gke, IP-MASQ)" in render_table(view)
+
+
+def test_nothing_an_api_object_says_reaches_the_terminal_raw() -> None:
+    """ESC, BEL, C1 controls and bidi overrides in a status object are printed escaped, never as they are."""
+    hostile = "\x1b]0;owned\x07\x1b[2K\u202eevil\x9b31m\nforged-row"
+    rejected = {**status("n1", b"old", ready=False, rejection=hostile), "agentPod": hostile}
+    pods = [{**pod("n1"), "metadata": {"name": "pod\x1b[1A"}}]
+    table = render_table(fleet_view([CONFIGMAP], [rejected], pods, ["n1"]))
+    assert all(char.isprintable() for line in table.splitlines() for char in line)
+    assert "\\x1b]0;owned\\x07" in table and "\\u202e" in table and len(table.splitlines()) == 4
+
+
+def test_the_agent_pod_a_status_names_is_its_row_when_an_observer_runs_beside_another_pod() -> None:
+    observer = {**pod("n1"), "metadata": {"name": "ipmasq-observer-1"}}
+    other = {**pod("n1", ready=False), "metadata": {"name": "ip-masq-agent-1"}}
+    named = {**status("n1", CURRENT), "agentPod": "ipmasq-observer-1", "mode": "observe"}
+    (row,) = fleet_view([CONFIGMAP], [named], [other, observer], ["n1"]).rows
+    assert row.pod == "ipmasq-observer-1" and row.current

@@ -66,3 +66,27 @@ def test_a_renewing_holder_is_never_replaced_and_a_race_has_one_winner() -> None
     assert not a.try_lead()
     client.get = real_get  # type: ignore[method-assign]
     assert client.objects[PATH]["spec"]["holderIdentity"] == "node-b"
+
+
+def test_a_patched_endless_duration_holds_the_lease_no_longer_than_the_candidates_own() -> None:
+    client, clock = FakeKubeClient(), Clock()
+    a, b = candidates(client, clock)
+    assert a.try_lead()
+    client.objects[PATH]["spec"]["leaseDurationSeconds"] = 2147483647  # patched by hand, or by a hostile node
+    assert not b.try_lead()
+    clock.now = 120.0  # the record stood still for the candidates' own duration
+    assert b.try_lead() and b.leading
+
+
+def test_the_holder_publishes_the_fleets_size_and_candidates_read_only_digits() -> None:
+    client, clock = FakeKubeClient(), Clock()
+    a, b = candidates(client, clock)
+    assert a.try_lead()
+    a.publish = 1000
+    assert a.try_lead()  # the renewal says it
+    assert client.objects[PATH]["metadata"]["annotations"] == {"ipmasq.dev/nodes": "1000"}
+    assert not b.try_lead() and b.nodes == 1000
+    for said in ("1e9", "²", "-5", "12345678", ""):
+        client.objects[PATH]["metadata"]["annotations"]["ipmasq.dev/nodes"] = said
+        c = LeaseElector(client, "kube-system", "ip-masq-agent", "node-c", duration=120, clock=clock)
+        assert not c.try_lead() and c.nodes is None, said

@@ -28,7 +28,8 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 
 __all__ = [
-    "AGENT_LABEL", "CONFIGMAP", "SHIPPED_BACKEND", "agent_pods", "apply_config", "deploy_agent", "kernel",
+    "AGENT_LABEL", "CONFIGMAP", "SHIPPED_BACKEND", "agent_pods", "apply_config", "deploy_agent", "deploy_observer",
+    "kernel",
     "lab_overlay", "node_options", "overlay_for", "remove_agent", "uninstall", "wait_agents_ready", "wait_synced",
     "wait_volume",
 ]
@@ -81,6 +82,27 @@ def deploy_agent(cluster: Cluster, shipped: str = "deploy", *, image: str | None
     """`kubectl apply -k` of a shipped kustomization (deploy/ or an overlay), the lab's image in it, the agent on
     `backend`."""
     cluster.apply_shipped(lab_overlay(cluster, shipped, image or cluster.artifacts.image, backend))
+    if wait:
+        wait_agents_ready(cluster)
+
+
+def deploy_observer(cluster: Cluster, writer: str, flags: tuple[str, ...], *, image: str | None = None,
+                    wait: bool = True) -> None:
+    """The shipped DaemonSet with the agent in observe mode (`--observe=WRITER` and the writer's policy flags),
+    through a lab overlay of deploy/ that replaces the container's arguments only (its name, label, rights and
+    probes stay the shipped ones, so the lab's helpers find it)."""
+    directory = lab_overlay(cluster, "deploy", image or cluster.artifacts.image)
+    kustomization = json.loads((directory / "kustomization.yaml").read_text())
+    args = ["agent", f"--observe={writer}", "--config=/etc/config/ip-masq-agent", f"--backend={SHIPPED_BACKEND}",
+            *flags, "--metrics-address=127.0.0.1:9847"]
+    kustomization["patches"] = [{
+        "target": {"group": "apps", "version": "v1", "kind": "DaemonSet", "name": "ip-masq-agent"},
+        "patch": json.dumps([{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args}])}]
+    observe = directory.parent / f"observe-{writer}"
+    observe.mkdir(exist_ok=True)
+    kustomization["resources"] = [os.path.relpath((cluster.source / "deploy").resolve(), observe.resolve())]
+    (observe / "kustomization.yaml").write_text(json.dumps(kustomization, indent=2) + "\n")
+    cluster.apply_shipped(observe)
     if wait:
         wait_agents_ready(cluster)
 

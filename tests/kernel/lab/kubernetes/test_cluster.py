@@ -689,10 +689,11 @@ def test_what_the_agents_client_sends_and_reads_is_what_lightkube_reads(cluster:
     from lightkube.generic_resource import create_global_resource
     from lightkube.resources.core_v1 import ConfigMap, Event
 
-    from ipmasq.kube.agentstatus import GROUP, KIND, PLURAL, VERSION, status_path
+    from ipmasq.kube import paths
     from ipmasq.kube.client import KubeClient
     from ipmasq.kube.configmaps import configmap_state
     from ipmasq.kube.kubeconfig import load as from_kubeconfig
+    from ipmasq.kube.paths import GROUP, KIND, PLURAL, VERSION
 
     agent.apply_config(cluster, KEEP_10_8)
     agent.deploy_agent(cluster)
@@ -740,7 +741,7 @@ def test_what_the_agents_client_sends_and_reads_is_what_lightkube_reads(cluster:
         status = oracle.get(status_kind, node.name)
         assert status["ready"] is True and status["nodeName"] == node.name
         assert status.metadata.ownerReferences[0].kind == "Node"
-        assert ours.get(status_path(node.name))["policyHash"] == status["policyHash"]
+        assert ours.get(paths.statuses(node.name))["policyHash"] == status["policyHash"]
 
 
 def test_the_agent_with_the_api_on_stays_within_its_memory_budget(cluster: Cluster) -> None:

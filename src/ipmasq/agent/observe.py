@@ -1,0 +1,188 @@
+"""Observe mode: the agent beside another program that writes the node's nat rules (a provider's ip-masq-agent, a
+hand-made fix-nat DaemonSet), saying whether those rules enforce the ConfigMap's intent, and never writing anything.
+
+The Observer takes the Reconciler's place in the agent's loop (ipmasq.agent.loop drives either): its config half is
+the Reconciler's own (the same loader, the same last good policy, the same one-line errors); its pass reads the node's
+rules as `ipmasq check` reads them (ipmasq.diagnose.sources.read_node_rules: both iptables variants, nftables, the
+chains beside them) and compares them with `check`'s comparison (ipmasq.diagnose.check.check_node: structure, the
+config's rules, and every class of pod packet traced through postrouting), under the writer's flags (its chain, its
+reserved ranges: the policy options). Its reports are the enforcing agent's values: IN_SYNC when the rules enforce
+the policy, OUT_OF_SYNC with the first findings as one line (PassReport.mismatch) when not; they reach the node's
+status object, the summary Event on the ConfigMap, the metrics (ipmasq_syncs_total{result="out-of-sync"}) and
+`ipmasq status` by the same path as the enforcing agent's.
+
+What it never does: write netfilter (its backend refuses every write, so a bug cannot write either), flush
+conntrack, or take the node lock (the writer owns the node). Drift is what it reports, never a reason to be not
+ready: it is not ready only while it cannot read the rules at all, or before a first good config.
+
+Cost: a pass is due every `poll` seconds (OBSERVE_POLL_SECONDS), so that a change of the rules shows within it; an
+idle pass reads nothing while the kernel's fingerprint (ipmasq.backends.generation: the nf_tables generation over
+netlink, the iptables-legacy nat tables' digest) is the one of its last read, and a read whose rules equal the last
+ones is not compared again (a writer that re-applies the same rules in a loop bumps the generation each time).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import replace
+
+from ipmasq.agent.reconcile import ConfigReport, PassReport, Reconciler, SyncResult, Verdict
+from ipmasq.backends.base import Fingerprint, Runner, State, take_fingerprint
+from ipmasq.backends.iptables import Variant, detect_variant
+from ipmasq.config.model import MasqConfig
+from ipmasq.config.source import ConfigInput, config_from_bytes
+from ipmasq.diagnose.check import NodeRules, check_node
+from ipmasq.diagnose.sources import read_node_rules
+from ipmasq.errors import BackendError, ConfigError, IpmasqError, clip, one_line
+from ipmasq.findings import Finding, Severity
+from ipmasq.options import PolicyOptions
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
+
+__all__ = ["MISMATCH_CHARS", "OBSERVE_POLL_SECONDS", "Observer", "mismatch_line"]
+
+# How often the rules are looked at (a look is one netlink request and the legacy tables' digest when nothing
+# changed): a change of a node's rules shows in its status within this plus the status write's spread.
+OBSERVE_POLL_SECONDS = 2.0
+MISMATCH_CHARS = 600  # what a status's mismatch line holds: the first findings, clipped
+REDETECT_READS = 30  # reads of the rules between two detections of the iptables variant (a minute at 2 s)
+_SHOWN = 2  # findings named in the line; the others counted
+
+
+def mismatch_line(findings: Sequence[Finding]) -> str | None:
+    """The error findings as one line, most telling first (None: the rules enforce the policy)."""
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    if not errors:
+        return None
+    shown = "; ".join(f"{f.id}: {f.message}" for f in errors[:_SHOWN])
+    more = f" (and {len(errors) - _SHOWN} more)" if len(errors) > _SHOWN else ""
+    return clip(one_line(shown), MISMATCH_CHARS - len(more) - 1) + more  # clip adds its ellipsis
+
+
+class _NeverWrites:
+    """The Observer's config half is the Reconciler, which holds a backend: this one refuses every kernel call, so
+    that observe mode cannot write (nor read behind the observer's back) whatever happens."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def _refuse(self) -> BackendError:
+        return BackendError("observe mode never writes the node's rules")
+
+    def read(self, family: Family) -> State:
+        raise self._refuse()
+
+    def desired(self, policy: Policy, family: Family) -> State:
+        raise self._refuse()
+
+    def apply(self, policy: Policy, family: Family, current: State) -> None:
+        raise self._refuse()
+
+    def remove_all(self) -> None:
+        raise self._refuse()
+
+    def rule_counters(self, families: Sequence[Family], *, reread: bool) -> dict[str, tuple[int, int]]:
+        raise self._refuse()
+
+
+ReadRules = Callable[[Policy], NodeRules]
+
+
+class Observer:
+    def __init__(self, options: PolicyOptions, runner: Runner, *, log: logging.Logger, writer: str,
+                 backend: str = "auto", fingerprint: Fingerprint | None = None, poll: float = OBSERVE_POLL_SECONDS,
+                 load: Callable[[ConfigInput, PolicyOptions], MasqConfig] = config_from_bytes,
+                 read_rules: ReadRules | None = None) -> None:
+        """`writer`: the program observed (a name said in status); `backend`: which rules it writes (iptables,
+        nftables, or auto: whichever holds its chain); `read_rules` replaces the live read (tests)."""
+        self.writer, self.chain, self.log, self.poll = writer, options.masq_chain, log, poll
+        self.backend = _NeverWrites(f"observe ({writer})")
+        self._config = Reconciler(self.backend, options, log=log, load=load)
+        self.fingerprint = fingerprint
+        self._variant: Variant | None = None  # the iptables variant the writer's rules were last found in
+        self._reads_since_detect = 0
+
+        def read_live(policy: Policy) -> NodeRules:
+            # the variant is detected (every variant's save of every family) only now and then, and again
+            # whenever the rules do not enforce the policy: the writer may have moved to the other variant
+            if self._variant is None or self._mismatch is not None or self._reads_since_detect >= REDETECT_READS:
+                self._variant, self._reads_since_detect = detect_variant(runner), 0
+            self._reads_since_detect += 1
+            return read_node_rules(runner, policy.families, chain=options.masq_chain, backend=backend,
+                                   variant=self._variant)
+
+        self._read_rules: ReadRules = read_rules or read_live
+        self._seen: ConfigReport | None = None  # the last config read's report
+        self._compared: tuple[Policy, NodeRules] | None = None  # the last comparison's inputs
+        self._quiet: tuple[Policy, Hashable] | None = None  # the policy and fingerprint of the last full read
+        self._mismatch: str | None = None
+        self._error: str | None = None  # the rules could not be read
+        self._passes = 0
+        self.reads = 0  # full reads of the node's rules (the cost a fingerprint saves)
+        self.comparisons = 0
+
+    def readiness(self) -> Verdict:
+        if self._error is not None:
+            return Verdict(False, f"not ready: cannot read the node's rules: {self._error}")
+        if self._config.policy is None:
+            return Verdict(False, "not ready: no config loaded yet")
+        if not self._passes:
+            return Verdict(False, "not ready: the node's rules not looked at yet")
+        return Verdict(True, f"ready: observing the rules {self.writer} writes in {self.chain} (this agent writes "
+                             "nothing)")
+
+    def observe(self, config_input: ConfigInput | ConfigError) -> ConfigReport:
+        report = self._config.observe(config_input)
+        self._seen = report = replace(report, readiness=self.readiness(), resync_interval=self.poll)
+        return report
+
+    def reconcile(self) -> PassReport:
+        """One look at the node's rules against the last good policy; nothing is written."""
+        policy = self._config.policy
+        if policy is None:
+            return self._report(SyncResult.NO_POLICY)
+        fingerprint = take_fingerprint(self.fingerprint, self.log)
+        if fingerprint is None or self._quiet != (policy, fingerprint) or self._error is not None:
+            self._quiet = None
+            try:
+                rules = self._read_rules(policy)
+            except IpmasqError as exc:
+                if one_line(str(exc)) != self._error:
+                    self.log.error("observe: cannot read the node's rules: %s (not ready; will retry)", exc)
+                self._error = one_line(str(exc))
+                return self._report(SyncResult.FAILED)
+            self.reads += 1
+            if self._error is not None:
+                self.log.info("observe: the node's rules can be read again")
+            self._error = None
+            if self._compared is None or self._compared[0] is not policy or self._compared[1] != rules:
+                self._compare(policy, rules)
+            self._quiet = (policy, fingerprint) if fingerprint is not None else None
+        self._passes += 1
+        return self._report(SyncResult.IN_SYNC if self._mismatch is None else SyncResult.OUT_OF_SYNC)
+
+    def _compare(self, policy: Policy, rules: NodeRules) -> None:
+        self.comparisons += 1
+        mismatch = mismatch_line(check_node(policy, rules).findings)
+        if mismatch != self._mismatch:
+            if mismatch is None:
+                self.log.info("observe: the rules %s writes in %s enforce the config (policy %s)", self.writer,
+                              self.chain, (self._seen.policy_hash or "")[:12] if self._seen else "")
+            else:
+                self.log.warning("observe: the rules %s writes in %s do not enforce the config: %s", self.writer,
+                                 self.chain, mismatch)
+        self._compared, self._mismatch = (policy, rules), mismatch
+
+    def _report(self, result: SyncResult) -> PassReport:
+        seen = self._seen
+        return PassReport(result=result, config_error=seen.config_error if seen else None,
+                          backend_error=self._error if result is SyncResult.FAILED else None, drift_repair=False,
+                          writes=(), removed_leftovers=(), leftovers=(),
+                          policy_hash=seen.policy_hash if seen else None, objects=(), resync_interval=self.poll,
+                          readiness=self.readiness(), config_digest=seen.config_digest if seen else None,
+                          mismatch=self._mismatch if result is SyncResult.OUT_OF_SYNC else None)

@@ -1,0 +1,139 @@
+"""A stand-in for a provider's ip-masq-agent on the lab's cluster, that is not ipmasq: a DaemonSet on the host network
+whose container only runs a shell loop of `iptables-restore --noflush` of a fixed rule set, as the hand-made "fix-nat"
+DaemonSets do, and as GKE's managed agent behaves from the node's point of view (it writes IP-MASQ and keeps it).
+
+The rule set is GKE's default one as the reference agent writes it (chain IP-MASQ, every reserved range preserved,
+no --random-fully: the reference v2.9.1's output on a GKE 1.14 node), from a ConfigMap; the script ensures the
+POSTROUTING jump once and then restores the chain every LOOP_SECONDS (a restore with a chain declared replaces that
+chain whole, leaving the rest of the table). `catch_up` makes the writer on one node take another rule set (what a
+provider's agent does when it finally reads the new ConfigMap): it writes /tmp/rules in that node's pod, which the
+loop prefers. The container image is the lab's agent image, used only for its iptables and /bin/sh.
+
+Used by observe mode's lab test (ipmasq beside it in observe mode) and by the two-writers test (ipmasq enforcing the
+same chain beside it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ipmasq.lab.kubernetes.cluster import Cluster, ClusterError, NodeSpec
+
+__all__ = ["GKE_DEFAULT_RULES", "JUMP", "LABEL", "NAME", "catch_up", "chain_only", "deploy", "node_rules", "remove",
+           "wait_written"]
+
+NAME = "gke-ip-masq-standin"
+LABEL = f"k8s-app={NAME}"
+LOOP_SECONDS = 1
+CHAIN = "IP-MASQ"
+JUMP = ('-m comment --comment "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to '
+        f'our custom {CHAIN} chain" -m addrtype ! --dst-type LOCAL -j {CHAIN}')
+_RESERVED = ("169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "192.0.0.0/24",
+             "192.0.2.0/24", "192.88.99.0/24", "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "240.0.0.0/4")
+GKE_DEFAULT_RULES = "".join(
+    ["*nat\n", f":{CHAIN} - [0:0]\n"]
+    + [f'-A {CHAIN} -d {cidr} -m comment --comment "ip-masq-agent: local traffic is not subject to MASQUERADE" '
+       "-j RETURN\n" for cidr in _RESERVED]
+    + [f'-A {CHAIN} -m comment --comment "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last '
+       'in chain)" -j MASQUERADE\n', "COMMIT\n"])
+
+# the loop: the jump once (checked, never duplicated), then the chain restored every LOOP_SECONDS from the rules
+# the pod was given (/tmp/rules once catch_up wrote it, else the ConfigMap's)
+_SCRIPT = f"""set -u
+iptables -t nat -N {CHAIN} 2>/dev/null || true
+iptables -t nat -C POSTROUTING {JUMP} 2>/dev/null || iptables -t nat -A POSTROUTING {JUMP}
+while true; do
+  rules=/rules/rules; [ -s /tmp/rules ] && rules=/tmp/rules
+  iptables-restore --noflush < "$rules" || echo "restore failed" >&2
+  sleep {LOOP_SECONDS}
+done
+"""
+
+
+def _manifests(image: str, rules: str) -> list[dict[str, object]]:
+    labels = {"k8s-app": NAME}
+    configmap: dict[str, object] = {"apiVersion": "v1", "kind": "ConfigMap",
+                                    "metadata": {"name": NAME, "namespace": "kube-system"}, "data": {"rules": rules}}
+    daemonset: dict[str, object] = {
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": NAME, "namespace": "kube-system",
+                                                                   "labels": labels},
+        "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {
+            "hostNetwork": True, "automountServiceAccountToken": False, "tolerations": [{"operator": "Exists"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "writer", "image": image, "command": ["/bin/sh", "-c", _SCRIPT],
+                "securityContext": {"runAsUser": 0, "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN",
+                                                                                             "NET_RAW"]}},
+                "volumeMounts": [{"name": "rules", "mountPath": "/rules", "readOnly": True},
+                                 {"name": "xtables-lock", "mountPath": "/run/xtables.lock"}]}],
+            "volumes": [{"name": "rules", "configMap": {"name": NAME}},
+                        {"name": "xtables-lock", "hostPath": {"path": "/run/xtables.lock", "type": "FileOrCreate"}}],
+        }}}}
+    return [configmap, daemonset]
+
+
+def deploy(cluster: Cluster, rules: str = GKE_DEFAULT_RULES, *, timeout: float = 120.0) -> None:
+    """The stand-in on every node, writing `rules`; returns once its chain is on every node."""
+    for manifest in _manifests(cluster.artifacts.image, chain_only(rules)):
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    result = cluster.kubectl("rollout", "status", f"daemonset/{NAME}", "-n", "kube-system",
+                             f"--timeout={timeout:.0f}s", check=False, timeout=timeout + 10)
+    if result.returncode != 0:
+        raise ClusterError(f"the stand-in writer did not roll out: {result.stderr.strip()[-300:]}")
+    for node in cluster.nodes:
+        wait_written(cluster, node, rules, timeout=timeout)
+
+
+def remove(cluster: Cluster) -> None:
+    """The DaemonSet and its ConfigMap deleted (its rules stay, as a provider's agent leaves them)."""
+    cluster.kubectl("delete", "daemonset", NAME, "-n", "kube-system", "--ignore-not-found", "--wait",
+                    "--timeout=60s", timeout=90)
+    cluster.kubectl("delete", "configmap", NAME, "-n", "kube-system", "--ignore-not-found")
+
+
+def node_rules(cluster: Cluster, node: NodeSpec) -> list[str]:
+    """The stand-in's chain on the node as iptables-save prints it (its rules, in order)."""
+    save = cluster.namespace(node).run(["iptables-save", "-t", "nat"]).stdout
+    return [line for line in save.splitlines() if line.startswith(f"-A {CHAIN} ")]
+
+
+def _wanted(rules: str) -> list[str]:
+    return [line for line in rules.splitlines() if line.startswith(f"-A {CHAIN} ")]
+
+
+def wait_written(cluster: Cluster, node: NodeSpec, rules: str, *, timeout: float = 60.0) -> float:
+    """Until the node's chain holds `rules` (as iptables-save prints them: the comment's place may move); seconds."""
+    def canonical(lines: list[str]) -> list[list[str]]:
+        return [sorted(line.split(" -")) for line in lines]
+
+    want = canonical(_wanted(rules))
+    started = time.monotonic()
+    while canonical(node_rules(cluster, node)) != want:
+        if time.monotonic() - started > timeout:
+            raise ClusterError(f"{node.name}: the stand-in's rules are not on the node after {timeout:.0f} s")
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def _pod(cluster: Cluster, node: NodeSpec) -> str:
+    pods = cluster.kubectl_json("get", "pods", "-n", "kube-system", "-l", LABEL, "--field-selector",
+                                f"spec.nodeName={node.name}")
+    running = [p["metadata"]["name"] for p in pods["items"] if p.get("status", {}).get("phase") == "Running"]
+    if not running:
+        raise ClusterError(f"{node.name}: no running stand-in writer pod")
+    return str(running[0])
+
+
+def chain_only(rules: str) -> str:
+    """An iptables-restore text kept to the chain itself (a POSTROUTING jump in it would be appended again at
+    every restore of the loop, which ensures the jump once)."""
+    kept = [line for line in rules.splitlines()
+            if line in ("*nat", "COMMIT") or line.startswith((f":{CHAIN} ", f"-A {CHAIN} "))]
+    return "\n".join(kept) + "\n"
+
+
+def catch_up(cluster: Cluster, node: NodeSpec, rules: str) -> None:
+    """The writer on `node` takes `rules` (its chain's part) from now on (the other nodes' keep theirs)."""
+    cluster.kubectl("exec", "-i", "-n", "kube-system", _pod(cluster, node), "--", "/bin/sh", "-c",
+                    "cat > /tmp/rules.new && mv /tmp/rules.new /tmp/rules", stdin=chain_only(rules))

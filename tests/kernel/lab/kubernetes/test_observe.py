@@ -1,0 +1,211 @@
+"""Observe mode on the real cluster: a stand-in for GKE's managed agent (not ipmasq: a shell loop of iptables-restore
+of GKE's default rule set, ipmasq.lab.kubernetes.standin) writes IP-MASQ on every node, and ipmasq runs beside it in
+observe mode, as the shipped DaemonSet with `--observe=gke` and GKE's flags.
+
+The ConfigMap changes and the writer's rules do not: every node is reported out of sync in its status object and
+`ipmasq status`, with one summary Event on the ConfigMap saying so, while every pod stays Ready; the writer catches
+up on one node and that node turns in sync. How long each report took (the ConfigMap or the rules changed -> the
+node's status object says it, polled through the API) is printed, never asserted (docs/measurements.md has them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ipmasq.kube import paths
+from ipmasq.kube.client import KubeClient
+from ipmasq.kube.kubeconfig import load as load_kubeconfig
+from ipmasq.lab.kubernetes import agent, standin
+from ipmasq.lab.kubernetes.cluster import Cluster
+from tests.kernel.lab.kubernetes.conftest import module_cluster, progress
+
+pytestmark = pytest.mark.kubernetes
+
+GKE = ("--masq-chain=IP-MASQ", "--nomasq-all-reserved-ranges", "--random-fully=false")  # the writer's own flags
+DEFAULTS = ""  # GKE's defaults: what the stand-in's fixed rule set enforces
+FIX = "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n"  # the ConfigMap users apply to stop preserving 172.16.0.0/12
+SAMPLES = 5  # ConfigMap changes timed to the nodes' status
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Cluster]:
+    with module_cluster() as cluster:
+        yield cluster
+
+
+def _ipmasq(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return subprocess.run(list(args), capture_output=True, text=True, env=env, timeout=120)
+
+
+def _status(cluster: Cluster, *nodes: str) -> tuple[int, dict[str, Any]]:
+    result = _ipmasq(cluster, "ipmasq", "status", "-o", "json", *nodes)
+    return result.returncode, json.loads(result.stdout) if result.stdout else {}
+
+
+def _wait(condition: Callable[[], object], timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, f"not within {timeout:.0f} s: {what}"
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def _rendered(config: str) -> str:
+    """The rules GKE's agent writes once it has read `config` (what the stand-in takes when it catches up)."""
+    return subprocess.run([sys.executable, "-m", "ipmasq", "render", "--config", "-", *GKE], input=config,
+                          check=True, capture_output=True, text=True).stdout
+
+
+class Statuses:
+    """The nodes' IPMasqAgentStatus objects, read through the API as `ipmasq status` reads them, 10 times a second."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.client = KubeClient(load_kubeconfig(str(cluster.kubeconfig)))
+        self.nodes = [n.name for n in cluster.nodes]
+
+    def enforcing(self, digest: str) -> dict[str, bool | None]:
+        """node -> whether its status says its rules enforce the content of `digest` (None: not about it yet)."""
+        shown: dict[str, bool | None] = {}
+        for node in self.nodes:
+            status = self.client.get(paths.statuses(node))
+            about = status.get("configDigest") == digest
+            shown[node] = (status.get("mismatch") is None) if about else None
+        return shown
+
+
+def _pods_ready(cluster: Cluster) -> bool:
+    pods = agent.agent_pods(cluster).values()
+    return len(pods) == len(cluster.nodes) and all(
+        any(c.get("type") == "Ready" and c.get("status") == "True" for c in p["status"].get("conditions", []))
+        for p in pods)
+
+
+def test_a_configmap_the_providers_agent_does_not_apply_is_reported_on_every_node_and_one_that_catches_up_turns_in_sync(
+        lab: Cluster) -> None:
+    from ipmasq.config.source import config_digest
+
+    standin.deploy(lab)
+    agent.apply_config(lab, DEFAULTS)
+    agent.deploy_observer(lab, "gke", GKE)
+    statuses = Statuses(lab)
+    _wait(lambda: _status(lab)[0] == 0, 60, "ipmasq status: every node in sync with GKE's defaults")
+    view = _status(lab)[1]
+    assert {(row["mode"], row["writer"], row["chain"]) for row in view["nodes"]} == {("observe", "gke", "IP-MASQ")}
+    # the ConfigMap changes back and forth; the writer's rules never do: timed to every node's status
+    seconds: list[float] = []
+    for attempt in range(SAMPLES * 2):
+        config = FIX if attempt % 2 == 0 else DEFAULTS
+        digest = config_digest((config.encode(),) if config else ())
+        want = attempt % 2 == 1  # the fix is never enforced by the stand-in; the defaults are
+        applied = time.monotonic()
+        agent.apply_config(lab, config)
+        seen: dict[str, float] = {}
+
+        def reported(digest: str = digest, want: bool = want, seen: dict[str, float] = seen,
+                     applied: float = applied) -> bool:
+            for node, enforcing in statuses.enforcing(digest).items():
+                if enforcing is want and node not in seen:
+                    seen[node] = time.monotonic() - applied
+            return len(seen) == len(lab.nodes)
+
+        _wait(reported, 60, f"attempt {attempt}: every node's status about the new ConfigMap")
+        seconds.extend(seen.values())
+        assert _pods_ready(lab)  # drift is reported, never NotReady
+    ordered = sorted(seconds)
+    progress(f"observe mode, ConfigMap change -> every node's status: {len(ordered)} node-samples, p50 "
+             f"{ordered[len(ordered) // 2]:.2f} s, p99 {ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]:.2f}"
+             f" s, max {ordered[-1]:.2f} s")
+    # the fix applied, not enforced anywhere: exit 1, every node named with why; one summary Event on the ConfigMap
+    agent.apply_config(lab, FIX)
+    _wait(lambda: all(not r["current"] and r["why"].startswith("observed: gke's rules in IP-MASQ do not enforce")
+                      for r in _status(lab)[1].get("nodes", [])), 30, "ipmasq status: every node out of sync")
+    text = _ipmasq(lab, "ipmasq", "status")
+    assert text.returncode == 1 and text.stdout.count("observed: gke's rules in IP-MASQ do not enforce") == 2, text
+    assert "0 of 2 nodes enforce the current config" in text.stdout
+
+    def summary() -> list[str]:
+        events = lab.kubectl_json("get", "events", "-n", "kube-system", "--field-selector",
+                                  f"involvedObject.kind=ConfigMap,involvedObject.name={agent.CONFIGMAP},"
+                                  "reason=ConfigNotEnforced")
+        return [e["message"] for e in events["items"]]
+
+    _wait(lambda: any(m.startswith("not enforced on 2 of 2 nodes (observed: the rules of gke in IP-MASQ)")
+                      for m in summary()), 60, "one summary Event on the ConfigMap")
+    assert len(summary()) == 1, summary()
+    assert _pods_ready(lab)
+    # the writer catches up on one node: that node turns in sync, the other stays out
+    caught, behind = lab.nodes[0], lab.nodes[1]
+    fix_digest = config_digest((FIX.encode(),))
+    rules = _rendered(FIX)
+    started = time.monotonic()
+    standin.catch_up(lab, caught, rules)
+    standin.wait_written(lab, caught, rules, timeout=30)
+    written = time.monotonic() - started
+    took = _wait(lambda: statuses.enforcing(fix_digest)[caught.name] is True, 30, "the caught-up node in sync")
+    progress(f"observe mode, the node's rules changed -> its status: {took + written:.2f} s after the writer was "
+             f"told ({written:.2f} s until its loop restored them)")
+    assert statuses.enforcing(fix_digest)[behind.name] is False
+    _wait(lambda: _status(lab, caught.name)[0] == 0, 30, "ipmasq status NODE: exit 0 for the caught-up node")
+    assert _status(lab)[0] == 1 and _status(lab, behind.name)[0] == 1
+    assert _pods_ready(lab)
+    standin.remove(lab)
+    agent.remove_agent(lab)
+
+
+def test_an_enforcing_agents_status_follows_its_kernel_within_the_fleets_spread(lab: Cluster) -> None:
+    """The status writers' spread grows with the fleet: on the lab's two nodes a node's status object says what
+    its kernel holds a fraction of a second after it holds it. Timed per node (the kernel read in the node's
+    namespace, the status through the API, both polled), printed, never asserted."""
+    from ipmasq.lab.scenarios import REFERENCE_OPTIONS, policy_for
+    from ipmasq.policy.hash import policy_hash
+
+    configs = [FIX + "resyncInterval: 60s\n", FIX.replace("10.0.0.0/8", "10.0.0.0/9") + "resyncInterval: 60s\n"]
+    agent.apply_config(lab, configs[1])
+    agent.deploy_agent(lab)
+    statuses = Statuses(lab)
+    _wait(lambda: _status(lab)[0] == 0, 60, "every node current")
+    # the Lease's holder tallies a content once and says the fleet's size on the Lease; the other node reads it
+    # there at its next ask (every 15-22 s while it has not heard it): its first samples may still be spread as
+    # for a fleet of unknown size (2 s)
+    lease = paths.leases("kube-system", agent.CONFIGMAP)
+    _wait(lambda: (statuses.client.get(lease).get("metadata", {}).get("annotations") or {}).get(
+        "ipmasq.dev/nodes") == "2", 60, "the fleet's size on the Lease")
+    lags: list[float] = []
+    for attempt in range(SAMPLES * 4):
+        config = configs[attempt % 2]
+        agent.apply_config(lab, config)
+        wants = {node.name: policy_for(config, agent.node_options(REFERENCE_OPTIONS, node)) for node in lab.nodes}
+        kernels = {node.name: agent.kernel(lab, node, REFERENCE_OPTIONS) for node in lab.nodes}
+        seen: dict[tuple[str, str], float] = {}
+
+        def every_node(wants: dict[str, Any] = wants, kernels: dict[str, Any] = kernels,
+                       seen: dict[tuple[str, str], float] = seen) -> bool:
+            for name, want in wants.items():  # both nodes in each round: neither is timed late for the other
+                kernel = kernels[name]
+                if (name, "kernel") not in seen and all(kernel.read(f) == kernel.desired(want, f)
+                                                        for f in want.families):
+                    seen[name, "kernel"] = time.monotonic()
+                if (name, "status") not in seen and statuses.client.get(paths.statuses(name)).get(
+                        "policyHash") == policy_hash(want):
+                    seen[name, "status"] = time.monotonic()
+            return len(seen) == 2 * len(wants)
+
+        _wait(every_node, 60, f"attempt {attempt}: every node's kernel and status")
+        lags.extend(seen[name, "status"] - seen[name, "kernel"] for name in wants)
+    ordered = sorted(lags)
+    progress(f"enforce mode, kernel -> the node's status on 2 nodes: {len(ordered)} samples (in order: "
+             + ", ".join(f"{lag:.2f}" for lag in lags) + f"), p50 "
+             f"{ordered[len(ordered) // 2]:.2f} s, p99 {ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]:.2f}"
+             f" s, max {ordered[-1]:.2f} s")
+    agent.remove_agent(lab)
