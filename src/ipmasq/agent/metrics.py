@@ -12,7 +12,7 @@ Metrics (all prefixed `ipmasq_`):
     config_load_errors_total             config changes that did not load (bad YAML, CIDR, ...; the last good is kept)
     config_reloads_total                 config changes that loaded (the first load included)
     drift_repairs_total                  passes that rewrote the kernel although the policy had not changed
-    foreign_rewrites_total               passes that found our verified rules replaced by another writer's
+    foreign_rewrites_total               rewrites of our verified rules by another writer that passes found
     foreign_writer{chain}                1 while another writer keeps rewriting our rules and the agent stopped
                                          repairing them (absent otherwise)
     loop_errors_total                    loop iterations ended by an unexpected exception (the loop went on)
@@ -177,8 +177,7 @@ class AgentStatus:
                 c.duration_counts[-1] += 1
             if report.drift_repair:
                 c.drift_repairs += 1
-            if report.foreign_rewrite:
-                c.foreign_rewrites += 1
+            c.foreign_rewrites += report.foreign_rewrites
             self._foreign_writer = report.foreign_writer.chain if report.foreign_writer is not None else None
             if report.result.verified:
                 self._last_success = self._clock()
@@ -255,8 +254,8 @@ def metric_families(s: Snapshot) -> Iterator[MetricFamily]:
                              s.config_reloads)
     yield exposition.counter("ipmasq_drift_repairs_total", "Passes that rewrote our rules although the config had "
                              "not changed (someone else changed them).", s.drift_repairs)
-    yield exposition.counter("ipmasq_foreign_rewrites_total", "Passes that found our verified rules replaced by "
-                             "another writer's version (a deletion is drift, not a rewrite).", s.foreign_rewrites)
+    yield exposition.counter("ipmasq_foreign_rewrites_total", "Rewrites of our verified rules by another writer "
+                             "that the passes found (a deletion is drift, not a rewrite).", s.foreign_rewrites)
     yield exposition.gauge("ipmasq_foreign_writer", "1 while another writer keeps rewriting our rules and the agent "
                            "has stopped repairing them (its rules stay in place); absent otherwise.",
                            [] if s.foreign_writer_chain is None else [({"chain": s.foreign_writer_chain}, 1)])

@@ -185,7 +185,7 @@ class PassReport:
     config_digest: str | None = None  # config_digest of the content of the config this pass enforced
     # another program keeps rewriting our rules and this agent stopped repairing them (None: no such writer)
     foreign_writer: ForeignWriter | None = None
-    foreign_rewrite: bool = False  # this pass found our verified rules rewritten by someone else
+    foreign_rewrites: int = 0  # how often this pass found our verified rules rewritten by someone else
 
 
 def count_objects(state: State) -> tuple[int, int]:
@@ -252,11 +252,12 @@ class Reconciler:
         # two writers: the rewrites seen in a row, when we last repaired, and while holding what the kernel held
         self._streak = 0
         self._last_repair: float | None = None
-        self._holding: ForeignWriter | None = None
+        self._holding = False  # not repairing: another writer owns the chain
+        # the episode's other writer, as last seen: reported from the first hold until a pass finds our rules intact
+        self._writer: ForeignWriter | None = None
         self._held: dict[Family, State] = {}
         self._last_change = 0.0  # clock: when the held objects last changed
         self._quiet_periods = FOREIGN_QUIET_PERIODS
-        self._episode = False  # a ForeignWriter episode is under way (said once; ends with a clean pass)
         # bytes -> validated config (config_from_bytes; tests may hand in another loader)
         self.load = load
         # a cheap kernel fact that changes with any NAT rule a pass reads (see the module docstring); None: unknown
@@ -293,14 +294,14 @@ class Reconciler:
             return Verdict(False, f"not ready: config error: {self.config_error}")
         if self.policy is None:
             return Verdict(False, "not ready: no config loaded yet")
+        if self._writer is not None:
+            return Verdict(False, f"not ready: {self._writer.describe()}")
         if self._leftovers:
             detail = f" ({self.backend_error})" if self.backend_error is not None else ""
             return Verdict(False, f"not ready: our objects are still in {', '.join(self._leftovers)}, which this "
                                     f"agent does not use (it uses {self.backend.name}){detail}")
         if self.backend_error is not None:
             return Verdict(False, f"not ready: {self.backend.name}: {self.backend_error}")
-        if self._holding is not None:
-            return Verdict(False, f"not ready: {self._holding.describe()}")
         if self._enforced is not self.policy:
             return Verdict(False, "not ready: the current config is not applied yet")
         return Verdict(True, "ready: the kernel matches the current config")
@@ -360,7 +361,7 @@ class Reconciler:
             return self._pass_report(SyncResult.NO_POLICY)
         fingerprint = self._take_fingerprint()
         probe = False  # the repair after a quiet spell: what it overwrites is the rewrite already counted
-        if self._holding is not None:
+        if self._holding:
             try:
                 held = self._held_pass(policy)
             except IpmasqError as exc:
@@ -380,7 +381,7 @@ class Reconciler:
         drift = self._enforced is not None and self._enforced.config == policy.config
         writes: list[FamilyWrite] = []
         wanted: list[State] = []
-        rewritten = False
+        rewritten = 0
         try:
             for family in policy.families:
                 current = self.backend.read(family)
@@ -389,17 +390,17 @@ class Reconciler:
                 if current == want:
                     continue
                 if drift and not probe and _rewritten(current, want):
-                    rewritten = True
+                    rewritten += 1
                     if self._foreign_rewrite(policy, current, want):
-                        return self._pass_report(SyncResult.FOREIGN_WRITER, writes=writes, rewrite=True)
+                        return self._pass_report(SyncResult.FOREIGN_WRITER, writes=writes, rewrites=rewritten)
                 self.backend.apply(policy, family, current)
                 self._last_repair = self.clock()
                 after = self.backend.read(family)
                 if after != want:
                     if _rewritten(after, want):  # someone wrote between our transaction and the read back
-                        rewritten = True
+                        rewritten += 1
                         if self._foreign_rewrite(policy, after, want):
-                            return self._pass_report(SyncResult.FOREIGN_WRITER, writes=writes, rewrite=True)
+                            return self._pass_report(SyncResult.FOREIGN_WRITER, writes=writes, rewrites=rewritten)
                     raise BackendError(f"IPv{family.value} rules differ from the desired ones right after applying "
                                        f"them (someone else is writing, or the kernel rewrote a rule)")
                 write = _family_write(family, current, want)
@@ -409,7 +410,7 @@ class Reconciler:
             writes.extend(self._clear_unmanaged(policy))
         except IpmasqError as exc:
             self._backend_failed(str(exc))
-            return self._pass_report(SyncResult.FAILED, writes=writes, rewrite=rewritten)
+            return self._pass_report(SyncResult.FAILED, writes=writes, rewrites=rewritten)
         if not drift or not writes:
             self._clean_pass()
         previous, self._enforced = self._enforced, policy
@@ -432,7 +433,7 @@ class Reconciler:
         self._count_foreign(changed=bool(writes or removed), fingerprint=fingerprint)
         self._read_rule_counts(policy, reread=False)  # from the reads this pass made
         return self._pass_report(result, writes=writes, removed=removed, drift_repair=drift and bool(writes),
-                                 rewrite=rewritten)
+                                 rewrites=rewritten)
 
     # ---- two writers ----
 
@@ -449,45 +450,47 @@ class Reconciler:
         had, wanted = set(current.objects), set(want.objects)
         missing = [line for line in want.objects if line not in had]
         extra = [line for line in current.objects if line not in wanted]
-        self._holding = ForeignWriter(self._chain_name(policy), current.family, self._streak,
-                                      tuple(missing[:_QUOTED_OBJECTS]), len(missing),
-                                      tuple(extra[:_QUOTED_OBJECTS]), len(extra))
-        self._held, self._last_change = {}, now
-        if not self._episode:
+        first = self._writer is None
+        rewrites = self._streak if self._writer is None else self._writer.rewrites + 1
+        self._writer = ForeignWriter(self._chain_name(policy), current.family, rewrites,
+                                     tuple(missing[:_QUOTED_OBJECTS]), len(missing),
+                                     tuple(extra[:_QUOTED_OBJECTS]), len(extra))
+        self._holding, self._held, self._last_change = True, {}, now
+        self.backend_error = None  # a read-back that differed was the other writer's doing: nothing to retry
+        if first:
             self.log.warning("%s (it resumes once the rules stay unchanged for %d resync periods)",
-                             self._holding.describe(), self._quiet_periods)
+                             self._writer.describe(), self._quiet_periods)
         else:  # the repair after a quiet spell was undone at once: the other writer is still there
             self._quiet_periods = min(self._quiet_periods * 2, FOREIGN_QUIET_MAX_PERIODS)
             self.log.debug("the other writer undid the repair at once: waiting %d quiet resync periods",
                            self._quiet_periods)
-        self._episode = True
         return True
 
     def _held_pass(self, policy: Policy) -> str:
         """While another writer owns the chain: read only ("hold"). "ours": the kernel holds our rules again (the
         pass that follows finds them in sync); "probe": nothing changed for the quiet period, time for one repair
         (and a rewrite found at the next pass holds again at once)."""
-        assert self._holding is not None
+        assert self._writer is not None
         now = self.clock()
         states = {family: self.backend.read(family) for family in policy.families}
         if all(state == self.backend.desired(policy, state.family) for state in states.values()):
-            self._holding, self._held = None, {}
+            self._holding, self._held = False, {}
             return "ours"
         if self._held and states != self._held:
             self._last_change = now
-            self._holding = replace(self._holding, rewrites=self._holding.rewrites + 1)
+            self._writer = replace(self._writer, rewrites=self._writer.rewrites + 1)
         self._held = states
         if now - self._last_change >= self._quiet_periods * self.resync_interval:
-            self._holding, self._held = None, {}
+            self._holding, self._held = False, {}
             self._streak, self._last_repair = FOREIGN_REWRITES - 1, now  # one more rewrite holds again at once
             return "probe"
         return "hold"
 
     def _clean_pass(self) -> None:
         """A pass that found our rules as verified, or changed them for a new config: no writer fights this one."""
-        if self._episode:
+        if self._writer is not None:
             self.log.info("the other writer of our rules is gone: repairing drift as usual again")
-            self._episode = False
+            self._writer = None
         self._streak, self._quiet_periods = 0, FOREIGN_QUIET_PERIODS
 
     def _read_rule_counts(self, policy: Policy, *, reread: bool) -> None:
@@ -568,15 +571,15 @@ class Reconciler:
         self.backend_error = message
 
     def _pass_report(self, result: SyncResult, *, writes: Sequence[FamilyWrite] = (), removed: Sequence[str] = (),
-                     drift_repair: bool = False, rewrite: bool = False) -> PassReport:
+                     drift_repair: bool = False, rewrites: int = 0) -> PassReport:
         return PassReport(result=result, config_error=self.config_error, backend_error=self.backend_error,
                           drift_repair=drift_repair, writes=tuple(writes), removed_leftovers=tuple(removed),
                           leftovers=self._leftovers,
                           policy_hash=self._policy_hash, objects=self._objects,
                           resync_interval=self.resync_interval, readiness=self.readiness(),
                           foreign_masquerade_rules=self._foreign, rule_counters=self._rule_counts,
-                          config_digest=self._config_digest, foreign_writer=self._holding,
-                          foreign_rewrite=rewrite)
+                          config_digest=self._config_digest, foreign_writer=self._writer,
+                          foreign_rewrites=rewrites)
 
     def _remove_others(self) -> tuple[list[str], str | None]:
         """Look at every other place (one read each) and remove our objects there; (removed, first error).
