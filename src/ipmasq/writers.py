@@ -34,10 +34,13 @@ from ipmasq.policy.prefix import Family, Prefix, parse_cidr
 
 __all__ = [
     "AKS_CONFIGMAPS",
+    "CILIUM_MAP",
     "EKS_CHAIN",
     "EKS_DAEMONSET",
     "ENV_EXCLUDE_SNAT_CIDRS",
     "ENV_EXTERNAL_SNAT",
+    "REFERENCE_CONFIGMAP",
+    "REFERENCE_KEY",
     "WRITERS",
     "Cited",
     "NodeFacts",
