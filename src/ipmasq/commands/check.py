@@ -27,15 +27,9 @@ from ipmasq.diagnose.check import CheckReport, NodeRules, check_node
 from ipmasq.diagnose.cilium import check_cilium_map, is_ipmasq_list, parse_ipmasq_list
 from ipmasq.diagnose.eks import DEFAULT_OUT_INTERFACE, check_eks, node_chain
 from ipmasq.diagnose.leftovers import leftover_findings, read_leftovers
-from ipmasq.diagnose.sources import (
-    read_dump_file,
-    read_iptables_nft_beside,
-    read_live_rules,
-    read_nft_ruleset,
-    rules_from_dump,
-)
+from ipmasq.diagnose.sources import read_dump_file, read_node_rules, rules_from_dump
 from ipmasq.diagnose.writer_sources import sources_from_manifests
-from ipmasq.errors import ConfigError, IpmasqError, UsageError
+from ipmasq.errors import ConfigError, UsageError
 from ipmasq.lint.manifest import configmap_config
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
@@ -51,16 +45,6 @@ from ipmasq.writers import (
 )
 
 __all__ = ["register", "run"]
-
-
-def _live_ruleset(*, required: bool) -> str | None:
-    """`nft -j list ruleset`; beside iptables (not `required`) None where nft is missing or cannot list."""
-    if required:
-        return read_nft_ruleset(SubprocessRunner())
-    try:
-        return read_nft_ruleset(SubprocessRunner())
-    except (IpmasqError, OSError):
-        return None
 
 
 def register(subparsers: Any) -> None:
@@ -129,15 +113,8 @@ def run(args: argparse.Namespace) -> int:
     if args.from_dump:
         rules = _rules_from_dumps(dumps)
     else:
-        rules = read_live_rules(SubprocessRunner(), policy.families, chain=policy.options.masq_chain,
+        rules = read_node_rules(SubprocessRunner(), policy.families, chain=policy.options.masq_chain,
                                 backend=args.backend)
-        # the whole ruleset: other tables' nat chains decide pod traffic too (beside iptables: kube-proxy's
-        # nftables mode); a node without nft has none
-        rules = replace(rules, nft_ruleset=_live_ruleset(required=rules.backend == "nftables"))
-        if rules.backend == "nftables" and rules.nft_ruleset is not None:
-            # iptables-nft's nat tables in that ruleset (kube-proxy's iptables mode) as iptables-nft-save reads them
-            rules = replace(rules, tables=read_iptables_nft_beside(SubprocessRunner(), rules.nft_ruleset,
-                                                                   policy.families))
     report = check_node(policy, rules, pod_ranges=pods, local_addresses=local)
     if not args.from_dump:  # our objects in a variant or backend the compared rules are not in
         places = read_leftovers(SubprocessRunner(), policy.options, rules.backend)
@@ -195,9 +172,8 @@ def _check_writer(args: argparse.Namespace, writer: Writer, dumps: list[tuple[st
     if dumps:
         rules = _rules_from_dumps(dumps)
     else:
-        rules = read_live_rules(SubprocessRunner(), (Family.V4, Family.V6) if writer.name != "eks" else (Family.V4,),
+        rules = read_node_rules(SubprocessRunner(), (Family.V4, Family.V6) if writer.name != "eks" else (Family.V4,),
                                 chain=writer.options.masq_chain, backend="iptables")
-        rules = replace(rules, nft_ruleset=_live_ruleset(required=False))
     if rules.backend != "iptables":
         raise UsageError(f"--writer {writer.name}: that agent writes iptables rules: give iptables-save output")
     if writer.name == "eks":

@@ -11,6 +11,7 @@ import os
 import re
 import stat
 import sys
+from dataclasses import replace
 
 from ipmasq.backends.base import Runner
 from ipmasq.backends.choose import detect
@@ -138,6 +139,26 @@ def read_live_rules(run: Runner, families: tuple[Family, ...], *, chain: str, ba
             if backend == "nftables":
                 tables = {}
     return NodeRules(backend, tables, nft)
+
+
+def read_node_rules(run: Runner, families: tuple[Family, ...], *, chain: str, backend: str) -> NodeRules:
+    """Everything `check` compares on a live node, read-only: ours (read_live_rules), the whole nftables ruleset
+    (other tables' nat chains decide pod traffic too; a node without nft has none beside iptables), and on nftables
+    iptables-nft's nat tables in that ruleset (kube-proxy's iptables mode) as iptables-nft-save reads them. `ipmasq
+    check` and the agent's observe mode both read the node through this."""
+    rules = read_live_rules(run, families, chain=chain, backend=backend)
+    ruleset: str | None
+    if rules.backend == "nftables":
+        ruleset = read_nft_ruleset(run)
+    else:
+        try:
+            ruleset = read_nft_ruleset(run)
+        except (IpmasqError, OSError):
+            ruleset = None
+    rules = replace(rules, nft_ruleset=ruleset)
+    if rules.backend == "nftables" and ruleset is not None:
+        rules = replace(rules, tables=read_iptables_nft_beside(run, ruleset, families))
+    return rules
 
 
 def parse_save_dump(text: str, path: str) -> NatTable:
