@@ -266,37 +266,47 @@ def _aks_intent(writer: Writer, sources: Sources) -> MasqConfig:
     return config_from_bytes(ConfigInput(((shown, json.dumps(merged).encode()),)), writer.options)
 
 
-_AKS_KEYS = {"nonmasqueradecidrs": "cidrs", "masqlinklocal": "ll", "masqlinklocalipv6": "ll6"}
-
-
 def _aks_fragment(data: bytes, where: str) -> tuple[list[str], bool, bool]:
-    """One fragment as the merger unmarshals it: Go's encoding/json matches keys case-insensitively, the last
-    occurrence wins, unknown keys are ignored, a value of the wrong type is an error."""
+    """One fragment as the merger reads it; every CIDR parsed and aligned (the merger's validateCIDR)."""
     stop = "azure-ip-masq-merger stops at this fragment and the node keeps the last merged file"
+    cidrs, link_local, link_local_v6 = _go_masq_fields(data, where, stop)
+    for text, line in cidrs:
+        try:
+            parse_cidr(text)  # Go's net.ParseCIDR and the alignment test
+        except PrefixError as exc:
+            raise ConfigError(f"{exc} ({stop})", source=where, line=line, code="invalid-cidr") from None
+    return [text for text, _ in cidrs], link_local, link_local_v6
+
+
+# the three keys the merger and Cilium unmarshal, by their lower-case form: Go's encoding/json matches keys
+# case-insensitively
+_GO_KEYS = {"nonmasqueradecidrs": "cidrs", "masqlinklocal": "ll", "masqlinklocalipv6": "ll6"}
+
+
+def _go_masq_fields(data: bytes, where: str, consequence: str) -> tuple[list[tuple[str, int | None]], bool, bool]:
+    """(nonMasqueradeCIDRs with their lines, masqLinkLocal, masqLinkLocalIPv6) of a YAML or JSON file read as Go's
+    YAML-to-JSON and encoding/json read it into those three fields: the last occurrence of a key wins, other keys are
+    ignored, a value of the wrong type is an error (`consequence` says what the writer then does)."""
     try:
         doc = parse_document(data, where)
     except ConfigError as exc:
-        raise ConfigError(f"{exc.message} ({stop})", source=where, line=exc.line, code=exc.code) from None
-    cidrs: list[str] = []
+        raise ConfigError(f"{exc.message} ({consequence})", source=where, line=exc.line, code=exc.code) from None
+    cidrs: list[tuple[str, int | None]] = []
     flags = {"ll": False, "ll6": False}
     for f in doc.fields if doc is not None else ():
-        name = _AKS_KEYS.get(f.key.lower())
+        name = _GO_KEYS.get(f.key.lower())
         value = f.value
         if name is None or value.value is None:
             continue
         if name == "cidrs":
             if value.kind != "list" or not all(_is_string(item) for item in value.value):
-                raise ConfigError(f"{f.key} must be a list of strings ({stop})", source=where, line=f.line)
-            cidrs = [item.value for item in value.value]
+                raise ConfigError(f"{f.key} must be a list of CIDR strings ({consequence})", source=where,
+                                  line=f.line)
+            cidrs = [(item.value, item.line) for item in value.value]
         elif not isinstance(value.value, bool) or value.quoted:
-            raise ConfigError(f"{f.key} must be true or false ({stop})", source=where, line=f.line)
+            raise ConfigError(f"{f.key} must be true or false ({consequence})", source=where, line=f.line)
         else:
             flags[name] = value.value
-    for text in cidrs:
-        try:
-            parse_cidr(text)  # Go's net.ParseCIDR and the alignment test, as the merger's validateCIDR
-        except PrefixError as exc:
-            raise ConfigError(f"{exc} ({stop})", source=where, code="invalid-cidr") from None
     return cidrs, flags["ll"], flags["ll6"]
 
 
@@ -384,32 +394,14 @@ def _cilium_intent(sources: Sources) -> MasqConfig:
     if not data:  # a missing or zero-length file: the reserved ranges
         return MasqConfig(defaults)
     keeps = "Cilium keeps the map as it is"
-    try:
-        doc = parse_document(data, where)
-    except ConfigError as exc:
-        raise ConfigError(f"{exc.message} ({keeps})", source=where, line=exc.line, code=exc.code) from None
+    cidrs, link_local, link_local_v6 = _go_masq_fields(data, where, keeps)
     entries: list[Entry] = []
-    flags = {"ll": False, "ll6": False}
-    for f in doc.fields if doc is not None else ():
-        name = _AKS_KEYS.get(f.key.lower())  # the same three keys, unmarshalled by Go's encoding/json
-        value = f.value
-        if name is None or value.value is None:
-            continue
-        if name == "cidrs":
-            if value.kind != "list":
-                raise ConfigError(f"{f.key} must be a list ({keeps})", source=where, line=f.line)
-            entries = []
-            for item in value.value:
-                prefix = _masked_cidr(item.value) if _is_string(item) else None
-                if prefix is None:
-                    raise ConfigError(f"invalid CIDR {clip(str(item.value))!r} ({keeps})", source=where,
-                                      line=item.line, code="invalid-cidr")
-                entries.append(Entry(prefix, False, Origin.CONFIG, where, item.line))
-        elif not isinstance(value.value, bool) or value.quoted:
-            raise ConfigError(f"{f.key} must be true or false ({keeps})", source=where, line=f.line)
-        else:
-            flags[name] = value.value
-    return MasqConfig(tuple(entries), masq_link_local=flags["ll"], masq_link_local_ipv6=flags["ll6"],
+    for text, line in cidrs:
+        prefix = _masked_cidr(text)  # netip.ParsePrefix, then Masked()
+        if prefix is None:
+            raise ConfigError(f"invalid CIDR {clip(text)!r} ({keeps})", source=where, line=line, code="invalid-cidr")
+        entries.append(Entry(prefix, False, Origin.CONFIG, where, line))
+    return MasqConfig(tuple(entries), masq_link_local=link_local, masq_link_local_ipv6=link_local_v6,
                       sources=(where,))
 
 

@@ -57,7 +57,8 @@ from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix, parse_cidr
 from ipmasq.policy.ranges import Span, append_span, subtract, to_prefixes, union, union_of_prefixes
 
-__all__ = ["CheckReport", "FindingId", "NodeRules", "check_iptables", "check_nft", "check_node", "semantic_findings"]
+__all__ = ["CheckReport", "FindingId", "NodeRules", "check_iptables", "check_nft", "check_node", "semantic_findings",
+           "tracer_beside"]
 
 # How many destinations a message quotes before "and N more" (the JSON field has them all).
 _QUOTED = 6
@@ -768,21 +769,26 @@ def _compare_rules_set(name: str, family: Family, want: NftTable, table: NftTabl
         missing=tuple(missing), extra=tuple(extra))]
 
 
+def tracer_beside(rules: NodeRules) -> tuple[NftTracer | None, list[Finding]]:
+    """The nftables nat chains beside iptables' (kube-proxy's nftables mode, others), walked with them; a listing the
+    tracer cannot read is a warning, and the comparison goes on without them."""
+    if rules.nft_ruleset is None:
+        return None, []
+    try:
+        return NftTracer(rules.nft_ruleset), []
+    except NftTraceError as exc:
+        return None, [Finding(FindingId.UNSUPPORTED, Severity.WARNING,
+                              f"the nftables nat chains beside iptables are not compared: {exc}",
+                              "read them by hand: nft list ruleset")]
+
+
 def check_node(policy: Policy, rules: NodeRules, *, pod_ranges: tuple[Prefix, ...] = (),
                local_addresses: tuple[tuple[Family, int], ...] = ()) -> CheckReport:
     """Every family the rules hold (iptables), or our nftables table, against the policy."""
     if rules.backend == "nftables":
         return check_nft(policy, rules.nft, ruleset=rules.nft_ruleset, pod_ranges=pod_ranges,
                          local_addresses=local_addresses, iptables=rules.tables)
-    findings: list[Finding] = []
-    beside: NftTracer | None = None
-    if rules.nft_ruleset is not None:
-        try:
-            beside = NftTracer(rules.nft_ruleset)
-        except NftTraceError as exc:
-            findings.append(Finding(FindingId.UNSUPPORTED, Severity.WARNING,
-                                    f"the nftables nat chains beside iptables are not compared: {exc}",
-                                    "read them by hand: nft list ruleset"))
+    beside, findings = tracer_beside(rules)
     for family, table in rules.tables.items():
         local = tuple(address for f, address in local_addresses if f is family)
         findings.extend(check_iptables(policy, table, family, pod_ranges=pod_ranges, local_addresses=local,

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ipmasq.diagnose.check import CheckReport, FindingId, NodeRules, semantic_findings
-from ipmasq.diagnose.trace_nft import NftTracer
-from ipmasq.errors import NftTraceError, clip
+from ipmasq.diagnose.check import CheckReport, FindingId, NodeRules, semantic_findings, tracer_beside
+from ipmasq.errors import clip
 from ipmasq.findings import Finding, Severity
 from ipmasq.netfilter.aws_snat import CHAIN, AwsSnatChain, read_aws_snat_chain
 from ipmasq.policy.policy import Policy
@@ -41,15 +40,8 @@ def check_eks(policy: Policy, rules: NodeRules, env: Mapping[str, str], *, pod_r
         return CheckReport((Finding(FindingId.UNSUPPORTED, Severity.ERROR,
                                     "no IPv4 iptables nat table to compare: the VPC CNI writes AWS-SNAT-CHAIN-0 with "
                                     "iptables (give iptables-save output)", "iptables-save -t nat > node.save"),))
-    findings = _structure(read_aws_snat_chain(table), env)
-    beside = None
-    if rules.nft_ruleset is not None:
-        try:
-            beside = NftTracer(rules.nft_ruleset)
-        except NftTraceError as exc:
-            findings.append(Finding(FindingId.UNSUPPORTED, Severity.WARNING,
-                                    f"the nftables nat chains beside iptables are not compared: {exc}",
-                                    "read them by hand: nft list ruleset"))
+    beside, unread = tracer_beside(rules)
+    findings = _structure(read_aws_snat_chain(table), env) + unread
     findings.extend(semantic_findings(policy, table, Family.V4, ours=set(), pod_ranges=pod_ranges,
                                       local=local_addresses, beside=beside, out_interface=out_interface))
     return CheckReport(tuple(findings))
