@@ -31,6 +31,7 @@ from ipmasq.diagnose.sources import read_dump_file, read_node_rules, rules_from_
 from ipmasq.diagnose.writer_sources import sources_from_manifests
 from ipmasq.errors import ConfigError, UsageError
 from ipmasq.lint.manifest import configmap_config
+from ipmasq.options import DEFAULT_CHAIN
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 from ipmasq.writers import (
@@ -154,6 +155,12 @@ def _writer_sources(args: argparse.Namespace) -> Sources:
 
 def _check_writer(args: argparse.Namespace, writer: Writer, dumps: list[tuple[str, str]]) -> CheckReport:
     """The node's rules (or Cilium's map) against what `writer` intends."""
+    given = [flag for flag, value, default in (("--masq-chain", args.masq_chain, DEFAULT_CHAIN),
+                                               ("--nomasq-all-reserved-ranges", args.nomasq_all_reserved_ranges, False),
+                                               ("--random-fully", args.random_fully, True),
+                                               ("--to-ports", args.to_ports, "")) if value != default]
+    if given:
+        raise UsageError(f"--writer {writer.name} runs with that agent's own flags: drop {', '.join(given)}")
     sources = _writer_sources(args)
     pods = common.cidr_flag("--pod-range", args.pod_range)
     local = tuple(common.address_flag("--local-address", t) for t in args.local_address)

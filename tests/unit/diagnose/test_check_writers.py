@@ -168,6 +168,9 @@ def test_cli_eks_and_cilium(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     assert main(["check", "--writer", "gke", "--from-dump", str(DUMPS / "cilium-ipmasq-list-stale.txt")]) == 2
     assert "--writer cilium" in capsys.readouterr().err
     assert main(["check", "--manifest", str(DUMPS / "eks-aws-node.yaml")]) == 2
+    eks_dump = str(DUMPS / "eks-vpc-cni.save")
+    assert main(["check", "--writer", "gke", "--masq-chain=IP-MASQ", "--from-dump", eks_dump]) == 2
+    assert "drop --masq-chain" in capsys.readouterr().err
 
 
 def test_cli_gke_writer_uses_its_chain_and_flags(capsys: pytest.CaptureFixture[str]) -> None:
