@@ -72,8 +72,19 @@ def test_kustomize_output_validates_against_the_kubernetes_schemas(path: Path) -
 
 # Every kustomization is rendered and each of its documents validated on every supported minor: base and gke above,
 # webhook in its own test below, monitoring here (the Prometheus Operator's kinds only).
+OBSERVE = DEPLOY / "overlays" / "observe"
+OBSERVE_OVERLAYS = {"observe": OBSERVE, "observe-eks": OBSERVE / "eks", "observe-aks": OBSERVE / "aks"}
 RENDERED = {"base": DEPLOY, "gke": DEPLOY / "overlays" / "gke", "webhook": DEPLOY / "webhook",
-            "monitoring": DEPLOY / "monitoring"}
+            "monitoring": DEPLOY / "monitoring", **OBSERVE_OVERLAYS}
+
+
+@pytest.mark.parametrize("name", list(OBSERVE_OVERLAYS))
+def test_observe_overlays_validate_against_the_kubernetes_schemas(name: str) -> None:
+    docs = kustomize(OBSERVE_OVERLAYS[name])
+    assert {d["kind"] for d in docs} == {"DaemonSet", "ServiceAccount", "CustomResourceDefinition", "Role",
+                                         "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Lease"}
+    for doc in docs:
+        validate_on_every_supported_minor(doc)
 
 
 def test_monitoring_holds_only_kinds_no_kubernetes_schema_covers() -> None:
@@ -651,3 +662,86 @@ def test_the_lease_bound_is_what_the_agents_write(own_node_policy: dict[str, Any
 
     assert admitted(own_node_policy, "leases", lease("node-a", LEASE_SECONDS)) is None
     assert admitted(own_node_policy, "leases", lease("node-a", LEASE_SECONDS + 1)) is not None
+
+
+# --- observe mode -------------------------------------------------------------------------------------------------
+
+
+def _observer(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    docs = kustomize(path)
+    ds = daemonset(docs)
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    return docs, ds, container
+
+
+def _rights(docs: list[dict[str, Any]]) -> list[tuple[str, str, str, str, tuple[str, ...], tuple[str, ...]]]:
+    return sorted(
+        (doc["kind"], doc["metadata"].get("namespace", ""), group, resource, tuple(rule.get("resourceNames", ())),
+         tuple(sorted(rule["verbs"])))
+        for doc in docs if doc["kind"] in ("Role", "ClusterRole")
+        for rule in doc["rules"] for group in rule["apiGroups"] for resource in rule["resources"])
+
+
+@pytest.mark.parametrize("name", list(OBSERVE_OVERLAYS))
+def test_the_observer_never_touches_what_the_provider_manages(name: str) -> None:
+    """GKE's addon manager reconciles a DaemonSet and a ServiceAccount named ip-masq-agent in kube-system (the
+    addon manifest): the observer has names and a pod label of its own, and every binding names its own account."""
+    docs, ds, _ = _observer(OBSERVE_OVERLAYS[name])
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("DaemonSet", "ipmasq-observer") in names and ("ServiceAccount", "ipmasq-observer") in names
+    assert not {kind for kind, n in names if n == "ip-masq-agent"} - {"Lease"}
+    assert ds["spec"]["selector"]["matchLabels"] == {"k8s-app": "ipmasq-observer"}
+    assert ds["spec"]["template"]["metadata"]["labels"]["k8s-app"] == "ipmasq-observer"
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == "ipmasq-observer"
+    for doc in docs:
+        if doc["kind"].endswith("Binding"):
+            assert doc["subjects"] == [{"kind": "ServiceAccount", "name": "ipmasq-observer",
+                                        "namespace": "kube-system"}]
+            assert (doc["roleRef"]["kind"], doc["roleRef"]["name"]) in names
+
+
+@pytest.mark.parametrize("name", list(OBSERVE_OVERLAYS))
+def test_the_observer_observes_writes_nothing_and_is_probed_where_it_serves(name: str) -> None:
+    _, ds, container = _observer(OBSERVE_OVERLAYS[name])
+    args = container["args"]
+    writer = name.split("-", 1)[1] if "-" in name else "gke"
+    assert args[0] == "agent" and f"--observe={writer}" in args
+    (address,) = [a.split("=", 1)[1] for a in args if a.startswith("--metrics-address=")]
+    assert address == "127.0.0.1:9848"  # beside an enforcing agent's 9847 on the same node
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert f"--address={address}" in container[probe]["exec"]["command"]
+    pod = ds["spec"]["template"]["spec"]
+    assert "node-lock" not in {v["name"] for v in pod["volumes"]}  # the enforcing agent's lock: never taken
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["xtables-lock"]["readOnly"] is True and mounts["config"]["readOnly"] is True
+    security = container["securityContext"]
+    # reading: NET_ADMIN (nfnetlink, the x_tables sockopts), NET_RAW (iptables-legacy-save's raw socket)
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW"]}
+    assert security["privileged"] is False and security["readOnlyRootFilesystem"] is True
+    assert baseline_violations(pod) == [
+        "hostNetwork: true", "volume xtables-lock: hostPath",
+        "container ip-masq-agent: capability NET_ADMIN", "container ip-masq-agent: capability NET_RAW"]
+
+
+def test_observe_runs_gke_managed_agents_flags_by_default() -> None:
+    _, _, container = _observer(OBSERVE)
+    args = container["args"]
+    assert "--masq-chain=IP-MASQ" in args and "--nomasq-all-reserved-ranges" in args
+    assert "--config=/etc/config/ip-masq-agent" in args
+
+
+def test_the_observers_rights_are_its_configmaps_status_events_lease_and_for_eks_aws_node() -> None:
+    shared = [
+        ("ClusterRole", "", "", "nodes", (), ("get",)),
+        ("ClusterRole", "", "ipmasq.dev", "ipmasqagentstatuses", (), ("create", "list", "patch")),
+        ("Role", "default", "", "events", (), ("create", "patch")),
+        ("Role", "kube-system", "", "events", (), ("create", "patch")),
+        ("Role", "kube-system", "coordination.k8s.io", "leases", ("ip-masq-agent",), ("get", "patch")),
+    ]
+    gke = ("Role", "kube-system", "", "configmaps", ("ip-masq-agent",), ("get", "list", "watch"))
+    aks = ("Role", "kube-system", "", "configmaps",
+           ("azure-ip-masq-agent-config-reconciled", "azure-ip-masq-agent-config"), ("get", "list", "watch"))
+    aws_node = ("Role", "kube-system", "apps", "daemonsets", ("aws-node",), ("get", "list", "watch"))
+    assert _rights(kustomize(OBSERVE)) == sorted([*shared, gke])
+    assert _rights(kustomize(OBSERVE / "eks")) == sorted([*shared, gke, aws_node])
+    assert _rights(kustomize(OBSERVE / "aks")) == sorted([*shared, aks])

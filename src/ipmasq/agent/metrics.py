@@ -12,6 +12,9 @@ Metrics (all prefixed `ipmasq_`):
     config_load_errors_total             config changes that did not load (bad YAML, CIDR, ...; the last good is kept)
     config_reloads_total                 config changes that loaded (the first load included)
     drift_repairs_total                  passes that rewrote the kernel although the policy had not changed
+    foreign_rewrites_total               rewrites of our verified rules by another writer that passes found
+    foreign_writer{chain}                1 while another writer keeps rewriting our rules and the agent stopped
+                                         repairing them (absent otherwise)
     loop_errors_total                    loop iterations ended by an unexpected exception (the loop went on)
     seconds_since_last_successful_sync   computed at scrape; since the agent started while it never synced
     last_successful_sync_timestamp_seconds  unix time of the last in-sync or applied pass (0: never)
@@ -83,6 +86,8 @@ class Snapshot:
     resync_interval: float
     foreign_masquerade_rules: int | None
     rule_counters: tuple[RuleCount, ...] = ()
+    foreign_rewrites: int = 0
+    foreign_writer_chain: str | None = None  # the chain another writer owns now (None: nobody fights us)
 
 
 @dataclass
@@ -96,6 +101,7 @@ class _Counters:
     config_reloads: int = 0
     drift_repairs: int = 0
     loop_errors: int = 0
+    foreign_rewrites: int = 0
 
 
 class AgentStatus:
@@ -124,6 +130,7 @@ class AgentStatus:
         self._enforced_hash: str | None = None
         self._foreign: int | None = None
         self._rule_counters: tuple[RuleCount, ...] = ()
+        self._foreign_writer: str | None = None
 
     # ---- hooks, called by the loop's thread ----
 
@@ -170,6 +177,8 @@ class AgentStatus:
                 c.duration_counts[-1] += 1
             if report.drift_repair:
                 c.drift_repairs += 1
+            c.foreign_rewrites += report.foreign_rewrites
+            self._foreign_writer = report.foreign_writer.chain if report.foreign_writer is not None else None
             if report.result.verified:
                 self._last_success = self._clock()
                 self._last_success_unix = self._wall()
@@ -225,6 +234,7 @@ class AgentStatus:
                 set_elements=dict(self._elements), ready=self._readiness(now).ok, config_valid=self._config_valid,
                 enforced_config_hash=self._enforced_hash, resync_interval=self._resync_interval,
                 foreign_masquerade_rules=self._foreign, rule_counters=self._rule_counters,
+                foreign_rewrites=c.foreign_rewrites, foreign_writer_chain=self._foreign_writer,
             )
 
 
@@ -244,6 +254,11 @@ def metric_families(s: Snapshot) -> Iterator[MetricFamily]:
                              s.config_reloads)
     yield exposition.counter("ipmasq_drift_repairs_total", "Passes that rewrote our rules although the config had "
                              "not changed (someone else changed them).", s.drift_repairs)
+    yield exposition.counter("ipmasq_foreign_rewrites_total", "Rewrites of our verified rules by another writer "
+                             "that the passes found (a deletion is drift, not a rewrite).", s.foreign_rewrites)
+    yield exposition.gauge("ipmasq_foreign_writer", "1 while another writer keeps rewriting our rules and the agent "
+                           "has stopped repairing them (its rules stay in place); absent otherwise.",
+                           [] if s.foreign_writer_chain is None else [({"chain": s.foreign_writer_chain}, 1)])
     yield exposition.counter("ipmasq_loop_errors_total", "Loop iterations ended by an unexpected exception (logged "
                              "once per distinct error; the loop retried with backoff).", s.loop_errors)
     yield exposition.gauge("ipmasq_seconds_since_last_successful_sync", "Seconds since the kernel was last verified "

@@ -20,6 +20,17 @@ same policy, is IN_SYNC without a read: nothing has been written since a read th
 anyone (our rules deleted, a foreign rule added, even a no-op transaction) changes the fingerprint, and that pass
 reads everything as before; a fingerprint that cannot be read (None) always means a full read.
 
+Two writers never fight. Another program may own the same chain (GKE's managed ip-masq-agent writes `IP-MASQ` beside
+an agent deployed with the gke overlay): each would "repair" the other's rules every resync, for ever. A pass that
+finds the policy it verified before replaced by objects it does not want (a rewrite: a deletion or a flush is plain
+drift) counts one foreign rewrite; FOREIGN_REWRITES of them in a row, each within two resync periods of the repair
+before, and the Reconciler stops repairing: it writes nothing at all (the rules the other writer left keep working),
+reports `ForeignWriter` (the pass's `foreign_writer`: which chain, what differs, how many rewrites; the readiness
+reason the status carries; SyncResult.FOREIGN_WRITER; one log line) and only reads. When the kernel has not changed
+for FOREIGN_QUIET_PERIODS resync periods it repairs once more; a rewrite found at the next pass holds again at once
+(and the quiet period doubles, up to FOREIGN_QUIET_MAX_PERIODS), a clean pass ends the episode. Reads show only
+content: a writer that rewrites the very same rules unseen is found again by that one repair.
+
 What happened is handed out as values, never as the Reconciler itself: `observe` returns a ConfigReport (what one
 read of the config did), `reconcile` a PassReport (what one pass found, wrote and verified). Metrics, health and
 the `--once` exit code only read those; nothing downstream asks the backend again or re-derives a fact.
@@ -30,9 +41,10 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from types import FrameType
 
@@ -40,18 +52,30 @@ from ipmasq.agent.origin import ConfigOrigin
 from ipmasq.backends.base import Backend, Fingerprint, Removable, State, take_fingerprint
 from ipmasq.config.model import DEFAULT_RESYNC_SECONDS, MasqConfig
 from ipmasq.config.source import ConfigInput, config_digest, config_from_bytes
-from ipmasq.errors import BackendError, ConfigError, IpmasqError
+from ipmasq.errors import BackendError, ConfigError, IpmasqError, one_line
+from ipmasq.netfilter.nft import TABLE as NFT_TABLE
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.hash import policy_hash
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 
-__all__ = ["ConfigReport", "FamilyWrite", "ObjectCount", "PassReport", "Reconciler", "RuleCount",
-           "StopRequested", "SyncResult", "Verdict", "count_objects"]
+__all__ = ["FOREIGN_QUIET_MAX_PERIODS", "FOREIGN_QUIET_PERIODS", "FOREIGN_REWRITES", "ConfigReport", "FamilyWrite",
+           "ForeignWriter", "ObjectCount", "PassReport", "Reconciler", "RuleCount", "StopRequested", "SyncResult",
+           "Verdict", "count_objects"]
 
 
 # An idle pass recounts the node's foreign NAT rules only this often (a change by this agent recounts at once).
 FOREIGN_RECOUNT_PASSES = 10
+# Rewrites of our verified rules by someone else, in a row, before the agent stops repairing (one could be an
+# operator's edit, two a tool's one-off run; three rewrites each within two resync periods of our repair is a writer
+# that runs on a loop, as ours does).
+FOREIGN_REWRITES = 3
+# Resync periods without any change to the kernel's objects before the agent repairs once more; doubled after each
+# repair the other writer undid at once (a writer that rewrites identical rules is seen only by that repair).
+FOREIGN_QUIET_PERIODS = 3
+FOREIGN_QUIET_MAX_PERIODS = 48
+# How many differing objects a ForeignWriter quotes (the counts say how many there are).
+_QUOTED_OBJECTS = 3
 
 
 class SyncResult(Enum):
@@ -60,6 +84,7 @@ class SyncResult(Enum):
     NO_POLICY = "no-policy"  # no good config seen yet: nothing touched
     FAILED = "failed"  # a backend error: retry with backoff
     OUT_OF_SYNC = "out-of-sync"  # observe mode: the node's rules do not enforce the policy (nothing is written)
+    FOREIGN_WRITER = "foreign-writer"  # another program keeps rewriting our rules: read, nothing written
 
     @property
     def verified(self) -> bool:
@@ -107,6 +132,30 @@ class RuleCount:
 
 
 @dataclass(frozen=True, slots=True)
+class ForeignWriter:
+    """Another program keeps rewriting our rules: what was seen, for the status, the log and the metrics."""
+
+    chain: str  # our chain (iptables) or table (nftables) that it rewrites
+    family: Family
+    rewrites: int  # rewrites seen in this episode (the ones that stopped the repairs, and any since)
+    missing: tuple[str, ...]  # the first of our objects its version lacks
+    missing_count: int
+    extra: tuple[str, ...]  # the first objects it holds that the policy does not want
+    extra_count: int
+
+    def describe(self) -> str:
+        """One line (the objects are the kernel's text: escaped)."""
+        def quoted(items: tuple[str, ...], count: int) -> str:
+            shown = "; ".join(items) or "none"
+            return shown + (f" and {count - len(items)} more" if count > len(items) else "")
+        return one_line(
+            f"ForeignWriter: {self.chain} (IPv{self.family.value}) was rewritten by another writer {self.rewrites} "
+            f"times after this agent's repairs; not repairing while it writes (its rules stay in place). It lacks "
+            f"{self.missing_count} of ours ({quoted(self.missing, self.missing_count)}) and holds "
+            f"{self.extra_count} others ({quoted(self.extra, self.extra_count)})")
+
+
+@dataclass(frozen=True, slots=True)
 class ConfigReport:
     """What one read of the config did (Reconciler.observe)."""
 
@@ -140,6 +189,9 @@ class PassReport:
     origin: ConfigOrigin | None = None  # where the enforced content came from (set by the loop, which read it)
     # observe mode (ipmasq.agent.observe): why the node's rules do not enforce the policy, one line (None: they do)
     mismatch: str | None = None
+    # another program keeps rewriting our rules and this agent stopped repairing them (None: no such writer)
+    foreign_writer: ForeignWriter | None = None
+    foreign_rewrites: int = 0  # how often this pass found our verified rules rewritten by someone else
 
 
 def count_objects(state: State) -> tuple[int, int]:
@@ -199,8 +251,19 @@ class Reconciler:
                  on_policy_change: Callable[[Policy, Policy], None] | None = None,
                  count_foreign: Callable[[], int] | None = None,
                  fingerprint: Fingerprint | None = None,
-                 load: Callable[[ConfigInput, PolicyOptions], MasqConfig] = config_from_bytes) -> None:
+                 load: Callable[[ConfigInput, PolicyOptions], MasqConfig] = config_from_bytes,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.backend = backend
+        self.clock = clock
+        # two writers: the rewrites seen in a row, when we last repaired, and while holding what the kernel held
+        self._streak = 0
+        self._last_repair: float | None = None
+        self._holding = False  # not repairing: another writer owns the chain
+        # the episode's other writer, as last seen: reported from the first hold until a pass finds our rules intact
+        self._writer: ForeignWriter | None = None
+        self._held: dict[Family, State] = {}
+        self._last_change = 0.0  # clock: when the held objects last changed
+        self._quiet_periods = FOREIGN_QUIET_PERIODS
         # bytes -> validated config (config_from_bytes; tests may hand in another loader)
         self.load = load
         # a cheap kernel fact that changes with any NAT rule a pass reads (see the module docstring); None: unknown
@@ -237,6 +300,8 @@ class Reconciler:
             return Verdict(False, f"not ready: config error: {self.config_error}")
         if self.policy is None:
             return Verdict(False, "not ready: no config loaded yet")
+        if self._writer is not None:
+            return Verdict(False, f"not ready: {self._writer.describe()}")
         if self._leftovers:
             detail = f" ({self.backend_error})" if self.backend_error is not None else ""
             return Verdict(False, f"not ready: our objects are still in {', '.join(self._leftovers)}, which this "
@@ -301,6 +366,16 @@ class Reconciler:
         if policy is None:
             return self._pass_report(SyncResult.NO_POLICY)
         fingerprint = self._take_fingerprint()
+        probe = False  # the repair after a quiet spell: what it overwrites is the rewrite already counted
+        if self._holding:
+            try:
+                held = self._held_pass(policy)
+            except IpmasqError as exc:
+                self._backend_failed(str(exc))
+                return self._pass_report(SyncResult.FAILED)
+            if held == "hold":
+                return self._pass_report(SyncResult.FOREIGN_WRITER)
+            probe = held == "probe"
         if (fingerprint is not None and fingerprint == self._quiet_fingerprint and self._enforced is policy
                 and self.backend_error is None and not self._leftovers):
             # nothing was written anywhere since a pass read everything and found it matching: skip the reads
@@ -312,6 +387,7 @@ class Reconciler:
         drift = self._enforced is not None and self._enforced.config == policy.config
         writes: list[FamilyWrite] = []
         wanted: list[State] = []
+        rewritten = 0
         try:
             for family in policy.families:
                 current = self.backend.read(family)
@@ -319,9 +395,18 @@ class Reconciler:
                 wanted.append(want)
                 if current == want:
                     continue
+                if drift and not probe and _rewritten(current, want):
+                    rewritten += 1
+                    if self._foreign_rewrite(policy, current, want):
+                        return self._pass_report(SyncResult.FOREIGN_WRITER, writes=writes, rewrites=rewritten)
                 self.backend.apply(policy, family, current)
+                self._last_repair = self.clock()
                 after = self.backend.read(family)
                 if after != want:
+                    if _rewritten(after, want):  # someone wrote between our transaction and the read back
+                        rewritten += 1
+                        if self._foreign_rewrite(policy, after, want):
+                            return self._pass_report(SyncResult.FOREIGN_WRITER, writes=writes, rewrites=rewritten)
                     raise BackendError(f"IPv{family.value} rules differ from the desired ones right after applying "
                                        f"them (someone else is writing, or the kernel rewrote a rule)")
                 write = _family_write(family, current, want)
@@ -331,7 +416,9 @@ class Reconciler:
             writes.extend(self._clear_unmanaged(policy))
         except IpmasqError as exc:
             self._backend_failed(str(exc))
-            return self._pass_report(SyncResult.FAILED, writes=writes)
+            return self._pass_report(SyncResult.FAILED, writes=writes, rewrites=rewritten)
+        if not drift or not writes:
+            self._clean_pass()
         previous, self._enforced = self._enforced, policy
         if previous is not policy:
             # counted once per policy, from the desired States just verified (equal to what the kernel holds)
@@ -351,7 +438,66 @@ class Reconciler:
             self._quiet_fingerprint = fingerprint  # taken before the reads that just verified everything
         self._count_foreign(changed=bool(writes or removed), fingerprint=fingerprint)
         self._read_rule_counts(policy, reread=False)  # from the reads this pass made
-        return self._pass_report(result, writes=writes, removed=removed, drift_repair=drift and bool(writes))
+        return self._pass_report(result, writes=writes, removed=removed, drift_repair=drift and bool(writes),
+                                 rewrites=rewritten)
+
+    # ---- two writers ----
+
+    def _chain_name(self, policy: Policy) -> str:
+        return f"table {NFT_TABLE}" if self.backend.name == "nftables" else policy.options.masq_chain
+
+    def _foreign_rewrite(self, policy: Policy, current: State, want: State) -> bool:
+        """Count a rewrite of our verified rules; True when that makes FOREIGN_REWRITES in a row (now holding)."""
+        now = self.clock()
+        within = self._last_repair is not None and now - self._last_repair <= 2 * self.resync_interval
+        self._streak = self._streak + 1 if within else 1
+        if self._streak < FOREIGN_REWRITES:
+            return False
+        had, wanted = set(current.objects), set(want.objects)
+        missing = [line for line in want.objects if line not in had]
+        extra = [line for line in current.objects if line not in wanted]
+        first = self._writer is None
+        rewrites = self._streak if self._writer is None else self._writer.rewrites + 1
+        self._writer = ForeignWriter(self._chain_name(policy), current.family, rewrites,
+                                     tuple(missing[:_QUOTED_OBJECTS]), len(missing),
+                                     tuple(extra[:_QUOTED_OBJECTS]), len(extra))
+        self._holding, self._held, self._last_change = True, {}, now
+        self.backend_error = None  # a read-back that differed was the other writer's doing: nothing to retry
+        if first:
+            self.log.warning("%s (it resumes once the rules stay unchanged for %d resync periods)",
+                             self._writer.describe(), self._quiet_periods)
+        else:  # the repair after a quiet spell was undone at once: the other writer is still there
+            self._quiet_periods = min(self._quiet_periods * 2, FOREIGN_QUIET_MAX_PERIODS)
+            self.log.debug("the other writer undid the repair at once: waiting %d quiet resync periods",
+                           self._quiet_periods)
+        return True
+
+    def _held_pass(self, policy: Policy) -> str:
+        """While another writer owns the chain: read only ("hold"). "ours": the kernel holds our rules again (the
+        pass that follows finds them in sync); "probe": nothing changed for the quiet period, time for one repair
+        (and a rewrite found at the next pass holds again at once)."""
+        assert self._writer is not None
+        now = self.clock()
+        states = {family: self.backend.read(family) for family in policy.families}
+        if all(state == self.backend.desired(policy, state.family) for state in states.values()):
+            self._holding, self._held = False, {}
+            return "ours"
+        if self._held and states != self._held:
+            self._last_change = now
+            self._writer = replace(self._writer, rewrites=self._writer.rewrites + 1)
+        self._held = states
+        if now - self._last_change >= self._quiet_periods * self.resync_interval:
+            self._holding, self._held = False, {}
+            self._streak, self._last_repair = FOREIGN_REWRITES - 1, now  # one more rewrite holds again at once
+            return "probe"
+        return "hold"
+
+    def _clean_pass(self) -> None:
+        """A pass that found our rules as verified, or changed them for a new config: no writer fights this one."""
+        if self._writer is not None:
+            self.log.info("the other writer of our rules is gone: repairing drift as usual again")
+            self._writer = None
+        self._streak, self._quiet_periods = 0, FOREIGN_QUIET_PERIODS
 
     def _read_rule_counts(self, policy: Policy, *, reread: bool) -> None:
         """The config rules' counters, for ipmasq_rule_packets_total: only when the policy has rules on this node
@@ -425,14 +571,15 @@ class Reconciler:
         self.backend_error = message
 
     def _pass_report(self, result: SyncResult, *, writes: Sequence[FamilyWrite] = (), removed: Sequence[str] = (),
-                     drift_repair: bool = False) -> PassReport:
+                     drift_repair: bool = False, rewrites: int = 0) -> PassReport:
         return PassReport(result=result, config_error=self.config_error, backend_error=self.backend_error,
                           drift_repair=drift_repair, writes=tuple(writes), removed_leftovers=tuple(removed),
                           leftovers=self._leftovers,
                           policy_hash=self._policy_hash, objects=self._objects,
                           resync_interval=self.resync_interval, readiness=self.readiness(),
                           foreign_masquerade_rules=self._foreign, rule_counters=self._rule_counts,
-                          config_digest=self._config_digest)
+                          config_digest=self._config_digest, foreign_writer=self._writer,
+                          foreign_rewrites=rewrites)
 
     def _remove_others(self) -> tuple[list[str], str | None]:
         """Look at every other place (one read each) and remove our objects there; (removed, first error).
@@ -456,6 +603,13 @@ class Reconciler:
                           other.name, self.backend.name)
         self._leftovers = tuple(left)
         return removed, error
+
+
+def _rewritten(current: State, want: State) -> bool:
+    """The kernel holds objects in our place that the policy does not want: someone wrote their own version (a
+    deletion or a flush only lacks ours, and is plain drift)."""
+    wanted = set(want.objects)
+    return any(line not in wanted for line in current.objects)
 
 
 def _family_write(family: Family, before: State, after: State) -> FamilyWrite:

@@ -8,6 +8,10 @@ rules-differ, rule-missing, rule-extra, rule-edited, rule-order (the config's ru
 foreign-masquerade, jump-shadowed (by destination, and where a rule tests them by source, protocol and port),
 stale-chain, unsupported, and live only other-variant-rules. Exit 0
 when no finding is an error, 1 otherwise.
+
+--writer NAME compares with what a provider's agent intends instead (gke, aks, eks, reference, cilium: the chain
+and flags that agent runs with, its inputs read its way from --config and --manifest). eks reads the VPC CNI's
+AWS-SNAT-CHAIN-0; cilium reads `cilium-dbg bpf ipmasq list` output given to --from-dump.
 """
 
 from __future__ import annotations
@@ -18,11 +22,29 @@ from typing import Any
 
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands import common, policy_source
+from ipmasq.config.source import read_config_file
 from ipmasq.diagnose.check import CheckReport, NodeRules, check_node
+from ipmasq.diagnose.cilium import check_cilium_map, is_ipmasq_list, parse_ipmasq_list
+from ipmasq.diagnose.eks import DEFAULT_OUT_INTERFACE, check_eks, node_chain
 from ipmasq.diagnose.leftovers import leftover_findings, read_leftovers
 from ipmasq.diagnose.sources import read_dump_file, read_node_rules, rules_from_dump
-from ipmasq.errors import UsageError, one_line
+from ipmasq.diagnose.writer_sources import sources_from_manifests
+from ipmasq.errors import ConfigError, UsageError, one_line
 from ipmasq.findings import Finding
+from ipmasq.lint.manifest import configmap_config
+from ipmasq.options import DEFAULT_CHAIN
+from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
+from ipmasq.writers import (
+    CILIUM_MAP,
+    REFERENCE_CONFIGMAP,
+    REFERENCE_KEY,
+    WRITERS,
+    Sources,
+    Writer,
+    cilium_map_intent,
+    intended,
+)
 
 __all__ = ["register", "run"]
 
@@ -41,17 +63,30 @@ def register(subparsers: Any) -> None:
                         help="the pods' address range, so that rules testing -s can be evaluated (repeatable)")
     parser.add_argument("--local-address", action="append", default=[], metavar="IP",
                         help="an address of the node (node-local destinations are never masqueraded; repeatable)")
+    group = parser.add_argument_group("a provider's agent (see docs/how-to/observe-a-provider-agent.md)")
+    group.add_argument("--writer", choices=sorted(WRITERS), metavar="NAME",
+                       help="compare with what this agent intends, under its own chain and flags (which replace the "
+                       f"policy flags): {', '.join(sorted(WRITERS))}")
+    group.add_argument("--manifest", action="append", default=[], metavar="FILE",
+                       help="Kubernetes objects the writer reads, as `kubectl -n kube-system get -o yaml` prints "
+                       "them: ConfigMaps (AKS: its ip-masq fragments), the aws-node DaemonSet (repeatable)")
+    group.add_argument("--vpc-cidr", action="append", default=[], metavar="CIDR",
+                       help="eks: a CIDR of the VPC (repeatable; default: the ones the node's AWS-SNAT-CHAIN-0 "
+                       "returns for, as the CNI learnt them from the instance metadata)")
+    group.add_argument("--out-interface", metavar="IFACE",
+                       help=f"eks: the interface pod traffic leaves by (default {DEFAULT_OUT_INTERFACE}, the "
+                       "primary ENI)")
     common.add_agent_flag(parser)
     common.add_output_flag(parser)
     parser.set_defaults(func=run)
 
 
-def _rules_from_dumps(paths: list[str]) -> NodeRules:
+def _rules_from_dumps(dumps: list[tuple[str, str]]) -> NodeRules:
     """One dump, or an iptables-save dump and an nft -j listing of the same node (iptables compared, the listing's
     nat chains walked beside it)."""
-    if len(paths) > 2:
+    if len(dumps) > 2:
         raise UsageError("--from-dump: at most two files, one iptables-save dump and one nft -j listing of one node")
-    read = [rules_from_dump(text, path) for path, text in (read_dump_file(p) for p in paths)]
+    read = [rules_from_dump(text, path) for path, text in dumps]
     texts = {rules.backend: rules for rules in read}
     if len(texts) != len(read):
         raise UsageError("--from-dump: two dumps of one kind: give one iptables-save dump and one nft -j listing")
@@ -69,7 +104,13 @@ def shown(finding: Finding) -> Finding:
 
 
 def run(args: argparse.Namespace) -> int:
-    common.at_most_one_stdin(("--config", args.config), *(("--from-dump", d) for d in args.from_dump))
+    common.at_most_one_stdin(("--config", args.config), *(("--from-dump", d) for d in args.from_dump),
+                             *(("--manifest", m) for m in args.manifest))
+    dumps = [read_dump_file(p) for p in args.from_dump]
+    if args.writer is not None or any(is_ipmasq_list(text) for _, text in dumps):
+        return _report(args, _check_writer(args, WRITERS[args.writer or "cilium"], dumps))
+    if args.manifest or args.vpc_cidr or args.out_interface:
+        raise UsageError("--manifest, --vpc-cidr and --out-interface go with --writer")
     if not args.from_dump:
         agent = common.adopt_agent_settings(args, "check")
         # the backend the agent chose, as /metrics names it ("iptables (nft)", "nftables"): read the same rules
@@ -80,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     pods = common.cidr_flag("--pod-range", args.pod_range)
     local = tuple(common.address_flag("--local-address", t) for t in args.local_address)
     if args.from_dump:
-        rules = _rules_from_dumps(args.from_dump)
+        rules = _rules_from_dumps(dumps)
     else:
         rules = read_node_rules(SubprocessRunner(), policy.families, chain=policy.options.masq_chain,
                                 backend=args.backend)
@@ -88,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.from_dump:  # our objects in a variant or backend the compared rules are not in
         places = read_leftovers(SubprocessRunner(), policy.options, rules.backend)
         report = CheckReport(report.findings + leftover_findings(places, rules.backend))
+    return _report(args, report)
+
+
+def _report(args: argparse.Namespace, report: CheckReport) -> int:
     if args.output == "json":
         common.print_json({"ok": report.ok, "findings": [f.as_dict() for f in report.findings]})
     else:
@@ -96,3 +141,67 @@ def run(args: argparse.Namespace) -> int:
         print("ok: the node's rules match the config" if report.ok and not report.findings
               else ("ok (warnings only)" if report.ok else "NOT OK"))
     return 0 if report.ok else 1
+
+
+def _writer_sources(args: argparse.Namespace) -> Sources:
+    """--manifest's objects, and --config: the ip-masq-agent ConfigMap's config (a raw file or its manifest)."""
+    manifests = [read_dump_file(p) for p in args.manifest]
+    sources = sources_from_manifests(manifests, vpc_cidrs=tuple(args.vpc_cidr))
+    if args.config is None:
+        return sources
+    try:
+        data = read_config_file(args.config) if args.config != "-" else read_dump_file("-")[1].encode()
+    except FileNotFoundError:
+        raise ConfigError("no such file", source=args.config) from None
+    try:
+        embedded = configmap_config(data.decode("utf-8", "surrogateescape"))
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (for other ConfigMaps use --manifest)", source=args.config) from None
+    config = data if embedded is None else embedded.encode("utf-8", "surrogatepass")
+    return Sources({**sources.configmaps, REFERENCE_CONFIGMAP: {REFERENCE_KEY: config}}, sources.env,
+                   sources.vpc_cidrs)
+
+
+def _check_writer(args: argparse.Namespace, writer: Writer, dumps: list[tuple[str, str]]) -> CheckReport:
+    """The node's rules (or Cilium's map) against what `writer` intends."""
+    given = [flag for flag, value, default in (("--masq-chain", args.masq_chain, DEFAULT_CHAIN),
+                                               ("--nomasq-all-reserved-ranges", args.nomasq_all_reserved_ranges, False),
+                                               ("--random-fully", args.random_fully, True),
+                                               ("--to-ports", args.to_ports, "")) if value != default]
+    if given:
+        raise UsageError(f"--writer {writer.name} runs with that agent's own flags: drop {', '.join(given)}")
+    sources = _writer_sources(args)
+    pods = common.cidr_flag("--pod-range", args.pod_range)
+    local = tuple(common.address_flag("--local-address", t) for t in args.local_address)
+    if writer.name == "cilium":
+        listings = [(path, text) for path, text in dumps if is_ipmasq_list(text)]
+        if len(listings) != 1 or len(dumps) != 1:
+            raise UsageError("--writer cilium: give one --from-dump with `cilium-dbg bpf ipmasq list` output, e.g. "
+                             "kubectl -n kube-system exec ds/cilium -- cilium-dbg bpf ipmasq list > map.txt")
+        config = intended(writer, sources)
+        policy_source.print_config_warnings("check", config)
+        return check_cilium_map(cilium_map_intent(config), parse_ipmasq_list(listings[0][1], listings[0][0]),
+                                map_name=CILIUM_MAP)
+    if any(is_ipmasq_list(text) for _, text in dumps):
+        raise UsageError(f"--writer {writer.name}: a `cilium-dbg bpf ipmasq list` listing is Cilium's map: use "
+                         "--writer cilium")
+    if dumps:
+        rules = _rules_from_dumps(dumps)
+    else:
+        rules = read_node_rules(SubprocessRunner(), (Family.V4, Family.V6) if writer.name != "eks" else (Family.V4,),
+                                chain=writer.options.masq_chain, backend="iptables")
+    if rules.backend != "iptables":
+        raise UsageError(f"--writer {writer.name}: that agent writes iptables rules: give iptables-save output")
+    if writer.name == "eks":
+        if not sources.vpc_cidrs:
+            chain = node_chain(rules)
+            sources = Sources(sources.configmaps, sources.env, tuple(str(p) for p in chain.vpc_cidrs) if chain else ())
+        config = intended(writer, sources)  # its warnings (skipped exclusions) are findings of check_eks
+        local4 = tuple(address for family, address in local if family is Family.V4)
+        return check_eks(Policy(config, writer.options), rules, sources.env, pod_ranges=pods,
+                         local_addresses=local4, out_interface=args.out_interface or DEFAULT_OUT_INTERFACE)
+    config = intended(writer, sources)
+    policy_source.print_config_warnings("check", config)
+    policy = Policy(config, writer.options)
+    tables = {family: table for family, table in rules.tables.items() if family in policy.families}
+    return check_node(policy, replace(rules, tables=tables), pod_ranges=pods, local_addresses=local)

@@ -57,7 +57,8 @@ from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix, parse_cidr
 from ipmasq.policy.ranges import Span, append_span, subtract, to_prefixes, union, union_of_prefixes
 
-__all__ = ["CheckReport", "FindingId", "NodeRules", "check_iptables", "check_nft", "check_node"]
+__all__ = ["CheckReport", "FindingId", "NodeRules", "check_iptables", "check_nft", "check_node", "semantic_findings",
+           "tracer_beside"]
 
 # How many destinations a message quotes before "and N more" (the JSON field has them all).
 _QUOTED = 6
@@ -455,21 +456,33 @@ class _IptablesBeside:
         yield from self._nft.shapes(family, beside=IPTABLES_NFT_TABLES)
 
 
+def semantic_findings(policy: Policy, table: NatTable, family: Family, *, ours: set[str],
+                      pod_ranges: tuple[Prefix, ...] = (), local: tuple[int, ...] = (),
+                      beside: NftTracer | None = None, out_interface: str | None = None) -> list[Finding]:
+    """The semantic pass alone, for a chain another writer owns (policy.options.masq_chain names it): every class of
+    pod packets traced through POSTROUTING and compared with the policy. A wrong answer decided in a chain of
+    `ours` is left to the caller's structural pass; one decided in the writer's chain itself is rules-differ.
+    `out_interface`: the interface pod traffic leaves by, for rules that test -o (the VPC CNI's `! -o vlan+`)."""
+    return _semantic(policy, table, family, ours, pod_ranges, local, beside, out_interface)
+
+
 def _semantic(policy: Policy, table: NatTable, family: Family, ours: set[str],
               pod_ranges: tuple[Prefix, ...], local: tuple[int, ...],
-              beside: NftTracer | None = None) -> list[Finding]:
+              beside: NftTracer | None = None, out_interface: str | None = None) -> list[Finding]:
     tracer = Tracer(table)
     if beside is None:
-        return _semantic_walk(policy, tracer, family, ours, policy.options.masq_chain, pod_ranges, local)
+        return _semantic_walk(policy, tracer, family, ours, policy.options.masq_chain, pod_ranges, local,
+                              out_interface)
     # our own nftables table beside iptables is a leftover of the other backend: other-variant-rules says so (the
     # live check looks for it), once, rather than a foreign-masquerade finding per destination
     ours = ours | {f"{TABLE_FAMILY} {TABLE} {CHAIN}", f"{TABLE_FAMILY} {TABLE} {RULES_CHAIN}"}
     return _semantic_walk(policy, _IptablesBeside(tracer, beside, family), family, ours, policy.options.masq_chain,
-                          pod_ranges, local)
+                          pod_ranges, local, out_interface)
 
 
 def _semantic_walk(policy: Policy, tracer: _Walker, family: Family, ours: set[str], our_chain: str,
-                   pod_ranges: tuple[Prefix, ...], local: tuple[int, ...]) -> list[Finding]:
+                   pod_ranges: tuple[Prefix, ...], local: tuple[int, ...],
+                   out_interface: str | None = None) -> list[Finding]:
     """Every class of pod packets traced and compared with the policy; `ours`: the chains of ours, whose wrong
     answers the structural pass explains; `our_chain`: the chain a packet must reach for the config to apply."""
     pods = tuple(p for p in pod_ranges if p.family is family)
@@ -488,7 +501,8 @@ def _semantic_walk(policy: Policy, tracer: _Walker, family: Family, ours: set[st
             continue  # node-local destinations never reach our chain (! --dst-type LOCAL), by design
         for traffic in space.classes if any_rich and space.is_rich(start) else plain:
             port = None if traffic.ports is None else traffic.ports[0]
-            packet = Packet(family, start, traffic.sources, traffic.protocol, port, local_addresses=local)
+            packet = Packet(family, start, traffic.sources, traffic.protocol, port, local_addresses=local,
+                            out_interface=out_interface)
             result = tracer.trace(packet, record_steps=False)
             if result.outcome is Outcome.UNDECIDED:
                 rule = result.decided_by or "(dump)"
@@ -588,6 +602,14 @@ def _semantic_finding(key: _Wrong, prefixes: list[str], dests: str, reason: str,
         over = "; it overrides the config's " + ", ".join(
             f"rule {r.name} ({r.where()}: {r.action.value}{' to ' + r.snat_to if r.snat_to else ''})"
             for r in shadowed)
+    if rule.startswith(f"-A {policy.options.masq_chain} ") and kind is not FindingId.UNSUPPORTED:
+        # the writer's own chain decided otherwise than its inputs say (a chain another program owns: check's
+        # structural pass compares only ours)
+        return Finding(FindingId.RULES_DIFFER, Severity.ERROR,
+                       f"{policy.options.masq_chain} decides pod traffic to {dests} otherwise than its writer's "
+                       f"inputs say{over}: {named}{rule}",
+                       "the writer has not applied its current inputs: read its logs (and restart it if it only "
+                       "reads them at start)", rule=rule, destinations=tuple(prefixes))
     if kind is FindingId.FOREIGN_MASQUERADE:
         hint = (f"if this traffic must be masqueraded, say so in the config (masqueradeCIDRs or a rule) and delete "
                 f"the rule: {delete}; otherwise delete the rule and whatever re-adds it")
@@ -747,21 +769,26 @@ def _compare_rules_set(name: str, family: Family, want: NftTable, table: NftTabl
         missing=tuple(missing), extra=tuple(extra))]
 
 
+def tracer_beside(rules: NodeRules) -> tuple[NftTracer | None, list[Finding]]:
+    """The nftables nat chains beside iptables' (kube-proxy's nftables mode, others), walked with them; a listing the
+    tracer cannot read is a warning, and the comparison goes on without them."""
+    if rules.nft_ruleset is None:
+        return None, []
+    try:
+        return NftTracer(rules.nft_ruleset), []
+    except NftTraceError as exc:
+        return None, [Finding(FindingId.UNSUPPORTED, Severity.WARNING,
+                              f"the nftables nat chains beside iptables are not compared: {exc}",
+                              "read them by hand: nft list ruleset")]
+
+
 def check_node(policy: Policy, rules: NodeRules, *, pod_ranges: tuple[Prefix, ...] = (),
                local_addresses: tuple[tuple[Family, int], ...] = ()) -> CheckReport:
     """Every family the rules hold (iptables), or our nftables table, against the policy."""
     if rules.backend == "nftables":
         return check_nft(policy, rules.nft, ruleset=rules.nft_ruleset, pod_ranges=pod_ranges,
                          local_addresses=local_addresses, iptables=rules.tables)
-    findings: list[Finding] = []
-    beside: NftTracer | None = None
-    if rules.nft_ruleset is not None:
-        try:
-            beside = NftTracer(rules.nft_ruleset)
-        except NftTraceError as exc:
-            findings.append(Finding(FindingId.UNSUPPORTED, Severity.WARNING,
-                                    f"the nftables nat chains beside iptables are not compared: {exc}",
-                                    "read them by hand: nft list ruleset"))
+    beside, findings = tracer_beside(rules)
     for family, table in rules.tables.items():
         local = tuple(address for f, address in local_addresses if f is family)
         findings.extend(check_iptables(policy, table, family, pod_ranges=pod_ranges, local_addresses=local,

@@ -242,6 +242,7 @@ def test_every_family_has_its_type_and_help(fake: FakeIptables) -> None:
         "ipmasq_syncs": "counter", "ipmasq_sync_duration_seconds": "histogram",
         "ipmasq_config_load_errors": "counter", "ipmasq_config_reloads": "counter",
         "ipmasq_drift_repairs": "counter", "ipmasq_loop_errors": "counter",
+        "ipmasq_foreign_rewrites": "counter", "ipmasq_foreign_writer": "gauge",
         "ipmasq_seconds_since_last_successful_sync": "gauge",
         "ipmasq_last_successful_sync_timestamp_seconds": "gauge", "ipmasq_rules": "gauge",
         "ipmasq_set_elements": "gauge", "ipmasq_ready": "gauge", "ipmasq_config_valid": "gauge",
