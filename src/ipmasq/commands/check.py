@@ -102,8 +102,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.from_dump:  # our objects in a variant or backend the compared rules are not in
         places = read_leftovers(SubprocessRunner(), policy.options, rules.backend)
         report = CheckReport(report.findings + leftover_findings(places, rules.backend))
-    if args.output == "json":
-        common.print_json({"ok": report.ok, "findings": [f.as_dict() for f in report.findings]})
+    if args.output != "text":
+        common.print_document(args.output, "CheckReport",
+                              {"ok": report.ok, "findings": [f.as_dict() for f in report.findings]})
     else:
         for f in report.findings:
             print(f.as_text())

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from ipmasq.cloudnat import CloudNat, CloudNatMode, follow_path
-from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, print_json
+from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, print_document
 from ipmasq.commands.policy_source import load_policy
 from ipmasq.config.model import Rule, RuleAction
 from ipmasq.errors import UsageError, clip
@@ -99,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
         if args.node_ip is not None and parse_address(args.node_ip) == (family, address):
             verdict = Verdict(verdict.destination, verdict.family, False, Reason.LOCAL, None)
         results.append(_as_dict(verdict, policy, args, cloud_nat))
-    if args.output == "json":
-        print_json(results)
+    if args.output != "text":
+        print_document(args.output, "ExplainReport", {"results": results})
     else:
         for r in results:
             print(_as_text(r))

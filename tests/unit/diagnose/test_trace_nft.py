@@ -183,7 +183,7 @@ def test_trace_cli_reads_an_nft_listing(tmp_path: Path, capsys: pytest.CaptureFi
     assert document["source_seen"] == "10.142.0.50" and document["decided_by_name"] == "rule partner-snat"
     bad = tmp_path / "bad.json"
     bad.write_text('{"nftables": 3}')
-    assert main(["trace", "10.1.0.9", "--source", "10.44.0.1", "--dump", str(bad)]) == 1
+    assert main(["trace", "10.1.0.9", "--source", "10.44.0.1", "--dump", str(bad)]) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(bad) in err
 
