@@ -96,11 +96,11 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None, *, prog: str = "ipmasq") -> argparse.ArgumentParser:
     """The whole parser, or with `only` just that subcommand: each command module imports what it needs, so a
     node agent's start (`agent --once` runs on every pod start and in benchmarks) does not pay for the toolkit."""
     parser = ArgumentParser(
-        prog="ipmasq",
+        prog=prog,
         description="Pod SNAT for Kubernetes nodes: a drop-in ip-masq-agent and the tools to see, check and prove it.",
         epilog=EXIT_CODES_HELP,
     )
@@ -135,10 +135,11 @@ def _subparsers_action(parser: argparse.ArgumentParser) -> Any:
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, prog: str = "ipmasq") -> int:
+    """`prog`: how help and errors name the program (`kubectl ipmasq` when the kubectl plugin runs a command)."""
     raw = list(sys.argv[1:] if argv is None else argv)
     command = raw[0] if raw and raw[0] in COMMANDS else None
-    who = f"ipmasq {command}" if command is not None else "ipmasq"
+    who = f"{prog} {command}" if command is not None else prog
     if not raw:
         print(short_usage(), file=sys.stderr)
         return Exit.USAGE
@@ -146,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command is None and not raw[0].startswith("-"):
             raise UsageError(f"unknown command {_quoted(raw[0])}{did_you_mean(raw[0], COMMANDS)} "
                              f"(commands: {', '.join(COMMANDS)})")
-        parser = build_parser(command)
+        parser = build_parser(command, prog=prog)
         args, extra = parser.parse_known_args(_go_flags_normalised(command, raw))
         if extra:
             raise UsageError(_unrecognized(extra, subcommands(parser).get(command or "")))
