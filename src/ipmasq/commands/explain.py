@@ -40,7 +40,9 @@ def register(subparsers: Any) -> None:
                                          "(default: none, the built-in defaults)")
     parser.add_argument("--source", metavar="POD_IP",
                         help="the pod's IP: selects config rules with sources, and is shown when not masqueraded")
-    parser.add_argument("--protocol", choices=RULE_PROTOCOLS, help="the packet's protocol (selects config rules)")
+    parser.add_argument("--protocol", choices=RULE_PROTOCOLS, type=str.lower,
+                        help="the packet's protocol (selects config rules): tcp or Kubernetes' TCP, udp, sctp, "
+                        "icmp, icmpv6")
     parser.add_argument("--port", type=_port, metavar="PORT", help="the destination port (selects config rules)")
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME") or None, metavar="NAME",
                         help="the node's name: selects config rules with nodes (default: $NODE_NAME)")
