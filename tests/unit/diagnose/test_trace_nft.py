@@ -333,9 +333,9 @@ def test_check_finds_a_missing_jump_in_postrouting() -> None:
     assert finding.missing and "@rules_dst_v6 jump config-rules" in finding.missing[0]
 
 
-def test_the_readme_shows_the_layout_the_agent_renders() -> None:
-    """README's nftables layout for its HTTPS and peered-VPC rules examples is what render writes for them."""
-    readme = (ROOT / "README.md").read_text()
+def test_the_rules_page_shows_the_layout_the_agent_renders() -> None:
+    """The rules page's nftables layout for its HTTPS and peered-VPC examples is what render writes for them."""
+    readme = (ROOT / "docs" / "concepts" / "rules.md").read_text()
     blocks = re.findall(r"```yaml\n((?:.*\n)*?)```", readme)
     wanted = ("onprem-https-sees-node-ip", "peered-vpc-sees-pod-ips")
     rules = ["rules:"]
