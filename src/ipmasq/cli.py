@@ -50,7 +50,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
             "sudo ipmasq lab --kubernetes --keep"),
     "lint": ("kubectl get configmap ip-masq-agent -n kube-system -o yaml | ipmasq lint -",
              "ipmasq lint ip-masq-agent.yaml --must-masquerade 172.30.0.0/16",
-             "ipmasq lint deploy/examples/ -o json"),
+             "ipmasq lint deploy/examples/*.yaml -o json"),
     "diff": ("ipmasq diff kubenet gke --probe 172.30.12.110",
              "ipmasq diff old.yaml new.yaml --probe 10.2.1.100 -o yaml"),
     "trace": ("ipmasq trace 172.30.12.110 --source 10.44.14.15 --protocol tcp --port 443",

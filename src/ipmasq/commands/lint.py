@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
                           common.cidr_flag("--pod-range", args.pod_range), tuple(args.node_names))
     findings: list[Finding] = []
     unreadable: list[str] = []  # why each input that could not be read was not: nothing is said of its content
-    for name, data in _inputs(args.files):
+    inputs = _inputs(args.files)
+    for name, data in inputs:
         if isinstance(data, ConfigError):
             unreadable.append(str(data))
             continue
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         findings += lint_source(name, data, options=options, expect=expect)
     errors = count(findings, Severity.ERROR)
-    linted = len(args.files) - len(unreadable)
+    linted = len(inputs) - len(unreadable)
     if args.output != "text":
         common.print_document(args.output, "LintReport", {"findings": [f.as_dict() for f in findings],
                                                           "unreadable": unreadable}, ensure_ascii=False)
