@@ -102,6 +102,8 @@ def test_an_unknown_flag_is_one_line_for_every_command(capsys: pytest.CaptureFix
     # no abbreviations, as in Go; a near miss is named
     ("render", ["--enable"], "unrecognized arguments: --enable (did you mean --enable-ipv6?)"),
     ("render", ["--confg", "x"], "unrecognized arguments: --confg (did you mean --config?) x"),
+    ("render", ["--backend", "iptabels"],
+     "argument --backend: invalid choice: 'iptabels' (choose from 'iptables', 'nftables') (did you mean iptables?)"),
 ])
 def test_bad_flag_values_are_usage_errors(capsys: pytest.CaptureFixture[str], command: str, argv: list[str],
                                           message: str) -> None:
