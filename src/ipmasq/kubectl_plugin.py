@@ -284,3 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Exit.INTERRUPTED
     except BrokenPipeError:
         return Exit.OK
+
+
+if __name__ == "__main__":  # python -m ipmasq.kubectl_plugin: what the krew archive's launcher runs
+    raise SystemExit(main())

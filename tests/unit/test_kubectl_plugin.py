@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,23 @@ def test_the_krew_manifest() -> None:
         (expression,) = platform["selector"]["matchExpressions"]
         assert expression["key"] == "os" and expression["operator"] == "In" and expression["values"]
         assert platform["uri"].startswith("https://") and spec["version"] in platform["uri"]
-        assert re.fullmatch(r"[0-9a-f]{64}", platform["sha256"])
         assert platform["bin"] == "kubectl-ipmasq"
         assert any(f["from"] == platform["bin"] for f in platform["files"])
+        # the digest is the archive's, built again here byte for byte
+        built = subprocess.run([sys.executable, str(ROOT / "plugins" / "archive.py")], capture_output=True, text=True,
+                               check=True, timeout=60).stdout.strip()
+        assert platform["sha256"] == built, "plugins/ipmasq.yaml: set sha256 to what plugins/archive.py prints"
+
+
+def test_the_krew_archives_launcher_runs_the_plugin(tmp_path: Path) -> None:
+    archive = tmp_path / "kubectl-ipmasq.tar.gz"
+    subprocess.run([sys.executable, str(ROOT / "plugins" / "archive.py"), str(archive)], check=True, timeout=60,
+                   capture_output=True)
+    with tarfile.open(archive) as tar:
+        assert tar.getnames() == ["kubectl-ipmasq"]
+        tar.extractall(tmp_path / "installed", filter="data")
+    launcher = tmp_path / "installed" / "kubectl-ipmasq"
+    assert os.access(launcher, os.X_OK)
+    done = subprocess.run([str(launcher), "--help"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "IPMASQ_PYTHON": sys.executable, "PYTHONPATH": str(ROOT / "src")})
+    assert done.returncode == 0 and done.stdout.startswith("usage: kubectl ipmasq COMMAND"), done
