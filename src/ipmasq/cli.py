@@ -150,8 +150,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "ipmasq") -> int:
         print(short_usage(), file=sys.stderr)
         return Exit.USAGE
     try:
-        if command is None and not raw[0].startswith("-"):
-            raise UsageError(f"unknown command {_quoted(raw[0])}{did_you_mean(raw[0], COMMANDS)} "
+        if command is None and raw[0] not in ("-h", "--help", "--version"):
+            what = "flag" if raw[0].startswith("-") else "command"
+            raise UsageError(f"unknown {what} {_quoted(raw[0])}{did_you_mean(raw[0], COMMANDS)} "
                              f"(commands: {', '.join(COMMANDS)})")
         parser = build_parser(command, prog=prog)
         args, extra = parser.parse_known_args(_go_flags_normalised(command, raw))
