@@ -120,3 +120,19 @@ def test_every_link_leads_to_a_file(page: Path, target: str) -> None:
             else False:
         return
     assert resolved.exists(), f"{page.relative_to(ROOT)} links to {target}, which does not exist"
+
+
+def test_every_lab_scenario_has_a_how_to_and_every_how_to_its_parts() -> None:
+    """A scenario the lab reproduces is an incident an operator can have: the how-to index names it; each how-to
+    says the symptom and the fix (most also how to diagnose and verify it, and the scenario that shows it)."""
+    from ipmasq.commands.lab import FLEET_SCENARIO
+    from ipmasq.lab.scenarios import SCENARIOS
+
+    index = (DOCS / "how-to" / "README.md").read_text()
+    missing = [name for name in [*SCENARIOS, FLEET_SCENARIO] if f"`{name}`" not in index]
+    assert not missing, _missing_message("lab scenarios", missing, "docs/how-to/README.md (a how-to each)")
+    for page in sorted((DOCS / "how-to").glob("*.md")):
+        if page.name != "README.md" and page.name[:-3] not in {p.split("/")[-1][:-3] for p in PAGES_OF_OTHERS}:
+            text = page.read_text()
+            assert "## Symptom" in text and "## Fix" in text, f"{page.relative_to(ROOT)}: no Symptom or Fix section"
+            assert f"({page.name})" in index, f"docs/how-to/README.md does not link {page.name}"
