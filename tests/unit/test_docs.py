@@ -136,3 +136,21 @@ def test_every_lab_scenario_has_a_how_to_and_every_how_to_its_parts() -> None:
             text = page.read_text()
             assert "## Symptom" in text and "## Fix" in text, f"{page.relative_to(ROOT)}: no Symptom or Fix section"
             assert f"({page.name})" in index, f"docs/how-to/README.md does not link {page.name}"
+
+
+def test_the_readmes_transcripts_are_what_the_commands_print(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each `$ .venv/bin/ipmasq explain|lint ...` transcript of the README, run here: the lines printed below it."""
+    from ipmasq.cli import main
+
+    text = (ROOT / "README.md").read_text()
+    transcripts = re.findall(r"^    \$ \.venv/bin/(ipmasq (?:explain|lint) (?:.*\\\n)*.*)\n((?:    (?!\$).*\n)+)",
+                             text, re.MULTILINE)
+    assert len(transcripts) >= 2
+    for command, printed in transcripts:
+        argv = command.replace("\\\n", " ").split()[1:]
+        if argv[-1] == "bad.yaml":
+            continue  # a file the reader writes
+        code = main(argv)
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert " ".join((out + err).split()) == " ".join(printed.split()), command
