@@ -2,6 +2,7 @@
 
     IpmasqError                 anything ipmasq reports to an operator (one line, no traceback)
     ├── ConfigError             a config file or flag value is wrong; names file, line and offending value
+    │   └── InputUnreadable     an input could not be read at all (missing, unreadable, not a regular file)
     ├── UsageError              the command line is wrong (exit 2)
     ├── BackendError            a kernel tool failed; carries the tool's argv and stderr
     │   └── LockBusyError       the xtables lock is held by someone else (retry later)
@@ -36,7 +37,8 @@ The lab's errors (NetnsError, LabError, FleetError, PrometheusError) are IpmasqE
 that only steer control flow inside one module, never reported as such, stay there: diagnose.trace.Undecidable (a
 rule a trace cannot decide: the outcome says why), agent.reconcile.StopRequested (SIGTERM during a pass).
 
-The CLI maps ConfigError to exit 1, UsageError to exit 2; everything is printed as ``ipmasq: <message>``.
+The CLI (ipmasq.cli.Exit) maps ConfigError to exit 1 (the input was read and is wrong), UsageError to exit 2, and
+InputUnreadable and every other IpmasqError to exit 3 (could not run); each is one line, ``ipmasq COMMAND: <message>``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ __all__ = [
     "HttpError",
     "HttpTimeout",
     "InputRefused",
+    "InputUnreadable",
     "IpmasqError",
     "LockBusyError",
     "NftParseError",
@@ -117,6 +120,11 @@ class ConfigError(IpmasqError):
             where = self.source if self.line is None else f"{self.source}:{self.line}"
             where += ": "
         return one_line(f"{where}{self.message}")
+
+
+class InputUnreadable(ConfigError):
+    """An input could not be read at all (missing, no permission, a directory or device, a listing that failed):
+    nothing can be said about its content. A ConfigError, so the agent keeps its last good rules as for any other."""
 
 
 class UsageError(IpmasqError):

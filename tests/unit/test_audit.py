@@ -104,13 +104,13 @@ def test_bad_input_is_one_line_with_file_and_line(tmp_path: Path, content: str, 
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "bad.log"
     log.write_text(content)
-    assert main(["audit", str(log), "--pod-range", "10.44.0.0/14"]) == 1
+    assert main(["audit", str(log), "--pod-range", "10.44.0.0/14"]) == 3  # could not read it
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{log}{needle}" in err
 
 
 def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["audit", "/nonexistent/flow.log", "--pod-range", "10.44.0.0/14"]) == 1
+    assert main(["audit", "/nonexistent/flow.log", "--pod-range", "10.44.0.0/14"]) == 3
     assert "No such file" in capsys.readouterr().err
     with pytest.raises(FlowLogError):
         count_flows(["/nonexistent/flow.log"], PODS)

@@ -25,7 +25,7 @@ RECORD = '{"connection": {"src_ip": "10.44.14.15", "dest_ip": "172.30.12.110"}, 
 def test_malformed_gcp_record_is_one_line(tmp_path: Path, line: str, capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "flows.jsonl"
     log.write_text(RECORD + line + "\n")
-    assert main(["audit", str(log), "--pod-range", "10.44.0.0/14"]) == 1
+    assert main(["audit", str(log), "--pod-range", "10.44.0.0/14"]) == 3  # could not read it
     err = capsys.readouterr().err
     assert err.startswith(f"ipmasq audit: {log}:2: ") and err.count("\n") == 1 and len(err.replace(str(log), "")) < 400
 
@@ -45,7 +45,7 @@ def test_flow_log_from_stdin_plain_or_gzip(compress: bool) -> None:
 
 def test_stdin_errors_name_stdin() -> None:
     done = _audit_stdin(b"not a record at all\n", "-")
-    assert done.returncode == 1 and done.stderr.decode().startswith("ipmasq audit: <stdin>:1: ")
+    assert done.returncode == 3 and done.stderr.decode().startswith("ipmasq audit: <stdin>:1: ")
 
 
 def test_two_stdins_are_a_usage_error() -> None:

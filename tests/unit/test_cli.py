@@ -42,8 +42,8 @@ def test_render_from_stdin() -> None:
 
 def test_render_missing_config_is_an_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, err = run(capsys, "render", "--config", str(tmp_path / "typo.yaml"))
-    assert (code, out) == (1, "")
-    assert err == f"ipmasq render: config error: {tmp_path}/typo.yaml: no such file or directory\n"
+    assert (code, out) == (3, "")  # could not run: nothing was read
+    assert err == f"ipmasq render: {tmp_path}/typo.yaml: no such file or directory\n"
 
 
 def test_bad_config_is_one_line_naming_file_line_and_value(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -94,11 +94,16 @@ def test_an_unknown_flag_is_one_line_for_every_command(capsys: pytest.CaptureFix
     ("render", ["--to-ports", "abc"], '--to-ports: "abc" is not a port or a port range like 32768-65535'),
     ("agent", ["--once", "--to-ports=70000"],
      '--to-ports: "70000" must be ports between 1 and 65535, low before high'),
-    ("explain", ["8.8.8.8", "-o", "yaml"], "argument -o/--output: invalid choice: 'yaml' (choose from 'text', 'json')"),
-    ("lint", ["-", "--output=yaml"], "argument -o/--output: invalid choice: 'yaml' (choose from 'text', 'json')"),
+    ("explain", ["8.8.8.8", "-o", "xml"],
+     "argument -o/--output: invalid choice: 'xml' (choose from 'text', 'json', 'yaml')"),
+    ("lint", ["-", "--output=xml"], "argument -o/--output: invalid choice: 'xml' (choose from 'text', 'json', 'yaml')"),
     ("agent", ["--log-format", "yaml"], "argument --log-format: invalid choice: 'yaml' (choose from 'text', 'json')"),
     ("health", ["--timeout", "soon"], "argument --timeout: invalid float value: 'soon'"),
-    ("render", ["--enable"], "unrecognized arguments: --enable"),  # no abbreviations, as in Go
+    # no abbreviations, as in Go; a near miss is named
+    ("render", ["--enable"], "unrecognized arguments: --enable (did you mean --enable-ipv6?)"),
+    ("render", ["--confg", "x"], "unrecognized arguments: --confg (did you mean --config?) x"),
+    ("render", ["--backend", "iptabels"],
+     "argument --backend: invalid choice: 'iptabels' (choose from 'iptables', 'nftables') (did you mean iptables?)"),
 ])
 def test_bad_flag_values_are_usage_errors(capsys: pytest.CaptureFixture[str], command: str, argv: list[str],
                                           message: str) -> None:
@@ -127,10 +132,13 @@ def test_boolean_flags_take_go_forms(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_without_or_with_an_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(capsys) == (2, "", "ipmasq: the following arguments are required: COMMAND\n")
+    code, out, err = run(capsys)  # bare: the short usage, every command with its line
+    assert (code, out) == (2, "") and err.startswith("usage: ipmasq COMMAND")
+    assert all(f"\n  {name} " in err for name in COMMANDS)
     code, out, err = run(capsys, "bogus")
-    assert (code, out) == (2, "") and err.startswith("ipmasq: argument COMMAND: invalid choice: 'bogus'")
+    assert (code, out) == (2, "") and err.startswith("ipmasq: unknown command 'bogus' (commands: render, ")
     assert err.count("\n") == 1
+    assert run(capsys, "rendr")[2].startswith("ipmasq: unknown command 'rendr' (did you mean render?)")
 
 
 def test_a_newline_in_a_flag_value_stays_on_the_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -149,7 +157,9 @@ def test_explain_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "explain", "172.30.12.110", "8.8.8.8", "169.254.169.254", "10.0.0.5",
                        "--nomasq-all-reserved-ranges", "--source", "10.44.14.15", "--node-ip", "10.0.0.5", "-o", "json")
     assert code == 0
-    results = json.loads(out)
+    document = json.loads(out)
+    assert (document["apiVersion"], document["kind"]) == ("ipmasq.io/v1", "ExplainReport")
+    results = document["results"]
     assert [(r["destination"], r["masquerade"], r["matched"], r["reason"], r["source_seen"]) for r in results] == [
         ("172.30.12.110", False, "172.16.0.0/12", "default", "10.44.14.15"),
         ("8.8.8.8", True, None, "catch-all", "10.0.0.5"),
@@ -162,7 +172,7 @@ def test_explain_without_addresses_says_pod_or_node(capsys: pytest.CaptureFixtur
     config = tmp_path / "c.yaml"
     config.write_text("nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.11.0.0/24]\n")
     _code, out, _ = run(capsys, "explain", "10.11.0.9", "10.12.0.9", "--config", str(config), "-o", "json")
-    results = json.loads(out)
+    results = json.loads(out)["results"]
     assert [(r["source_seen"], r["reason"], r["defined_at"]) for r in results] == [
         ("node", "exception", f"{config}:2"), ("pod", "config", f"{config}:1")]
     _code, out, _ = run(capsys, "explain", "10.11.0.9", "--config", str(config))
@@ -177,7 +187,7 @@ NAT = ["--source", "10.48.1.5", "--node-ip", "10.128.0.5", "--pod-range", "10.48
                                        ("LIST_OF_SECONDARY_IP_RANGES", None)])
 def test_cloud_nat_with_the_agent_masquerading(capsys: pytest.CaptureFixture[str], mode: str, seen: str | None) -> None:
     code, out, _ = run(capsys, "explain", "34.120.0.10", "10.2.0.9", "--cloud-nat", mode, *NAT)
-    internet, private = json.loads(out)
+    internet, private = json.loads(out)["results"]
     assert code == 0
     assert (internet["source_after_node"], internet["source_seen"], internet["dropped"]) == (
         "10.128.0.5", seen, seen is None)
@@ -191,7 +201,7 @@ def test_cloud_nat_when_pods_leave_unmasqueraded(capsys: pytest.CaptureFixture[s
     config = tmp_path / "all.yaml"
     config.write_text("nonMasqueradeCIDRs: [0.0.0.0/0]\n")  # what the node does when nothing masquerades
     _, out, _ = run(capsys, "explain", "34.120.0.10", "--config", str(config), "--cloud-nat", mode, *NAT)
-    (result,) = json.loads(out)
+    (result,) = json.loads(out)["results"]
     assert (result["source_after_node"], result["source_seen"]) == ("10.48.1.5", seen)
 
 
@@ -203,7 +213,7 @@ def test_offline_tools_read_the_config_inside_a_configmap_manifest(capsys: pytes
     # read as a raw config the manifest's keys would be ignored and the defaults would silently stand in
     manifest = "deploy/examples/vpn-range-inside-10-8.yaml"
     _, out, err = run(capsys, "explain", "10.11.0.5", "10.2.0.9", "--config", manifest, "-o", "json")
-    vpn, other = json.loads(out)
+    vpn, other = json.loads(out)["results"]
     assert (vpn["reason"], vpn["defined_at"]) == ("exception", f"{manifest}:13")  # the manifest's own line
     assert (other["reason"], other["defined_at"]) == ("config", f"{manifest}:11")
     assert "unknown key" not in err

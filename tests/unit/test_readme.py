@@ -1,5 +1,6 @@
-"""The README's rules section cannot rot: every `rules` example in it loads and renders for both backends, and the
-rule it declares does what the hand-written iptables command shown above it did."""
+"""The rules page cannot rot (docs/concepts/rules.md): every `rules` example in it loads and renders for both
+backends, and the rule it declares does what the hand-written iptables command shown above it did. (The README's
+own facts are tests/unit/test_docs.py's and test_deploy.py's.)"""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import yaml
 from ipmasq import cli
 from tests.conftest import ROOT
 
-SECTION = "## Rules: what you used to write by hand"
+PAGE = ROOT / "docs" / "concepts" / "rules.md"
+SECTION = "# Rules: what you used to write by hand"
 
 
 def _section() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = PAGE.read_text()
     start = text.index(SECTION)
     end = text.index("\n## ", start + len(SECTION))
     return text[start:end]

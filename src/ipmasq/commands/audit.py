@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     policy = policy_source.load_policy(args, "audit")
     bits = {Family.V4: args.group_prefix, Family.V6: 128 if args.group_prefix == 32 else args.group_prefix + 96}
     report = audit(count_flows(args.flowlogs, pods), policy, group_bits=bits)
-    if args.output == "json":
-        common.print_json(as_dict(report))
+    if args.output != "text":
+        common.print_document(args.output, "AuditReport", as_dict(report))
     else:
         print(f"{report.records} flow records ({report.skipped} without addresses skipped); {report.pod_flows} from "
               f"pod addresses, to {len(report.groups)} destination(s)")

@@ -133,8 +133,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, report: CheckReport) -> int:
-    if args.output == "json":
-        common.print_json({"ok": report.ok, "findings": [f.as_dict() for f in report.findings]})
+    if args.output != "text":
+        common.print_document(args.output, "CheckReport",
+                              {"ok": report.ok, "findings": [f.as_dict() for f in report.findings]})
     else:
         for f in report.findings:
             print(shown(f).as_text())

@@ -102,17 +102,29 @@ def run(args: argparse.Namespace) -> int:
             ruled = diff_rule_policies(before, after, tuple(args.probe), tuple(args.node_names))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        if args.output == "json":
-            sys.stdout.write(_rules_as_json(ruled))
+        if args.output != "text":
+            _write(args.output, _rules_as_json(ruled))
         else:
             sys.stdout.write(_rules_as_text(ruled, common.shown_input(args.old), common.shown_input(args.new)))
         return 1 if ruled.probe_flipped else 0
     result = diff_policies(before, after, tuple(args.probe))
-    if args.output == "json":
-        sys.stdout.write(_as_json(result))
+    if args.output != "text":
+        _write(args.output, _as_json(result))
     else:
         sys.stdout.write(_as_text(result, common.shown_input(args.old), common.shown_input(args.new)))
     return 1 if result.probe_flipped else 0
+
+
+def _write(output: str, text: str) -> None:
+    """The JSON document as written (one object per line), or the same document as YAML."""
+    if output == "yaml":
+        common.print_yaml(json.loads(text))
+    else:
+        sys.stdout.write(text)
+
+
+# written by hand, one object per line, so the envelope is too: the same apiVersion and kind as common.document
+_HEAD = f'{{\n  "apiVersion": "{common.API_VERSION}",\n  "kind": "DiffReport",\n'
 
 
 def _as_json(result: DiffResult) -> str:
@@ -125,7 +137,7 @@ def _as_json(result: DiffResult) -> str:
     def array(items: list[str]) -> str:
         return "[\n    " + ",\n    ".join(items) + "\n  ]" if items else "[]"
 
-    return f'{{\n  "flips": {array(flips)},\n  "probes": {array(probes)}\n}}\n'
+    return f'{_HEAD}  "flips": {array(flips)},\n  "probes": {array(probes)}\n}}\n'
 
 
 
@@ -179,7 +191,7 @@ def _rules_as_json(result: RuleDiffResult) -> str:
     def array(items: list[str]) -> str:
         return "[\n    " + ",\n    ".join(items) + "\n  ]" if items else "[]"
 
-    return f'{{\n  "regions": {array(regions)},\n  "probes": {array(probes)}\n}}\n'
+    return f'{_HEAD}  "regions": {array(regions)},\n  "probes": {array(probes)}\n}}\n'
 
 
 def _region_text(region: Region) -> str:

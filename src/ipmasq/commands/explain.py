@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from ipmasq.cloudnat import CloudNat, CloudNatMode, follow_path
-from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, print_json
+from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, print_document
 from ipmasq.commands.policy_source import load_policy
 from ipmasq.config.model import Rule, RuleAction
 from ipmasq.errors import UsageError, clip
@@ -40,7 +40,9 @@ def register(subparsers: Any) -> None:
                                          "(default: none, the built-in defaults)")
     parser.add_argument("--source", metavar="POD_IP",
                         help="the pod's IP: selects config rules with sources, and is shown when not masqueraded")
-    parser.add_argument("--protocol", choices=RULE_PROTOCOLS, help="the packet's protocol (selects config rules)")
+    parser.add_argument("--protocol", choices=RULE_PROTOCOLS, type=str.lower,
+                        help="the packet's protocol (selects config rules): tcp or Kubernetes' TCP, udp, sctp, "
+                        "icmp, icmpv6")
     parser.add_argument("--port", type=_port, metavar="PORT", help="the destination port (selects config rules)")
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME") or None, metavar="NAME",
                         help="the node's name: selects config rules with nodes (default: $NODE_NAME)")
@@ -99,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
         if args.node_ip is not None and parse_address(args.node_ip) == (family, address):
             verdict = Verdict(verdict.destination, verdict.family, False, Reason.LOCAL, None)
         results.append(_as_dict(verdict, policy, args, cloud_nat))
-    if args.output == "json":
-        print_json(results)
+    if args.output != "text":
+        print_document(args.output, "ExplainReport", {"results": results})
     else:
         for r in results:
             print(_as_text(r))

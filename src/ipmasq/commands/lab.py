@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
 from typing import Any
 
+from ipmasq.commands import common
 from ipmasq.errors import UsageError
 
 BACKENDS = ("iptables", "nftables")
@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--backend", choices=BACKENDS, default=None,
                         help="the agent's backend (default iptables; with --kubernetes the scenarios alternate "
                         "between iptables and nftables, so one run covers both beside either kube-proxy mode)")
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    common.add_output_flag(parser)
     parser.add_argument("--keep", action="store_true",
                         help="leave the namespaces (and the last agent) for exploring; prints how to enter them")
     parser.add_argument("--kubernetes", action="store_true",
@@ -98,12 +98,11 @@ def run(args: argparse.Namespace) -> int:
                 lab.close()
             net.delete()
     ok = all(r.ok for r in results)
-    if args.output == "json":
-        json.dump({"ok": ok, "scenarios": [
+    if args.output != "text":
+        common.print_document(args.output, "LabReport", {"ok": ok, "scenarios": [
             {"name": r.name, "summary": r.summary, "ok": r.ok, "error": r.error,
              "phases": [{"name": p.name, "ok": p.ok, "probes": [o.as_dict() for o in p.probes]} for p in r.phases]}
-            for r in results]}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+            for r in results]})
     else:
         print(f"\n{'all scenarios behaved as explain predicts' if ok else 'SOME PROBES DIFFER FROM THE PREDICTION'}")
     return 0 if ok else 1
@@ -154,9 +153,8 @@ def _run_fleet(args: argparse.Namespace) -> int:
             if lab is not None:
                 lab.close()
             net.delete()
-    if args.output == "json":
-        json.dump(result.as_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+    if args.output != "text":
+        common.print_document(args.output, "FleetLabReport", result.as_dict())
     else:
         _print_fleet(result)
     return 0 if result.ok else 1

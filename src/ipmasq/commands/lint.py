@@ -2,7 +2,8 @@
 
 Lint ip-masq-agent config files (YAML/JSON) and Kubernetes manifests holding the ip-masq-agent ConfigMap
 (multi-document YAML, kind: List, JSON): every pitfall with its file, line and a fix. A directory is read as the agent
-reads its config directory: its ip-masq* files. Exit 1 when any error is found.
+reads its config directory: its ip-masq* files. Exit 1 when any error is found, 3 when an input could not be
+read (nothing is said about a file not read).
 
 Config rules: an invalid rule (mixed address families, ports without tcp/udp/sctp, ...) is the agent's own error;
 a rule no packet reaches because earlier rules match all it matches (shadowed-rule, naming them), a rule that
@@ -20,7 +21,7 @@ from typing import Any
 
 from ipmasq.commands import common
 from ipmasq.config.source import CONFIG_PREFIX, read_config_file, read_config_input
-from ipmasq.errors import ConfigError, UsageError
+from ipmasq.errors import ConfigError, InputUnreadable, UsageError
 from ipmasq.findings import Finding, Severity, count
 from ipmasq.lint import Expectations, lint_source, nothing_to_lint
 
@@ -89,27 +90,33 @@ def run(args: argparse.Namespace) -> int:
                           common.cidr_flag("--must-preserve", args.must_preserve),
                           common.cidr_flag("--pod-range", args.pod_range), tuple(args.node_names))
     findings: list[Finding] = []
-    unreadable = False
-    for name, data in _inputs(args.files):
+    unreadable: list[str] = []  # why each input that could not be read was not: nothing is said of its content
+    inputs = _inputs(args.files)
+    for name, data in inputs:
         if isinstance(data, ConfigError):
-            print(f"ipmasq lint: {data}", file=sys.stderr)
-            unreadable = True
+            unreadable.append(str(data))
             continue
         if isinstance(data, OSError):
-            print(f"ipmasq lint: {name}: cannot read: {data.strerror}", file=sys.stderr)
-            unreadable = True
+            unreadable.append(f"{name}: cannot read: {data.strerror}")
             continue
         if isinstance(data, Finding):
             findings.append(data)
             continue
         findings += lint_source(name, data, options=options, expect=expect)
     errors = count(findings, Severity.ERROR)
-    if args.output == "json":
-        common.print_json([f.as_dict() for f in findings], ensure_ascii=False)
+    linted = len(inputs) - len(unreadable)
+    if args.output != "text":
+        common.print_document(args.output, "LintReport", {"findings": [f.as_dict() for f in findings],
+                                                          "unreadable": unreadable}, ensure_ascii=False)
     else:
         for f in findings:
             print(f.as_text())
-        infos = count(findings, Severity.INFO)
-        print(f"{errors} error(s), {count(findings, Severity.WARNING)} warning(s)"
-              + (f", {infos} info" if infos else ""), file=sys.stderr)
-    return 1 if errors or unreadable else 0
+        if linted:
+            infos = count(findings, Severity.INFO)
+            print(f"{errors} error(s), {count(findings, Severity.WARNING)} warning(s)"
+                  + (f", {infos} info" if infos else "")
+                  + (f" in the {linted} input(s) read" if unreadable else ""), file=sys.stderr)
+    if unreadable:  # never "0 errors" about a file not read: could not run (exit 3), each one named
+        raise InputUnreadable("; ".join(unreadable) + ("" if len(unreadable) == 1 else
+                                                       f" ({len(unreadable)} inputs not linted)"))
+    return 1 if errors else 0

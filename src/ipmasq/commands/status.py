@@ -4,15 +4,14 @@ Per node: the agent's pod, ready, the enforced policy hash, whether that is the 
 (enforce: the agent writes the rules; observe: another program does, and the agent checks them), where the config
 came from (api or file), drift repairs, and why not current. Exit 0 when every node named (every node when none is)
 enforces the current config, in either mode; 1 when any does not (or the API cannot tell, or a named node does not
-exist); 2 on a usage error. Every string the API gave is printed through ipmasq.errors.one_line: a status object,
+exist); 2 on a usage error; 3 when the API server cannot be asked (no kubeconfig, no
+answer). Every string the API gave is printed through ipmasq.errors.one_line: a status object,
 a pod or a ConfigMap name cannot move the cursor, set a title or forge a row.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from ipmasq.errors import ApiError, NotFound, UsageError, one_line
@@ -44,28 +43,29 @@ def register(subparsers: Any) -> None:
 def add_status_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", metavar="PATH", help="default: $KUBECONFIG, else ~/.kube/config")
     parser.add_argument("--context", metavar="NAME", help="a context of the kubeconfig (default: its current one)")
-    parser.add_argument("--namespace", default="kube-system", metavar="NAMESPACE",
-                        help="where the agent and its ConfigMaps are (default %(default)s)")
+    parser.add_argument("-n", "--namespace", default="kube-system", metavar="NAMESPACE",
+                        help="where the agent and its ConfigMaps are (default %(default)s, whatever the context's "
+                        "namespace: that is where workloads are, the agent is a node DaemonSet)")
     parser.add_argument("--configmaps", default="ip-masq-agent", metavar="NAME[,NAME...]",
                         help="the ConfigMaps the agents follow (default %(default)s)")
     parser.add_argument("--configmap-key", default="config", metavar="KEY", help="default %(default)s")
-    parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    parser.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text",
+                        help="text (default), json or yaml: the same document, with its apiVersion and kind")
 
 
 def run(args: argparse.Namespace) -> int:
     from ipmasq.kube.client import KubeClient
 
-    try:
-        client = KubeClient(load_kubeconfig(args.kubeconfig, context=args.context))
-    except ApiError as exc:
-        raise UsageError(str(exc)) from None
+    # no kubeconfig, or no API server answering: could not run (ipmasq.cli's exit 3), never "a node is not current"
+    client = KubeClient(load_kubeconfig(args.kubeconfig, context=args.context))
     try:
         view = _gather(client, args)
     except ApiError as exc:
-        print(f"ipmasq status: the API server: {exc}", file=sys.stderr)
-        return 1
-    if args.output == "json":
-        print(json.dumps(view.as_json(), indent=2))
+        raise ApiError(f"the API server: {exc}") from None
+    if args.output != "text":
+        from ipmasq.commands.common import print_document
+
+        print_document(args.output, "StatusReport", view.as_json())
     else:
         print(render_table(view))
     return 0 if view.all_current else 1

@@ -21,7 +21,7 @@ from typing import Any
 
 from ipmasq.backends.iptables import Variant, detect_variant
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.commands.common import add_output_flag, command_parser, print_json
+from ipmasq.commands.common import add_output_flag, command_parser, print_document
 from ipmasq.diagnose.hooks import IPTABLES_NFT_TABLES, NatHook, iptables_hook, walk_hooks
 from ipmasq.diagnose.sources import (
     parse_save_dump,
@@ -233,8 +233,8 @@ def run(args: argparse.Namespace) -> int:
     notes = [*result.notes, *notes, *([hint] if hint else [])]
     masquerade_address = args.local_address[0] if args.local_address else None
     document = as_dict(result, packet, masquerade_address=masquerade_address, notes=notes)
-    if args.output == "json":
-        print_json(document)
+    if args.output != "text":
+        print_document(args.output, "TraceReport", document)
     else:
         print(as_text(document))
     return 1 if result.outcome is Outcome.UNDECIDED else 0

@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 import threading
 from typing import Any
 
 from ipmasq.commands import common
-from ipmasq.errors import IpmasqError, UsageError
+from ipmasq.errors import UsageError
 
 __all__ = ["register", "run"]
 
@@ -67,9 +66,6 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    try:
-        WebhookProcess(args, common.options_from_args(args), (host.strip("[]"), int(port))).run(stop)
-    except IpmasqError as exc:
-        print(f"ipmasq webhook: {exc}", file=sys.stderr)
-        return 1
+    # a failure to serve (the API server, the certificate's Secret) is ipmasq.cli's "could not run" (exit 3)
+    WebhookProcess(args, common.options_from_args(args), (host.strip("[]"), int(port))).run(stop)
     return 0

@@ -165,6 +165,8 @@ def yaml_error(exc: yaml.YAMLError, text: str, source: str, *, lint: bool = Fals
         line = mark.line + 1 if mark is not None else None
         column = mark.column + 1 if mark is not None else None
         problem = clip(exc.problem or exc.context or "invalid YAML", 4 * CLIP_CHARS)
+        if mark is not None and "tab" not in problem and _tab_at(text, mark.line, mark.column):
+            problem += ": a tab in the indentation (YAML indents with spaces only: replace the tab with spaces)"
         where = "" if lint or column is None else f" (column {column})"
         return ConfigError(f"YAML syntax error: {problem}{where}", source=source, line=line, column=column,
                            code="yaml-syntax")
@@ -176,6 +178,16 @@ def yaml_error(exc: yaml.YAMLError, text: str, source: str, *, lint: bool = Fals
         return ConfigError(f"YAML syntax error: unacceptable character #x{exc.character:04x} ({exc.reason})",
                            source=source, line=line, column=column, code="yaml-syntax")
     return ConfigError(f"YAML error: {_first_line(exc)}", source=source, code="yaml-syntax")
+
+
+def _tab_at(text: str, line: int, column: int) -> bool:
+    """Whether the character YAML stopped at (0-based line and column), or the indentation before it, is a tab."""
+    lines = text.splitlines()
+    if not 0 <= line < len(lines):
+        return False
+    raw = lines[line]
+    indentation = raw[: len(raw) - len(raw.lstrip(" \t"))]
+    return "\t" in indentation or raw[column:column + 1] == "\t"
 
 
 def _first_line(exc: yaml.YAMLError) -> str:

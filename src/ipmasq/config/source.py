@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ipmasq.config.document import parse_document
 from ipmasq.config.model import MasqConfig
 from ipmasq.config.validate import FileSettings, check_rules_with_flags, merge_settings, settings_from_document
-from ipmasq.errors import ConfigError
+from ipmasq.errors import ConfigError, InputUnreadable
 from ipmasq.options import PolicyOptions
 from ipmasq.sha256 import sha256
 
@@ -88,9 +88,9 @@ def read_config_input(path: str, *, missing_ok: bool, directory_ok: bool = True)
     except FileNotFoundError:
         if missing_ok:
             return ConfigInput(())
-        raise ConfigError("no such file or directory", source=path) from None
+        raise InputUnreadable("no such file or directory", source=path) from None
     except OSError as exc:  # listing the directory
-        raise ConfigError(f"cannot read: {exc.strerror}", source=path) from None
+        raise InputUnreadable(f"cannot read: {exc.strerror}", source=path) from None
 
 
 def read_config_file(path: str) -> bytes:
@@ -106,7 +106,7 @@ def read_config_file(path: str) -> bytes:
     except FileNotFoundError:
         raise
     except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", source=path) from None
+        raise InputUnreadable(f"cannot read: {exc.strerror}", source=path) from None
     try:
         status = os.fstat(fd)
         _check_regular(status.st_mode, path)
@@ -115,7 +115,7 @@ def read_config_file(path: str) -> bytes:
         with os.fdopen(fd, "rb", closefd=False) as fh:
             return _bounded(fh.read(MAX_CONFIG_BYTES + 1), path)  # +1: a file that grew since its stat
     except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", source=path) from None
+        raise InputUnreadable(f"cannot read: {exc.strerror}", source=path) from None
     finally:
         os.close(fd)
 
@@ -123,7 +123,7 @@ def read_config_file(path: str) -> bytes:
 def _check_regular(mode: int, path: str) -> None:
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
-        raise ConfigError(f"{kind}, not a regular file: not read (reading it could block or never end)",
+        raise InputUnreadable(f"{kind}, not a regular file: not read (reading it could block or never end)",
                           source=path)
 
 
@@ -136,7 +136,7 @@ def _bounded(data: bytes, source: str) -> bytes:
 
 def _too_large(source: str, size: int | None) -> ConfigError:
     shown = f"{size:,} bytes" if size is not None else f"more than {MAX_CONFIG_BYTES:,} bytes"
-    return ConfigError(f"{shown}, too large: a config is at most 1 MiB (what a ConfigMap holds)", source=source)
+    return InputUnreadable(f"{shown}, too large: a config is at most 1 MiB (what a ConfigMap holds)", source=source)
 
 
 def config_from_bytes(config_input: ConfigInput, options: PolicyOptions) -> MasqConfig:

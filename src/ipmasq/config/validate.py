@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from ipmasq.config.document import Document, Field, Node, clip, show_value
 from ipmasq.config.model import (
@@ -101,6 +101,8 @@ def _error(doc: Document, node: Node, needle: str, message: str, code: str) -> C
 def field_errors(doc: Document, f: Field, *, enable_ipv6: bool) -> list[ConfigError]:
     """Every error the agent would raise for one known field, not only the first: `lint` reports them all."""
     canonical = KNOWN_KEYS[f.key.lower()]
+    if canonical == "rules":
+        return rule_errors(doc, f, enable_ipv6=enable_ipv6)
     if canonical in ("nonMasqueradeCIDRs", "masqueradeCIDRs") and f.value.kind == "list":
         errors = []
         for item in f.value.value:
@@ -240,32 +242,50 @@ _PORT_TEXT = re.compile(r"(\d{1,5})(?:-(\d{1,5}))?\Z")
 
 
 def _rules(doc: Document, f: Field, *, enable_ipv6: bool) -> list[Rule]:
-    node = f.value
-    if node.value is None and node.kind == "scalar":
-        return []
-    if node.kind != "list":
-        raise _error(doc, node, f.key, f"rules must be a list of rules (- name: ...), got {_describe(node)}",
-                     "wrong-type")
-    rules: list[Rule] = []
-    names: dict[str, Rule] = {}
-    for index, item in enumerate(node.value):
-        rule = _rule(doc, index, item, enable_ipv6=enable_ipv6)
-        first = names.setdefault(rule.name, rule)
-        if first is not rule:
-            raise ConfigError(f"rules[{index}]: name {show_value(rule.name)} is used twice (first at {first.where()})",
-                              source=doc.source, line=rule.line, code="duplicate-rule")
-        rules.append(rule)
+    """The rules, or the first mistake of them as the agent reports it (`rule_errors` has every one)."""
+    rules, errors = _checked_rules(doc, f, enable_ipv6=enable_ipv6)
+    if errors:
+        raise errors[0]
     return rules
 
 
+def rule_errors(doc: Document, f: Field, *, enable_ipv6: bool) -> list[ConfigError]:
+    """Every mistake of the `rules` list, each rule's every mistake in the order the agent checks them."""
+    return _checked_rules(doc, f, enable_ipv6=enable_ipv6)[1]
+
+
+def _checked_rules(doc: Document, f: Field, *, enable_ipv6: bool) -> tuple[list[Rule], list[ConfigError]]:
+    node = f.value
+    if node.value is None and node.kind == "scalar":
+        return [], []
+    if node.kind != "list":
+        return [], [_error(doc, node, f.key, f"rules must be a list of rules (- name: ...), got {_describe(node)}",
+                           "wrong-type")]
+    rules: list[Rule] = []
+    errors: list[ConfigError] = []
+    names: dict[str, Rule] = {}
+    for index, item in enumerate(node.value):
+        rule = _rule(doc, index, item, errors, enable_ipv6=enable_ipv6)
+        if rule is None:
+            continue
+        first = names.setdefault(rule.name, rule)
+        if first is not rule:
+            errors.append(ConfigError(f"rules[{index}]: name {show_value(rule.name)} is used twice (first at "
+                                      f"{first.where()})", source=doc.source, line=rule.line, code="duplicate-rule"))
+        rules.append(rule)
+    return rules, errors
+
+
 class _RuleFields:
-    """One rule's fields by key, and the way to report a problem with one of them."""
+    """One rule's fields by key, and the way to report a problem with one of them. Unknown and repeated keys are
+    in `errors`, not raised: every mistake of a rule is reported, not the first."""
 
     def __init__(self, doc: Document, index: int, item: Node) -> None:
         self.doc = doc
         self.item = item
         self.label = f"rules[{index}]"
         self.fields: dict[str, Field] = {}
+        self.errors: list[ConfigError] = []
         if item.kind != "map":
             raise _error(doc, item, "-", f"{self.label}: each rule must be a mapping (name: ..., destinations: ...), "
                          f"got {_describe(item)}", "wrong-type")
@@ -274,12 +294,13 @@ class _RuleFields:
             self.label = f"rules[{index}] ({name})"  # a rule is known by its name; the index is for a bad one
         for field_ in item.value:
             if field_.key not in RULE_KEYS:
-                raise self.error(field_.value, field_.key, f"unknown key {show_value(field_.key)} (known: "
-                                 f"{', '.join(RULE_KEYS)})", line=field_.line)
-            if field_.key in self.fields:
-                raise self.error(field_.value, field_.key, f"{field_.key} is given twice (first on line "
-                                 f"{self.fields[field_.key].line})", line=field_.line)
-            self.fields[field_.key] = field_
+                self.errors.append(self.error(field_.value, field_.key, f"unknown key {show_value(field_.key)} "
+                                              f"(known: {', '.join(RULE_KEYS)})", line=field_.line))
+            elif field_.key in self.fields:
+                self.errors.append(self.error(field_.value, field_.key, f"{field_.key} is given twice (first on "
+                                              f"line {self.fields[field_.key].line})", line=field_.line))
+            else:
+                self.fields[field_.key] = field_
 
     def error(self, node: Node, needle: str, message: str, *, line: int | None = None) -> ConfigError:
         where = line if line is not None else self.doc.locate(node, needle)
@@ -305,9 +326,60 @@ class _RuleFields:
             raise self.error(node, key, f"{key} is an empty list (leave the key out to mean any)")
         return items
 
+    def each(self, key: str, node: Node, check: Callable[[Node], T]) -> list[T]:
+        """`check` of every item of a list: the good ones' values; each bad one's error kept in `errors`."""
+        values = []
+        for item in self.items(key, node):
+            try:
+                values.append(check(item))
+            except ConfigError as exc:
+                self.errors.append(exc)
+        return values
 
-def _rule(doc: Document, index: int, item: Node, *, enable_ipv6: bool) -> Rule:
-    fields = _RuleFields(doc, index, item)
+
+T = TypeVar("T")
+_FAILED = object()  # a field whose check failed: what depends on it is not checked again
+
+
+def _rule(doc: Document, index: int, item: Node, errors: list[ConfigError], *, enable_ipv6: bool) -> Rule | None:
+    """The rule, or None with every one of its mistakes appended to `errors` (lint reports them all; the agent
+    reports the first, in this order: keys, name, destinations, sources, protocol, ports, nodes, action)."""
+    try:
+        fields = _RuleFields(doc, index, item)
+    except ConfigError as exc:
+        errors.append(exc)
+        return None
+
+    def attempt(check: Callable[[], T]) -> T | object:
+        try:
+            return check()
+        except ConfigError as exc:
+            fields.errors.append(exc)
+        except _Said:
+            pass
+        return _FAILED
+
+    name = attempt(lambda: _rule_name(fields, item))
+    line = fields.fields["name"].line if item.line is None and "name" in fields.fields else item.line
+    destinations = attempt(lambda: _required_cidrs(fields, item, enable_ipv6=enable_ipv6))
+    family = destinations[0].family if isinstance(destinations, tuple) and destinations else None
+    sources = attempt(lambda: _rule_sources(fields, family, enable_ipv6=enable_ipv6))
+    protocol = attempt(lambda: _rule_protocol(fields, family))
+    ports = attempt(lambda: _rule_ports(fields, None if protocol is _FAILED else cast(str | None, protocol),
+                                        protocol_known=protocol is not _FAILED))
+    nodes = attempt(lambda: _rule_nodes(fields))
+    action = attempt(lambda: _rule_action(fields, family, item))
+    errors.extend(fields.errors)
+    if fields.errors:
+        return None
+    # no check failed: each value is what its check returned
+    rule_action, snat_to = cast(tuple[RuleAction, str | None], action)
+    return Rule(cast(str, name), cast(Family, family), cast(tuple[Prefix, ...], destinations), rule_action,
+                cast(tuple[Prefix, ...], sources), cast(str | None, protocol), cast(tuple[tuple[int, int], ...], ports),
+                cast(tuple[str, ...], nodes), snat_to, doc.source, line)
+
+
+def _rule_name(fields: _RuleFields, item: Node) -> str:
     name_node = fields.get("name")
     if name_node is None:
         raise fields.error(item, "name", "name is required")
@@ -315,28 +387,39 @@ def _rule(doc: Document, index: int, item: Node, *, enable_ipv6: bool) -> Rule:
     if RULE_NAME.match(name) is None:
         raise fields.error(name_node, name, f"name {show_value(name)} must be 1-40 lower-case letters, digits and "
                            "'-', starting and ending with a letter or digit")
-    line = fields.fields["name"].line if item.line is None else item.line
+    return name
+
+
+def _required_cidrs(fields: _RuleFields, item: Node, *, enable_ipv6: bool) -> tuple[Prefix, ...]:
     destinations_node = fields.get("destinations")
     if destinations_node is None:
-        raise fields.error(item, name, "destinations is required (a list of CIDRs)")
+        raise fields.error(item, "destinations", "destinations is required (a list of CIDRs)")
     destinations = _rule_cidrs(fields, "destinations", destinations_node, enable_ipv6=enable_ipv6)
-    family = destinations[0].family
+    if not destinations:  # every entry was wrong, each said already
+        raise _Said()
+    return destinations
+
+
+class _Said(Exception):  # control flow inside this module, never reported
+    """A field whose every problem is in the rule's errors already: the field failed, nothing more to say."""
+
+
+def _rule_sources(fields: _RuleFields, family: Family | None, *, enable_ipv6: bool) -> tuple[Prefix, ...]:
     sources_node = fields.get("sources")
-    sources = () if sources_node is None else _rule_cidrs(fields, "sources", sources_node, enable_ipv6=enable_ipv6)
-    for prefix, key in [(p, "sources") for p in sources]:
-        if prefix.family is not family:
-            raise fields.error(sources_node or item, str(prefix), f"{key}: {prefix} is IPv{prefix.family.value} and "
+    if sources_node is None:
+        return ()
+    sources = _rule_cidrs(fields, "sources", sources_node, enable_ipv6=enable_ipv6)
+    for prefix in sources:
+        if family is not None and prefix.family is not family:
+            raise fields.error(sources_node, str(prefix), f"sources: {prefix} is IPv{prefix.family.value} and "
                                f"destinations are IPv{family.value}: one family per rule")
-    protocol = _rule_protocol(fields, family)
-    ports = _rule_ports(fields, protocol)
-    nodes = _rule_nodes(fields)
-    action, snat_to = _rule_action(fields, family, item)
-    return Rule(name, family, destinations, action, sources, protocol, ports, nodes, snat_to, doc.source, line)
+    return sources
 
 
 def _rule_cidrs(fields: _RuleFields, key: str, node: Node, *, enable_ipv6: bool) -> tuple[Prefix, ...]:
     prefixes: list[Prefix] = []
-    for item in fields.items(key, node):
+
+    def check(item: Node) -> Prefix:
         text = fields.string(key, item)
         try:
             prefix = parse_cidr(text)
@@ -350,32 +433,39 @@ def _rule_cidrs(fields: _RuleFields, key: str, node: Node, *, enable_ipv6: bool)
             raise fields.error(item, text, f"{key}: {text} is IPv{prefix.family.value} and {prefixes[0]} "
                                f"IPv{prefixes[0].family.value}: one family per rule")
         prefixes.append(prefix)
+        return prefix
+
+    fields.each(key, node, check)
     return tuple(prefixes)
 
 
-def _rule_protocol(fields: _RuleFields, family: Family) -> str | None:
+def _rule_protocol(fields: _RuleFields, family: Family | None) -> str | None:
+    """The protocol, lower-case: `tcp` as the reference's iptables spells it, or `TCP` as Kubernetes writes it (a
+    Service's or a NetworkPolicy's protocol); both render the same rule."""
     node = fields.get("protocol")
     if node is None:
         return None
-    protocol = fields.string("protocol", node) if node.kind == "scalar" and isinstance(node.value, str) else None
+    text = fields.string("protocol", node) if node.kind == "scalar" and isinstance(node.value, str) else None
+    protocol = text.lower() if text is not None else None
     if protocol not in RULE_PROTOCOLS:
-        raise fields.error(node, str(node.value), f"protocol must be one of {', '.join(RULE_PROTOCOLS)}, got "
-                           f"{_describe(node)}")
+        raise fields.error(node, str(node.value), f"protocol must be one of {', '.join(RULE_PROTOCOLS)} (or "
+                           f"Kubernetes' TCP, UDP, SCTP), got {_describe(node)}")
     if (protocol == "icmp" and family is Family.V6) or (protocol == "icmpv6" and family is Family.V4):
-        raise fields.error(node, protocol, f"protocol {protocol} is not an IPv{family.value} protocol (the "
+        raise fields.error(node, str(text), f"protocol {protocol} is not an IPv{family.value} protocol (the "
                            "destinations are)")
     return protocol
 
 
-def _rule_ports(fields: _RuleFields, protocol: str | None) -> tuple[tuple[int, int], ...]:
+def _rule_ports(fields: _RuleFields, protocol: str | None, *,
+                protocol_known: bool = True) -> tuple[tuple[int, int], ...]:
     node = fields.get("ports")
     if node is None:
         return ()
-    if protocol not in PROTOCOLS_WITH_PORTS:
-        raise fields.error(node, "ports", f"ports need protocol tcp, udp or sctp, got "
-                           f"{'no protocol' if protocol is None else 'protocol ' + protocol}")
-    ranges: list[tuple[int, int]] = []
-    for item in fields.items("ports", node):
+    if protocol_known and protocol not in PROTOCOLS_WITH_PORTS:
+        fields.errors.append(fields.error(node, "ports", f"ports need protocol tcp, udp or sctp, got "
+                                          f"{'no protocol' if protocol is None else 'protocol ' + protocol}"))
+
+    def check(item: Node) -> tuple[int, int]:
         value = item.value
         if item.kind == "scalar" and isinstance(value, int) and not isinstance(value, bool) and not item.quoted:
             low = high = value
@@ -387,24 +477,26 @@ def _rule_ports(fields: _RuleFields, protocol: str | None) -> tuple[tuple[int, i
         if not 1 <= low <= high <= 65535:
             raise fields.error(item, str(value), f"ports: {show_value(str(value))} must be ports between 1 and "
                                "65535, low before high")
-        ranges.append((low, high))
-    return tuple(ranges)
+        return low, high
+
+    return tuple(fields.each("ports", node, check))
 
 
 def _rule_nodes(fields: _RuleFields) -> tuple[str, ...]:
     node = fields.get("nodes")
     if node is None:
         return ()
-    globs = []
-    for item in fields.items("nodes", node):
+
+    def check(item: Node) -> str:
         text = fields.string("nodes", item)
         if not text or any(c.isspace() for c in text):
             raise fields.error(item, text or "nodes", f"nodes: {show_value(text)} is not a node-name glob")
-        globs.append(text)
-    return tuple(globs)
+        return text
+
+    return tuple(fields.each("nodes", node, check))
 
 
-def _rule_action(fields: _RuleFields, family: Family, item: Node) -> tuple[RuleAction, str | None]:
+def _rule_action(fields: _RuleFields, family: Family | None, item: Node) -> tuple[RuleAction, str | None]:
     node = fields.get("action")
     if node is None:
         raise fields.error(item, "action", "action is required (masquerade, preserve or snat)")
@@ -429,10 +521,10 @@ def _rule_action(fields: _RuleFields, family: Family, item: Node) -> tuple[RuleA
     except ValueError:
         message = f"snatTo: {show_value(address_text)} is not an IP address"
         raise fields.error(snat_node, address_text, message) from None
-    if snat_family is not family:
+    if family is not None and snat_family is not family:
         raise fields.error(snat_node, address_text, f"snatTo: {address_text} is IPv{snat_family.value} and the "
                            f"destinations are IPv{family.value}")
-    return action, format_address(family, address)
+    return action, format_address(snat_family, address)
 
 
 def check_rules_with_flags(config: MasqConfig, options: PolicyOptions) -> None:

@@ -262,7 +262,7 @@ def explained(config: Path, source: str, destination: str, port: int, node_name:
     result = subprocess.run([sys.executable, "-m", "ipmasq", "explain", destination, f"--config={config}",
                              f"--source={source}", "--protocol=tcp", f"--port={port}", f"--node-name={node_name}",
                              f"--node-ip={node_ip}", "-o", "json", *extra], capture_output=True, text=True, check=True)
-    (answer,) = json.loads(result.stdout)
+    (answer,) = json.loads(result.stdout)["results"]
     assert answer["depends_on"] == []  # every field was given
     return dict(answer)
 

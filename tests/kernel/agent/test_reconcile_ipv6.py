@@ -47,7 +47,7 @@ def explained(config: Path, destination: str, source: str) -> dict[str, object]:
     result = subprocess.run([sys.executable, "-m", "ipmasq", "explain", destination, f"--config={config}",
                              f"--source={source}", "--protocol=tcp", f"--port={PORT}", f"--node-ip={NODE6}",
                              "-o", "json"], capture_output=True, text=True, check=True)
-    (answer,) = json.loads(result.stdout)
+    (answer,) = json.loads(result.stdout)["results"]
     return dict(answer)
 
 

@@ -175,7 +175,7 @@ def _explained(config: Path, node_name: str | None, destination: str, port: int)
     if node_name is not None:
         argv.append(f"--node-name={node_name}")
     result = subprocess.run(argv, capture_output=True, text=True, check=True, env={**os.environ, "NODE_NAME": ""})
-    (answer,) = json.loads(result.stdout)
+    (answer,) = json.loads(result.stdout)["results"]
     return dict(answer)
 
 

@@ -141,7 +141,7 @@ def explain(config: str, node_name: str, packet: Packet4) -> dict[str, object]:
         code = cli.main(["explain", destination, f"--config={config}", f"--source={source}", f"--protocol={protocol}",
                          f"--port={port}", f"--node-name={node_name}", f"--node-ip={ADDR.node}", "-o", "json"])
     assert code == 0, out.getvalue()
-    (answer,) = json.loads(out.getvalue())
+    (answer,) = json.loads(out.getvalue())["results"]
     assert answer["depends_on"] == [], answer  # every field was given
     return dict(answer)
 

@@ -24,7 +24,7 @@ def test_v4_mapped_address_is_the_ipv4_address() -> None:
 
 def test_explain_answers_a_v4_mapped_destination_as_ipv4(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explain", "::ffff:10.1.2.3", "10.1.2.3", "-o", "json"]) == 0
-    mapped, plain = json.loads(capsys.readouterr().out)
+    mapped, plain = json.loads(capsys.readouterr().out)["results"]
     assert mapped["masquerade"] is plain["masquerade"] is False
     assert mapped["matched"] == plain["matched"] == "10.0.0.0/8"
 
@@ -33,7 +33,7 @@ def test_v4_mapped_destination_goes_through_cloud_nat_like_ipv4(capsys: pytest.C
     common = ["--cloud-nat", "ALL_IP_RANGES", "--nat-ip", "203.0.113.9", "--source", "10.44.14.15", "--node-ip",
               "10.142.15.203", "--pod-range", "10.44.0.0/14", "--node-range", "10.142.0.0/20", "-o", "json"]
     assert main(["explain", "::ffff:8.8.8.8", "8.8.8.8", *common]) == 0
-    mapped, plain = json.loads(capsys.readouterr().out)
+    mapped, plain = json.loads(capsys.readouterr().out)["results"]
     assert mapped["source_seen"] == plain["source_seen"] == "203.0.113.9"
 
 
@@ -69,7 +69,7 @@ def config(tmp_path: Path) -> str:
 
 def explain(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, object]]:
     assert main(["explain", *args, "--node-ip", NODE_IP, "-o", "json"]) == 0
-    answers: list[dict[str, object]] = json.loads(capsys.readouterr().out)
+    answers: list[dict[str, object]] = json.loads(capsys.readouterr().out)["results"]
     return answers
 
 

@@ -176,7 +176,8 @@ def test_nft_table_against_policy() -> None:
 def test_cli_json_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     ok = main(["check", "--from-dump", str(DUMPS / "gke-1.14-aws-vpn.save"), "--masq-chain=IP-MASQ",
                "--nomasq-all-reserved-ranges", "--random-fully=false", "-o", "json"])
-    assert ok == 0 and json.loads(capsys.readouterr().out) == {"ok": True, "findings": []}
+    assert ok == 0 and json.loads(capsys.readouterr().out) == {
+        "apiVersion": "ipmasq.io/v1", "kind": "CheckReport", "ok": True, "findings": []}
     bad = main(["check", "--from-dump", str(DUMPS / "gke-kubenet.save"), "--masq-chain=IP-MASQ",
                 "--nomasq-all-reserved-ranges", "--random-fully=false", "-o", "json"])
     document = json.loads(capsys.readouterr().out)
@@ -188,12 +189,12 @@ def test_cli_json_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_bad_dump(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     junk = tmp_path / "junk.txt"
     junk.write_text("hello\n")
-    assert main(["check", "--from-dump", str(junk)]) == 1
+    assert main(["check", "--from-dump", str(junk)]) == 3  # could not read it
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no *nat table" in err
     bad_json = tmp_path / "bad.json"
     bad_json.write_text("{not json")
-    assert main(["check", "--from-dump", str(bad_json)]) == 1
+    assert main(["check", "--from-dump", str(bad_json)]) == 3
     assert str(bad_json) in capsys.readouterr().err
 
 

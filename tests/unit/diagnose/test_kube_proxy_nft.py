@@ -284,7 +284,8 @@ def test_check_cli_takes_an_iptables_dump_and_a_listing_of_one_node(tmp_path: An
     dirty.write_text(json.dumps({"nftables": [*KUBE_PROXY, *HANDWRITTEN]}))
     base = ["check", "--config", str(config), "--pod-range", "10.244.0.0/16", "-o", "json", "--from-dump", str(save)]
     assert main([*base, "--from-dump", str(clean)]) == 0
-    assert json.loads(capsys.readouterr().out) == {"ok": True, "findings": []}
+    assert json.loads(capsys.readouterr().out) == {
+        "apiVersion": "ipmasq.io/v1", "kind": "CheckReport", "ok": True, "findings": []}
     assert main([*base, "--from-dump", str(dirty)]) == 1
     (finding,) = json.loads(capsys.readouterr().out)["findings"]
     assert finding["id"] == "foreign-masquerade" and finding["destinations"] == ["10.20.0.0/16"]

@@ -183,7 +183,7 @@ def test_trace_cli_reads_an_nft_listing(tmp_path: Path, capsys: pytest.CaptureFi
     assert document["source_seen"] == "10.142.0.50" and document["decided_by_name"] == "rule partner-snat"
     bad = tmp_path / "bad.json"
     bad.write_text('{"nftables": 3}')
-    assert main(["trace", "10.1.0.9", "--source", "10.44.0.1", "--dump", str(bad)]) == 1
+    assert main(["trace", "10.1.0.9", "--source", "10.44.0.1", "--dump", str(bad)]) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(bad) in err
 
@@ -333,9 +333,9 @@ def test_check_finds_a_missing_jump_in_postrouting() -> None:
     assert finding.missing and "@rules_dst_v6 jump config-rules" in finding.missing[0]
 
 
-def test_the_readme_shows_the_layout_the_agent_renders() -> None:
-    """README's nftables layout for its HTTPS and peered-VPC rules examples is what render writes for them."""
-    readme = (ROOT / "README.md").read_text()
+def test_the_rules_page_shows_the_layout_the_agent_renders() -> None:
+    """The rules page's nftables layout for its HTTPS and peered-VPC examples is what render writes for them."""
+    readme = (ROOT / "docs" / "concepts" / "rules.md").read_text()
     blocks = re.findall(r"```yaml\n((?:.*\n)*?)```", readme)
     wanted = ("onprem-https-sees-node-ip", "peered-vpc-sees-pod-ips")
     rules = ["rules:"]

@@ -91,7 +91,7 @@ def test_exit_codes_for_names_and_paths(
     assert run(capsys, "gke", "nosuch")[0] == 2  # a bare word that names nothing: usage
     assert run(capsys, "builtin:nosuch", "gke")[0] == 2
     code, _, err = run(capsys, "gke", "./nosuch")  # a path that is missing: the input is wrong
-    assert (code, err) == (1, "ipmasq diff: config error: ./nosuch: no such file or directory\n")
+    assert (code, err) == (3, "ipmasq diff: ./nosuch: no such file or directory\n")
     # both arguments are checked before either is read
     (tmp_path / "bad").write_text("nonMasqueradeCIDRs: [10.0.0.1/8]\n")
     assert run(capsys, "./bad", "builtin:nosuch")[0] == 2

@@ -144,12 +144,23 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 def test_cli_json_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     code, out = run_cli(capsys, "lint", str(CORPUS / "configmap-name.yaml"), "-o", "json")
     assert code == 1
-    [item] = json.loads(out)
+    document = json.loads(out)
+    assert (document["apiVersion"], document["kind"], document["unreadable"]) == ("ipmasq.io/v1", "LintReport", [])
+    [item] = document["findings"]
     assert {"file", "line", "column", "id", "severity", "message"} <= set(item)
     assert (item["id"], item["line"], item["severity"]) == ("configmap-name", 5, "error")
     assert run_cli(capsys, "lint", str(CORPUS / "key-case.yaml"))[0] == 0  # warnings only
     assert run_cli(capsys, "lint", str(CORPUS / "clean-configmap.yaml"), str(CORPUS / "clean-list.yaml"))[0] == 0
-    assert run_cli(capsys, "lint", str(CORPUS / "missing.yaml"))[0] == 1
+    # a file that cannot be read is not "0 errors": could not run (3), and the one line names it
+    code = main(["lint", str(CORPUS / "missing.yaml")])
+    captured = capsys.readouterr()
+    assert (code, captured.out) == (3, "")
+    assert captured.err == f"ipmasq lint: {CORPUS / 'missing.yaml'}: cannot read: No such file or directory\n"
+    code = main(["lint", str(CORPUS / "missing.yaml"), str(CORPUS / "configmap-name.yaml")])
+    captured = capsys.readouterr()
+    assert code == 3 and "[configmap-name]" in captured.out  # what could be read is still linted
+    missing = f"ipmasq lint: {CORPUS / 'missing.yaml'}: cannot read: No such file or directory"
+    assert captured.err.splitlines() == ["1 error(s), 0 warning(s) in the 1 input(s) read", missing]
 
 
 def test_cli_flags_and_usage(capsys: pytest.CaptureFixture[str]) -> None:
@@ -169,7 +180,7 @@ def test_cli_stdin_and_one_line_errors() -> None:
     assert result.stdout.startswith("<stdin>:6:3: error [indentation]")
     result = subprocess.run([PYTHON, "-m", "ipmasq", "lint", "-", "-o", "json"], input=b"\xff\xfe",
                             capture_output=True)
-    assert result.returncode == 1 and json.loads(result.stdout)[0]["id"] == "yaml-syntax"
+    assert result.returncode == 1 and json.loads(result.stdout)["findings"][0]["id"] == "yaml-syntax"
 
 
 
@@ -279,7 +290,7 @@ def test_lint_reads_a_directory_as_the_agent_does(capsys: pytest.CaptureFixture[
     (tmp_path / "ip-masq-agent").write_text("nonMasqueradeCIDRs: [10.0.0.1/8]\n")
     (tmp_path / "notes.yaml").write_text("not: [a, config\n")  # the agent never reads it, nor does lint
     code, out = run_cli(capsys, "lint", str(tmp_path), "-o", "json")
-    assert code == 1 and [(f["file"], f["id"]) for f in json.loads(out)] == [
+    assert code == 1 and [(f["file"], f["id"]) for f in json.loads(out)["findings"]] == [
         (str(tmp_path / "ip-masq-agent"), "misaligned-cidr")]
 
 
@@ -288,7 +299,7 @@ def test_lint_of_a_directory_without_a_config_file_lints_nothing_and_says_so(
     (tmp_path / "config.yaml").write_text("nonMasqueradeCIDRs: [10.0.0.0/8]\n")  # not named ip-masq*
     (tmp_path / "ip-masq-agent").mkdir()  # not a file
     code, out = run_cli(capsys, "lint", str(tmp_path), "-o", "json")
-    [finding] = json.loads(out)
+    [finding] = json.loads(out)["findings"]
     assert code == 1
     assert (finding["file"], finding["line"], finding["id"], finding["severity"]) == (
         str(tmp_path), None, "no-config-file", "error")

@@ -4,7 +4,6 @@ and take everything down again (or leave it up with --keep, for kubectl; --down 
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import ipmasq
+from ipmasq.commands.common import print_document
 from ipmasq.errors import UsageError
 from ipmasq.lab.kubernetes.artifacts import cache_dir, ensure_artifacts
 from ipmasq.lab.kubernetes.cluster import NETNS_PREFIX, Cluster, cluster_is_up, state_dir, tear_down
@@ -100,8 +100,7 @@ def run_kubernetes_lab(args: argparse.Namespace, *, print_scenario: Callable[[An
             for r, s in zip(results, seconds, strict=True)]}
         if kept:
             report.update(cluster.describe())
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_document(args.output, "KubernetesLabReport", report)
     else:
         print(f"{'all scenarios behaved as explain predicts' if ok else 'SOME PROBES DIFFER FROM THE PREDICTION'}")
     return 0 if ok else 1
