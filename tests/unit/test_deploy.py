@@ -81,8 +81,10 @@ RENDERED = {"base": DEPLOY, "gke": DEPLOY / "overlays" / "gke", "webhook": DEPLO
 @pytest.mark.parametrize("name", list(OBSERVE_OVERLAYS))
 def test_observe_overlays_validate_against_the_kubernetes_schemas(name: str) -> None:
     docs = kustomize(OBSERVE_OVERLAYS[name])
+    # the admission policy comes along: an observer's token, too, writes only for its own node
     assert {d["kind"] for d in docs} == {"DaemonSet", "ServiceAccount", "CustomResourceDefinition", "Role",
-                                         "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Lease"}
+                                         "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Lease",
+                                         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     for doc in docs:
         validate_on_every_supported_minor(doc)
 
@@ -657,6 +659,13 @@ def test_an_agents_token_without_its_node_writes_nothing_and_others_are_not_look
         assert admitted(own_node_policy, "ipmasqagentstatuses", status_object("node-b"), user=user) is None
 
 
+def test_an_observers_token_is_held_to_the_same_policy(own_node_policy: dict[str, Any]) -> None:
+    observer = "system:serviceaccount:kube-system:ipmasq-observer"
+    assert admitted(own_node_policy, "ipmasqagentstatuses", status_object("node-a"), user=observer) is None
+    message = admitted(own_node_policy, "ipmasqagentstatuses", status_object("node-b"), user=observer)
+    assert message is not None and message.startswith("ip-masq-agent on node node-a may ")
+
+
 def test_the_lease_bound_is_what_the_agents_write(own_node_policy: dict[str, Any]) -> None:
     from ipmasq.agent.summary import LEASE_SECONDS
 
@@ -694,7 +703,7 @@ def test_the_observer_never_touches_what_the_provider_manages(name: str) -> None
     assert ds["spec"]["template"]["metadata"]["labels"]["k8s-app"] == "ipmasq-observer"
     assert ds["spec"]["template"]["spec"]["serviceAccountName"] == "ipmasq-observer"
     for doc in docs:
-        if doc["kind"].endswith("Binding"):
+        if doc["kind"] in ("RoleBinding", "ClusterRoleBinding"):
             assert doc["subjects"] == [{"kind": "ServiceAccount", "name": "ipmasq-observer",
                                         "namespace": "kube-system"}]
             assert (doc["roleRef"]["kind"], doc["roleRef"]["name"]) in names

@@ -143,7 +143,7 @@ def test_status_takes_the_flags_and_an_unreadable_kubeconfig_could_not_run(tmp_p
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "-n", "ops", "--kubeconfig", str(tmp_path / "none"), "--context", "x"]) == 3
     assert capsys.readouterr().err == (f"kubectl ipmasq status: {tmp_path / 'none'}: cannot read the kubeconfig: "
-                                       "no such file\n")
+                                       "No such file or directory\n")
 
 
 def test_the_krew_manifest() -> None:
