@@ -35,7 +35,7 @@ from ipmasq.config.source import ConfigInput, read_config_input
 from ipmasq.errors import ConfigError
 
 __all__ = ["LOCK_POLL_SECONDS", "Agent", "ConfigChooser", "LoopObserver", "LoopSettings", "Observers", "Passes",
-           "Wakeup", "wait_for_node_lock"]
+           "Wakeup", "read_config", "wait_for_node_lock"]
 
 # How often a waiting agent tries the node lock: the takeover delay once the holder exits.
 LOCK_POLL_SECONDS = 0.1
@@ -225,7 +225,8 @@ class _Schedule:
         return self.next_resync if self.retry_at is None else min(self.next_resync, self.retry_at)
 
 
-def _read(path: str, *, directory_ok: bool = True) -> ConfigInput | ConfigError:
+def read_config(path: str, *, directory_ok: bool = True) -> ConfigInput | ConfigError:
+    """The config's bytes (bounded, never blocking), or the error reading them: a bad config is a value here."""
     try:
         return read_config_input(path, missing_ok=True, directory_ok=directory_ok)
     except ConfigError as exc:
@@ -250,7 +251,7 @@ class Agent:
 
     def once(self) -> int:
         """One reconcile: 0 when the kernel now matches a good config, 1 otherwise."""
-        self.reconciler.observe(_read(self.settings.config_path))
+        self.reconciler.observe(read_config(self.settings.config_path))
         report = self.reconciler.reconcile()
         return 0 if report.readiness.ok else 1
 
@@ -289,7 +290,7 @@ class Agent:
     def _iteration(self, wakeup: Wakeup, schedule: _Schedule) -> bool:
         """One wakeup: read the config, reconcile when due; True when a pass ran to its end."""
         self.observer.heartbeat()  # once per wakeup: at least once per resync interval, so liveness can tell
-        read = _read(self.settings.config_path, directory_ok=self._directory_ok)
+        read = read_config(self.settings.config_path, directory_ok=self._directory_ok)
         origin = FILE
         if self.api_config is not None:
             read, origin = self.api_config.choose(read)

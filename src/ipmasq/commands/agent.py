@@ -18,6 +18,7 @@ from ipmasq.agent.loop import (
     LoopSettings,
     Observers,
     Wakeup,
+    read_config,
     wait_for_node_lock,
 )
 from ipmasq.agent.metrics import AgentStatus
@@ -29,9 +30,8 @@ from ipmasq.backends.generation import KernelFingerprint, nftables_generation
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.backends.xtables_lock import xtables_lock_path
 from ipmasq.commands.common import add_backend_flags, add_policy_flags, agent_settings, go_bool, options_from_args
-from ipmasq.config.source import ConfigInput, read_config_input
 from ipmasq.conntrack import conntrack_flusher
-from ipmasq.errors import ApiError, ConfigError, UsageError
+from ipmasq.errors import ApiError, UsageError
 from ipmasq.kube import credentials as kube_credentials
 from ipmasq.kube import kubeconfig
 from ipmasq.options import PolicyOptions
@@ -185,7 +185,7 @@ def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSet
                              fingerprint=KernelFingerprint(xtables_lock=xtables_lock_path()),
                              poll=args.observe_interval or OBSERVE_POLL_SECONDS)
     if args.once:
-        observer_pass.observe(_read_once(settings.config_path))
+        observer_pass.observe(read_config(settings.config_path))
         return 0 if observer_pass.reconcile().result.verified else 1
     status = AgentStatus(version=__version__, backend=observer_pass.backend.name)
     status.settings = agent_settings(args, settings.config_path)
@@ -206,13 +206,6 @@ def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSet
         if server is not None:
             server.stop()
     return 0
-
-
-def _read_once(path: str) -> ConfigInput | ConfigError:
-    try:
-        return read_config_input(path, missing_ok=True)
-    except ConfigError as exc:
-        return exc
 
 
 def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptions, settings: LoopSettings,

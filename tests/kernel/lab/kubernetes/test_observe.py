@@ -106,7 +106,7 @@ def test_a_configmap_the_providers_agent_does_not_apply_is_reported_on_every_nod
     seconds: list[float] = []
     for attempt in range(SAMPLES * 2):
         config = FIX if attempt % 2 == 0 else DEFAULTS
-        digest = config_digest((config.encode(),) if config else ())
+        digest = config_digest((config.encode(),))  # the key is there, empty or not
         want = attempt % 2 == 1  # the fix is never enforced by the stand-in; the defaults are
         applied = time.monotonic()
         agent.apply_config(lab, config)
