@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "Abandoned",
     "ApiClientError",
     "ApiError",
     "ApiRefused",
@@ -58,6 +59,7 @@ __all__ = [
     "TooManyRequests",
     "Unauthorized",
     "UsageError",
+    "WorkBudgetExhausted",
     "clip",
     "one_line",
 ]
@@ -101,6 +103,15 @@ class ConfigError(IpmasqError):
             where = self.source if self.line is None else f"{self.source}:{self.line}"
             where += ": "
         return one_line(f"{where}{self.message}")
+
+
+class WorkBudgetExhausted(IpmasqError):
+    """A check spent the work it was given (ipmasq.policy.budget) before it finished: its caller says what it did
+    not check."""
+
+
+class Abandoned(IpmasqError):
+    """Work stopped because whoever asked for it is gone (a webhook client that closed its connection)."""
 
 
 class UsageError(IpmasqError):
