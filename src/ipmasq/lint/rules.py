@@ -13,7 +13,7 @@ rules-not-checked, instead of being reported as fine.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
 
@@ -40,7 +40,6 @@ __all__ = ["lint_rules"]
 
 Add = Callable[[str, Severity, str, "int | None"], None]
 Where = Callable[["int | None"], str]
-_SpansOf = dict[int, tuple[Span, ...]]
 _MAX_NAMED = 5  # covering rules named in one finding
 
 
@@ -51,7 +50,7 @@ def lint_rules(config: MasqConfig, policy: Policy, add: Add, where: Where, *, po
     shared_lists = {family: policy.preserved_ranges(family) for family in Family}  # one rule removed: same lists
     pods = [(p, "--pod-range") for p in pod_ranges] + [(p, f"the sources of rule {r.name}")
                                                          for r in config.rules for p in r.sources]
-    spans_of = {id(r): tuple((p.network, p.last) for p in r.destinations) for r in config.rules}
+    destinations = _Destinations(config.rules)
     # past the budget's rule count nothing is walked: the rules are only named
     too_many = budget is not None and budget.max_rules is not None and len(config.rules) > budget.max_rules
     unchecked: list[Rule] = []
@@ -68,7 +67,7 @@ def lint_rules(config: MasqConfig, policy: Policy, add: Add, where: Where, *, po
             unchecked.append(rule)
             continue
         try:
-            _check_reach(index, rule, config, add, where, node_names, shared_lists, spans_of, budget)
+            _check_reach(index, rule, add, where, node_names, shared_lists, destinations, budget)
         except WorkBudgetExhausted:
             unchecked.append(rule)
     if unchecked and budget is not None:  # only a budget leaves rules unchecked
@@ -87,11 +86,14 @@ def _not_checked(rules: Sequence[Rule], total: int, add: Add, where: Where, budg
         f"{shown} not checked for being shadowed or changing nothing: {why}", first.line)
 
 
-def _check_reach(index: int, rule: Rule, config: MasqConfig, add: Add, where: Where, node_names: Sequence[str],
-                 shared_lists: dict[Family, list[Span]], spans_of: _SpansOf, budget: WorkBudget | None) -> None:
+def _check_reach(index: int, rule: Rule, add: Add, where: Where, node_names: Sequence[str],
+                 shared_lists: dict[Family, list[Span]], destinations: _Destinations,
+                 budget: WorkBudget | None) -> None:
     """Whether a packet reaches the rule (shadowed-rule), and whether it changes anything (rule-no-effect)."""
-    earlier = [r for r in config.rules[:index] if r.family is rule.family]
-    covering = _covering(rule, earlier, node_names, spans_of, budget)
+    windows = union_of_prefixes(rule.destinations, rule.family.bits)
+    # only the rules whose destinations meet the rule's can match (or decide) a packet of its
+    earlier = destinations.meeting(rule.family, windows, budget, below=index)
+    covering = _covering(rule, earlier, windows, node_names, budget)
     if covering is not None:
         named = ", ".join(f"{r.name} ({where(r.line)})" for r in covering[:_MAX_NAMED])
         more = f" and {len(covering) - _MAX_NAMED} more" if len(covering) > _MAX_NAMED else ""
@@ -99,8 +101,8 @@ def _check_reach(index: int, rule: Rule, config: MasqConfig, add: Add, where: Wh
             f"rule {rule.name} is never reached: every packet it matches is matched first by {named}{more}",
             rule.line)
         return
-    _check_effect(rule, [r for r in config.rules if r.family is rule.family], shared_lists[rule.family], add,
-                  node_names, spans_of, budget)
+    near = destinations.meeting(rule.family, windows, budget)
+    _check_effect(rule, near, windows, shared_lists[rule.family], add, node_names, budget)
 
 
 def _check_snat(rule: Rule, add: Add, pods: list[tuple[Prefix, str]]) -> None:
@@ -129,20 +131,18 @@ def _classes(rules: Sequence[Rule], node_names: Sequence[str]) -> list[NodeClass
         return None  # too many node-glob sets to decide: say nothing rather than guess
 
 
-def _covering(rule: Rule, earlier: list[Rule], node_names: Sequence[str], spans_of: _SpansOf,
+def _covering(rule: Rule, earlier: list[Rule], destinations: list[Span], node_names: Sequence[str],
               budget: WorkBudget | None) -> list[Rule] | None:
-    """The earlier rules that together match every packet `rule` matches (on every node it exists on), or None
-    when some packet reaches it (or it cannot be decided)."""
+    """The earlier rules (those meeting its `destinations`) that together match every packet `rule` matches (on
+    every node it exists on), or None when some packet reaches it (or it cannot be decided)."""
     family = rule.family
-    destinations = union_of_prefixes(rule.destinations, family.bits)
-    earlier = _meeting(earlier, destinations, spans_of, budget)  # only these can match a packet of the rule's
     if not earlier:
         return None
     classes = _classes([*earlier, rule], node_names)
     if classes is None:
         return None
     protocols = protocol_atoms([*earlier, rule])
-    used: dict[str, Rule] = {}
+    seen: set[int] = set()  # ids of the earlier rules active in some cell
     reached_somewhere = False
     for node_class in classes:
         if not node_class.selects(rule):
@@ -156,41 +156,57 @@ def _covering(rule: Rule, earlier: list[Rule], node_names: Sequence[str], spans_
                                     union_of_prefixes([p for r in active for p in r.destinations], family.bits))
                     if left:
                         return None
-                    for r in active:
-                        if any(p.covers(q) or q.covers(p) for p in r.destinations for q in rule.destinations):
-                            used.setdefault(r.name, r)
+                    seen.update(map(id, active))
     if not reached_somewhere:
         return None  # on no given node: rule-nodes-match-none says so
-    return [r for r in earlier if r.name in used]
+    # named: the rules active somewhere whose destinations nest with the rule's (tested once each, not per cell)
+    return [r for r in earlier if id(r) in seen
+            and any(p.covers(q) or q.covers(p) for p in r.destinations for q in rule.destinations)]
 
 
-def _meeting(rules: Sequence[Rule], spans: list[Span], spans_of: _SpansOf, budget: WorkBudget | None) -> list[Rule]:
-    """The rules with a destination that meets `spans` (sorted, disjoint): the only ones that can decide a packet
-    bound there, so the only ones a check of those destinations needs to walk. `spans_of`: id(rule) -> its
-    destinations as spans, worked out once (Prefix.last is computed on every use)."""
-    if budget is not None:
-        budget.charge(len(rules))
-    starts = [first for first, _ in spans]
-    met = []
-    for r in rules:
-        for first, last in spans_of[id(r)]:
-            i = bisect_right(starts, last) - 1
-            if i >= 0 and spans[i][1] >= first:
-                met.append(r)
-                break
-    return met
+class _Destinations:
+    """Which rules have a destination meeting some addresses, without a pass over every rule (that pass, once per
+    rule, made the checks quadratic): a prefix meets a span iff it holds the span's first address (one lookup for
+    each prefix length in use) or starts inside it (a bisection of the prefixes by their start)."""
+
+    def __init__(self, rules: Sequence[Rule]) -> None:
+        self.rules = rules
+        self.holding: dict[tuple[Family, int, int], list[int]] = {}  # (family, length, network) -> positions
+        self.lengths: dict[Family, list[int]] = {family: [] for family in Family}
+        by_start: dict[Family, list[tuple[int, int]]] = {family: [] for family in Family}
+        for position, rule in enumerate(rules):
+            for p in rule.destinations:
+                self.holding.setdefault((p.family, p.length, p.network), []).append(position)
+                by_start[p.family].append((p.network, position))
+        for family, length in {(family, length) for family, length, _ in self.holding}:
+            self.lengths[family].append(length)
+        self.starts = {family: [start for start, _ in sorted(pairs)] for family, pairs in by_start.items()}
+        self.positions = {family: [position for _, position in sorted(pairs)] for family, pairs in by_start.items()}
+
+    def meeting(self, family: Family, spans: list[Span], budget: WorkBudget | None, *,
+                below: int | None = None) -> list[Rule]:
+        """The rules (of the config's first `below`, in its order) with a destination meeting `spans`."""
+        found: set[int] = set()
+        lengths, starts, positions = self.lengths[family], self.starts[family], self.positions[family]
+        for first, last in spans:
+            for length in lengths:
+                host_bits = family.bits - length
+                found.update(self.holding.get((family, length, first >> host_bits << host_bits), ()))
+            found.update(positions[bisect_left(starts, first):bisect_right(starts, last)])
+        if budget is not None:
+            budget.charge(len(spans) * (1 + len(lengths)) + len(found))
+        end = len(self.rules) if below is None else below
+        return [self.rules[i] for i in sorted(found) if i < end]
 
 
-
-def _check_effect(rule: Rule, family_rules: Sequence[Rule], preserved: list[Span], add: Add,
-                  node_names: Sequence[str], spans_of: _SpansOf, budget: WorkBudget | None) -> None:
+def _check_effect(rule: Rule, near: list[Rule], windows: list[Span], preserved: list[Span], add: Add,
+                  node_names: Sequence[str], budget: WorkBudget | None) -> None:
     """A rule whose action is what the rules below it and the lists do anyway, for every packet it decides.
 
     Exact, and local: only the packets the rule matches can change when it goes, so the walk covers its own box
-    (its node classes, protocol, ports and sources) and destinations, with the rules whose destinations meet its."""
+    (its node classes, protocol, ports and sources) and destinations (`windows`), with the rules whose destinations
+    meet them (`near`, the rule among them)."""
     family = rule.family
-    windows = union_of_prefixes(rule.destinations, family.bits)
-    near = _meeting(family_rules, windows, spans_of, budget)
     without = [r for r in near if r is not rule]
     classes = _classes(near, node_names)
     if classes is None:

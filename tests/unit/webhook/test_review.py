@@ -23,6 +23,7 @@ from ipmasq.webhook import review as review_module
 from ipmasq.webhook.review import (
     MAX_CHECKED_RULES,
     MAX_LISTED,
+    MAX_NAME_CHARS,
     REVIEW_WORK_STEPS,
     ReviewError,
     Verdict,
@@ -278,6 +279,12 @@ def test_more_rules_than_a_review_checks_are_all_named() -> None:
     assert f"{MAX_CHECKED_RULES + 1:,} in all" in left and f"at most {MAX_CHECKED_RULES:,} rules" in left
 
 
+def test_a_config_of_as_many_rules_as_a_review_checks_is_checked_whole() -> None:
+    verdict = reviewed(plain_rules(MAX_CHECKED_RULES))
+    assert verdict.allowed and not any("[rules-not-checked]" in w for w in verdict.warnings)
+
+
 def test_the_docs_state_the_rule_count_the_review_checks() -> None:
     page = (Path(__file__).parents[3] / "docs" / "webhook.md").read_text()
-    assert f"{MAX_CHECKED_RULES:,} rules" in page
+    assert f"{MAX_CHECKED_RULES:,} rules" in page and f"{REVIEW_WORK_STEPS:,} steps" in page
+    assert f"more than {MAX_VALUES:,} values" in page and f"{MAX_NAME_CHARS} characters" in page
