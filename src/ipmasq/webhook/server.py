@@ -20,7 +20,8 @@ What it does, because a hostile peer on the pod network can reach the port as we
   whether framed by Content-Length or chunked (both at once is refused, as RFC 9112 says a server may: a proxy and
   this server could read two different bodies), and by BODY_BUDGET_BYTES for all bodies held at once;
 - `workers` decisions at once, run in threads off the event loop (a large review does not stall the others' I/O),
-  bodies over 1 MiB one at a time, and a body with more JSON values than a ConfigMap's review has refused before
+  and as many again for small bodies (an ordinary review is a few KiB: reviews of thousands of rules never queue
+  it), bodies over 1 MiB one at a time, and a body with more JSON values than a ConfigMap's review has refused before
   json.loads builds them (MAX_JSON_VALUES, counted by a linear scan);
 - a decision abandoned when its connection goes (or its deadline passes): one not begun is never begun, one under
   way stops at the next step of its work budget (ipmasq.policy.budget), and nothing is logged for a peer that left;
@@ -84,6 +85,9 @@ MAX_JSON_VALUES = 200_000
 _JSON_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.DOTALL)
 # Bodies over this are decided one at a time (their parse is the memory that counts)
 LARGE_BODY_BYTES = 1 << 20
+# Bodies up to this have decision slots of their own: an ordinary review (a config of a few dozen lines) is a few
+# KiB, and a config that takes its budget to review is usually far larger
+SMALL_BODY_BYTES = 64 * 1024
 LINGER_SECONDS = 2.0  # a closed connection's peer may still send this long (its bytes are dropped unread)
 _WRITE_HIGH_BYTES = 256 * 1024  # answers a peer does not read: past this, its requests are not read either
 
@@ -447,12 +451,13 @@ class WebhookServer:
         self.context: ssl.SSLContext | None = None
         self.ready = threading.Event()
         self._thread: threading.Thread | None = None
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="webhook-decision")
+        self._executor = ThreadPoolExecutor(max_workers=2 * workers, thread_name_prefix="webhook-decision")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._stopped = threading.Event()
         # asyncio's primitives bind to the loop that first waits on them (the server's)
         self._decisions = asyncio.Semaphore(workers)
+        self._small_decisions = asyncio.Semaphore(workers)
         self._large = asyncio.Lock()
         self._held_bytes = 0  # request bodies held now (changed on the event loop only)
         self._connections: dict[_Connection, None] = {}  # open ones, oldest first
@@ -546,7 +551,8 @@ class WebhookServer:
         async with contextlib.AsyncExitStack() as slots:
             if len(body) > LARGE_BODY_BYTES:
                 await slots.enter_async_context(self._large)
-            await slots.enter_async_context(self._decisions)
+            small = len(body) <= SMALL_BODY_BYTES
+            await slots.enter_async_context(self._small_decisions if small else self._decisions)
             if abandoned.is_set():
                 return None
             loop = asyncio.get_running_loop()
