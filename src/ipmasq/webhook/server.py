@@ -12,8 +12,8 @@ What it does, because a hostile peer on the pod network can reach the port as we
   behind another in the same connection; a handshake has HANDSHAKE_SECONDS from the accept, an idle connection
   between requests KEEP_ALIVE_SECONDS;
 - a connection limit that slow peers cannot exhaust: connections count from their accept, and at MAX_CONNECTIONS
-  a new one closes the oldest that is not waiting for its decision, those that never finished a request first (a
-  TLS handshake that does not come, a slow request), so an ordinary review still gets in;
+  a new one closes one that is not waiting for its decision, the one that got least far (nothing sent, then a
+  handshake under way, then secure but never answered), the oldest of those, so an ordinary review still gets in;
 - TLS records read 16 KiB at a time into the connection's own small buffers (asyncio's TLS keeps 256 KiB per
   connection until a garbage collection);
 - the body read whole before a decision slot is taken (a slow upload never holds one), bounded by MAX_BODY_BYTES
@@ -119,6 +119,7 @@ class _Connection(asyncio.Protocol):
         self.outgoing = ssl.MemoryBIO()
         self.tls: ssl.SSLObject | None = None
         self.handshaking = True
+        self.heard = False  # a byte has come
         self.served = 0  # requests answered: one that has been is an ordinary client, evicted last
         self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.timer: asyncio.TimerHandle | None = None
@@ -151,6 +152,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing or self.tls is None:
             return
+        self.heard = True
         self.incoming.write(data)
         if self.handshaking:
             try:
@@ -220,6 +222,10 @@ class _Connection(asyncio.Protocol):
             self._process()
 
     # ---- the server's view ------------------------------------------------------------------------------------
+
+    def progress(self) -> int:
+        """How far it has got: 0 nothing received, 1 in its handshake, 2 secure, 3 a request answered."""
+        return 3 if self.served else 2 if not self.handshaking else 1 if self.heard else 0
 
     def waiting(self) -> bool:
         """Whether it may be closed to make room: handshaking, reading a request, or idle between them."""
@@ -523,13 +529,15 @@ class WebhookServer:
     # ---- what the connections share (on the event loop) ---------------------------------------------------
 
     def admit(self, connection: _Connection) -> None:
-        """Count a connection from its accept; past MAX_CONNECTIONS close the oldest one that may be closed, one
-        that never finished a request before one that has (the API server keeps its connections for reuse)."""
+        """Count a connection from its accept; past MAX_CONNECTIONS close one that may be closed: the one that has
+        got least far, the oldest of those. A flood of new connections that say nothing (1,400 a second) then
+        closes its own, not an ordinary client's in its handshake, nor the API server's kept between reviews:
+        evicted by age alone, those failed 10-50% of ordinary reviews."""
         self._connections[connection] = None
         if len(self._connections) <= MAX_CONNECTIONS:
             return
-        victim = next((c for c in self._connections if c is not connection and c.waiting() and not c.served), None) \
-            or next((c for c in self._connections if c is not connection and c.waiting()), None)
+        victim = min((c for c in self._connections if c is not connection and c.waiting()),
+                     key=lambda c: (c.progress(), c.since), default=None)
         if victim is not None:
             self.forget(victim)
             victim.evict()

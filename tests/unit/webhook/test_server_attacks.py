@@ -166,3 +166,24 @@ def test_a_plain_text_probe_and_a_port_scan_leave_no_traceback(server: WebhookSe
         assert sock.recv(100) in (b"",) or True  # whatever TLS answers, the server lives on
     socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5).close()
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_flood_of_silent_connections_evicts_its_own_not_a_kept_alive_client(
+        server: WebhookServer, certificate: CertificateSet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the connection limit the one that got least far goes: by age alone, the API server's connection kept
+    between reviews went (its next review failed: 10-50% of reviews under 1,400 new connections a second)."""
+    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 16)
+    body = review_body()
+    head = (f"POST {VALIDATE_PATH} HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with tls(server, certificate) as kept:
+        kept.sendall(head + body)
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200 ")
+        silent = [socket.create_connection(("127.0.0.1", server.server_address[1])) for _ in range(40)]
+        try:
+            kept.sendall(head + body)  # the oldest connection of all, and still served
+            assert kept.recv(65536).startswith(b"HTTP/1.1 200 ")
+            silent[0].settimeout(10)
+            assert silent[0].recv(1) == b""  # closed to make room: the first of the silent ones
+        finally:
+            for sock in silent:
+                sock.close()
