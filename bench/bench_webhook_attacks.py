@@ -2,6 +2,7 @@
 side in one run (before and after a change).
 
     .venv/bin/python bench/bench_webhook_attacks.py [--before OTHER_CHECKOUT/src] [--only NAME ...] [--out bench/out]
+    .venv/bin/python bench/bench_webhook_attacks.py --lint [--before OTHER_CHECKOUT/src]
 
 Each attack gets a webhook process of its own (bench_http_hostile's child: WebhookServer with the real respond(),
 the tree's src first on sys.path), so its CPU time and peak RSS (VmHWM) are the attack's alone, and an attack the
@@ -17,6 +18,8 @@ and one of 340,000 `{}` (each inside 1 MiB); 1,600 plain rules, 200 overlapping 
 it); Content-Length 10 beside chunked with 42 MB of chunks (bytes the server took before it stopped reading);
 two reviews of 200 overlapping rules whose client leaves at once (CPU spent for nobody); a flood of new TCP
 connections, opened and dropped as fast as two processes can, for 20 s.
+
+--lint: `ipmasq lint`'s whole check of the rules (no budget) alone, in a process per case: CPU and peak RSS.
 
 Targets (this tree): ordinary reviews within 1 s under every attack, the webhook under 200 MiB.
 """
@@ -194,6 +197,39 @@ ATTACKS: dict[str, Callable[[Webhook, list[str], threading.Event], None]] = {
 }
 
 
+_LINT = """
+import resource, sys, time
+from ipmasq.lint.config import lint_config
+from ipmasq.options import PolicyOptions
+text = open(sys.argv[1]).read()
+started = time.process_time()
+findings = lint_config(text, source="config", options=PolicyOptions(node_name=""))
+print(time.process_time() - started, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, len(findings))
+"""
+LINT_CASES: dict[str, Callable[[], str]] = {
+    "400 plain rules": lambda: plain_rules(400),
+    "1,600 plain rules": lambda: plain_rules(1600),
+    "200 overlapping rules": lambda: overlapping_rules(200),
+    "50 real-shaped rules": lambda: real_rules(50),
+    "1,000 real-shaped rules": lambda: real_rules(1000),
+}
+
+
+def lint_alone(src: Path, text: str, scratch: str) -> str:
+    """`ipmasq lint`'s whole check of the rules (no budget) in a process of its own: CPU seconds and peak RSS."""
+    path = os.path.join(scratch, "config.yaml")
+    Path(path).write_text(text)
+    try:
+        run = subprocess.run([sys.executable, "-c", _LINT, path], env={**os.environ, "PYTHONPATH": str(src)},
+                             capture_output=True, text=True, timeout=ATTACK_CAP_S)
+    except subprocess.TimeoutExpired:
+        return f"> {ATTACK_CAP_S:.0f} s (stopped)"
+    if run.returncode != 0:
+        return f"failed: {run.stderr.strip()[-120:]}"
+    seconds, peak, count = run.stdout.split()
+    return f"{float(seconds):.2f} s CPU, {float(peak):.0f} MiB, {count} findings"
+
+
 def run_attack(src: Path, cert: str, key: str, ca: str, name: str) -> dict[str, Any]:
     webhook = Webhook(src, cert, key, ca)
     pid = webhook.proc.pid
@@ -231,6 +267,7 @@ def main() -> int:
     parser.add_argument("--before", type=Path, help="another checkout's src, measured beside this one")
     parser.add_argument("--only", nargs="+", choices=list(ATTACKS), metavar="NAME")
     parser.add_argument("--out", type=Path, default=HERE / "out")
+    parser.add_argument("--lint", action="store_true", help="only the rules' lint alone (`ipmasq lint`, no budget)")
     args = parser.parse_args()
     from ipmasq.webhook.certificate import issue, service_names
 
@@ -242,6 +279,12 @@ def main() -> int:
         Path(cert).write_bytes(pair.tls_cert)
         Path(key).write_bytes(pair.tls_key)
         Path(ca).write_bytes(pair.ca_bundle)
+        if args.lint:
+            for case, make in LINT_CASES.items():
+                text = make()
+                cells = [f"{label}: {lint_alone(src, text, scratch)}" for label, src in trees]
+                print(f"{case:<24} " + " | ".join(cells), flush=True)
+            return 0
         for name in args.only or ATTACKS:
             results[name] = {}
             for label, src in trees:  # side by side: each attack on both trees before the next

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ipmasq.config.model import Rule
-from ipmasq.policy.budget import WorkBudget
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.packet_space import (
     MAX_PORT,
@@ -262,9 +261,8 @@ class _FamilyDiff:
     """The regions of one family, and what each side does to the probes' destinations."""
 
     def __init__(self, before: Policy, after: Policy, family: Family, node_names: Sequence[str], *,
-                 shared: list[Span] | None, budget: WorkBudget | None = None) -> None:
+                 shared: list[Span] | None) -> None:
         self.family = family
-        self.budget = budget
         self.sides = (_rules_of(before, family), _rules_of(after, family))
         self.preserved = (shared, shared) if shared is not None else \
             (before.preserved_ranges(family), after.preserved_ranges(family))
@@ -277,7 +275,7 @@ class _FamilyDiff:
     def painted(self, active: tuple[tuple[Rule, ...], ...]) -> tuple[list[tuple[int, int, Decision]], ...]:
         got = self._painted.get(active)
         if got is None:
-            got = tuple(paint(rules, preserved, self.ruled, self.family.max_address, self.budget)
+            got = tuple(paint(rules, preserved, self.ruled, self.family.max_address)
                         for rules, preserved in zip(active, self.preserved, strict=True))
             self._painted[active] = got
         return got
@@ -297,7 +295,7 @@ class _FamilyDiff:
         pieces: list[tuple[int, str, Span, Span, _Key, tuple[Span, ...]]] = []
         class_index = {c: i for i, c in enumerate(self.classes)}
         differences: dict[tuple[tuple[Rule, ...], ...], _Pieces] = {}
-        for cell, active in cells(family, self.sides, self.classes, self.protocols, budget=self.budget):
+        for cell, active in cells(family, self.sides, self.classes, self.protocols):
             found = differences.get(active)
             if found is None:
                 grouped: dict[_Key, list[Span]] = {}
@@ -376,16 +374,14 @@ def _probe_decided(outcomes: list[Decision], policy: Policy, probe: Prefix) -> s
 
 
 def diff_rule_policies(before: Policy, after: Policy, probes: tuple[str, ...] = (), node_names: Sequence[str] = (),
-                       *, shared_lists: dict[Family, list[Span]] | None = None,
-                       budget: WorkBudget | None = None) -> RuleDiffResult:
+                       *, shared_lists: dict[Family, list[Span]] | None = None) -> RuleDiffResult:
     """Every packet whose outcome differs between the policies, as disjoint regions (exact: a packet is in a
     region iff its outcomes differ, with the region's before and after); node_names: evaluate on these nodes
     only (else per class of the rules' node globs). ValueError when the node globs make too many classes.
     shared_lists: the preserved ranges of each family when the caller knows both policies have them (only the
-    rules differ), so that a caller diffing many rule changes computes them once. budget: charged for the walk
-    (WorkBudgetExhausted when spent)."""
+    rules differ), so that a caller diffing many rule changes computes them once."""
     by_family = {family: _FamilyDiff(before, after, family, node_names,
-                                     shared=None if shared_lists is None else shared_lists[family], budget=budget)
+                                     shared=None if shared_lists is None else shared_lists[family])
                  for family in Family}
     regions = [region for family in Family for region in by_family[family].regions()]
     regions.sort(key=lambda r: (r.family, r.destinations[0][0], r.destinations))
