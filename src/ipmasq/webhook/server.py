@@ -317,6 +317,9 @@ class _Connection(asyncio.Protocol):
             answer = await self.server.decide(body, started, self.abandoned)
         except asyncio.CancelledError:
             return  # the connection went: nobody to answer
+        except Exception as exc:  # a fault of the decision's own: one line, and the client told so
+            self.server.log_line(f"a review could not be decided: {one_line(repr(exc))[:200]}")
+            answer = 500, b"the review could not be decided\n", "text/plain", None
         finally:
             del body
             self._release()
@@ -500,6 +503,7 @@ class WebhookServer:
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._loop = loop
+        loop.set_exception_handler(self._loop_error)
         server = await loop.create_server(lambda: _Connection(self), sock=self._listener, backlog=BACKLOG)
         try:
             await self._stop.wait()
@@ -512,6 +516,13 @@ class WebhookServer:
                 await asyncio.sleep(0.05)  # the requests in flight finish (bounded by GRACE_SECONDS)
             for connection in list(self._connections):
                 connection.abort()
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """What asyncio would log with a traceback (a callback that raised): one line. The connection concerned is
+        closed by asyncio (a fault in data_received) or by its deadline."""
+        fault = context.get("exception")
+        what = repr(fault) if fault is not None else str(context.get("message"))
+        self.log_line(f"an internal error: {one_line(what)[:200]}")
 
     def shutdown(self) -> None:
         """Stop accepting, finish the requests in flight (GRACE_SECONDS at most), stop."""

@@ -187,3 +187,23 @@ def test_a_flood_of_silent_connections_evicts_its_own_not_a_kept_alive_client(
         finally:
             for sock in silent:
                 sock.close()
+
+
+def test_a_fault_in_a_decision_is_one_line_and_a_500(certificate: CertificateSet,
+                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    def failing(review: object, *, abandoned: threading.Event | None = None) -> tuple[dict[str, Any], Verdict]:
+        raise KeyError("a fault of the decision's own")
+
+    logged: list[str] = []
+    running = WebhookServer(("127.0.0.1", 0), failing, log=logged.append)
+    running.use_certificate(certificate.tls_cert, certificate.tls_key)
+    serve(running)
+    try:
+        status, _answer, _seconds = ask(running, certificate, review_body())
+        assert status == 500
+        assert logged and logged[0].startswith("a review could not be decided: KeyError")
+        assert ask(running, certificate, b"{not json")[0] == 400  # and it serves on
+    finally:
+        running.shutdown()
+        running.server_close()
+    assert "Traceback" not in capfd.readouterr().err
