@@ -262,6 +262,22 @@ def run_attack(src: Path, cert: str, key: str, ca: str, name: str) -> dict[str, 
         webhook.proc.wait(10)
 
 
+def table(results: dict[str, dict[str, Any]]) -> str:
+    """The figures as docs/measurements.md shows them: a row per attack, before and after in each cell."""
+    def cell(name: str, show: Callable[[dict[str, Any]], str]) -> str:
+        return " / ".join(show(results[name][label]) for label in ("before", "after") if label in results[name])
+
+    lines = ["| attack | webhook CPU s | peak RSS MiB | ordinary p50/p99 ms | over 1 s (of 200) | "
+             "the attacker saw (after) |", "|---|---|---|---|---|---|"]
+    for name in results:
+        cpu = cell(name, lambda f: f"{'≥' if f['capped'] else ''}{f['cpu_s']:.1f}")
+        rss = cell(name, lambda f: f"{f['peak_rss_mib']:.0f}")
+        lat = cell(name, lambda f: f"{f['p50_s'] * 1000:.0f}/{f['p99_s'] * 1000:.0f}")
+        over = cell(name, lambda f: str(f["over_1s"]))
+        lines.append(f"| {name} | {cpu} | {rss} | {lat} | {over} | {results[name]['after']['note']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, help="another checkout's src, measured beside this one")
@@ -295,6 +311,7 @@ def main() -> int:
                       f"{figures['note'][:90]}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "webhook_attacks.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / "webhook_attacks.md").write_text(table(results))
     missed = [name for name, by in results.items()
               if by["after"]["over_1s"] or by["after"]["peak_rss_mib"] > RSS_TARGET_MIB]
     print(f"\ntargets (after): ordinary reviews within {ORDINARY_TARGET_S:g} s, under {RSS_TARGET_MIB:.0f} MiB: "
