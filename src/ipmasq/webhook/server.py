@@ -274,7 +274,7 @@ class _Connection(asyncio.Protocol):
         if b"transfer-encoding" in headers and b"content-length" in headers:
             self._refuse(400, "a request framed both by Content-Length and chunked")
             return
-        if (request.method, request.target) != (b"POST", VALIDATE_PATH.encode()):
+        if (request.method, _path(request.target)) != (b"POST", VALIDATE_PATH.encode()):
             return  # answered when it is complete
         length = headers.get(b"content-length")
         if length is None and b"transfer-encoding" not in headers:
@@ -300,7 +300,7 @@ class _Connection(asyncio.Protocol):
     def _complete(self) -> None:
         request = self.request
         assert request is not None
-        if request.method in (b"GET", b"HEAD") and request.target in (b"/healthz", b"/readyz"):
+        if request.method in (b"GET", b"HEAD") and _path(request.target) in (b"/healthz", b"/readyz"):
             self._answer(200, b"ok\n", "text/plain")
         elif self.body is None:
             self._answer(404, b"not found\n", "text/plain")
@@ -608,6 +608,11 @@ class WebhookServer:
                 logged = f"{'admitted' if verdict.allowed else 'denied'} a review (its log line failed: " \
                          f"{one_line(repr(exc))[:120]})"
         return 200, payload, "application/json", logged
+
+
+def _path(target: bytes) -> bytes:
+    """A request target without its query: the API server calls /validate?timeout=5s."""
+    return target.split(b"?", 1)[0]
 
 
 def _json_values(body: bytearray) -> int:

@@ -207,3 +207,13 @@ def test_a_fault_in_a_decision_is_one_line_and_a_500(certificate: CertificateSet
         running.shutdown()
         running.server_close()
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_path_is_matched_without_its_query(server: WebhookServer, certificate: CertificateSet) -> None:
+    """The API server calls the configured path with ?timeout=5s appended."""
+    body = review_body("nonMasqueradeCIDRs: [10.0.0.0/33]\n")
+    with tls(server, certificate) as sock:
+        sock.sendall(f"POST {VALIDATE_PATH}?timeout=5s HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: {len(body)}\r\n"
+                     "Connection: close\r\n\r\n".encode() + body)
+        answer = _read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'"allowed": false' in answer
