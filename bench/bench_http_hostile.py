@@ -249,7 +249,7 @@ def ordinary_latencies(webhook: Webhook, concurrency: int = 20, each: int = 10) 
 
 
 def slow_uploads(webhook: Webhook, stop: threading.Event) -> list[socket.socket]:
-    socks = []
+    socks: list[socket.socket] = []
     for _ in range(2):
         sock = webhook.tls()
         sock.sendall(f"POST /validate HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: {16 << 20}\r\n\r\n".encode())
@@ -265,7 +265,7 @@ def slow_uploads(webhook: Webhook, stop: threading.Event) -> list[socket.socket]
 
 
 def slow_heads(webhook: Webhook, stop: threading.Event, count: int = 300) -> list[socket.socket]:
-    socks = []
+    socks: list[socket.socket] = []
     for _ in range(count):
         try:
             sock = webhook.tls()

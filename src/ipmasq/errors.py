@@ -46,6 +46,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "Abandoned",
     "ApiClientError",
     "ApiError",
     "ApiMalformed",
@@ -77,6 +78,7 @@ __all__ = [
     "TooManyRequests",
     "Unauthorized",
     "UsageError",
+    "WorkBudgetExhausted",
     "clip",
     "one_line",
 ]
@@ -125,6 +127,15 @@ class ConfigError(IpmasqError):
 class InputUnreadable(ConfigError):
     """An input could not be read at all (missing, no permission, a directory or device, a listing that failed):
     nothing can be said about its content. A ConfigError, so the agent keeps its last good rules as for any other."""
+
+
+class WorkBudgetExhausted(IpmasqError):
+    """A check spent the work it was given (ipmasq.policy.budget) before it finished: its caller says what it did
+    not check."""
+
+
+class Abandoned(IpmasqError):
+    """Work stopped because whoever asked for it is gone (a webhook client that closed its connection)."""
 
 
 class UsageError(IpmasqError):

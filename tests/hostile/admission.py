@@ -4,7 +4,8 @@ Every committed hostile config (tests/hostile/config/) as the agent's ConfigMap 
 UTF-8 in binaryData, as `kubectl create configmap --from-file` puts them), and the ConfigMap-sized cases: 1 MiB of
 CIDRs (refused by the limit, and linted whole with the limit raised), nesting and aliases at 1 MiB, 1 MiB of random
 bytes, a thousand config files in the directory form, ten thousand keys, and 1 MiB in a ConfigMap of another
-namespace. Each stays within the API server's 1 MiB limit for a ConfigMap's data.
+namespace; half a million tiny values, rules by the thousand (plain, overlapping, of a real shape). Each stays
+within the API server's 1 MiB limit for a ConfigMap's data.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from tests.hostile.generated import HERE, deep_json, deep_yaml
 
-__all__ = ["CONFIGMAP_LIMIT", "configmap", "hostile_configmaps"]
+__all__ = ["CONFIGMAP_LIMIT", "configmap", "hostile_configmaps", "overlapping_rules", "plain_rules", "real_rules"]
 
 CONFIGMAP_LIMIT = 1 << 20  # bytes of data and binaryData together
 
@@ -57,6 +58,48 @@ def _alias_bomb_at_size() -> str:
     return "\n".join(levels) + "\nnonMasqueradeCIDRs: *a59\n"
 
 
+def plain_rules(n: int) -> str:
+    """n rules, each to a /24 of its own: nothing overlaps."""
+    return "rules:\n" + "".join(f"  - name: r{i}\n    destinations: [10.{i >> 8 & 255}.{i & 255}.0/24]\n"
+                                 "    action: masquerade\n" for i in range(n))
+
+
+def overlapping_rules(n: int) -> str:
+    """n rules whose destinations nest in each other (10/8 down to /31), each on a port of its own."""
+    return "rules:\n" + "".join(f"  - name: r{i}\n    destinations: [10.0.0.0/{8 + i % 24}]\n    protocol: tcp\n"
+                                 f"    ports: [\"{1 + i}\"]\n    action: masquerade\n" for i in range(n))
+
+
+def real_rules(n: int, seed: int = 1) -> str:
+    """n rules of the shape real ones have: endpoints and subnets of private and partner ranges, most with pod
+    sources, half with a protocol and ports, a tenth on a node pool, actions of every kind."""
+    rng = random.Random(seed)
+    lines = ["nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16]", "rules:"]
+    for i in range(n):
+        base, bits = rng.choice([(10 << 24, 24), (172 << 24 | 16 << 16, 20), (192 << 24 | 168 << 16, 16),
+                                 (203 << 24, 24)])
+        length = rng.choice([32, 32, 28, 24, 20, 16])
+        address = (base | rng.getrandbits(bits)) & ~((1 << (32 - length)) - 1) & 0xFFFFFFFF
+        lines += [f"  - name: rule-{i:04d}", f"    destinations: [{_dotted(address)}/{length}]"]
+        if rng.random() < 0.7:
+            lines.append(f"    sources: [10.44.{rng.randrange(256)}.0/24]" if rng.random() < 0.5 else
+                         "    sources: [10.44.0.0/14]")
+        if rng.random() < 0.5:
+            lines.append(f"    protocol: {rng.choice(['tcp', 'udp'])}")
+            lines.append(f"    ports: [\"{rng.choice(['443', '5432', '8000-8100', '53'])}\"]")
+        if rng.random() < 0.1:
+            lines.append('    nodes: ["gke-prod-egress-*"]')
+        action = rng.choice(["masquerade", "preserve", "snat"])
+        lines.append(f"    action: {action}")
+        if action == "snat":
+            lines.append("    snatTo: 10.142.15.204")
+    return "\n".join(lines) + "\n"
+
+
+def _dotted(address: int) -> str:
+    return ".".join(str(address >> shift & 255) for shift in (24, 16, 8, 0))
+
+
 def hostile_configmaps() -> dict[str, dict[str, Any]]:
     """name -> a ConfigMap object (as `kubectl apply -f` takes it)."""
     cases = {f"file-{path.name}": _as_configmap(path.read_bytes())
@@ -78,5 +121,10 @@ def hostile_configmaps() -> dict[str, dict[str, Any]]:
         "near-miss-name-1mib": configmap({"config": "nonMasqueradeCIDRs:\n" + cidrs}, name="ip-masq-agnet"),
         "one-long-line-1mib": configmap({"config": "nonMasqueradeCIDRs: [" + "9" * (budget - 40) + "]\n"}),
         "control-characters": configmap({"config": "nonMasqueradeCIDRs:\n  - \"10.0.0.0/8\x1b[2J\x07\"\n"}),
+        "values-1mib": configmap({"config": "x: [" + "1," * ((budget - 10) // 2) + "1]\n"}),
+        "empty-maps-1mib": configmap({"config": "x: [" + "{}," * ((budget - 10) // 3) + "{}]\n"}),
+        "rules-1600-plain": configmap({"config": plain_rules(1600)}),
+        "rules-200-overlapping": configmap({"config": overlapping_rules(200)}),
+        "rules-1000-real": configmap({"config": real_rules(1000)}),
     })
     return cases

@@ -24,6 +24,7 @@ from ipmasq.errors import CLIP_CHARS, ConfigError, clip
 __all__ = [
     "MAX_ALIAS_VALUES",
     "MAX_DEPTH",
+    "MAX_VALUES",
     "YAML_LOADER",
     "Document",
     "Field",
@@ -57,6 +58,10 @@ MAX_DEPTH = 64
 # go-yaml (the reference) refuses "excessive aliasing" by a ratio; we need no aliases at all in a config, so a flat
 # budget: a few aliased lists pass, a bomb stops at ~10 MiB of nodes instead of GiBs.
 MAX_ALIAS_VALUES = 100_000
+# Every value (scalar, list, mapping) of a config, counted while parsing, before anything is built for it: each
+# becomes a composed node and one of ours, about 400 bytes together, so 1 MiB of `[1,1,...]` (520,000 values) took
+# 236 MiB. The largest configs measured (100,000 CIDRs in one list) have 100,000 and a few.
+MAX_VALUES = 150_000
 # An error message echoes at most CLIP_CHARS of a value (ipmasq.errors.clip): a CIDR is at most 43 characters; a
 # 10 MB value must not become a 10 MB line in the agent's log.
 
@@ -143,6 +148,12 @@ def show_value(value: object) -> str:
     return clip(repr(value))
 
 
+def _too_many(source: str, mark: Any) -> ConfigError:
+    return ConfigError(f"more than {MAX_VALUES:,} values; a config is a mapping of lists of CIDRs",
+                       source=source, line=mark.line + 1 if mark else None, column=mark.column + 1 if mark else None,
+                       code="yaml-syntax")
+
+
 def _too_deep(source: str, line: int | None, column: int | None) -> ConfigError:
     return ConfigError(f"nested deeper than {MAX_DEPTH} levels; a config is a mapping of lists", source=source,
                        line=line, column=column, code="yaml-syntax")
@@ -201,8 +212,8 @@ def compose_yaml(text: str, source: str) -> list[yaml.Node]:
     Raises yaml.YAMLError (turn it into ours with yaml_error) or ConfigError (nested deeper than MAX_DEPTH).
     Aliases come back shared, as the composer makes them: whoever expands them must budget (see _FromYaml).
     """
-    if _depth_bound(text) > MAX_DEPTH:
-        _check_yaml_depth(text, source)
+    if _depth_bound(text) > MAX_DEPTH or _values_bound(text) > MAX_VALUES:
+        _check_yaml_events(text, source)
     return [d for d in yaml.compose_all(text, Loader=YAML_LOADER) if d is not None]
 
 
@@ -224,11 +235,28 @@ def _depth_bound(text: str) -> int:
     return flow + 2 * (max(map(len, _BLOCK_PREFIX.findall(text)), default=0) + 1)
 
 
-def _check_yaml_depth(text: str, source: str) -> None:
-    """The exact depth, from the parser's events (libyaml's parser keeps its own stack: no recursion)."""
+# Each value on a line after its first needs an indicator of its own before it: a separator (`,` `:`), an opening
+# bracket, a block item (`-` `?`). YAML 1.1 breaks lines at NEL, LS and PS too.
+_VALUE_MARKS = "\n\r\x85\u2028\u2029,:[{-?"
+
+
+def _values_bound(text: str) -> int:
+    """An upper bound of the values the composer would make (aliases aside: _FromYaml budgets those), from counts
+    of single characters (linear, in C): a config of 10,000 CIDRs is far below MAX_VALUES without a parse."""
+    return 1 + sum(map(text.count, _VALUE_MARKS))
+
+
+def _check_yaml_events(text: str, source: str) -> None:
+    """The exact depth and number of values, from the parser's events, one at a time (libyaml's parser keeps its
+    own stack: no recursion, and nothing kept): refused before the composer builds a node."""
     depth = 0
+    values = 0
     try:
         for event in yaml.parse(text, Loader=YAML_LOADER):
+            if isinstance(event, yaml.NodeEvent):  # a scalar, an alias, the start of a list or mapping
+                values += 1
+                if values > MAX_VALUES:
+                    raise _too_many(source, event.start_mark)
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
                 if depth > MAX_DEPTH:
@@ -377,11 +405,11 @@ def _parse_json(text: str, source: str) -> Node:
         line = text.count("\n", 0, digits.start()) + 1 if digits else None
         raise ConfigError("JSON error: a number of more than 4,300 digits", source=source, line=line,
                           code="yaml-syntax") from None
-    return _from_json(raw, 1 if "\n" not in text.strip() else None)
+    return _FromJson(source).node(raw, 1 if "\n" not in text.strip() else None)
 
 
 def _check_json_depth(text: str, source: str) -> None:
-    """Refuse deep nesting before json's recursive decoder and _from_json meet it."""
+    """Refuse deep nesting before json's recursive decoder and _FromJson meet it."""
     if text.count("[") + text.count("{") <= MAX_DEPTH:
         return  # every config: a mapping of short lists
     depth = 0
@@ -396,13 +424,24 @@ def _check_json_depth(text: str, source: str) -> None:
             depth -= 1
 
 
-def _from_json(value: Any, line: int | None) -> Node:
-    # object_pairs_hook hands us ("__map__", pairs); JSON arrays are lists, so a tuple is always an object
-    if isinstance(value, tuple):
-        return Node([Field(without_lone_surrogates(k), line, _from_json(v, line)) for k, v in value[1]], line,
-                    kind="map")
-    if isinstance(value, list):
-        return Node([_from_json(v, line) for v in value], line, kind="list")
-    if isinstance(value, str):
-        return Node(without_lone_surrogates(value), line, quoted=True)
-    return Node(value, line, quoted=False)
+class _FromJson:
+    """json.loads' values -> Node, refused past MAX_VALUES before the Node of the value past it is made (json's own
+    objects for 1 MiB of text are small: ints and empty strings it shares, a list of pointers)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.values = 0
+
+    def node(self, value: Any, line: int | None) -> Node:
+        self.values += 1
+        if self.values > MAX_VALUES:
+            raise _too_many(self.source, None)
+        # object_pairs_hook hands us ("__map__", pairs); JSON arrays are lists, so a tuple is always an object
+        if isinstance(value, tuple):
+            return Node([Field(without_lone_surrogates(k), line, self.node(v, line)) for k, v in value[1]], line,
+                        kind="map")
+        if isinstance(value, list):
+            return Node([self.node(v, line) for v in value], line, kind="list")
+        if isinstance(value, str):
+            return Node(without_lone_surrogates(value), line, quoted=True)
+        return Node(value, line, quoted=False)

@@ -39,6 +39,7 @@ from ipmasq.findings import Finding, Severity
 from ipmasq.lint.hints import lint_finding
 from ipmasq.lint.rules import lint_rules
 from ipmasq.options import PolicyOptions
+from ipmasq.policy.budget import WorkBudget
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix
 from ipmasq.policy.ranges import cut_points, to_prefixes
@@ -128,8 +129,11 @@ class _Linter:
 
 def lint_config(text: str, *, source: str, placement: Placement | None = None,
                 options: PolicyOptions | None = None, expect: Expectations | None = None,
-                whole_file: bool = False) -> list[Finding]:
+                whole_file: bool = False, budget: WorkBudget | None = None) -> list[Finding]:
     """Every finding for one config text; pure (no I/O).
+
+    budget: the work the rules' checks may do (ipmasq.policy.budget); the rules it leaves unchecked are named in a
+    rules-not-checked finding. None (ipmasq lint): every rule is checked, however long that takes.
 
     whole_file: the text is a config file of its own (not a ConfigMap's data.config), so a file that sets nothing
     is reported: the agent would run with its built-in defaults, which is rarely what a file was written for.
@@ -163,7 +167,7 @@ def lint_config(text: str, *, source: str, placement: Placement | None = None,
     if policy is not None and policy.config.rules:
         expect = expect or Expectations()
         lint_rules(policy.config, policy, linter.add, linter.where, pod_ranges=expect.pod_ranges,
-                   node_names=expect.node_names)
+                   node_names=expect.node_names, budget=budget)
     return linter.findings
 
 

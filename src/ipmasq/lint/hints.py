@@ -54,6 +54,7 @@ HINTS: dict[str, str] = {
     "snat-to-pod-address": "set snatTo to an address of the node (a spare one the destination's firewall admits)",
     "snat-to-destination": "set snatTo to an address of the node, outside the rule's destinations",
     "rule-no-effect": "delete the rule, or keep it on purpose as documentation of what that traffic does",
+    "rules-not-checked": "run ipmasq lint on the config: it checks every rule, without the admission review's bound",
 }
 
 

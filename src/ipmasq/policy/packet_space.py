@@ -20,6 +20,7 @@ from fnmatch import fnmatchcase
 from typing import NamedTuple
 
 from ipmasq.config.model import Rule, RuleAction
+from ipmasq.policy.budget import WorkBudget
 from ipmasq.policy.packet import Outcome
 from ipmasq.policy.prefix import Family
 from ipmasq.policy.ranges import Span, cut_points, first_match_table, inside_runs, label_runs
@@ -157,11 +158,13 @@ def _source_matches(rule: Rule, source: int) -> bool:
 
 
 def cells(family: Family, sides: Sequence[Sequence[Rule]], classes: Sequence[NodeClass], protocols: Sequence[str],
-          *, within: Cell | None = None) -> Iterator[tuple[Cell, tuple[tuple[Rule, ...], ...]]]:
+          *, within: Cell | None = None, budget: WorkBudget | None = None,
+          ) -> Iterator[tuple[Cell, tuple[tuple[Rule, ...], ...]]]:
     """Every cell, with each side's rules (in order) that match the cell's packets (destinations aside).
 
     `within` (a cell-shaped box: one node class, a protocol, a port range, a source range) restricts the walk to
-    it; OTHER as its protocol there means every protocol atom.
+    it; OTHER as its protocol there means every protocol atom. `budget` is charged a step per rule tested in each
+    cell (the walk's work).
     """
     for node_class in classes if within is None else (within.nodes,):
         by_class = [[r for r in rules if node_class.selects(r)] for rules in sides]
@@ -180,16 +183,21 @@ def cells(family: Family, sides: Sequence[Sequence[Rule]], classes: Sequence[Nod
                 edges = [e for rules in by_port for r in rules for p in r.sources for e in (p.network, p.last + 1)]
                 source_starts = cut_points(source_low, source_high, edges)
                 for j, source_first in enumerate(source_starts):
+                    if budget is not None:
+                        budget.charge(1 + sum(map(len, by_port)))
                     source_last = source_starts[j + 1] - 1 if j + 1 < len(source_starts) else source_high
                     active = tuple(tuple(r for r in rules if _source_matches(r, source_first)) for rules in by_port)
                     yield Cell(node_class, protocol, (port_first, port_last), (source_first, source_last)), active
 
 
 def paint(rules: Sequence[Rule], preserved: list[Span], windows: list[Span],
-          top: int) -> list[tuple[int, int, Decision]]:
+          top: int, budget: WorkBudget | None = None) -> list[tuple[int, int, Decision]]:
     """The outcome of every destination in `windows` (a normal list) for packets the rules match by every field
-    but the destination: the first rule holding it, else the lists (preserved or masqueraded)."""
+    but the destination: the first rule holding it, else the lists (preserved or masqueraded). `budget` is charged
+    a step per prefix and window."""
     prefixes = [p for r in rules for p in r.destinations]
+    if budget is not None:
+        budget.charge(1 + len(prefixes) + len(windows))
     owners = [i for i, r in enumerate(rules) for _ in r.destinations]  # increasing: a lower prefix index wins
     outcomes = [rule_decision(r) for r in rules]
     table = first_match_table(prefixes, top)

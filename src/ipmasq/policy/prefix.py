@@ -29,6 +29,12 @@ class Family(IntEnum):
         return (1 << self.bits) - 1
 
 
+# host masks by family (4 or 6) and length: `last` is on every hot path of the rules' checks, and a table read is
+# about twice as fast as working the mask out through Family.bits
+_HOST_MASKS: tuple[tuple[int, ...], ...] = (
+    (), (), (), (), tuple((1 << (32 - n)) - 1 for n in range(33)), (), tuple((1 << (128 - n)) - 1 for n in range(129)))
+
+
 class Prefix(NamedTuple):
     """A CIDR; a NamedTuple because 100,000-entry configs create this many of them (a frozen dataclass is slower)."""
 
@@ -42,7 +48,7 @@ class Prefix(NamedTuple):
 
     @property
     def last(self) -> int:
-        return self.network | ((1 << (self.family.bits - self.length)) - 1)
+        return self.network | _HOST_MASKS[self.family][self.length]
 
     def contains(self, address: int) -> bool:
         return self.network <= address <= self.last

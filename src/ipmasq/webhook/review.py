@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
@@ -24,8 +25,10 @@ from ipmasq.lint.config import lint_config
 from ipmasq.lint.manifest import AGENT_CONFIGMAP, AGENT_NAMESPACE, CONFIG_KEY
 from ipmasq.lint.text import scan_lookalikes
 from ipmasq.options import PolicyOptions
+from ipmasq.policy.budget import WorkBudget
 
-__all__ = ["ADMISSION_API", "MAX_CONFIGMAP_DATA", "MAX_LISTED", "ReviewError", "Verdict", "data_size", "decide",
+__all__ = ["ADMISSION_API", "MAX_CHECKED_RULES", "MAX_CONFIGMAP_DATA", "MAX_LISTED", "MAX_NAME_CHARS",
+           "REVIEW_WORK_STEPS", "ReviewError", "Verdict", "data_size", "decide",
            "respond"]
 
 ADMISSION_API = "admission.k8s.io/v1"
@@ -39,6 +42,18 @@ _WRITES = ("CREATE", "UPDATE")
 # ip-masq-agnet, ipmasq-agent and ip_masq_agent, not kube-proxy or coredns.
 _NEAR_MISS = 0.8
 MAX_CONFIGMAP_DATA = 1 << 20  # the API server's limit on a ConfigMap's data and binaryData together
+# A ConfigMap's name and namespace are DNS subdomains: the API server refuses longer ones before any webhook sees
+# them, so only another peer sends one, and nothing of it is compared (the near-miss check of a 1 MB name: 2 s).
+MAX_NAME_CHARS = 253
+# The work the rules' checks (shadowed, no effect) may do for one review, in steps of ipmasq.policy.budget: about
+# 1.7 s of one core on the machine of docs/measurements.md, inside the API server's 5 s with the parse and the
+# other checks. 1,000 plain rules need 13,000 steps, 1,000 of a real shape (sources, ports, node pools) 2.1
+# million; a budget spent is said in a rules-not-checked warning naming the rules left, never a denial and never
+# silence.
+REVIEW_WORK_STEPS = 1_000_000
+# The rules a review checks at all for being shadowed or changing nothing (docs/webhook.md states it): past this,
+# every rule is named in rules-not-checked at once, without spending the budget on the first few.
+MAX_CHECKED_RULES = 1_000
 
 
 class ReviewError(IpmasqError):
@@ -56,9 +71,10 @@ class Verdict:
 ALLOWED = Verdict(True, reviewed=False)
 
 
-def respond(review: object, options: PolicyOptions | None = None) -> tuple[dict[str, Any], Verdict]:
+def respond(review: object, options: PolicyOptions | None = None, *,
+            abandoned: threading.Event | None = None) -> tuple[dict[str, Any], Verdict]:
     """The AdmissionReview response to an AdmissionReview request, and the verdict in it; raises ReviewError when
-    the body is not an AdmissionReview request."""
+    the body is not an AdmissionReview request, Abandoned (from the rules' checks) once `abandoned` is set."""
     if not isinstance(review, Mapping):
         raise ReviewError("the body is not a JSON object")
     if review.get("apiVersion") != ADMISSION_API or review.get("kind") != "AdmissionReview":
@@ -67,7 +83,8 @@ def respond(review: object, options: PolicyOptions | None = None) -> tuple[dict[
     request = review.get("request")
     if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
         raise ReviewError("the AdmissionReview has no request with a uid")
-    verdict = decide(request, options or PolicyOptions())
+    verdict = decide(request, options or PolicyOptions(), WorkBudget(REVIEW_WORK_STEPS, abandoned,
+                                                                         max_rules=MAX_CHECKED_RULES))
     response: dict[str, Any] = {"uid": request["uid"], "allowed": verdict.allowed}
     if verdict.message is not None:
         # 422 as the API server's own validation answers; kubectl prints the message after "denied the request: "
@@ -78,8 +95,9 @@ def respond(review: object, options: PolicyOptions | None = None) -> tuple[dict[
     return answer, verdict
 
 
-def decide(request: Mapping[str, Any], options: PolicyOptions) -> Verdict:
-    """The verdict on one AdmissionReview request (its `request` member)."""
+def decide(request: Mapping[str, Any], options: PolicyOptions, budget: WorkBudget | None = None) -> Verdict:
+    """The verdict on one AdmissionReview request (its `request` member); `budget`: the work its rules' checks
+    may do, for all its config keys together (None: unbounded)."""
     if options.node_name is None:
         # every node's agent knows its own name: a rule with `nodes` is checked, not refused for want of one
         options = replace(options, node_name="")
@@ -92,6 +110,9 @@ def decide(request: Mapping[str, Any], options: PolicyOptions) -> Verdict:
     metadata = metadata if isinstance(metadata, Mapping) else {}
     name = _text(metadata.get("name")) or _text(request.get("name"))
     namespace = _text(request.get("namespace")) or _text(metadata.get("namespace"))
+    if len(name) > MAX_NAME_CHARS or len(namespace) > MAX_NAME_CHARS:
+        return Verdict(False, f"a ConfigMap's name and namespace have at most {MAX_NAME_CHARS} characters (got "
+                              f"{len(name):,} and {len(namespace):,}); not read")
     if namespace == AGENT_NAMESPACE and (name == AGENT_CONFIGMAP or name.startswith(CONFIG_PREFIX)) \
             and (size := data_size(obj)) > MAX_CONFIGMAP_DATA:
         # what the API server itself refuses (a ConfigMap's data and binaryData together); only a peer other than
@@ -106,7 +127,7 @@ def decide(request: Mapping[str, Any], options: PolicyOptions) -> Verdict:
                 f"{AGENT_CONFIGMAP}; create it there (kubectl -n {AGENT_NAMESPACE} ...) for its config to apply",))
         return ALLOWED
     if name == AGENT_CONFIGMAP:
-        verdict = _review_configs(obj, name, options, required=True)
+        verdict = _review_configs(obj, name, options, budget, required=True)
         if not verdict.allowed and _data_unchanged(request, obj):
             # a label, an annotation or a finalizer on a ConfigMap whose config was already stored (before the
             # webhook, or while it was down): refusing it would fix nothing and block whoever manages metadata
@@ -117,7 +138,7 @@ def decide(request: Mapping[str, Any], options: PolicyOptions) -> Verdict:
     if name.startswith(CONFIG_PREFIX):
         # a member of the family a DaemonSet mounting a whole directory reads (--config DIR): validated as the
         # agent would read it, and said to be outside what the shipped DaemonSet mounts
-        verdict = _review_configs(obj, name, options, required=False)
+        verdict = _review_configs(obj, name, options, budget, required=False)
         return Verdict(verdict.allowed, verdict.message, (_family_warning(name), *verdict.warnings))
     if _near_miss(name) or _holds_a_config(obj):
         return Verdict(True, warnings=(
@@ -230,13 +251,14 @@ def _config_keys(obj: Mapping[str, Any]) -> list[tuple[str, bytes | str]]:
     return found
 
 
-def _review_configs(obj: Mapping[str, Any], name: str, options: PolicyOptions, *, required: bool) -> Verdict:
+def _review_configs(obj: Mapping[str, Any], name: str, options: PolicyOptions, budget: WorkBudget | None, *,
+                    required: bool) -> Verdict:
     configs = _config_keys(obj)
     collected = _Collected()
     if required and not any(where.endswith("." + CONFIG_KEY) for where, _ in configs):
         _missing_config(obj, configs, collected)
     for where, content in configs:
-        _review_one(where, content, options, collected)
+        _review_one(where, content, options, budget, collected)
     warnings = _listed(collected.warnings)
     if collected.errors:
         head = (f"ConfigMap {AGENT_NAMESPACE}/{name} would not do what it says (ipmasq lint finds the same; "
@@ -272,7 +294,8 @@ def _missing_config(obj: Mapping[str, Any], configs: list[tuple[str, bytes | str
             f"data.{CONFIG_KEY})")
 
 
-def _review_one(where: str, content: bytes | str, options: PolicyOptions, collected: _Collected) -> None:
+def _review_one(where: str, content: bytes | str, options: PolicyOptions, budget: WorkBudget | None,
+                collected: _Collected) -> None:
     data = content.encode("utf-8", "surrogatepass") if isinstance(content, str) else content
     refused: ConfigError | None = None
     try:
@@ -289,7 +312,8 @@ def _review_one(where: str, content: bytes | str, options: PolicyOptions, collec
         return
     if text.startswith("\ufeff"):
         text = text[1:]  # a leading byte-order mark is harmless to the agent; elsewhere it is a lookalike
-    findings = scan_lookalikes(text, where) + lint_config(text, source=where, options=options, whole_file=True)
+    findings = scan_lookalikes(text, where) + lint_config(text, source=where, options=options, whole_file=True,
+                                                          budget=budget)
     findings.sort(key=Finding.sort_key)
     lines = text.splitlines()
     errors = [f for f in findings if f.severity is Severity.ERROR]
@@ -297,7 +321,11 @@ def _review_one(where: str, content: bytes | str, options: PolicyOptions, collec
         # lint reports every refusal of the agent's with its own words; this is the safety net if it ever does not
         collected.errors.append(_agent_line(refused, where, data))
     collected.errors += [_finding_line(f, lines) for f in errors]
-    collected.warnings += [_finding_line(f, lines) for f in findings if f.severity is Severity.WARNING]
+    warnings = [f for f in findings if f.severity is Severity.WARNING]
+    # what was not checked goes first: the list shows MAX_LISTED, and this one must never be cut from it
+    unchecked = [f for f in warnings if f.id == "rules-not-checked"]
+    collected.warnings[:0] = [_finding_line(f, lines) for f in unchecked]
+    collected.warnings += [_finding_line(f, lines) for f in warnings if f.id != "rules-not-checked"]
 
 
 def _agent_line(refused: ConfigError | None, where: str, data: bytes) -> str:

@@ -1,22 +1,32 @@
-"""AdmissionReview over HTTPS: an ASGI app on uvicorn (its h11 protocol, the HTTP parser the rest of ipmasq uses too),
-a thin, bounded layer around review.respond.
+"""AdmissionReview over HTTPS: asyncio's server, TLS through ssl's memory BIOs and HTTP/1.1 through h11 (the parser
+the rest of ipmasq uses), a thin, bounded layer around review.respond.
 
-What uvicorn gives: an asyncio server (a slow peer costs a socket and its buffers, not a thread), HTTP/1.1
-keep-alive as the API server uses it, a listen backlog of BACKLOG, reading paused past 64 KiB until the app asks for
-more, and a graceful shutdown that lets the requests in flight finish.
+Each part is a public, documented API (asyncio's Protocol and create_server, ssl.SSLContext.wrap_bio, h11's
+Connection), so what this module bounds it bounds itself, not through another server's private classes: uvicorn's
+public API gives no deadline for a request's head or for a pipelined request, no say over a TLS connection's
+buffers, and no count of connections from their accept.
 
-What this module adds, because a hostile peer on the pod network can reach the port as well as the API server can:
-- a deadline on the whole request, head and body (REQUEST_SECONDS from its first byte, not per read): a peer that
-  trickles a byte every few seconds is cut off then;
-- a connection limit that slow peers cannot exhaust: connections count from their accept, and at MAX_CONNECTIONS a
-  new one closes the oldest that is not waiting for its decision (a TLS handshake that does not come, a slow
-  request, an idle keep-alive), so an ordinary review still gets in; a handshake has HANDSHAKE_SECONDS;
-- the body read whole before a decision slot is taken (a slow upload never holds one), bounded by its
-  Content-Length (MAX_BODY_BYTES at most) and by BODY_BUDGET_BYTES for all bodies held at once;
+What it does, because a hostile peer on the pod network can reach the port as well as the API server can:
+- one deadline for every request, head, body and decision (REQUEST_SECONDS from its first byte, not per read),
+  pipelined or not: a peer that trickles a byte every few seconds is cut off then, and so is a request that waited
+  behind another in the same connection; a handshake has HANDSHAKE_SECONDS from the accept, an idle connection
+  between requests KEEP_ALIVE_SECONDS;
+- a connection limit that slow peers cannot exhaust: connections count from their accept, and at MAX_CONNECTIONS
+  a new one closes one that is not waiting for its decision, the one that got least far (nothing sent, then a
+  handshake under way, then secure but never answered), the oldest of those, so an ordinary review still gets in;
+- TLS records read 16 KiB at a time into the connection's own small buffers (asyncio's TLS keeps 256 KiB per
+  connection until a garbage collection);
+- the body read whole before a decision slot is taken (a slow upload never holds one), bounded by MAX_BODY_BYTES
+  whether framed by Content-Length or chunked (both at once is refused, as RFC 9112 says a server may: a proxy and
+  this server could read two different bodies), and by BODY_BUDGET_BYTES for all bodies held at once;
 - `workers` decisions at once, run in threads off the event loop (a large review does not stall the others' I/O),
-  bodies over 1 MiB one at a time, and a body with more JSON values than a ConfigMap's review has refused before
-  json.loads builds them (MAX_JSON_VALUES);
-- the decision answered first, logged after (a log line that cannot be written never loses the answer).
+  and as many again for small bodies (an ordinary review is a few KiB: reviews of thousands of rules never queue
+  it), bodies over 1 MiB one at a time, and a body with more JSON values than a ConfigMap's review has refused before
+  json.loads builds them (MAX_JSON_VALUES, counted by a linear scan);
+- a decision abandoned when its connection goes (or its deadline passes): one not begun is never begun, one under
+  way stops at the next step of its work budget (ipmasq.policy.budget), and nothing is logged for a peer that left;
+- a decision's log line written, then its answer (a log line that cannot be written is said on stderr, and never
+  loses the answer).
 
 The certificate can be replaced while serving (`use_certificate`): each new TLS handshake takes the context current
 when it begins; key material goes to ssl through an in-memory file only.
@@ -25,11 +35,8 @@ when it begins; key material goes to ssl through an in-memory file only.
 from __future__ import annotations
 
 import asyncio
-import asyncio.sslproto
 import contextlib
-import gc
 import json
-import logging
 import os
 import re
 import resource
@@ -38,15 +45,13 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import h11
-import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ipmasq.errors import IpmasqError, one_line
+from ipmasq.errors import Abandoned, IpmasqError, one_line
 from ipmasq.webhook.review import ReviewError, Verdict
 
 __all__ = ["BACKLOG", "MAX_BODY_BYTES", "MAX_CONNECTIONS", "REQUEST_SECONDS", "VALIDATE_PATH", "WebhookServer",
@@ -60,10 +65,8 @@ MAX_BODY_BYTES = 16 << 20
 BODY_BUDGET_BYTES = 48 << 20
 REQUEST_SECONDS = 10.0  # the whole request from its first byte: the API server gives a review at most 30 s
 HANDSHAKE_SECONDS = 5.0  # a TLS handshake from the connection's accept
-TLS_READ_BYTES = 16 * 1024 + 256  # a TLS record's plaintext at most, and room for its header
-GC_EVERY_CONNECTIONS = 256
+TLS_READ_BYTES = 16 * 1024  # a TLS record's plaintext at most
 KEEP_ALIVE_SECONDS = 30.0  # an idle connection between reviews (the API server keeps them for reuse)
-# asyncio's TLS keeps a 256 KiB buffer per connection: 128 of them are 32 MiB, and the API server keeps a few
 MAX_CONNECTIONS = 128
 BACKLOG = 1024
 MAX_HEAD_BYTES = 64 * 1024
@@ -74,177 +77,370 @@ GRACE_SECONDS = 10.0  # a shutdown waits this long for the requests in flight
 # AdmissionReview of a ConfigMap has a few hundred (an UPDATE of 10,000 keys of data: 80,000); its config is one
 # string.
 MAX_JSON_VALUES = 200_000
-# possessive: the regex engine keeps no backtracking state per escape (a config of 700,000 lines, each ending in \n,
-# cost 94 MiB with the plain form)
-_JSON_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')
+# A string, or one never closed up to the end of the body (broken JSON, refused by json.loads). Taking the unclosed
+# one whole keeps the scan linear: a scan that gave up on it and went on from its next byte would start a string at
+# every escaped quote and read the rest again from there (80 KB of `"\"\"...` cost 21 s). Possessive: the regex
+# engine keeps no backtracking state per escape (a config of 700,000 lines, each ending in \n, cost 94 MiB with the
+# plain form).
+_JSON_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.DOTALL)
 # Bodies over this are decided one at a time (their parse is the memory that counts)
 LARGE_BODY_BYTES = 1 << 20
+# Bodies up to this have decision slots of their own: an ordinary review (a config of a few dozen lines) is a few
+# KiB, and a config that takes its budget to review is usually far larger
+SMALL_BODY_BYTES = 64 * 1024
+LINGER_SECONDS = 2.0  # a closed connection's peer may still send this long (its bytes are dropped unread)
+_WRITE_HIGH_BYTES = 256 * 1024  # answers a peer does not read: past this, its requests are not read either
 
-Respond = Callable[[object], tuple[dict[str, Any], Verdict]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+class Respond(Protocol):
+    def __call__(self, review: object, *, abandoned: threading.Event | None = None,
+                 ) -> tuple[dict[str, Any], Verdict]: ...
 
 
 class ServerError(IpmasqError):
     """The webhook cannot serve (the address is taken, the certificate is unusable)."""
 
 
-class _Config(uvicorn.Config):
-    """uvicorn's settings, and what the connections of one WebhookServer share: the open ones (handshaking or
-    served) and the TLS context of the moment."""
-
-    connections: set[_Gate]
-    tls_context: Callable[[], ssl.SSLContext]
-    ended = 0  # connections ended since the last garbage collection
+_Answer = tuple[int, bytes, str, "str | None"]  # status, payload, content type, the line to log (None: none)
 
 
-class _Gate(asyncio.Protocol):
-    """What uvicorn makes for each accepted connection. It counts the connection from its accept (a TLS handshake
-    that never comes still holds 256 KiB of asyncio's buffers), closes the oldest waiting one when MAX_CONNECTIONS
-    are open, and makes the TLS handshake itself (HANDSHAKE_SECONDS at most, the context current at that moment);
-    then the HTTP protocol takes over the TLS transport."""
+class _Connection(asyncio.Protocol):
+    """One accepted connection: TLS in memory BIOs, h11 for HTTP/1.1, one request at a time, each with its deadline.
 
-    def __init__(self, config: _Config, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self.config = config
-        self.loop = _loop or asyncio.get_event_loop()
-        self.http = _GuardedH11Protocol(config, server_state, app_state, _loop)
-        self.http.gate = self
+    Every callback runs on the event loop; the decision runs in a thread of the server's executor, and learns that
+    its connection is gone through `abandoned`."""
+
+    def __init__(self, server: WebhookServer) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
         self.since = self.loop.time()
+        self.transport: asyncio.Transport | None = None
+        self.incoming = ssl.MemoryBIO()
+        self.outgoing = ssl.MemoryBIO()
+        self.tls: ssl.SSLObject | None = None
         self.handshaking = True
-        self.raw: asyncio.Transport | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.heard = False  # a byte has come
+        self.served = 0  # requests answered: one that has been is an ordinary client, evicted last
+        self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.timer: asyncio.TimerHandle | None = None
+        self.in_request = False  # a request's first byte has come: its deadline runs
+        self.request: h11.Request | None = None
+        self.body: bytearray | None = None  # the body of a review being read
+        self.body_bytes = 0  # of any request, for MAX_BODY_BYTES
+        self.held = 0  # of the server's BODY_BUDGET_BYTES
+        self.decision: asyncio.Task[None] | None = None
+        self.early = 0  # bytes come while a decision is made (a pipelined request)
+        self.abandoned = threading.Event()
+        self.closing = False
+        self.reading = True
+        self.writable = True
+
+    # ---- asyncio's callbacks ----------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        transport.pause_reading()  # nothing is read before TLS takes over the transport
-        self.raw = transport
-        open_now = self.config.connections
-        open_now.add(self)
-        if len(open_now) > MAX_CONNECTIONS:
-            waiting = [gate for gate in open_now if gate is not self and gate.waiting()]
-            if waiting:
-                min(waiting, key=lambda gate: gate.since).cut()
-        self._task = self.loop.create_task(self._handshake(transport))
-
-    async def _handshake(self, transport: asyncio.Transport) -> None:
-        secure = None
+        self.transport = transport
+        transport.set_write_buffer_limits(high=_WRITE_HIGH_BYTES)
+        self.server.admit(self)
         try:
-            secure = await self.loop.start_tls(transport, self.http, self.config.tls_context(), server_side=True,
-                                               ssl_handshake_timeout=HANDSHAKE_SECONDS)
-        except OSError:  # no TLS (a port scan, a plain-text probe), or none in time (TimeoutError is an OSError)
-            pass
-        finally:  # cancelled too (cut to make room)
-            if secure is None or self.http.lost_early:
-                transport.abort()
-                self.done()
-        if secure is not None and not self.http.lost_early:
-            self.handshaking = False
-            self.http.connection_made(secure)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.done()  # gone before its handshake began
+            self.tls = self.server.tls_context().wrap_bio(self.incoming, self.outgoing, server_side=True)
+        except (ServerError, ssl.SSLError):
+            self.abort()
+            return
+        self._arm(HANDSHAKE_SECONDS)
 
     def data_received(self, data: bytes) -> None:
-        pass  # not reached: reading is paused until TLS takes over
-
-    def done(self) -> None:
-        if self not in self.config.connections:
+        if self.closing or self.tls is None:
             return
-        self.config.connections.discard(self)
-        # an ended connection's transport, TLS objects and protocols are a reference cycle of about 45 KiB that only
-        # the cyclic collector frees, and its full passes are rare: a peer opening and dropping connections as fast
-        # as it can grew the process by 45 MiB a thousand. Collected every GC_EVERY_CONNECTIONS (~10 ms each).
-        self.config.ended += 1
-        if self.config.ended >= GC_EVERY_CONNECTIONS:
-            self.config.ended = 0
-            gc.collect()
+        self.heard = True
+        self.incoming.write(data)
+        if self.handshaking:
+            try:
+                self.tls.do_handshake()
+            except ssl.SSLWantReadError:
+                self._flush()
+                return
+            except (ssl.SSLError, OSError):  # not TLS (a port scan, a plain-text probe), or one we do not speak
+                self._flush()  # the alert, for a client that wants to know
+                self.abort()
+                return
+            self.handshaking = False
+            self._arm(KEEP_ALIVE_SECONDS)
+        plain = bytearray()
+        ended = False
+        while True:
+            try:
+                chunk = self.tls.read(TLS_READ_BYTES)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:  # the peer's close_notify
+                ended = True
+                break
+            except (ssl.SSLError, OSError):
+                self.abort()
+                return
+            if not chunk:
+                ended = True
+                break
+            plain += chunk
+        self._flush()  # TLS 1.3 writes its session tickets after the handshake, on the first read
+        if plain:
+            if not self.in_request and self.decision is None:
+                self._begin_request()
+            self.http.receive_data(bytes(plain))
+            if self.decision is not None:
+                self.early += len(plain)
+                if self.early > MAX_HEAD_BYTES:
+                    self._pause()
+        if ended:
+            self.http.receive_data(b"")
+        self._process()
+
+    def eof_received(self) -> bool:
+        if not self.closing and not self.handshaking:
+            self.http.receive_data(b"")
+            self._process()
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.abandoned.set()  # a decision under way stops at its next step; one not begun never begins
+        if self.decision is not None:
+            self.decision.cancel()
+        self._disarm()
+        self._release()
+        self.server.forget(self)
+
+    def pause_writing(self) -> None:
+        self.writable = False
+        self._pause()
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        if self.decision is None:
+            self._resume()
+            self._process()
+
+    # ---- the server's view ------------------------------------------------------------------------------------
+
+    def progress(self) -> int:
+        """How far it has got: 0 nothing received, 1 in its handshake, 2 secure, 3 a request answered."""
+        return 3 if self.served else 2 if not self.handshaking else 1 if self.heard else 0
 
     def waiting(self) -> bool:
-        """Whether it may be closed to make room: still handshaking, reading a request, or idle between them."""
-        return self.handshaking or not self.http.deciding()
+        """Whether it may be closed to make room: handshaking, reading a request, or idle between them."""
+        return self.decision is None
 
-    def cut(self) -> None:
-        self.done()  # at once: the next eviction picks another, whenever this one's transport reports its end
-        if not self.handshaking:
-            self.http.cut()
-            return
-        if self._task is not None:
-            self._task.cancel()
-        if self.raw is not None:
-            self.raw.abort()
+    def evict(self) -> None:
+        self.abort()
 
+    def stop(self) -> None:
+        """A shutdown: a connection between requests is dropped at once, one in a request finishes it."""
+        if not self.in_request and self.decision is None:
+            self.abort()
 
-class _GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline on each whole request.
-
-    asyncio's start_tls may hand it the first bytes of the request, or the connection's end, in the same step as the
-    handshake's, before the gate can call connection_made: those are kept and replayed, or end it before it starts.
-    """
-
-    gate: _Gate
-    _deadline: asyncio.TimerHandle | None = None
-    _early: list[bytes] | None = None
-    lost_early = False
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm()
-        early, self._early = self._early, None
-        for data in early or ():
-            self.data_received(data)
-
-    def data_received(self, data: bytes) -> None:
-        if self.transport is None:  # before connection_made (see the class's docstring)
-            self._early = [*(self._early or ()), data]
-            return
-        if self._deadline is None:
-            self._arm()  # the first byte of the next request on a kept-alive connection
-        super().data_received(data)
-
-    def on_response_complete(self) -> None:
-        self._disarm()
-        super().on_response_complete()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        self.gate.done()
-        if self.transport is None:  # before connection_made (see the class's docstring)
-            self.lost_early = True
-            return
-        super().connection_lost(exc)
-
-    def shutdown(self) -> None:
-        """uvicorn's graceful shutdown; a connection between requests is dropped at once (a TLS close would wait
-        for a peer that may never answer), one in a request finishes it first."""
-        idle = self.cycle is None or self.cycle.response_complete
-        try:
-            super().shutdown()
-        except h11.LocalProtocolError:  # a request cut off half-way: nothing to finish
-            idle = True
-        if idle:
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.closing = True
             self.transport.abort()
 
-    def deciding(self) -> bool:
-        """Whether its request is in whole and waits for (or is in) its decision: never evicted."""
-        cycle = self.cycle
-        return cycle is not None and not cycle.more_body and not cycle.response_complete
+    # ---- HTTP -------------------------------------------------------------------------------------------------
 
-    def _arm(self) -> None:
+    def _process(self) -> None:
+        """Handle h11's events until it needs more bytes, a decision is under way, or the connection ends."""
+        while not self.closing and self.decision is None and self.writable:
+            try:
+                event = self.http.next_event()
+            except h11.RemoteProtocolError as exc:
+                self._refuse(exc.error_status_hint, "a malformed request")
+                return
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                return
+            if isinstance(event, h11.Request):
+                self._start(event)
+            elif isinstance(event, h11.Data):
+                self._take(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                self._complete()
+            elif isinstance(event, h11.ConnectionClosed):
+                self._close()
+                return
+
+    def _start(self, request: h11.Request) -> None:
+        self.request = request
+        self.body = None
+        self.body_bytes = 0
+        headers = {name: value for name, value in request.headers}
+        if b"transfer-encoding" in headers and b"content-length" in headers:
+            self._refuse(400, "a request framed both by Content-Length and chunked")
+            return
+        if (request.method, _path(request.target)) != (b"POST", VALIDATE_PATH.encode()):
+            return  # answered when it is complete
+        length = headers.get(b"content-length")
+        if length is None and b"transfer-encoding" not in headers:
+            self._refuse(411, "a Content-Length is required")
+        elif length is not None and int(length) > MAX_BODY_BYTES:  # h11 has checked it is all digits
+            self._refuse(413, "too large for an AdmissionReview of a ConfigMap")
+        else:
+            self.body = bytearray()  # json.loads reads it as it is: one copy of the body, not chunks and their join
+
+    def _take(self, data: bytes) -> None:
+        self.body_bytes += len(data)
+        if self.body_bytes > MAX_BODY_BYTES:  # a chunked body says its size only as it goes
+            self._refuse(413, "too large for an AdmissionReview of a ConfigMap")
+            return
+        if self.body is None:
+            return  # the body of a request answered 404: counted, not kept
+        if not self.server.hold(len(data)):
+            self._refuse(503, "too many large reviews at once")
+            return
+        self.held += len(data)
+        self.body += data
+
+    def _complete(self) -> None:
+        request = self.request
+        assert request is not None
+        if request.method in (b"GET", b"HEAD") and _path(request.target) in (b"/healthz", b"/readyz"):
+            self._answer(200, b"ok\n", "text/plain")
+        elif self.body is None:
+            self._answer(404, b"not found\n", "text/plain")
+        else:
+            body, self.body = self.body, None
+            # reading goes on, so that a client that leaves is seen leaving (and its decision abandoned); what it
+            # sends meanwhile waits in h11, up to MAX_HEAD_BYTES, then in the kernel
+            self.early = 0
+            self.decision = self.loop.create_task(self._decide(body))
+
+    async def _decide(self, body: bytearray) -> None:
+        started = time.monotonic()
+        try:
+            answer = await self.server.decide(body, started, self.abandoned)
+        except asyncio.CancelledError:
+            return  # the connection went: nobody to answer
+        except Exception as exc:  # a fault of the decision's own: one line, and the client told so
+            self.server.log_line(f"a review could not be decided: {one_line(repr(exc))[:200]}")
+            answer = 500, b"the review could not be decided\n", "text/plain", None
+        finally:
+            del body
+            self._release()
+        self.decision = None
+        if answer is None or self.closing:
+            return
+        status, payload, content_type, logged = answer
+        if logged is not None:
+            self.server.log_line(logged)  # first, so that a client reading the log after its answer finds it
+        self._answer(status, payload, content_type)
+
+    def _answer(self, status: int, payload: bytes, content_type: str, *, close: bool = False) -> None:
+        request = self.request
+        headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(payload)).encode())]
+        if close:
+            headers.append((b"connection", b"close"))
+        try:
+            data = self.http.send(h11.Response(status_code=status, headers=headers))
+            if request is None or request.method != b"HEAD":
+                data += self.http.send(h11.Data(data=payload))
+            data += self.http.send(h11.EndOfMessage())
+        except h11.LocalProtocolError:
+            self.abort()  # nothing more can be said on this connection
+            return
+        self._write(data or b"")
+        self.served += 1
+        if close or self.http.our_state is h11.MUST_CLOSE or self.http.their_state is not h11.DONE:
+            self._close()
+            return
+        self.http.start_next_cycle()
+        self.request = None
+        self.in_request = False
+        self._resume()
+        if self.http.trailing_data[0]:
+            self._begin_request()  # pipelined: its deadline from now, not from whenever more bytes come
+        else:
+            self._arm(KEEP_ALIVE_SECONDS)
+        self.loop.call_soon(self._process)
+
+    def _refuse(self, status: int, why: str) -> None:
+        if self.http.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            self._answer(status, f"{why}\n".encode(), "text/plain", close=True)
+        else:
+            self._close()
+
+    def _begin_request(self) -> None:
+        self.in_request = True
+        self._arm(REQUEST_SECONDS)
+
+    # ---- TLS and the transport ----------------------------------------------------------------------------------
+
+    def _write(self, plain: bytes) -> None:
+        if self.tls is None or self.closing:
+            return
+        try:
+            self.tls.write(plain)
+        except (ssl.SSLError, OSError):
+            self.abort()
+            return
+        self._flush()
+
+    def _flush(self) -> None:
+        data = self.outgoing.read()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _close(self) -> None:
+        """Said and done: TLS's close_notify and the end of what this side writes, then what the peer still sends
+        is read and dropped for LINGER_SECONDS at most. Closed at once, a socket with unread bytes (the rest of a
+        body refused 413) answers them with a reset, and the peer's kernel may drop the answer unread."""
+        if self.closing or self.transport is None:
+            return
+        self.closing = True
+        if self.tls is not None and not self.handshaking:
+            with contextlib.suppress(ssl.SSLError, OSError):
+                self.tls.unwrap()  # writes close_notify; the peer's own is not awaited
+            self._flush()
+        self._resume_for_linger()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._arm(LINGER_SECONDS)  # then _expired aborts; the peer's close ends it sooner
+        else:
+            self.transport.close()
+
+    def _resume_for_linger(self) -> None:
+        if not self.reading and self.transport is not None:
+            self.reading = True
+            self.transport.resume_reading()
+
+    def _pause(self) -> None:
+        if self.reading and self.transport is not None and not self.closing:
+            self.reading = False
+            self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if not self.reading and self.writable and self.transport is not None and not self.closing:
+            self.reading = True
+            self.transport.resume_reading()
+
+    def _arm(self, seconds: float) -> None:
         self._disarm()
-        self._deadline = self.loop.call_later(REQUEST_SECONDS, self.cut)
+        self.timer = self.loop.call_later(seconds, self._expired)
 
     def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
-    def cut(self) -> None:
-        self._deadline = None
-        if not self.transport.is_closing():
-            with contextlib.suppress(h11.LocalProtocolError):
-                self.conn.send(h11.ConnectionClosed())
-            self.transport.close()
+    def _expired(self) -> None:
+        """The handshake, the request or the idle time is over: the connection ends, and its decision with it."""
+        self.timer = None
+        self.abandoned.set()
+        if self.decision is not None:
+            self.decision.cancel()
+            self.decision = None
+        self.abort()
+
+    def _release(self) -> None:
+        if self.held:
+            self.server.release(self.held)
+            self.held = 0
 
 
 class WebhookServer:
@@ -263,13 +459,17 @@ class WebhookServer:
         self.workers = workers
         self.context: ssl.SSLContext | None = None
         self.ready = threading.Event()
-        self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="webhook-decision")
+        self._executor = ThreadPoolExecutor(max_workers=2 * workers, thread_name_prefix="webhook-decision")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stopped = threading.Event()
         # asyncio's primitives bind to the loop that first waits on them (the server's)
         self._decisions = asyncio.Semaphore(workers)
+        self._small_decisions = asyncio.Semaphore(workers)
         self._large = asyncio.Lock()
         self._held_bytes = 0  # request bodies held now (changed on the event loop only)
+        self._connections: dict[_Connection, None] = {}  # open ones, oldest first
 
     # ---- the certificate ------------------------------------------------------------------------------------
 
@@ -285,35 +485,51 @@ class WebhookServer:
         self.context = context
         self.ready.set()
 
-    # ---- serving --------------------------------------------------------------------------------------------
-
-    def serve_forever(self) -> None:
-        # no ssl for uvicorn: each connection's _Gate makes the TLS handshake itself, counted and with a deadline
-        config = _Config(self._app, interface="asgi3", proxy_headers=False, lifespan="off", log_config=None,
-                         access_log=False, http=_Gate, backlog=BACKLOG, timeout_keep_alive=int(KEEP_ALIVE_SECONDS),
-                         timeout_graceful_shutdown=int(GRACE_SECONDS), h11_max_incomplete_event_size=MAX_HEAD_BYTES,
-                         server_header=False, date_header=False)
-        config.connections = set()
-        config.tls_context = self._tls
-        # a hostile peer's garbage is answered 400 by uvicorn; a warning line for each would flood the log
-        logging.getLogger("uvicorn.error").setLevel(logging.ERROR)
-        _raise_file_limit()
-        # asyncio gives each TLS connection a 256 KiB read buffer, kept until a garbage collection breaks the
-        # connection's reference cycle: 2,000 connections opened and closed by a peer left 300 MiB resident. A TLS
-        # record is at most 16 KiB, so a buffer of that size reads as well (this process serves only the webhook).
-        asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BYTES
-        self._server = uvicorn.Server(config)
-        self._server.run(sockets=[self._listener])
-
-    def _tls(self) -> ssl.SSLContext:
+    def tls_context(self) -> ssl.SSLContext:
         if self.context is None:
             raise ServerError("no serving certificate")
         return self.context
 
+    # ---- serving --------------------------------------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        _raise_file_limit()
+        try:
+            asyncio.run(self._serve())
+        finally:
+            self._stopped.set()
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._loop = loop
+        loop.set_exception_handler(self._loop_error)
+        server = await loop.create_server(lambda: _Connection(self), sock=self._listener, backlog=BACKLOG)
+        try:
+            await self._stop.wait()
+        finally:
+            server.close()  # no new connections
+            for connection in list(self._connections):
+                connection.stop()
+            deadline = loop.time() + GRACE_SECONDS
+            while self._connections and loop.time() < deadline:
+                await asyncio.sleep(0.05)  # the requests in flight finish (bounded by GRACE_SECONDS)
+            for connection in list(self._connections):
+                connection.abort()
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """What asyncio would log with a traceback (a callback that raised): one line. The connection concerned is
+        closed by asyncio (a fault in data_received) or by its deadline."""
+        fault = context.get("exception")
+        what = repr(fault) if fault is not None else str(context.get("message"))
+        self.log_line(f"an internal error: {one_line(what)[:200]}")
+
     def shutdown(self) -> None:
         """Stop accepting, finish the requests in flight (GRACE_SECONDS at most), stop."""
-        if self._server is not None:
-            self._server.should_exit = True
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has already ended
+                loop.call_soon_threadsafe(stop.set)
         if self._thread is not None:
             self._thread.join(GRACE_SECONDS + 5)
         self._executor.shutdown(wait=False)
@@ -321,72 +537,68 @@ class WebhookServer:
     def server_close(self) -> None:
         self._listener.close()
 
-    # ---- the app --------------------------------------------------------------------------------------------
+    # ---- what the connections share (on the event loop) ---------------------------------------------------
 
-    async def _app(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+    def admit(self, connection: _Connection) -> None:
+        """Count a connection from its accept; past MAX_CONNECTIONS close one that may be closed: the one that has
+        got least far, the oldest of those. A flood of new connections that say nothing (1,400 a second) then
+        closes its own, not an ordinary client's in its handshake, nor the API server's kept between reviews:
+        evicted by age alone, those failed 10-50% of ordinary reviews."""
+        self._connections[connection] = None
+        if len(self._connections) <= MAX_CONNECTIONS:
             return
-        method, path = scope["method"], scope["path"]
-        if method in ("GET", "HEAD") and path in ("/healthz", "/readyz"):
-            await _send(send, 200, b"ok\n", "text/plain")
-            return
-        if path != VALIDATE_PATH or method != "POST":
-            await _send(send, 404, b"not found\n", "text/plain")
-            return
-        length = dict(scope["headers"]).get(b"content-length", b"")
-        if not length.isdigit():
-            await _send(send, 411, b"a Content-Length is required\n", "text/plain", close=True)
-            return
-        if int(length) > MAX_BODY_BYTES:
-            await _send(send, 413, b"too large for an AdmissionReview of a ConfigMap\n", "text/plain", close=True)
-            return
-        started = time.monotonic()
-        held = 0
+        victim = min((c for c in self._connections if c is not connection and c.waiting()),
+                     key=lambda c: (c.progress(), c.since), default=None)
+        if victim is not None:
+            self.forget(victim)
+            victim.evict()
+
+    def forget(self, connection: _Connection) -> None:
+        self._connections.pop(connection, None)
+
+    def hold(self, size: int) -> bool:
+        if self._held_bytes + size > BODY_BUDGET_BYTES:
+            return False
+        self._held_bytes += size
+        return True
+
+    def release(self, size: int) -> None:
+        self._held_bytes -= size
+
+    async def decide(self, body: bytearray, started: float, abandoned: threading.Event) -> _Answer | None:
+        """The answer to a review's body, from a decision thread once a slot is free; None when it was abandoned."""
+        async with contextlib.AsyncExitStack() as slots:
+            if len(body) > LARGE_BODY_BYTES:
+                await slots.enter_async_context(self._large)
+            small = len(body) <= SMALL_BODY_BYTES
+            await slots.enter_async_context(self._small_decisions if small else self._decisions)
+            if abandoned.is_set():
+                return None
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._executor, self._decide, body, started, abandoned)
+        return None  # not reached (mypy cannot tell the stack suppresses nothing)
+
+    def log_line(self, line: str) -> None:
         try:
-            body = bytearray()  # json.loads reads it as it is: one copy of the body, not chunks and their join
-            while True:  # the whole body before any decision slot: a slow upload holds only its own connection
-                message = await receive()
-                if message["type"] != "http.request":
-                    return  # the peer went away, or its request's deadline cut it off
-                chunk = message.get("body", b"")
-                if self._held_bytes + len(chunk) > BODY_BUDGET_BYTES:
-                    await _send(send, 503, b"too many large reviews at once\n", "text/plain", close=True)
-                    return
-                self._held_bytes += len(chunk)
-                held += len(chunk)
-                body += chunk
-                if not message.get("more_body", False):
-                    break
-            async with contextlib.AsyncExitStack() as slots:
-                if len(body) > LARGE_BODY_BYTES:
-                    await slots.enter_async_context(self._large)
-                await slots.enter_async_context(self._decisions)
-                loop = asyncio.get_running_loop()
-                status, payload, content_type, logged = await loop.run_in_executor(self._executor, self._decide,
-                                                                                   body, started)
-            del body
-            await _send(send, status, payload, content_type)
-        finally:
-            self._held_bytes -= held
-        if logged is not None:
-            try:
-                self.log(logged)
-            except Exception as exc:
-                with contextlib.suppress(Exception):
-                    print(f"ipmasq webhook: a decision's log line failed: {one_line(repr(exc))[:200]}",
-                          file=sys.stderr, flush=True)
+            self.log(line)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                print(f"ipmasq webhook: a decision's log line failed: {one_line(repr(exc))[:200]}",
+                      file=sys.stderr, flush=True)
 
-    def _decide(self, body: bytearray, started: float) -> tuple[int, bytes, str, str | None]:
-        """In a decision thread: the status, the answer, its type, and the line to log (None: none)."""
+    def _decide(self, body: bytearray, started: float, abandoned: threading.Event) -> _Answer | None:
+        """In a decision thread: the answer, or None when its connection went while it was being made."""
         if _json_values(body) >= MAX_JSON_VALUES:
             return 400, b"not an AdmissionReview: more JSON values than a ConfigMap's review has\n", \
                 "text/plain", None
         try:
             review = json.loads(body)
             del body
-            answer, verdict = self.respond(review)
+            answer, verdict = self.respond(review, abandoned=abandoned)
         except (ValueError, RecursionError, ReviewError) as exc:
             return 400, (one_line(f"not an AdmissionReview: {exc}")[:300] + "\n").encode(), "text/plain", None
+        except Abandoned:
+            return None
         payload = json.dumps(answer).encode()
         logged = None
         if verdict.reviewed:
@@ -396,6 +608,11 @@ class WebhookServer:
                 logged = f"{'admitted' if verdict.allowed else 'denied'} a review (its log line failed: " \
                          f"{one_line(repr(exc))[:120]})"
         return 200, payload, "application/json", logged
+
+
+def _path(target: bytes) -> bytes:
+    """A request target without its query: the API server calls /validate?timeout=5s."""
+    return target.split(b"?", 1)[0]
 
 
 def _json_values(body: bytearray) -> int:
@@ -413,14 +630,6 @@ def _json_values(body: bytearray) -> int:
 
 def _separators(body: bytearray, start: int, end: int) -> int:
     return sum(body.count(mark, start, end) for mark in (b",", b":", b"[", b"{"))
-
-
-async def _send(send: Send, status: int, payload: bytes, content_type: str, *, close: bool = False) -> None:
-    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(payload)).encode())]
-    if close:
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
 
 
 def _field(value: object, key: str) -> object:

@@ -156,7 +156,7 @@ def test_the_backlog_takes_a_burst_of_connections_before_any_is_accepted(certifi
 def test_shutdown_finishes_the_review_in_flight(certificate: CertificateSet) -> None:
     entered, release = threading.Event(), threading.Event()
 
-    def slow_respond(review: object) -> tuple[dict[str, Any], Verdict]:
+    def slow_respond(review: object, *, abandoned: threading.Event | None = None) -> tuple[dict[str, Any], Verdict]:
         entered.set()
         release.wait(10)
         return respond(review)
