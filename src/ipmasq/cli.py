@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from importlib import import_module
 from typing import Any, NoReturn
 
-from ipmasq import __version__
 from ipmasq.errors import ConfigError, IpmasqError, UsageError
+from ipmasq.version import VersionAction
 
 __all__ = ["ArgumentParser", "main"]
 
@@ -46,7 +46,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="ipmasq",
         description="Pod SNAT for Kubernetes nodes: a drop-in ip-masq-agent and the tools to see, check and prove it.",
     )
-    parser.add_argument("--version", action="version", version=f"ipmasq {__version__}")
+    parser.add_argument("--version", action=VersionAction)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS if only is None else (only,):
         import_module(f"ipmasq.commands.{name}").register(subparsers)

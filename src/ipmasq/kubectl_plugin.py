@@ -3,6 +3,7 @@
     kubectl ipmasq status [-o json]                    the whole cluster (ipmasq status)
     kubectl ipmasq check NODE [CHECK FLAGS]            `ipmasq check` on that node, as it prints there
     kubectl ipmasq trace NODE DEST --source POD_IP ... `ipmasq trace` on that node
+    kubectl ipmasq uninstall [--dry-run]               ipmasq off every node and out of the API (ipmasq.kube.uninstall)
 
 check and trace run in the node's agent pod (`kubectl exec`: the agent's own config, flags and kernel view). Where
 no ipmasq agent runs on the node (another agent owns it), a short-lived pod on the node's network with the ipmasq
@@ -25,7 +26,8 @@ NAMESPACE = "kube-system"
 AGENT_SELECTOR = "k8s-app=ip-masq-agent"
 USAGE = """usage: kubectl ipmasq status [-o json] [--configmaps NAMES]
        kubectl ipmasq check NODE [--image IMAGE] [ipmasq check flags]
-       kubectl ipmasq trace NODE DEST --source POD_IP [--image IMAGE] [ipmasq trace flags]"""
+       kubectl ipmasq trace NODE DEST --source POD_IP [--image IMAGE] [ipmasq trace flags]
+       kubectl ipmasq uninstall [--dry-run] [--image IMAGE]"""
 
 
 def _kubectl(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
@@ -120,6 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ipmasq.cli import main as ipmasq_main
 
         return ipmasq_main(["status", *rest])
+    if command == "uninstall":
+        from ipmasq.kube.uninstall import main as uninstall_main
+
+        return uninstall_main(rest)
     if command in ("check", "trace"):
         if not rest or rest[0].startswith("-"):
             print(f"kubectl ipmasq {command}: name the node first\n{USAGE}", file=sys.stderr)

@@ -33,6 +33,7 @@ from ipmasq.conntrack import conntrack_flusher
 from ipmasq.errors import ApiError, UsageError
 from ipmasq.kube import credentials as kube_credentials
 from ipmasq.options import PolicyOptions
+from ipmasq.version import VersionAction
 
 if TYPE_CHECKING:  # the API features' modules load only when the API is used (see _api)
     from ipmasq.agent.apireport import ApiReporter
@@ -63,6 +64,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--metrics-address", default=DEFAULT_METRICS_ADDRESS, metavar="HOST:PORT",
                         help="serve /metrics, /healthz and /readyz here (default %(default)s, loopback only: "
                              "`ipmasq health` queries it from an exec probe); empty: no endpoints")
+    parser.add_argument("--prometheus-address", default="", metavar="HOST:PORT",
+                        help="also serve /metrics, and only /metrics, here: for Prometheus to scrape the agent from "
+                             "outside the node (the DaemonSet passes the node's own address, $(HOST_IP):9848); "
+                             "default empty: not served")
     parser.add_argument("--lock-file", metavar="PATH",
                         help="the node lock: only the agent holding it writes rules, another one waits (a rolling "
                              f"update); default {DEFAULT_LOCK_DIRECTORY}/agent-netns-<inode>.lock, one per network "
@@ -92,7 +97,7 @@ def register(subparsers: Any) -> None:
                      help="this agent's pod, named in its status (default: $POD_NAME)")
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                         help="one line per event, as text or JSON (default %(default)s)")
-    parser.add_argument("--version", action="version", version=f"ipmasq {__version__}")
+    parser.add_argument("--version", action=VersionAction)
     # klog flags of existing manifests: accepted, ignored (we log one line per event to stderr)
     parser.add_argument("-v", "--v", help=argparse.SUPPRESS)
     for flag in ("--log_dir", "--stderrthreshold", "--vmodule"):
@@ -119,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     status = AgentStatus(version=__version__, backend="")
     status.settings = agent_settings(args, settings.config_path)
     server = _serve_status(status, args.metrics_address, log)
+    scrape = _serve_status(status, args.prometheus_address, log, metrics_only=True, flag="--prometheus-address")
     signal.signal(signal.SIGTERM, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGINT, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGHUP, lambda *_: wakeup.request_resync())
@@ -137,8 +143,9 @@ def run(args: argparse.Namespace) -> int:
             reporter.narrator.set_backend(backend.name)
         _agent(backend, others, options, settings, runner, log, args, observer, api_config).run(wakeup)
     finally:
-        if server is not None:
-            server.stop()
+        for listener in (server, scrape):
+            if listener is not None:
+                listener.stop()
     return 0
 
 
@@ -197,11 +204,12 @@ def _api(args: argparse.Namespace, log: logging.Logger,
     return api_config, reporter
 
 
-def _serve_status(status: AgentStatus, address: str, log: logging.Logger) -> StatusServer | None:
+def _serve_status(status: AgentStatus, address: str, log: logging.Logger, *, metrics_only: bool = False,
+                  flag: str = "--metrics-address") -> StatusServer | None:
     if not address:
         return None
-    server = StatusServer(status, address)
+    server = StatusServer(status, address, metrics_only=metrics_only, flag=flag)
     server.start(wait_if_in_use=True, log=log)
     if server.serving:
-        log.info("serving /metrics, /healthz and /readyz on %s", address)
+        log.info("serving %s on %s", server.what, address)
     return server
