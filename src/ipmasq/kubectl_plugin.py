@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from ipmasq import __version__
+from ipmasq.version import IMAGE
 
 __all__ = ["main"]
 
@@ -52,7 +52,7 @@ def agent_pod(node: str) -> str | None:
 def _daemonset_image() -> str:
     result = _kubectl("get", "daemonset", "ip-masq-agent", "-n", NAMESPACE, "-o",
                       "jsonpath={.spec.template.spec.containers[0].image}")
-    return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else f"ipmasq/ipmasq:{__version__}"
+    return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else IMAGE
 
 
 def run_on_node(node: str, argv: Sequence[str], image: str | None) -> int:

@@ -21,7 +21,11 @@ from typing import Any
 
 from ipmasq import __version__
 
-__all__ = ["REVISION_FILE", "VersionAction", "revision", "version_line"]
+__all__ = ["IMAGE", "IMAGE_REPOSITORY", "REVISION_FILE", "VersionAction", "revision", "version_line"]
+
+# the image the project publishes (deploy/ installs it; scripts/release-image.sh pushes yours and pins deploy/ to it)
+IMAGE_REPOSITORY = "ghcr.io/ipmasq/ipmasq"
+IMAGE = f"{IMAGE_REPOSITORY}:{__version__}"
 
 REVISION_FILE = Path("share") / "ipmasq" / "revision"  # under sys.prefix: the image's virtual environment
 REVISION_MAX_BYTES = 128  # a commit id and a word; anything longer is not a revision this build wrote

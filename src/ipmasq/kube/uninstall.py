@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ipmasq import __version__
 from ipmasq.errors import ApiError, NotFound, one_line
+from ipmasq.version import IMAGE
 
 __all__ = ["AGENT_SELECTOR", "API_OBJECTS", "DEFAULT_IMAGE", "ApiObject", "NodeOutcome", "Plan", "Report",
            "UninstallApi", "describe", "main", "plan", "uninstall"]
@@ -38,7 +38,7 @@ NAMESPACE = "kube-system"
 DAEMONSET = "ip-masq-agent"
 AGENT_SELECTOR = "k8s-app=ip-masq-agent"
 CONFIGMAP = "ip-masq-agent"  # the user's: never removed
-DEFAULT_IMAGE = f"ghcr.io/ipmasq/ipmasq:{__version__}"  # when the DaemonSet is already gone (--image overrides)
+DEFAULT_IMAGE = IMAGE  # when the DaemonSet is already gone (--image overrides)
 POD_LABEL = {"app.kubernetes.io/name": "ipmasq-uninstall"}
 STATUS_PATH = "/apis/ipmasq.dev/v1alpha1/ipmasqagentstatuses"
 TERMINATION_MESSAGE_BYTES = 4096  # what kubelet keeps of a termination message
@@ -359,22 +359,25 @@ USAGE = "usage: kubectl ipmasq uninstall [--dry-run] [--image IMAGE] [--timeout 
 def main(argv: list[str]) -> int:
     """`kubectl ipmasq uninstall`: no prompt; --dry-run prints what would go and changes nothing. Exit 0 when every
     node's rules and every object are gone, 1 when a node's could not be removed (named), 2 for a usage error."""
-    import argparse
-
+    from ipmasq.cli import ArgumentParser
+    from ipmasq.errors import UsageError
     from ipmasq.kube import credentials
     from ipmasq.kube.client import KubeClient
 
-    parser = argparse.ArgumentParser(prog="kubectl ipmasq uninstall", add_help=True, allow_abbrev=False,
-                                     description="Remove ipmasq from every node (its rules too) and from the API; "
-                                     "the ip-masq-agent ConfigMap is kept.")
+    parser = ArgumentParser(prog="kubectl ipmasq uninstall",
+                            description="Remove ipmasq from every node (its rules too) and from the API; the "
+                            "ip-masq-agent ConfigMap is kept.")
     parser.add_argument("--dry-run", action="store_true", help="print what would be removed, change nothing")
     parser.add_argument("--image", help="the image of the pods that remove the rules (default: the DaemonSet's)")
     parser.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
                         help="how long the agent's pods, then the nodes' uninstall pods, may take (default 180)")
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return 0 if exc.code == 0 else 2
+    except UsageError as exc:
+        print(f"kubectl ipmasq uninstall: {one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help
+        return 0 if exc.code in (0, None) else 2
     if not 0 < args.timeout <= 3600:
         print("kubectl ipmasq uninstall: --timeout must be between 0 and 3600 seconds", file=sys.stderr)
         return 2
