@@ -30,7 +30,7 @@ from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.backends.xtables_lock import xtables_lock_path
 from ipmasq.commands.common import add_backend_flags, add_policy_flags, agent_settings, go_bool, options_from_args
 from ipmasq.conntrack import conntrack_flusher
-from ipmasq.errors import ApiError, UsageError
+from ipmasq.errors import ApiError, IpmasqError, UsageError
 from ipmasq.kube import credentials as kube_credentials
 from ipmasq.options import PolicyOptions
 from ipmasq.version import VersionAction
@@ -209,7 +209,17 @@ def _serve_status(status: AgentStatus, address: str, log: logging.Logger, *, met
     if not address:
         return None
     server = StatusServer(status, address, metrics_only=metrics_only, flag=flag)
-    server.start(wait_if_in_use=True, log=log)
+    try:
+        server.start(wait_if_in_use=True, log=log)
+    except IpmasqError as exc:
+        server.stop()
+        # a malformed HOST:PORT is the operator's to fix (exit 2, as any flag); the status port is the probes'; but
+        # a scrape listener that cannot bind is not worth the node's rules: the agent runs on without it, and
+        # Prometheus says the target is down (IpMasqAgentDown)
+        if not metrics_only or isinstance(exc, UsageError):
+            raise
+        log.error("%s; not serving /metrics for Prometheus", exc)
+        return None
     if server.serving:
         log.info("serving %s on %s", server.what, address)
     return server
