@@ -451,8 +451,13 @@ class Cluster:
         return path
 
     def _wait_api_ready(self) -> None:
-        if not _wait(lambda: self.kubectl("get", "--raw", "/readyz", check=False, timeout=5).returncode == 0, 60,
-                     interval=0.5):
+        def ready() -> bool:
+            try:
+                return self.kubectl("get", "--raw", "/readyz", check=False, timeout=5).returncode == 0
+            except ClusterError:  # no answer within 5 s (a loaded machine, a server still starting): asked again
+                return False
+
+        if not _wait(ready, 60, interval=0.5):
             raise ClusterError(f"the API server is not ready after 60 s (logs: {self.state / 'logs'})")
 
     def stop_api_server(self) -> None:
