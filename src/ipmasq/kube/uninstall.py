@@ -40,6 +40,8 @@ AGENT_SELECTOR = "k8s-app=ip-masq-agent"
 CONFIGMAP = "ip-masq-agent"  # the user's: never removed
 DEFAULT_IMAGE = IMAGE  # when the DaemonSet is already gone (--image overrides)
 POD_LABEL = {"app.kubernetes.io/name": "ipmasq-uninstall"}
+POD_SELECTOR = "app.kubernetes.io/name=ipmasq-uninstall"
+POD_GONE_SECONDS = 60.0
 STATUS_PATH = "/apis/ipmasq.dev/v1alpha1/ipmasqagentstatuses"
 TERMINATION_MESSAGE_BYTES = 4096  # what kubelet keeps of a termination message
 POLL_SECONDS = 0.5
@@ -304,6 +306,8 @@ def _run_on_nodes(api: UninstallApi, p: Plan, timeout: float, clock: Callable[[]
         for pod in created.values():
             with contextlib.suppress(ApiError):  # reported by the node's outcome already, or gone
                 api.delete(f"{pods_path}/{pod}")
+    # gone before the run ends: nothing of the uninstall is left in the API either (kubelet confirms each deletion)
+    _wait_gone(api, clock() + POD_GONE_SECONDS, clock, sleep, pods_path, {"labelSelector": POD_SELECTOR})
     return [outcomes[node] for node in p.nodes]
 
 

@@ -107,6 +107,8 @@ def test_every_node_cleaned_then_every_object_removed_in_order_and_the_configmap
     first_object = cluster.log.index(("delete", API_OBJECTS[1].path))
     last_pod_delete = max(i for i, (verb, p) in enumerate(cluster.log) if verb == "delete" and "uninstall" in p)
     assert first_create < last_pod_delete < first_object  # the rules before the API objects
+    # the uninstall pods waited for until gone (listed after their deletion), before any object is removed
+    assert any(verb == "get" and path == PODS for verb, path in cluster.log[last_pod_delete:first_object])
     order = [p for p in deletes if not p.startswith(PODS)]
     webhook_config = next(p for p in order if "validatingwebhookconfigurations" in p)
     assert order.index(webhook_config) < order.index(next(p for p in order if "deployments/ipmasq-webhook" in p))
