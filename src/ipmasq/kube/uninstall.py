@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -194,7 +195,7 @@ def describe(p: Plan) -> list[str]:
     """The --dry-run's lines: what would be removed, in order."""
     lines = [f"would delete {AGENT_DAEMONSET.label} and wait for its pods to go: "
              + (", ".join(p.agent_pods) if p.agent_pods else "(none running)")]
-    chain = " ".join(p.chain_flags)
+    chain = one_line(" ".join(p.chain_flags))
     lines += [f"would run `ipmasq uninstall{' ' + chain if chain else ''}` on node {one_line(node)} (pod with "
               f"image {one_line(p.image)}): iptables (legacy, nft) IPv4 and IPv6, nftables" for node in p.nodes]
     lines += [f"would delete {one_line(o.label)}" for o in p.objects if o != AGENT_DAEMONSET and o != CRD]
@@ -209,7 +210,8 @@ def _pod(node: str, image: str, chain_flags: tuple[str, ...]) -> dict[str, Any]:
     """The pod that removes the rules on one node: the agent's own privileges and no more, its report written as
     the termination message (read from the pod's status: no log streaming needed)."""
     digest = hashlib.sha256(node.encode()).hexdigest()[:8]
-    command = "ipmasq uninstall " + " ".join(chain_flags) + " >/dev/termination-log 2>&1"
+    # the flags come from the DaemonSet (the API's word): quoted, never read by the shell as anything but words
+    command = " ".join(["ipmasq", "uninstall", *map(shlex.quote, chain_flags)]) + " >/dev/termination-log 2>&1"
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"generateName": f"ipmasq-uninstall-{digest}-", "namespace": NAMESPACE,
@@ -337,8 +339,9 @@ def uninstall(api: UninstallApi, *, image: str | None = None, timeout: float = 1
                     removed.append(f"ipmasqagentstatus/{status}")
         if _delete(api, obj):
             removed.append(obj.label)
-    for label in removed[1:]:
-        say(f"deleted {one_line(label)}")
+    for label in removed:
+        if label != AGENT_DAEMONSET.label:  # said first, above
+            say(f"deleted {one_line(label)}")
     say(f"kept configmap/{NAMESPACE}/{CONFIGMAP} (yours)")
     return Report(tuple(nodes), tuple(removed), clock() - started)
 

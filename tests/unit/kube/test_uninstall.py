@@ -144,6 +144,18 @@ def test_the_pods_run_the_agents_image_chain_and_privileges_on_their_node() -> N
     assert container["securityContext"]["privileged"] is False
 
 
+def test_a_hostile_chain_flag_in_the_daemonset_is_one_word_to_the_shell() -> None:
+    cluster = Cluster({"node-a": (0, "removed: nftables\n")})
+    container = cluster.objects[DS]["spec"]["template"]["spec"]["containers"][0]
+    container["args"] = ["agent", "--masq-chain=X; touch /pwned $(id)"]
+    created: list[dict[str, Any]] = []
+    original = cluster.create
+    cluster.create = lambda path, body: (created.append(body), original(path, body))[1]  # type: ignore[method-assign]
+    _run(cluster)
+    script = created[0]["spec"]["containers"][0]["command"][-1]
+    assert script == "ipmasq uninstall '--masq-chain=X; touch /pwned $(id)' >/dev/termination-log 2>&1"
+
+
 def test_a_node_that_fails_or_never_runs_is_named_and_the_rest_goes_on() -> None:
     cluster = Cluster({"good": (0, "removed: nftables\n"), "broken": (1, "iptables-restore: \x1b[31mlocked\n"),
                        "down": None})
