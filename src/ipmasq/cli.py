@@ -15,8 +15,8 @@ from enum import IntEnum
 from importlib import import_module
 from typing import Any, NoReturn
 
-from ipmasq import __version__
 from ipmasq.errors import ConfigError, InputUnreadable, IpmasqError, UsageError
+from ipmasq.version import VersionAction
 
 __all__ = ["COMMANDS", "EXAMPLES", "ArgumentParser", "Exit", "build_parser", "main"]
 
@@ -110,7 +110,7 @@ def build_parser(only: str | None = None, *, prog: str = "ipmasq") -> argparse.A
         description="Pod SNAT for Kubernetes nodes: a drop-in ip-masq-agent and the tools to see, check and prove it.",
         epilog=EXIT_CODES_HELP,
     )
-    parser.add_argument("--version", action="version", version=f"ipmasq {__version__}")
+    parser.add_argument("--version", action=VersionAction)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS if only is None else (only,):
         import_module(f"ipmasq.commands.{name}").register(subparsers)

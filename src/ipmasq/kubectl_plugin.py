@@ -3,6 +3,7 @@
     kubectl ipmasq status [-o text|json|yaml]           the whole cluster (ipmasq status)
     kubectl ipmasq check NODE [CHECK FLAGS]             `ipmasq check` on that node, as it prints there
     kubectl ipmasq trace NODE DEST --source POD_IP ...  `ipmasq trace` on that node
+    kubectl ipmasq uninstall [--dry-run]                ipmasq off every node and out of the API
 
 Every subcommand takes kubectl's own flags with kubectl's meaning, before or after it: `--kubeconfig PATH`,
 `--context NAME` and `-n/--namespace NS`, the namespace the agent lives in. That is kube-system unless -n says
@@ -27,9 +28,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ipmasq import __version__
 from ipmasq.cli import Exit, did_you_mean
 from ipmasq.errors import IpmasqError, UsageError, clip, one_line
+from ipmasq.version import IMAGE
 
 __all__ = ["DEFAULT_NAMESPACE", "SUBCOMMANDS", "KubectlFlags", "Subcommand", "main", "split_kubectl_flags"]
 
@@ -125,7 +126,7 @@ def agent_pod(flags: KubectlFlags, node: str) -> str | None:
 def _daemonset_image(flags: KubectlFlags) -> str:
     result = _kubectl(flags, "get", "daemonset", "ip-masq-agent", "-o",
                       "jsonpath={.spec.template.spec.containers[0].image}")
-    return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else f"ipmasq/ipmasq:{__version__}"
+    return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else IMAGE
 
 
 def run_on_node(flags: KubectlFlags, node: str, argv: Sequence[str]) -> int:
@@ -186,6 +187,12 @@ def _status(flags: KubectlFlags, args: list[str]) -> int:
     return ipmasq_main(["status", *passed, f"--namespace={flags.namespace}", *args], prog=PROG)
 
 
+def _uninstall(flags: KubectlFlags, args: list[str]) -> int:
+    from ipmasq.kube.uninstall import main as uninstall_main
+
+    return uninstall_main(args, kubeconfig=flags.kubeconfig, context=flags.context, image=flags.image)
+
+
 def _on_node(command: str) -> Callable[[KubectlFlags, list[str]], int]:
     def run(flags: KubectlFlags, args: list[str]) -> int:
         if not args or args[0].startswith("-"):
@@ -226,6 +233,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                         "ipmasq check on the node, in its agent pod (else a short-lived pod)", _on_node("check")),
     "trace": Subcommand("trace NODE DEST --source POD_IP [--image IMAGE] [ipmasq trace flags]",
                         "ipmasq trace on the node, in its agent pod (else a short-lived pod)", _on_node("trace")),
+    "uninstall": Subcommand("uninstall [--dry-run] [--timeout SECONDS] [--image IMAGE]",
+                            "ipmasq off every node (its rules too) and out of the API; the ConfigMap is kept",
+                            _uninstall),
 }
 
 
@@ -268,11 +278,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if sub is None:
             raise UsageError(f"unknown command {one_line(clip(command))!r}{did_you_mean(command, list(SUBCOMMANDS))} "
                              f"(commands: {', '.join(SUBCOMMANDS)})")
-        if command != "status" and ("-h" in rest or "--help" in rest):
+        if command in ("check", "trace") and ("-h" in rest or "--help" in rest):
             print(_node_help(command))
             return Exit.OK
         if command == "status" and flags.image is not None:
-            raise UsageError("--image is for check and trace")
+            raise UsageError("--image is for check, trace and uninstall")
         return sub.run(flags, rest)
     except UsageError as exc:
         print(f"{who}: {one_line(str(exc))}", file=sys.stderr)

@@ -1,7 +1,13 @@
-"""The fleet's alert rules, defined once: a plain Prometheus rules file and a PrometheusRule are generated from here.
+"""The fleet's monitoring, defined once: the alert rules (a plain Prometheus rules file and a PrometheusRule), the
+PodMonitor and the plain Prometheus scrape job that find every agent, and the Grafana dashboard are generated here.
 
-    python -m ipmasq.monitoring [DIR]      writes DIR/ip-masq-agent.rules.yaml and DIR/prometheusrule.yaml
+    python -m ipmasq.monitoring [DIR]      writes DIR/ip-masq-agent.rules.yaml, DIR/prometheusrule.yaml,
+                                           DIR/podmonitor.yaml and DIR/ipmasq-dashboard.json
                                            (default deploy/monitoring)
+
+Every agent serves /metrics alone on its node's address, port `metrics` (the DaemonSet's --prometheus-address):
+the PodMonitor and the scrape job keep exactly the agent's pods' `metrics` port, found by Kubernetes service
+discovery (role pod), and name the job `ip-masq-agent` (what the alerts select) and the node (label `node`).
 
 Each alert names the `ipmasq` command that diagnoses it (annotation `runbook`). The `for:` durations are those of a
 production fleet; the lab loads the same group with every duration shortened (`rule_group(for_override=...)`).
@@ -11,6 +17,7 @@ where it helps to name the node, `instance` otherwise.
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +25,14 @@ from typing import Any
 
 import yaml
 
-__all__ = ["ALERTS", "GROUP", "JOB", "Alert", "prometheus_rule", "rule_group", "rules_file", "write"]
+__all__ = ["ALERTS", "DASHBOARD_PANELS", "GROUP", "JOB", "METRICS_PORT", "Alert", "Panel", "dashboard", "pod_monitor",
+           "prometheus_rule", "rule_group", "rules_file", "scrape_config", "write"]
 
 JOB = "ip-masq-agent"
 GROUP = "ip-masq-agent"
+METRICS_PORT = "metrics"  # the agent container's named port (deploy/base/daemonset.yaml)
+AGENT_LABEL = ("k8s-app", "ip-masq-agent")  # the pods' label (the DaemonSet's selector)
+NAMESPACE = "kube-system"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +122,124 @@ ALERTS: tuple[Alert, ...] = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Panel:
+    """One time-series panel of the dashboard: its queries (PromQL, legend) use only what the agent serves."""
+
+    title: str
+    unit: str
+    queries: tuple[tuple[str, str], ...]
+    description: str
+
+
+_NODE = '{job="' + JOB + '", node=~"$node"}'
+DASHBOARD_PANELS: tuple[Panel, ...] = (
+    Panel("Agents scraped / ready", "short", (
+        ('count(up' + _NODE + ' == 1)', "scraped"), ('sum(ipmasq_ready' + _NODE + ')', "ready"),
+        ('count(ipmasq_config_valid' + _NODE + ' == 0)', "refusing their config")),
+          "Agents Prometheus reaches, those whose kernel matches their config, and those refusing a bad config."),
+    Panel("Configs enforced across the fleet", "short", (
+        ('count by (config_hash) (ipmasq_enforced_config_info' + _NODE + ')', "{{config_hash}}"),),
+          "Nodes per enforced config hash: more than one line for longer than a rollout is "
+          "IpMasqAgentConfigDivergence."),
+    Panel("Reconcile passes by result", "ops", (
+        ('sum by (result) (rate(ipmasq_syncs_total' + _NODE + '[5m]))', "{{result}}"),),
+          "Passes per second: in-sync when idle, applied after a change or a repair, failed when a tool refused."),
+    Panel("Pass duration (p50, p99)", "s", (
+        ('histogram_quantile(0.5, sum by (le) (rate(ipmasq_sync_duration_seconds_bucket' + _NODE + '[5m])))', "p50"),
+        ('histogram_quantile(0.99, sum by (le) (rate(ipmasq_sync_duration_seconds_bucket' + _NODE + '[5m])))',
+         "p99")),
+          "How long one reconcile pass takes, over every selected node."),
+    Panel("Drift repairs and config errors", "short", (
+        ('sum by (node) (increase(ipmasq_drift_repairs_total' + _NODE + '[15m]))', "repairs {{node}}"),
+        ('sum by (node) (increase(ipmasq_config_load_errors_total' + _NODE + '[15m]))', "config errors {{node}}")),
+          "Something rewriting the nat rules, and config changes refused, per node over 15 minutes."),
+    Panel("Seconds since the last verified pass", "s", (
+        ('ipmasq_seconds_since_last_successful_sync' + _NODE, "{{node}}"),),
+          "Grows past the resync interval when the agent cannot verify the kernel's rules."),
+    Panel("Foreign masquerade rules", "short", (
+        ('ipmasq_foreign_masquerade_rules' + _NODE, "{{node}}"),),
+          "NAT rules not written by the agent that masquerade or SNAT: they may override the config."),
+    Panel("Rules and set elements written", "short", (
+        ('sum by (node, family) (ipmasq_rules' + _NODE + ')', "rules {{node}} {{family}}"),
+        ('sum by (node, family) (ipmasq_set_elements' + _NODE + ')', "set elements {{node}} {{family}}")),
+          "What the agent holds in the kernel per node and family."),
+    Panel("Packets per config rule", "pps", (
+        ('sum by (rule) (rate(ipmasq_rule_packets_total' + _NODE + '[5m]))', "{{rule}}"),),
+          "Traffic through each rule of the config's rules: section, over every selected node."),
+    Panel("Agent memory", "bytes", (
+        ('process_resident_memory_bytes' + _NODE, "RSS {{node}}"),),
+          "The agent process's resident memory (the DaemonSet's request and limit are sized in docs/measurements.md)."),
+)
+
+
+def dashboard() -> dict[str, Any]:
+    """The Grafana dashboard (JSON model, schema 39): one template variable per data source and node."""
+    panels = []
+    for index, panel in enumerate(DASHBOARD_PANELS):
+        panels.append({
+            "id": index + 1, "type": "timeseries", "title": panel.title, "description": panel.description,
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "gridPos": {"h": 8, "w": 12, "x": 12 * (index % 2), "y": 8 * (index // 2)},
+            "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+            "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+            "targets": [{"refId": chr(ord("A") + i), "expr": expr, "legendFormat": legend,
+                         "datasource": {"type": "prometheus", "uid": "${datasource}"}}
+                        for i, (expr, legend) in enumerate(panel.queries)],
+        })
+    return {
+        "title": "ipmasq", "uid": "ipmasq-agents", "tags": ["ipmasq", "kubernetes"], "editable": True,
+        "schemaVersion": 39, "time": {"from": "now-6h", "to": "now"}, "refresh": "1m",
+        "templating": {"list": [
+            {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Data source"},
+            {"name": "node", "type": "query", "label": "Node", "includeAll": True, "multi": True,
+             "allValue": ".*", "refresh": 2, "datasource": {"type": "prometheus", "uid": "${datasource}"},
+             "query": {"query": 'label_values(ipmasq_build_info{job="' + JOB + '"}, node)', "refId": "nodes"},
+             "definition": 'label_values(ipmasq_build_info{job="' + JOB + '"}, node)'},
+        ]},
+        "panels": panels,
+    }
+
+
+# the node's name as the label `node` (what the dashboard and the alerts' descriptions name it by)
+NODE_SOURCE, NODE_LABEL = "__meta_kubernetes_pod_node_name", "node"
+
+
+def pod_monitor() -> dict[str, Any]:
+    """The Prometheus Operator's PodMonitor: every agent pod's `metrics` port, job `ip-masq-agent`."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": "ip-masq-agent", "namespace": NAMESPACE,
+                     "labels": {"app.kubernetes.io/name": "ipmasq"}},
+        "spec": {
+            "jobLabel": AGENT_LABEL[0],  # the pods' k8s-app label's value, ip-masq-agent, names the job
+            "selector": {"matchLabels": {AGENT_LABEL[0]: AGENT_LABEL[1]}},
+            "namespaceSelector": {"matchNames": [NAMESPACE]},
+            "podMetricsEndpoints": [{"port": METRICS_PORT, "path": "/metrics", "interval": "30s",
+                                     "relabelings": [{"sourceLabels": [NODE_SOURCE], "targetLabel": NODE_LABEL}]}],
+        },
+    }
+
+
+def scrape_config() -> dict[str, Any]:
+    """A plain Prometheus' scrape job (prometheus.yml `scrape_configs:`), found by Kubernetes service discovery:
+    pods in kube-system, the agent's label, its `metrics` port kept, every other pod and port dropped."""
+    return {
+        "job_name": JOB,
+        "scrape_interval": "30s",
+        "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [NAMESPACE]},
+                                   "selectors": [{"role": "pod", "label": "=".join(AGENT_LABEL)}]}],
+        "relabel_configs": [
+            {"source_labels": ["__meta_kubernetes_pod_label_" + AGENT_LABEL[0].replace("-", "_"),
+                               "__meta_kubernetes_pod_container_port_name"],
+             "regex": f"{AGENT_LABEL[1]};{METRICS_PORT}", "action": "keep"},
+            {"source_labels": [NODE_SOURCE], "target_label": NODE_LABEL},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        ],
+    }
+
+
 def rule_group(*, for_override: str | None = None) -> dict[str, Any]:
     """The alert group as Prometheus loads it; `for_override` replaces every `for:` (the lab's short durations)."""
     rules = []
@@ -147,10 +276,17 @@ def _dump(document: dict[str, Any]) -> str:
     return _HEADER + yaml.safe_dump(document, sort_keys=False, width=120, allow_unicode=True)
 
 
+def generated() -> dict[str, str]:
+    """deploy/monitoring's generated files, by name, as their text."""
+    return {"ip-masq-agent.rules.yaml": rules_file(), "prometheusrule.yaml": prometheus_rule(),
+            "podmonitor.yaml": _dump(pod_monitor()),
+            "ipmasq-dashboard.json": json.dumps(dashboard(), indent=2) + "\n"}
+
+
 def write(directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in (("ip-masq-agent.rules.yaml", rules_file()), ("prometheusrule.yaml", prometheus_rule())):
+    for name, text in generated().items():
         path = directory / name
         path.write_text(text)
         written.append(path)

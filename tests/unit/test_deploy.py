@@ -17,6 +17,7 @@ import pytest
 import yaml
 from hypothesis import strategies as st
 
+from ipmasq import __version__
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.config.validate import KNOWN_KEYS
 from ipmasq.lint.manifest import AGENT_CONFIGMAP, AGENT_NAMESPACE
@@ -26,11 +27,13 @@ from tests.conftest import ROOT
 from tests.hostile.admission import configmap
 
 DEPLOY = ROOT / "deploy"
+# what deploy/ installs: the release's tag (ipmasq.__version__) in a registry the project names
+RELEASED_IMAGE = f"ghcr.io/ipmasq/ipmasq:{__version__}"
 # The supported Kubernetes minors, oldest to newest (the README's install section names the same window): every
 # document of deploy/ is validated strictly against the schemas of each.
 SUPPORTED_MINORS = ("1.33", "1.34", "1.35", "1.36", "1.37")
 # The Prometheus Operator's kinds (deploy/monitoring): no Kubernetes schema covers them, the operator's CRDs do.
-PROMETHEUS_OPERATOR_KINDS = {"PrometheusRule"}
+PROMETHEUS_OPERATOR_KINDS = {"PodMonitor", "PrometheusRule"}
 
 
 def kustomize(path: Path) -> list[dict[str, Any]]:
@@ -167,7 +170,7 @@ def test_daemonset_is_least_privilege_and_drop_in() -> None:
     assert volumes["xtables-lock"]["hostPath"] == {"path": "/run/xtables.lock", "type": "FileOrCreate"}
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["config"] == "/etc/config" and mounts["xtables-lock"] == "/run/xtables.lock"
-    assert container["image"] == "ipmasq/ipmasq:0.1.0"
+    assert container["image"] == RELEASED_IMAGE
 
 
 def test_agents_of_one_node_share_the_node_lock_directory() -> None:
@@ -200,15 +203,17 @@ def test_example_configmaps_are_valid_and_load(example: Path) -> None:
 
 def test_image_install_script_installs_a_working_command(tmp_path: Path) -> None:
     prefix = tmp_path / "image-prefix"
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "install-image.sh"), str(ROOT), str(prefix)],
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "install-image.sh"), str(ROOT), str(prefix),
+                             "0123456789abcdef0123456789abcdef01234567"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "ipmasq 0.1.0" in result.stdout
+    # the release, and the commit the image was built from (the Dockerfile's REVISION), as the image prints them
+    assert f"ipmasq {__version__} (commit 0123456789abcdef0123456789abcdef01234567)" in result.stdout
     render = subprocess.run([str(prefix / "bin" / "ipmasq"), "render", "--masq-chain=IP-MASQ"], capture_output=True,
                             text=True, check=True)
     assert render.stdout.startswith("*nat\n:IP-MASQ - [0:0]\n")
     dockerfile = (ROOT / "Dockerfile").read_text()
-    assert "RUN /src/scripts/install-image.sh /src /opt/ipmasq" in dockerfile
+    assert 'RUN /src/scripts/install-image.sh /src /opt/ipmasq "$REVISION"' in dockerfile
     assert not (prefix / "bin" / "pip").exists()  # the runtime stage copies the environment without pip
 
 
@@ -249,7 +254,7 @@ def test_the_webhook_kustomization_is_narrow_failing_open_and_least_privilege() 
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True and "hostNetwork" not in pod
     (container,) = pod["containers"]
-    assert container["args"][0] == "webhook" and container["image"] == "ipmasq/ipmasq:0.1.0"
+    assert container["args"][0] == "webhook" and container["image"] == RELEASED_IMAGE
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert by_kind["Role"]["rules"][0] == {"apiGroups": [""], "resources": ["secrets"],

@@ -135,7 +135,7 @@ def test_a_failing_kubectl_is_one_line_and_could_not_run(tmp_path: Path) -> None
     assert done.returncode == 3, done.stderr
     lines = done.stderr.splitlines()
     assert re.fullmatch(r"kubectl ipmasq: no ipmasq agent on node-1: running in pod "
-                        r"kube-system/ipmasq-debug-\d+-[0-9a-f]{6} \(ipmasq/ipmasq:.*\)", lines[0]), lines
+                        r"kube-system/ipmasq-debug-\d+-[0-9a-f]{6} \(\S*ipmasq/ipmasq:.*\)", lines[0]), lines
     assert lines[1:] == ["kubectl ipmasq trace: kubectl exited 1"]
 
 
@@ -182,3 +182,19 @@ def test_the_krew_archives_launcher_runs_the_plugin(tmp_path: Path) -> None:
     done = subprocess.run([str(launcher), "--help"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "IPMASQ_PYTHON": sys.executable, "PYTHONPATH": str(ROOT / "src")})
     assert done.returncode == 0 and done.stdout.startswith("usage: kubectl ipmasq COMMAND"), done
+
+
+def test_uninstall_is_handed_to_the_fleet_uninstall(capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main(["uninstall", "--help"]) == 0
+    assert "--dry-run" in capsys.readouterr().out
+    for flags in (["--timeout", "-1"], ["--no-such-flag"], ["--timeout", "x"]):
+        assert main(["uninstall", *flags]) == 2
+        usage = capsys.readouterr().err.strip()
+        assert usage.startswith("kubectl ipmasq uninstall: ") and "\n" not in usage, usage
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")  # no cluster: one line, could not run, no traceback
+    assert main(["uninstall", "--dry-run"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kubectl ipmasq uninstall: ") and "\n" not in err
+    assert main(["uninstall", "--dry-run", "--kubeconfig", "/nonexistent/other"]) == 3  # kubectl's flag, honoured
+    assert "/nonexistent/other" in capsys.readouterr().err

@@ -3,6 +3,7 @@ firing with `promtool test rules` (Debian's prometheus package) on series shaped
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -12,12 +13,17 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
-from ipmasq.monitoring import ALERTS, prometheus_rule, rules_file
+from ipmasq.agent import exposition
+from ipmasq.agent.metrics import DURATION_BUCKETS, Snapshot, metric_families, process_metric_families
+from ipmasq.agent.reconcile import RuleCount
+from ipmasq.monitoring import ALERTS, DASHBOARD_PANELS, JOB, dashboard, generated, scrape_config
+from ipmasq.policy.prefix import Family
 from tests.conftest import ROOT
 
 MONITORING = ROOT / "deploy" / "monitoring"
-JOB = 'job="ip-masq-agent"'
+JOB_MATCHER = f'job="{JOB}"'
 
 
 def _promtool() -> str:
@@ -30,8 +36,73 @@ def _promtool() -> str:
 
 
 def test_generated_files_are_up_to_date() -> None:
-    assert (MONITORING / "ip-masq-agent.rules.yaml").read_text() == rules_file()
-    assert (MONITORING / "prometheusrule.yaml").read_text() == prometheus_rule()
+    for name, text in generated().items():
+        assert (MONITORING / name).read_text() == text, f"{name}: run python -m ipmasq.monitoring"
+
+
+def _served_metric_names() -> set[str]:
+    """Every series name the agent's /metrics can hold: a snapshot with every optional family present."""
+    snapshot = Snapshot(
+        version="test", backend="nftables", syncs={"applied": 1, "in-sync": 2, "failed": 0, "no-policy": 0},
+        duration_buckets=(1,) * (len(DURATION_BUCKETS) + 1), duration_sum=0.1, config_load_errors=0,
+        config_reloads=1, drift_repairs=0, loop_errors=0, seconds_since_last_success=1.0, last_success_unix=1.0,
+        rules={4: 3, 6: 3}, set_elements={4: 10, 6: 2}, ready=True, config_valid=True,
+        enforced_config_hash="0123456789abcdef", resync_interval=60.0, foreign_masquerade_rules=0,
+        rule_counters=(RuleCount("partner", Family.V4, 5, 500),))
+    text = exposition.render([*metric_families(snapshot), *process_metric_families()]).decode()
+    return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+# PromQL's words that are not metric names: functions, aggregations, keywords
+_PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+                 "offset", "sum", "count", "min", "max", "avg", "rate", "increase", "irate", "histogram_quantile",
+                 "absent", "time", "label_values", "topk", "bottomk", "quantile", "stddev", "delta", "deriv"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: its identifiers outside label matchers, grouping lists,
+    strings and ranges, that are not a function or keyword."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings (label values, legends)
+    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)  # ranges
+    text = re.sub(r"label_values\(([^,]*),\s*\w+\)", r"\1", text)  # Grafana's: its second word is a label
+    words = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", text))
+    return {w for w in words if w not in _PROMQL_WORDS and not re.fullmatch(r"\d+[smhdwy]?|e", w)}
+
+
+def test_metric_names_reads_promql_as_prometheus_would() -> None:
+    assert metric_names('sum by (result) (rate(ipmasq_syncs_total{job="x", node=~"$node"}[5m]))') == \
+        {"ipmasq_syncs_total"}
+    assert metric_names("count(count by (config_hash) (a{x=\"y\"})) > 1 and on (instance) b == 0") == {"a", "b"}
+    assert metric_names('histogram_quantile(0.99, sum by (le) (rate(h_bucket[5m])))') == {"h_bucket"}
+    assert metric_names('label_values(ipmasq_build_info{job="x"}, node)') == {"ipmasq_build_info"}
+
+
+def test_every_dashboard_query_uses_metrics_the_agent_serves() -> None:
+    served = _served_metric_names() | {"up"}  # up: Prometheus' own, one per target
+    model = json.loads((MONITORING / "ipmasq-dashboard.json").read_text())
+    queries = [t["expr"] for panel in model["panels"] for t in panel["targets"]]
+    queries += [v["definition"] for v in model["templating"]["list"] if "definition" in v]
+    assert len(queries) >= sum(len(p.queries) for p in DASHBOARD_PANELS) and queries
+    for query in queries:
+        names = metric_names(query)
+        assert names, query
+        assert names <= served, f"{query}: {sorted(names - served)} not served by the agent"
+    for alert in ALERTS:  # the alerts too
+        assert metric_names(alert.expr) <= served, alert.name
+    assert model == dashboard()
+
+
+def test_the_documented_scrape_job_is_the_one_the_lab_runs() -> None:
+    """Debian's promtool cannot check it (its build leaves Kubernetes discovery out): the lab's Prometheus, built
+    from its Go module, loads exactly this job against a real API server (test_day_two.py)."""
+    job = scrape_config()
+    assert job["job_name"] == JOB and job["kubernetes_sd_configs"][0]["role"] == "pod"
+    keep = [r for r in job["relabel_configs"] if r.get("action") == "keep"]
+    assert keep and keep[0]["regex"].endswith(";metrics")
+    docs = (ROOT / "docs" / "operations" / "monitoring.md").read_text()
+    assert yaml.safe_dump([job], sort_keys=False).strip() in docs  # the page shows exactly this job
 
 
 def test_every_alert_has_a_runbook_naming_an_ipmasq_or_kubectl_command() -> None:
@@ -51,7 +122,7 @@ def test_promtool_checks_the_rules_and_the_prometheusrule(tmp_path: Path) -> Non
 
 
 def _node(name: str) -> str:
-    return f'instance="{name}:9847",{JOB}'
+    return f'instance="{name}:9847",{JOB_MATCHER}'
 
 
 # Each case: input series, then (time, alert, the instances expected firing, extra labels, $value) checks, both

@@ -11,6 +11,10 @@ kubelet's probes are exec probes (`ipmasq health`) run inside the pod, which sha
                JSON (`ipmasq check` run in the agent's container, by kubectl exec, compares with these)
 
 Bodies are one line, the reason, so `ipmasq health` can print it as is.
+
+A second listener (--prometheus-address, the DaemonSet gives it the node's own address) serves /metrics alone, for
+Prometheus to scrape from outside the node, as Cilium's agent serves its own: what a scraper may reach is the
+metrics, never /settings or the probes' endpoints, which stay on loopback.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from ipmasq.errors import IpmasqError
 
 # the client side lives in ipmasq.agent.client, so `ipmasq health` (an exec probe, every few seconds, in the agent's
 # container) does not import the agent; it is re-exported here
-__all__ = ["DEFAULT_METRICS_ADDRESS", "StatusServer", "parse_listen_address", "query", "respond"]
+__all__ = ["DEFAULT_METRICS_ADDRESS", "StatusServer", "parse_listen_address", "query", "respond",
+           "respond_metrics_only"]
 
 # A port in use (the agent being replaced still serves it during a rolling update) is tried again this often.
 BIND_RETRY_SECONDS = 1.0
@@ -51,6 +56,13 @@ def respond(status: AgentStatus, path: str) -> Response:
     return Response(404, b"not found: try /metrics, /healthz, /readyz or /settings\n")
 
 
+def respond_metrics_only(status: AgentStatus, path: str) -> Response:
+    """The scrape listener's answers: /metrics, and nothing else (not even whether another path exists)."""
+    if path == "/metrics":
+        return respond(status, path)
+    return Response(404, b"not found: only /metrics is served here\n")
+
+
 def _check(check: Verdict) -> Response:
     return Response(200 if check.ok else 503, check.why.encode() + b"\n")
 
@@ -62,9 +74,13 @@ class StatusServer:
     node) is not fatal: the thread tries again every BIND_RETRY_SECONDS until it binds or the server is stopped.
     """
 
-    def __init__(self, status: AgentStatus, address: str) -> None:
+    def __init__(self, status: AgentStatus, address: str, *, metrics_only: bool = False,
+                 flag: str = "--metrics-address") -> None:
         self.status = status
         self.address = address
+        self.metrics_only = metrics_only
+        self.flag = flag  # named in what the agent logs about this listener
+        self.what = "/metrics" if metrics_only else "/metrics, /healthz and /readyz"
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
@@ -77,11 +93,11 @@ class StatusServer:
             server = self._bind()
         except OSError as exc:
             if not (wait_if_in_use and exc.errno == errno.EADDRINUSE):
-                raise IpmasqError(f"cannot listen on {self.address} (--metrics-address): "
+                raise IpmasqError(f"cannot listen on {self.address} ({self.flag}): "
                                   f"{exc.strerror or exc}") from None
             if log is not None:
-                log.warning("cannot listen on %s (--metrics-address): %s (another agent during an update?); "
-                            "trying again every %gs", self.address, exc.strerror or exc, BIND_RETRY_SECONDS)
+                log.warning("cannot listen on %s (%s): %s (another agent during an update?); trying again every %gs",
+                            self.address, self.flag, exc.strerror or exc, BIND_RETRY_SECONDS)
             self._thread = threading.Thread(target=self._bind_later, args=(log,), name="ipmasq-status", daemon=True)
             self._thread.start()
             return
@@ -97,14 +113,15 @@ class StatusServer:
                 continue
             self._listener = server
             if log is not None:
-                log.info("serving /metrics, /healthz and /readyz on %s", self.address)
+                log.info("serving %s on %s", self.what, self.address)
             self._serve(server)
             return
 
     def _serve(self, listener: socket.socket) -> None:
         # poll() sleeps until a client or the wake pipe: an idle agent does not wake for its endpoints at all, and
         # stop() (SIGTERM) ends the thread at once
-        Responder(listener, lambda path: respond(self.status, path), self._wake_r).run()
+        answer = respond_metrics_only if self.metrics_only else respond
+        Responder(listener, lambda path: answer(self.status, path), self._wake_r).run()
 
     @property
     def port(self) -> int:

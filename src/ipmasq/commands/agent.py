@@ -31,10 +31,11 @@ from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.backends.xtables_lock import xtables_lock_path
 from ipmasq.commands.common import add_backend_flags, add_policy_flags, agent_settings, go_bool, options_from_args
 from ipmasq.conntrack import conntrack_flusher
-from ipmasq.errors import ApiError, UsageError
+from ipmasq.errors import ApiError, IpmasqError, UsageError
 from ipmasq.kube import credentials as kube_credentials
 from ipmasq.kube import kubeconfig
 from ipmasq.options import PolicyOptions
+from ipmasq.version import VersionAction
 
 if TYPE_CHECKING:  # the API features' modules load only when the API is used (see _api)
     from ipmasq.agent.apireport import ApiReporter
@@ -74,6 +75,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--metrics-address", default=DEFAULT_METRICS_ADDRESS, metavar="HOST:PORT",
                         help="serve /metrics, /healthz and /readyz here (default %(default)s, loopback only: "
                              "`ipmasq health` queries it from an exec probe); empty: no endpoints")
+    parser.add_argument("--prometheus-address", default="", metavar="HOST:PORT",
+                        help="also serve /metrics, and only /metrics, here: for Prometheus to scrape the agent from "
+                             "outside the node (the DaemonSet passes the node's own address, $(HOST_IP):9848); "
+                             "default empty: not served")
     parser.add_argument("--lock-file", metavar="PATH",
                         help="the node lock: only the agent holding it writes rules, another one waits (a rolling "
                              f"update); default {DEFAULT_LOCK_DIRECTORY}/agent-netns-<inode>.lock, one per network "
@@ -103,7 +108,7 @@ def register(subparsers: Any) -> None:
                      help="this agent's pod, named in its status (default: $POD_NAME)")
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                         help="one line per event, as text or JSON (default %(default)s)")
-    parser.add_argument("--version", action="version", version=f"ipmasq {__version__}")
+    parser.add_argument("--version", action=VersionAction)
     # klog flags of existing manifests: accepted, ignored (we log one line per event to stderr)
     parser.add_argument("-v", "--v", help=argparse.SUPPRESS)
     for flag in ("--log_dir", "--stderrthreshold", "--vmodule"):
@@ -150,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
     status = AgentStatus(version=__version__, backend="")
     status.settings = agent_settings(args, settings.config_path)
     server = _serve_status(status, args.metrics_address, log)
+    scrape = _serve_status(status, args.prometheus_address, log, metrics_only=True, flag="--prometheus-address")
     signal.signal(signal.SIGTERM, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGINT, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGHUP, lambda *_: wakeup.request_resync())
@@ -168,8 +174,9 @@ def run(args: argparse.Namespace) -> int:
             reporter.narrator.set_backend(backend.name)
         _agent(backend, others, options, settings, runner, log, args, observer, api_config).run(wakeup)
     finally:
-        if server is not None:
-            server.stop()
+        for listener in (server, scrape):
+            if listener is not None:
+                listener.stop()
     return 0
 
 
@@ -264,11 +271,22 @@ def _api(args: argparse.Namespace, log: logging.Logger, wakeup: Wakeup, *, mode:
     return api_config, reporter
 
 
-def _serve_status(status: AgentStatus, address: str, log: logging.Logger) -> StatusServer | None:
+def _serve_status(status: AgentStatus, address: str, log: logging.Logger, *, metrics_only: bool = False,
+                  flag: str = "--metrics-address") -> StatusServer | None:
     if not address:
         return None
-    server = StatusServer(status, address)
-    server.start(wait_if_in_use=True, log=log)
+    server = StatusServer(status, address, metrics_only=metrics_only, flag=flag)
+    try:
+        server.start(wait_if_in_use=True, log=log)
+    except IpmasqError as exc:
+        server.stop()
+        # a malformed HOST:PORT is the operator's to fix (exit 2, as any flag); the status port is the probes'; but
+        # a scrape listener that cannot bind is not worth the node's rules: the agent runs on without it, and
+        # Prometheus says the target is down (IpMasqAgentDown)
+        if not metrics_only or isinstance(exc, UsageError):
+            raise
+        log.error("%s; not serving /metrics for Prometheus", exc)
+        return None
     if server.serving:
-        log.info("serving /metrics, /healthz and /readyz on %s", address)
+        log.info("serving %s on %s", server.what, address)
     return server

@@ -2,7 +2,8 @@
 
 Remove our nat chain and POSTROUTING jump for IPv4 and IPv6 (in both iptables variants, including chains left under
 an earlier --masq-chain, found by the agent's comments) and our nftables table `inet ip-masq-agent`. Other rules and
-tables are not touched.
+tables are not touched. Prints one line per place it removed something (`removed: iptables (nft)`), or that there
+was nothing to remove: `kubectl ipmasq uninstall` reports it per node.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ def run(args: argparse.Namespace) -> int:
     backends: list[Removable] = [IptablesBackend(runner, chain=chain, variant=v, families=(Family.V4, Family.V6))
                                  for v in Variant]
     backends.append(NftablesBackend(runner))
+    removed = []
     for backend in backends:
         if backend.present():
             backend.remove_all()
+            removed.append(backend.name)
+    print("\n".join(f"removed: {name}" for name in removed) if removed else "nothing to remove")
     return 0

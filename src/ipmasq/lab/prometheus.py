@@ -94,8 +94,11 @@ class PrometheusServer:
     def base_url(self) -> str:
         return f"http://{self.address}:{PORT}"
 
-    def start(self, targets: Sequence[ScrapeTarget], *, for_seconds: float) -> None:
-        binary = shutil.which("prometheus")
+    def start(self, targets: Sequence[ScrapeTarget], *, for_seconds: float,
+              scrape_configs: list[dict[str, Any]] | None = None, binary: str | None = None) -> None:
+        """Scrape `targets` (static), or the jobs `scrape_configs` instead (the Kubernetes lab's service
+        discovery, with `binary`: a Prometheus built with it, which Debian's is not)."""
+        binary = binary or shutil.which("prometheus")
         if binary is None:
             raise PrometheusError("prometheus is not installed (Debian: apt-get install prometheus)")
         os.makedirs(self.workdir, exist_ok=True)
@@ -104,7 +107,10 @@ class PrometheusServer:
         with open(rules_file, "w") as fh:
             json.dump({"groups": alert_rule_groups(for_seconds)}, fh, indent=1)
         with open(config_file, "w") as fh:
-            json.dump(prometheus_config(targets, rules_file), fh, indent=1)
+            config = prometheus_config(targets, rules_file)
+            if scrape_configs is not None:
+                config["scrape_configs"] = scrape_configs
+            json.dump(config, fh, indent=1)
         log = open(self.log_path, "a")  # noqa: SIM115 - the server process owns it until it exits
         self._server = self.namespace.popen(
             [binary, f"--config.file={config_file}", f"--storage.tsdb.path={os.path.join(self.workdir, 'data')}",

@@ -29,9 +29,8 @@ from ipmasq.policy.policy import Policy
 
 __all__ = [
     "AGENT_LABEL", "CONFIGMAP", "SHIPPED_BACKEND", "agent_pods", "apply_config", "deploy_agent", "deploy_observer",
-    "kernel",
-    "lab_overlay", "node_options", "overlay_for", "remove_agent", "uninstall", "wait_agents_ready", "wait_synced",
-    "wait_volume",
+    "image_name", "kernel", "lab_overlay", "node_options", "overlay_for", "remove_agent", "uninstall",
+    "wait_agents_ready", "wait_synced", "wait_volume",
 ]
 
 AGENT_LABEL = "k8s-app=ip-masq-agent"
@@ -52,16 +51,18 @@ def lab_overlay(cluster: Cluster, shipped: str, image: str, backend: str = SHIPP
     """A kustomization on top of the shipped one that changes only the image and, for another backend than the
     shipped one, the agent's --backend flag (the shipped files stay as they are)."""
     repository, tag = image.rsplit(":", 1)
-    directory = cluster.state / "deploy" / shipped.replace("/", "-") / backend / tag
+    directory = cluster.state / "deploy" / str(shipped).strip("/").replace("/", "-") / backend / tag
     directory.mkdir(parents=True, exist_ok=True)
     kustomization: dict[str, Any] = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         # kustomize takes a base by a relative path only
         "resources": [os.path.relpath((cluster.source / shipped).resolve(), directory.resolve())],
-        "images": [{"name": "ipmasq/ipmasq", "newName": repository, "newTag": tag}],
+        # the shipped image's name (whatever registry and digest it names): kustomize replaces it by name
+        "images": [{"name": image_name(str(_shipped_container(cluster, shipped)["image"])), "newName": repository,
+                    "newTag": tag}],
     }
     if backend != SHIPPED_BACKEND:
-        args = _shipped_args(cluster, shipped)
+        args = list(_shipped_container(cluster, shipped)["args"])
         (index,) = [i for i, arg in enumerate(args) if arg == f"--backend={SHIPPED_BACKEND}"]
         kustomization["patches"] = [{
             "target": {"group": "apps", "version": "v1", "kind": "DaemonSet", "name": "ip-masq-agent"},
@@ -71,10 +72,21 @@ def lab_overlay(cluster: Cluster, shipped: str, image: str, backend: str = SHIPP
     return directory
 
 
-def _shipped_args(cluster: Cluster, shipped: str) -> list[str]:
+def _shipped_container(cluster: Cluster, shipped: str) -> dict[str, Any]:
+    """The agent's (or the webhook's) container as a shipped kustomization renders it (`shipped` relative to the
+    checkout, or a directory anywhere: an earlier release's manifests)."""
     built = cluster.kubectl("kustomize", str(cluster.source / shipped)).stdout
-    (daemonset,) = [d for d in yaml.safe_load_all(built) if d and d.get("kind") == "DaemonSet"]
-    return list(daemonset["spec"]["template"]["spec"]["containers"][0]["args"])
+    (workload,) = [d for d in yaml.safe_load_all(built) if d and d.get("kind") in ("DaemonSet", "Deployment")]
+    container: dict[str, Any] = workload["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def image_name(reference: str) -> str:
+    """An image reference without its digest and tag: ghcr.io/o/ipmasq:0.2.0@sha256:... -> ghcr.io/o/ipmasq (a
+    registry's port is not a tag)."""
+    name = reference.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
 
 
 def deploy_agent(cluster: Cluster, shipped: str = "deploy", *, image: str | None = None, wait: bool = True,

@@ -38,7 +38,7 @@ from ipmasq.errors import IpmasqError
 
 __all__ = [
     "CONTAINERD_BINARIES", "KUBE_BINARIES", "PAUSE_IMAGE", "Artifacts", "BuildError", "GoBuild", "Toolchain",
-    "cache_dir", "ensure_artifacts", "kubernetes_toolchain", "missing_packages",
+    "cache_dir", "ensure_artifacts", "kubernetes_toolchain", "missing_packages", "prometheus_binary",
 ]
 
 KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl")
@@ -160,6 +160,7 @@ class GoBuild:
     # go build names a binary after its package's last element, the one before a /vN: server/v3 makes `server`
     renames: tuple[tuple[str, str], ...] = ()
     cgo: bool = False
+    tags: tuple[str, ...] = ()  # go build -tags
 
     @property
     def module_dir(self) -> Path:
@@ -193,6 +194,9 @@ GO_BUILDS = (
     GoBuild("etcd", ("etcd",), renames=(("server", "etcd"),)),
     GoBuild("containerd", CONTAINERD_BINARIES),
 )
+# Prometheus with its Kubernetes service discovery (Debian's build leaves it out), every other discovery left out by
+# its own build tags; built only when a test asks for it (prometheus_binary), not by --prepare
+PROMETHEUS_BUILD = GoBuild("prometheus", ("prometheus",), tags=("remove_all_sd", "enable_kubernetes_sd"))
 
 
 def _tool_packages(go_mod: str) -> list[str]:
@@ -274,7 +278,8 @@ def _go_build(cache: Path, build: GoBuild, key: str, env: dict[str, str], progre
     build_env = {**env, "CGO_ENABLED": "1" if build.cgo else "0"}
     for package, binary in build.outputs():
         started = time.monotonic()
-        _run(["go", "build", "-p", GO_JOBS, "-trimpath", "-ldflags", build.ldflags(), "-o",
+        tags = ["-tags", ",".join(build.tags)] if build.tags else []
+        _run(["go", "build", "-p", GO_JOBS, "-trimpath", *tags, "-ldflags", build.ldflags(), "-o",
               str(partial / "bin" / binary), package], cwd=work, env=build_env, timeout=3600,
              what=f"go build {package} (gomod/{build.name})")
         seconds[binary] = round(time.monotonic() - started, 1)
@@ -289,7 +294,7 @@ def _go_build(cache: Path, build: GoBuild, key: str, env: dict[str, str], progre
 
 
 def _go_key(build: GoBuild, go_version: str) -> str:
-    return _key(build.name, go_version, build.ldflags(), *build.binaries,
+    return _key(build.name, go_version, build.ldflags(), *build.binaries, *build.tags,
                 (build.module_dir / "go.mod").read_bytes(), (build.module_dir / "go.sum").read_bytes())
 
 
@@ -454,6 +459,19 @@ def _forget_older_images(images: Path, current: str) -> None:  # current: the ke
     if older:
         subprocess.run(["podman", "rmi", "-f", *older], capture_output=True)
     subprocess.run(["podman", "image", "prune", "-f"], capture_output=True)
+
+
+def prometheus_binary(progress: Progress) -> str:
+    """A Prometheus that discovers targets through the Kubernetes API (gomod/prometheus), built or from the cache."""
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    env = _go_env(cache)
+    build = PROMETHEUS_BUILD
+    key = _go_key(build, _go_version(env))
+    if not _stamp_matches(cache / build.name, key):
+        _step(progress, f"prometheus with {', '.join(build.tags)} (gomod/{build.name})",
+              lambda: _go_build(cache, build, key, env, progress))
+    return str(cache / build.name / "bin" / "prometheus")
 
 
 def kubernetes_toolchain(progress: Progress) -> Toolchain:

@@ -1,0 +1,58 @@
+"""The agent's listeners: the loopback status port answers every endpoint; the scrape listener
+(--prometheus-address) answers /metrics and nothing else."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ipmasq.agent.health import StatusServer, query, respond, respond_metrics_only
+from ipmasq.agent.metrics import AgentStatus
+from ipmasq.errors import IpmasqError
+from tests.unit.agent.test_responder import exchange
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/settings", "/", "/metricsx", "/metrics/"])
+def test_the_scrape_listener_answers_nothing_but_metrics(path: str) -> None:
+    status = AgentStatus(version="test", backend="iptables")
+    status.settings = {"config": "/etc/config/ip-masq-agent", "node": "secret-node"}
+    answer = respond_metrics_only(status, path)
+    assert answer.status == 404 and b"secret-node" not in answer.body
+    assert respond(status, path).status != 200 or path in ("/healthz", "/readyz", "/settings")
+
+
+def test_the_scrape_listener_serves_the_same_metrics_over_http() -> None:
+    status = AgentStatus(version="test", backend="nftables")
+    server = StatusServer(status, "127.0.0.1:0", metrics_only=True, flag="--prometheus-address")
+    server.start()
+    try:
+        address = f"127.0.0.1:{server.port}"
+        assert not query(address, "/healthz").ok and not query(address, "/settings").ok
+        answer = exchange(server.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK")
+        names = {family.name for family in text_string_to_metric_families(body.decode())}
+        assert {"ipmasq_build_info", "ipmasq_ready", "ipmasq_syncs"} <= names
+    finally:
+        server.stop()
+
+
+def test_an_address_in_use_names_the_flag(caplog: pytest.LogCaptureFixture) -> None:
+    first = StatusServer(AgentStatus(version="t", backend="b"), "127.0.0.1:0")
+    first.start()
+    try:
+        second = StatusServer(AgentStatus(version="t", backend="b"), f"127.0.0.1:{first.port}", metrics_only=True,
+                              flag="--prometheus-address")
+        with pytest.raises(IpmasqError, match=r"--prometheus-address"):
+            second.start()
+        second.stop()
+        third = StatusServer(AgentStatus(version="t", backend="b"), f"127.0.0.1:{first.port}", metrics_only=True,
+                             flag="--prometheus-address")
+        with caplog.at_level(logging.WARNING):
+            third.start(wait_if_in_use=True, log=logging.getLogger("test"))
+        assert "--prometheus-address" in caplog.text and not third.serving
+        third.stop()
+    finally:
+        first.stop()
