@@ -44,8 +44,9 @@ COALESCE_SECONDS = 0.25
 # more, so that the server gets a stream; the kernel is never waited for, only what is said about it. The spread
 # grows with the fleet: the writes arrive at about SPREAD_RATE a second whatever its size (the rate the 2 s spread
 # gave 1,000 nodes, which the API server took without shedding), so two nodes say a change at once and 2,000 within
-# 4 s. The fleet's size is what the summary's Lease holder counted (ipmasq.agent.summary publishes it on the Lease);
-# until an agent has seen it, SPREAD_SECONDS, the spread for a fleet of unknown size.
+# 4 s. The fleet's size is what the summary's Lease holder counted (ipmasq.agent.summary publishes it on the Lease,
+# which keeps it across restarts; a candidate reads it at each ask, every 2-3 minutes); until an agent has heard it,
+# SPREAD_SECONDS, the spread for a fleet of unknown size.
 SPREAD_SECONDS = 2.0
 SPREAD_RATE = 500.0  # status writes per second the fleet's spread aims at
 SPREAD_MAX = 10.0

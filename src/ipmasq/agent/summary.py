@@ -46,8 +46,7 @@ __all__ = ["LEASE_SECONDS", "SummaryWriter", "real_nodes"]
 
 LEASE_SECONDS = 120  # the holder's record unchanged this long: a candidate takes over
 RENEW_SECONDS = 40.0
-CANDIDATE_SECONDS = 120.0  # a candidate asks again after 1-1.5 times this
-UNKNOWN_FLEET_SECONDS = 15.0  # ... or after 1-1.5 times this while the Lease has not said the fleet's size yet
+CANDIDATE_SECONDS = 120.0  # a candidate asks again after 1-1.5 times this (and hears the fleet's size then)
 FIRST_TRY_SECONDS = 5.0  # the first ask after start, drawn from [0, this): agents started together do not ask together
 SETTLE_SECONDS = 2.0  # after a new content is seen, before the first tally
 RETALLY_MAX = 60.0  # tallies again while nodes have not reported, at 2, 4, 8 ... this many seconds
@@ -147,8 +146,10 @@ class SummaryWriter:
         self._next_tally = None if done else now + self._interval
 
     def _candidate_wait(self) -> float:
-        base = CANDIDATE_SECONDS if self.elector.nodes is not None else UNKNOWN_FLEET_SECONDS
-        return base * random.uniform(1.0, 1.5)
+        # not sooner while the fleet's size is unknown: on a new cluster a thousand candidates asking every few
+        # seconds were shed with 429 beside their own first lists (measured); the Lease keeps the size across
+        # restarts, so a restarted agent hears it at its first ask
+        return CANDIDATE_SECONDS * random.uniform(1.0, 1.5)
 
     def _tally(self, digest: str) -> Tally:
         listing = list_items(self.client, paths.statuses(), objects.agent_status, page=PAGE)

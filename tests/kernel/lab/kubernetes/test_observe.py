@@ -175,9 +175,10 @@ def test_an_enforcing_agents_status_follows_its_kernel_within_the_fleets_spread(
     agent.deploy_agent(lab)
     statuses = Statuses(lab)
     _wait(lambda: _status(lab)[0] == 0, 60, "every node current")
-    # the Lease's holder tallies a content once and says the fleet's size on the Lease; the other node reads it
-    # there at its next ask (every 15-22 s while it has not heard it): its first samples may still be spread as
-    # for a fleet of unknown size (2 s)
+    # the Lease's holder tallies a content once and says the fleet's size on the Lease, which keeps it: the agents
+    # deployed now (the observe test's Lease is still there) hear it at their first ask, within 5 s of their start;
+    # on a new cluster a node hears it at its next ask (2-3 minutes) and is spread as a fleet of unknown size (2 s)
+    # until then
     lease = paths.leases("kube-system", agent.CONFIGMAP)
     _wait(lambda: (statuses.client.get(lease).get("metadata", {}).get("annotations") or {}).get(
         "ipmasq.dev/nodes") == "2", 60, "the fleet's size on the Lease")
