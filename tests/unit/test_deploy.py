@@ -722,6 +722,9 @@ def test_the_observer_observes_writes_nothing_and_is_probed_where_it_serves(name
     assert args[0] == "agent" and f"--observe={writer}" in args
     (address,) = [a.split("=", 1)[1] for a in args if a.startswith("--metrics-address=")]
     assert address == "127.0.0.1:9848"  # beside an enforcing agent's 9847 on the same node
+    # scraped on the node's address, beside an enforcing agent's 9848 there
+    assert "--prometheus-address=$(HOST_IP):9849" in args
+    assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("metrics", 9849)]
     for probe in ("livenessProbe", "readinessProbe"):
         assert f"--address={address}" in container[probe]["exec"]["command"]
     pod = ds["spec"]["template"]["spec"]
