@@ -10,7 +10,7 @@ provider's agent does when it finally reads the new ConfigMap): it writes /tmp/r
 loop prefers. The container image is the lab's agent image, used only for its iptables and /bin/sh.
 
 Used by observe mode's lab test (ipmasq beside it in observe mode) and by the two-writers test (ipmasq enforcing the
-same chain beside it).
+same chain beside it: there the stand-in leaves the jump to ipmasq and restores twice a second).
 """
 
 from __future__ import annotations
@@ -38,20 +38,24 @@ GKE_DEFAULT_RULES = "".join(
     + [f'-A {CHAIN} -m comment --comment "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last '
        'in chain)" -j MASQUERADE\n', "COMMIT\n"])
 
-# the loop: the jump once (checked, never duplicated), then the chain restored every LOOP_SECONDS from the rules
-# the pod was given (/tmp/rules once catch_up wrote it, else the ConfigMap's)
-_SCRIPT = f"""set -u
-iptables -t nat -N {CHAIN} 2>/dev/null || true
+# the loop: the jump once (checked, never duplicated; left out where an enforcing ipmasq beside it writes its own),
+# then the chain restored every `period` seconds from the rules the pod was given (/tmp/rules once catch_up wrote it,
+# else the ConfigMap's)
+_JUMP_ONCE = f"""iptables -t nat -N {CHAIN} 2>/dev/null || true
 iptables -t nat -C POSTROUTING {JUMP} 2>/dev/null || iptables -t nat -A POSTROUTING {JUMP}
-while true; do
+"""
+
+
+def _script(period: float, jump: bool) -> str:
+    return "set -u\n" + (_JUMP_ONCE if jump else "") + f"""while true; do
   rules=/rules/rules; [ -s /tmp/rules ] && rules=/tmp/rules
   iptables-restore --noflush < "$rules" || echo "restore failed" >&2
-  sleep {LOOP_SECONDS}
+  sleep {period:g}
 done
 """
 
 
-def _manifests(image: str, rules: str) -> list[dict[str, object]]:
+def _manifests(image: str, rules: str, script: str) -> list[dict[str, object]]:
     labels = {"k8s-app": NAME}
     configmap: dict[str, object] = {"apiVersion": "v1", "kind": "ConfigMap",
                                     "metadata": {"name": NAME, "namespace": "kube-system"}, "data": {"rules": rules}}
@@ -62,7 +66,7 @@ def _manifests(image: str, rules: str) -> list[dict[str, object]]:
             "hostNetwork": True, "automountServiceAccountToken": False, "tolerations": [{"operator": "Exists"}],
             "terminationGracePeriodSeconds": 1,
             "containers": [{
-                "name": "writer", "image": image, "command": ["/bin/sh", "-c", _SCRIPT],
+                "name": "writer", "image": image, "command": ["/bin/sh", "-c", script],
                 "securityContext": {"runAsUser": 0, "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN",
                                                                                              "NET_RAW"]}},
                 "volumeMounts": [{"name": "rules", "mountPath": "/rules", "readOnly": True},
@@ -73,23 +77,31 @@ def _manifests(image: str, rules: str) -> list[dict[str, object]]:
     return [configmap, daemonset]
 
 
-def deploy(cluster: Cluster, rules: str = GKE_DEFAULT_RULES, *, timeout: float = 120.0) -> None:
-    """The stand-in on every node, writing `rules`; returns once its chain is on every node."""
-    for manifest in _manifests(cluster.artifacts.image, chain_only(rules)):
+def deploy(cluster: Cluster, rules: str = GKE_DEFAULT_RULES, *, period: float = LOOP_SECONDS, jump: bool = True,
+           wait: bool = True, timeout: float = 120.0) -> None:
+    """The stand-in on every node, writing `rules` every `period` seconds (and the POSTROUTING jump once, with
+    `jump`); returns once it runs everywhere and, with `wait`, once its chain is on every node (not where an enforcing
+    agent fights it)."""
+    for manifest in _manifests(cluster.artifacts.image, chain_only(rules), _script(period, jump)):
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
     result = cluster.kubectl("rollout", "status", f"daemonset/{NAME}", "-n", "kube-system",
                              f"--timeout={timeout:.0f}s", check=False, timeout=timeout + 10)
     if result.returncode != 0:
         raise ClusterError(f"the stand-in writer did not roll out: {result.stderr.strip()[-300:]}")
-    for node in cluster.nodes:
+    for node in cluster.nodes if wait else ():
         wait_written(cluster, node, rules, timeout=timeout)
 
 
-def remove(cluster: Cluster) -> None:
-    """The DaemonSet and its ConfigMap deleted (its rules stay, as a provider's agent leaves them)."""
-    cluster.kubectl("delete", "daemonset", NAME, "-n", "kube-system", "--ignore-not-found", "--wait",
-                    "--timeout=60s", timeout=90)
-    cluster.kubectl("delete", "configmap", NAME, "-n", "kube-system", "--ignore-not-found")
+def remove(cluster: Cluster, *, timeout: float = 90.0) -> None:
+    """The DaemonSet and its ConfigMap deleted, and its pods waited for (from then on nobody else writes; its rules
+    stay, as a provider's agent leaves them)."""
+    cluster.kubectl("delete", "daemonset,configmap", NAME, "-n", "kube-system", "--ignore-not-found", "--wait",
+                    f"--timeout={timeout:.0f}s", timeout=timeout + 30)
+    deadline = time.monotonic() + timeout
+    while cluster.kubectl_json("get", "pods", "-n", "kube-system", "-l", LABEL)["items"]:
+        if time.monotonic() > deadline:
+            raise ClusterError(f"the stand-in's pods are still there {timeout:.0f} s after its deletion")
+        time.sleep(0.5)
 
 
 def node_rules(cluster: Cluster, node: NodeSpec) -> list[str]:

@@ -12,9 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ipmasq.lab.kubernetes import agent
+from ipmasq.lab.kubernetes import agent, standin
 from ipmasq.lab.kubernetes.cluster import FAST_SYNC_FREQUENCY, Cluster, NodeSpec
-from ipmasq.lab.kubernetes.provider import deploy_stand_in, gke_defaults_rules, remove_stand_in
 from ipmasq.lab.scenarios import GKE_OPTIONS, PRESERVE_ONLY_10_8
 from ipmasq.policy.prefix import Family
 from tests.kernel.lab.kubernetes.conftest import module_cluster
@@ -62,7 +61,7 @@ def test_the_gke_overlay_beside_gkes_agent_stops_fighting_and_says_foreign_write
     agent.deploy_agent(lab, "deploy/overlays/gke")
     for node in lab.nodes:
         agent.wait_synced(lab, node, CONFIG, GKE_OPTIONS)
-    deploy_stand_in(lab, gke_defaults_rules(), period=0.5)
+    standin.deploy(lab, period=0.5, jump=False, wait=False)
     try:
         for node in lab.nodes:
             _wait(lambda node=node: _metric(lab, node, 'ipmasq_foreign_writer{chain="IP-MASQ"}') == 1, 120,
@@ -82,7 +81,7 @@ def test_the_gke_overlay_beside_gkes_agent_stops_fighting_and_says_foreign_write
             held = agent.kernel(lab, node, GKE_OPTIONS).read(Family.V4).objects
             assert any("172.16.0.0/12" in line for line in held), held
     finally:
-        remove_stand_in(lab)
+        standin.remove(lab)
     # the stand-in is gone: each agent repairs once its quiet spell ends and says so
     for node in lab.nodes:
         agent.wait_synced(lab, node, CONFIG, GKE_OPTIONS, timeout=180)
