@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from ipmasq.errors import Forbidden
-from ipmasq.kube.agentstatus import status_path
+from ipmasq.kube import paths
 from ipmasq.kube.client import KubeClient
 from ipmasq.kube.kubeconfig import load
 from ipmasq.lab.kubernetes import agent
@@ -75,16 +75,16 @@ def _node_event(node: str, name: str) -> dict[str, object]:
 def test_an_agents_token_writes_for_its_own_node_only(lab: Cluster) -> None:
     mine, other = (node.name for node in lab.nodes[:2])
     client = _as_agent(lab, mine)
-    own = KubeClient(load(str(lab.kubeconfig))).get(status_path(mine))  # read as admin: the agents may not get
+    own = KubeClient(load(str(lab.kubeconfig))).get(paths.statuses(mine))  # read as admin: the agents may not get
     # its own node's status object and an Event about its own Node: admitted
-    client.patch(status_path(mine), {"nodeName": mine})
+    client.patch(paths.statuses(mine), {"nodeName": mine})
     created = client.create("/api/v1/namespaces/default/events", _node_event(mine, f"{mine}.policy-probe"))
     assert created["involvedObject"]["name"] == mine
     # another node's: refused by the policy, with its message
     speak_for = f"ip-masq-agent on node {mine} may write only the IPMasqAgentStatus of its own node"
-    _refused(lambda: client.patch(status_path(other), {"ready": True, "reason": "forged"}), speak_for)
+    _refused(lambda: client.patch(paths.statuses(other), {"ready": True, "reason": "forged"}), speak_for)
     forged = {**own, "metadata": {"name": "zzz-forged"}, "nodeName": other}
-    _refused(lambda: client.create(status_path(), forged), speak_for)
+    _refused(lambda: client.create(paths.statuses(), forged), speak_for)
     _refused(lambda: client.create("/api/v1/namespaces/default/events", _node_event(other, f"{other}.forged")),
              f"ip-masq-agent on node {mine} may write Events only about its own Node or a ConfigMap")
     _refused(lambda: client.patch(LEASE, {"spec": {"holderIdentity": other}}),
@@ -93,7 +93,7 @@ def test_an_agents_token_writes_for_its_own_node_only(lab: Cluster) -> None:
              "ip-masq-agent may hold the Lease for at most 120 seconds")
     assert lab.kubectl("get", "ipmasq", "zzz-forged", check=False).returncode != 0
     # a token of the agents' account bound to no pod says no node: it writes nothing
-    _refused(lambda: _as_agent(lab, None).patch(status_path(mine), {"nodeName": mine}),
+    _refused(lambda: _as_agent(lab, None).patch(paths.statuses(mine), {"nodeName": mine}),
              "authentication.kubernetes.io/node-name")
 
 
@@ -102,7 +102,7 @@ def test_the_agents_keep_writing_their_status_events_and_the_lease(lab: Cluster)
     names = {node.name for node in lab.nodes}
 
     def every_status_ready() -> bool:
-        items = admin.get(status_path())["items"]
+        items = admin.get(paths.statuses())["items"]
         return {item["metadata"]["name"] for item in items if item.get("ready") is True} >= names
 
     _wait(every_status_ready, 60, "every node's agent wrote its status through the policy")
