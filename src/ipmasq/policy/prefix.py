@@ -79,7 +79,7 @@ def parse_cidr(text: str) -> Prefix:
         # Fast path for IPv4: inet_pton is as strict as Go (no leading zeros, no short forms, no spaces).
         try:
             address = _from_bytes(socket.inet_pton(socket.AF_INET, address_text), "big")
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL in the text (inet_pton takes a C string)
             raise _cannot_parse(text) from None
         if not (length_text.isdigit() and length_text.isascii() and len(length_text) <= 2 and int(length_text) <= 32):
             raise _cannot_parse(text)

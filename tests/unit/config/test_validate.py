@@ -11,7 +11,7 @@ import pytest
 
 from ipmasq.config import ConfigInput, config_from_bytes, load_config, parse_go_duration
 from ipmasq.config.model import Origin, RuleAction
-from ipmasq.errors import ConfigError
+from ipmasq.errors import ConfigError, PrefixError
 from ipmasq.options import PolicyOptions, PortRange
 from ipmasq.policy.prefix import Family, parse_cidr
 from tests.configs import PARTNER_ENDPOINT_RULE
@@ -476,3 +476,10 @@ def test_enable_ipv6_across_a_config_directory() -> None:
     clash = ((f"{NAME}/ip-masq-a", b"enableIPv6: false\n"), (f"{NAME}/ip-masq-b", b"enableIPv6: true\n"))
     with pytest.raises(ConfigError, match="enableIPv6 conflicts"):
         config_from_bytes(ConfigInput(clash), V4_ON_NODE)
+
+
+@pytest.mark.parametrize("text", ["\x00/", "10.0.0.0\x00/8", "10.0.0.0/\x008"])
+def test_a_nul_in_a_cidr_is_a_cidr_that_cannot_be_parsed(text: str) -> None:
+    """inet_pton takes a C string: a NUL raised ValueError past the parser, a traceback in the agent and lint."""
+    with pytest.raises(PrefixError, match="could not be parsed"):
+        parse_cidr(text)
