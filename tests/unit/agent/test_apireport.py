@@ -99,7 +99,8 @@ def wait_written(client: FakeKubeClient, condition: Callable[[], bool]) -> None:
     """Until the reporter's thread has written what `condition` looks for in the fake (10 s at most)."""
     deadline = time.monotonic() + 10
     while not condition():
-        assert time.monotonic() < deadline, client.calls
+        if time.monotonic() > deadline:
+            raise AssertionError(client.calls)
         time.sleep(0.02)
 
 

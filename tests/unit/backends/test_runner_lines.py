@@ -6,14 +6,15 @@ from __future__ import annotations
 import random
 import sys
 import threading
-import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.errors import BackendError
 from ipmasq.netfilter.lines import iter_lines, iter_lines_of_pieces
+from tests.unit.backends.sleepers import cancel_once_asleep, killed_in_its_sleep, sleeper
 
 BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 
@@ -58,14 +59,14 @@ def test_a_reader_that_stops_early_does_not_hang_the_program() -> None:
     assert result.returncode == 0 and value == "0"
 
 
-def test_cancel_timeout_and_missing_program() -> None:
+def test_cancel_timeout_and_missing_program(tmp_path: Path) -> None:
     cancel = threading.Event()
-    threading.Timer(0.2, cancel.set).start()
-    started = time.monotonic()
+    cancel_once_asleep(tmp_path / "a", cancel)
     with pytest.raises(BackendError, match="cancelled"):
-        SubprocessRunner(cancel=cancel).read_lines([sys.executable, "-c", "import time; time.sleep(30)"], count_lines)
-    with pytest.raises(BackendError, match="timed out"):
-        SubprocessRunner(timeout=0.3).read_lines([sys.executable, "-c", "import time; time.sleep(30)"], count_lines)
-    assert time.monotonic() - started < 5
+        SubprocessRunner(cancel=cancel).read_lines([sys.executable, "-c", sleeper(tmp_path / "a")], count_lines)
+    assert killed_in_its_sleep(tmp_path / "a")
+    with pytest.raises(BackendError, match=r"timed out after 0s"):
+        SubprocessRunner(timeout=0.3).read_lines([sys.executable, "-c", sleeper(tmp_path / "b")], count_lines)
+    assert killed_in_its_sleep(tmp_path / "b")
     with pytest.raises(BackendError, match="cannot run"):
         SubprocessRunner().read_lines(["/nonexistent/program"], count_lines)

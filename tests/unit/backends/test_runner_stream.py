@@ -7,8 +7,8 @@ from __future__ import annotations
 import hashlib
 import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +21,7 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeIptables, FakeRunner
+from tests.unit.backends.sleepers import cancel_once_asleep, killed_in_its_sleep, sleeper
 from tests.unit.backends.test_runner import SLOW_READER
 
 SHA256_OF_STDIN = "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())"
@@ -43,15 +44,15 @@ def test_a_program_that_stops_reading_early_is_reported_not_hung() -> None:
     assert result.returncode == 1 and "rejected line 1" in result.stderr
 
 
-def test_cancel_and_timeout() -> None:
+def test_cancel_and_timeout(tmp_path: Path) -> None:
     cancel = threading.Event()
-    threading.Timer(0.2, cancel.set).start()
-    started = time.monotonic()
+    cancel_once_asleep(tmp_path / "a", cancel)
     with pytest.raises(BackendError, match="cancelled"):
-        SubprocessRunner(cancel=cancel).stream([sys.executable, "-c", "import time; time.sleep(30)"], lines(1))
-    with pytest.raises(BackendError, match="timed out"):
-        SubprocessRunner(timeout=0.3).stream([sys.executable, "-c", "import time; time.sleep(30)"], lines(500_000))
-    assert time.monotonic() - started < 5
+        SubprocessRunner(cancel=cancel).stream([sys.executable, "-c", sleeper(tmp_path / "a")], lines(1))
+    assert killed_in_its_sleep(tmp_path / "a")
+    with pytest.raises(BackendError, match=r"timed out after 0s"):
+        SubprocessRunner(timeout=0.3).stream([sys.executable, "-c", sleeper(tmp_path / "b")], lines(500_000))
+    assert killed_in_its_sleep(tmp_path / "b")
     with pytest.raises(BackendError, match="cannot run"):
         SubprocessRunner().stream(["/nonexistent/program"], lines(1))
 

@@ -85,9 +85,36 @@ def hostile(certificate: tuple[Path, Path]) -> Iterator[HostileServer]:
     server.close()
 
 
-def api(server: HostileServer, certificate: tuple[Path, Path], timeout: float = 2.0) -> KubeClient:
+def api(server: HostileServer, certificate: tuple[Path, Path], timeout: float = 2.0,
+        gate: RetryGate | None = None) -> KubeClient:
     return KubeClient(Credentials(host="127.0.0.1", port=server.port, ca_file=str(certificate[0]), token="secret"),
-                      timeout=timeout)
+                      timeout=timeout, gate=gate)
+
+
+class FrozenClock:
+    """A RetryGate's clock and sleep: time stands still but for the sleeps, each recorded with how many requests the
+    server had had when it began."""
+
+    def __init__(self, server: HostileServer) -> None:
+        self.server = server
+        self.now = 0.0
+        self.sleeps: list[tuple[float, int]] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append((seconds, len(self.server.requests)))
+        self.now += seconds
+
+
+def wait_for(condition: Callable[[], object], failure: str, timeout: float = 30.0) -> None:
+    """A condition wait with a generous timeout (it bounds a hang, not a speed)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(failure)
+        time.sleep(0.01)
 
 
 def answer(status: int, body: bytes = b"{}", extra: str = "") -> Script:
@@ -97,24 +124,32 @@ def answer(status: int, body: bytes = b"{}", extra: str = "") -> Script:
     return send
 
 
-def trickle(prefix: bytes, stop: threading.Event, every: float = 0.1) -> Script:
-    """Sends `prefix`, then one byte every `every` seconds until the client goes away or the test ends."""
+def trickle(prefix: bytes, stop: threading.Event, every: float = 0.1, unsent: list[int] | None = None) -> Script:
+    """Sends `prefix`, then one byte every `every` seconds until the client goes away or the test ends. When the
+    client goes away first, how many of its 600 bytes were still to send is appended to `unsent`."""
     def send(sock: ssl.SSLSocket, _head: bytes) -> None:
         sock.sendall(prefix)
-        for _ in range(600):
+        for sent in range(600):
             if stop.wait(every):
                 return
-            sock.sendall(b" ")
+            try:
+                sock.sendall(b" ")
+            except OSError:
+                if unsent is not None:
+                    unsent.append(600 - sent)
+                raise
     return send
 
 
 def test_a_server_that_trickles_a_byte_at_a_time_fails_the_call_within_its_deadline(hostile, certificate) -> None:  # type: ignore[no-untyped-def]
     for prefix in (b"", b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"):
-        hostile.scripts[:] = [trickle(prefix, hostile.stop)]
-        started = time.monotonic()
+        unsent: list[int] = []
+        hostile.scripts[:] = [trickle(prefix, hostile.stop, unsent=unsent)]
         with pytest.raises(ApiUnreachable, match=r"in time|not HTTP"):
             api(hostile, certificate, timeout=1.0).get("/api/v1/nodes")
-        assert time.monotonic() - started < 2.5  # one second's deadline, however long the server keeps trickling
+        # the client hung up while the server was still trickling: one second's deadline, not the server's pace
+        wait_for(unsent.__len__, "the server never saw the client go away")
+        assert unsent[0] > 0
 
 
 def test_a_chunk_that_announces_4_gib_is_refused_at_the_bound_without_buffering_it(hostile, certificate) -> None:  # type: ignore[no-untyped-def]
@@ -166,10 +201,13 @@ def test_a_long_line_in_small_chunks_is_read_and_one_byte_chunks_are_refused_at_
 def test_a_watch_ends_on_the_clients_own_deadline(hostile, certificate, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(client_module, "WATCH_GRACE", 0.5)
     keepalive = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-    hostile.scripts[:] = [lambda sock, head: trickle(keepalive, hostile.stop)(sock, head)]
-    started = time.monotonic()
+    unsent: list[int] = []
+    hostile.scripts[:] = [lambda sock, head: trickle(keepalive, hostile.stop, unsent=unsent)(sock, head)]
     events = list(api(hostile, certificate).watch("/api/v1/configmaps", query={}, timeout_seconds=1))
-    assert events == [] and time.monotonic() - started < 3.0
+    assert events == []
+    # the watch ended while the server still kept the stream open: the client's deadline ended it, not the server
+    wait_for(unsent.__len__, "the server never saw the client go away")
+    assert unsent[0] > 0
 
 
 def test_a_redirect_is_an_error_and_is_not_followed(hostile, certificate) -> None:  # type: ignore[no-untyped-def]
@@ -186,26 +224,29 @@ def test_retry_after_is_waited_out_and_shared_by_every_thread(hostile, certifica
     hostile.scripts[:] = [answer(429, b'{"kind":"Status","code":429,"reason":"TooManyRequests","message":"slow"}',
                                  "Retry-After: 1\r\n"),
                           answer(200, b'{"kind":"NodeList"}')]
-    client = api(hostile, certificate, timeout=5.0)
-    started = time.monotonic()
+    frozen = FrozenClock(hostile)
+    client = api(hostile, certificate, timeout=5.0, gate=RetryGate(frozen.clock, frozen.sleep))
     assert client.get("/api/v1/nodes") == {"kind": "NodeList"}
-    assert time.monotonic() - started >= 1.0
+    # one sleep, of the second asked (jittered up to a quarter more), between the 429 and the request that got 200
+    assert len(frozen.sleeps) == 1 and 1.0 <= frozen.sleeps[0][0] <= 1.25 and frozen.sleeps[0][1] == 1
+    assert len(hostile.requests) == 2
     # another thread of the same agent, asking meanwhile, waits out the same Retry-After
-    gate = RetryGate()
+    frozen = FrozenClock(hostile)
+    gate = RetryGate(frozen.clock, frozen.sleep)
     gate.hold(1.0)
     shared = KubeClient(client.credentials, timeout=5.0, gate=gate)
-    started = time.monotonic()
     assert shared.get("/api/v1/nodes") == {"kind": "NodeList"}
-    assert time.monotonic() - started >= 1.0
+    assert len(frozen.sleeps) == 1 and 1.0 <= frozen.sleeps[0][0] <= 1.25 and frozen.sleeps[0][1] == 2
+    assert len(hostile.requests) == 3  # asked once, after the sleep
 
 
 def test_a_retry_after_past_the_deadline_is_the_error_with_the_apis_status(hostile, certificate) -> None:  # type: ignore[no-untyped-def]
     hostile.scripts[:] = [answer(503, b'{"kind":"Status","code":503,"reason":"ServiceUnavailable","message":"busy"}',
                                  "Retry-After: 20\r\n")]
-    started = time.monotonic()
+    frozen = FrozenClock(hostile)
     with pytest.raises(ApiServerError) as raised:
-        api(hostile, certificate, timeout=1.0).get("/api/v1/nodes")
-    assert time.monotonic() - started < 1.0
+        api(hostile, certificate, timeout=1.0, gate=RetryGate(frozen.clock, frozen.sleep)).get("/api/v1/nodes")
+    assert frozen.sleeps == [] and len(hostile.requests) == 1  # not waited out, not asked again: the error at once
     assert raised.value.status == 503 and raised.value.reason == "ServiceUnavailable"
     assert raised.value.retry_after == 20.0
     hostile.scripts[:] = [answer(429, b'{"kind":"Status","code":429,"message":"later"}', "Retry-After: 20\r\n")]

@@ -46,7 +46,8 @@ def _follow(client: FakeKubeClient) -> Followed:
 def _wait(condition: object, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not met in time"
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
         time.sleep(0.01)
 
 
