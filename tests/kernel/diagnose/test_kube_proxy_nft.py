@@ -153,7 +153,7 @@ def test_check_and_trace_beside_kube_proxy_nftables(net: Network, backend: str, 
         "endpoint to its own ClusterIP": a.pod_side,
         "another pod to the ClusterIP": a.pod2,
     }
-    assert (code, report) == (0, {"ok": True, "findings": []})
+    assert (code, report) == (0, {"apiVersion": "ipmasq.io/v1", "kind": "CheckReport", "ok": True, "findings": []})
 
     def trace(destination: str, source: str, out_address: str, *extra: str) -> dict[str, Any]:
         # the first --local-address is the out interface's, which a masquerade takes
