@@ -543,7 +543,7 @@ def test_ipmasq_status_and_kubectl_ipmasq_tell_the_truth_of_every_nodes_kernel(c
     assert "2 of 2 nodes enforce the current config" in plugin.stdout
     listed = cluster.kubectl("get", "ipmasq").stdout
     for node in cluster.nodes:
-        row = rf"^{node.name}\s+true\s+[0-9a-f]{{12}}\s+iptables \(nft\)\s+api\s+\d+\s"
+        row = rf"^{node.name}\s+true\s+[0-9a-f]{{12}}\s+iptables \(nft\)\s+api\s+enforce\s+\d+\s"
         assert re.search(row, listed, re.M), listed
     # check and trace on a node, as they print there
     for node in cluster.nodes:
