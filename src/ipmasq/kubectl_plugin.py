@@ -138,8 +138,9 @@ def run_on_node(flags: KubectlFlags, node: str, argv: Sequence[str]) -> int:
 
 
 def debug_pod_name() -> str:
-    """Unique however many operators start one at once: the second it started and 6 random hex digits."""
-    return f"ipmasq-debug-{int(time.time())}-{secrets.token_hex(3)}"
+    """Unique however many operators start one at once: the second it started and 8 random hex digits (32 bits: two
+    operators in one second collide once in four billion)."""
+    return f"ipmasq-debug-{int(time.time())}-{secrets.token_hex(4)}"
 
 
 def _debug_pod(flags: KubectlFlags, node: str, argv: Sequence[str], image: str) -> int:

@@ -80,7 +80,6 @@ def test_a_rollout_seen_through_prometheus(tmp_path: Path) -> None:
 
 
 def test_a_terminated_lab_leaves_no_namespace_or_process() -> None:
-    before = _namespaces()
     proc = subprocess.Popen([PYTHON, "-m", "ipmasq", "lab", "--scenario", "fleet-rollout"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
@@ -88,7 +87,9 @@ def test_a_terminated_lab_leaves_no_namespace_or_process() -> None:
         # the agents and Prometheus are up once the first step reports
         first = proc.stdout.readline()
         assert first.startswith("-- initial config"), first + proc.stdout.read()
-        assert _lab_processes() != [] and _namespaces() - before != set()
+        # the lab names its namespaces by its pid (ipmq<pid>x...): another lab on the machine is not this one's
+        ours = f"{LAB_PREFIX}{proc.pid}x"
+        assert _lab_processes() != [] and {name for name in _namespaces() if name.startswith(ours)}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) != 0
     finally:
@@ -98,4 +99,5 @@ def test_a_terminated_lab_leaves_no_namespace_or_process() -> None:
     deadline = time.monotonic() + 5  # SIGKILLed processes are reaped by then at the latest
     while _lab_processes() and time.monotonic() < deadline:
         time.sleep(0.1)
-    _assert_nothing_left(before)
+    assert {name for name in _namespaces() if name.startswith(ours)} == set()
+    assert _lab_processes() == []
