@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -17,6 +17,17 @@ from ipmasq.lab.kubernetes.artifacts import ensure_artifacts, missing_packages
 from ipmasq.lab.kubernetes.cluster import NETNS_PREFIX, Cluster, cluster_is_up, state_dir, tear_down
 from ipmasq.lab.netns import Network
 from tests.conftest import ROOT
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.5) -> float:
+    """Until `condition()` is true, asked every `interval` seconds; the seconds it took. AssertionError naming `what`
+    after `timeout` (a condition waited on, never a bound on speed)."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(interval)
+    return time.monotonic() - started
 
 
 def progress(line: str) -> None:

@@ -6,7 +6,6 @@ other node's, a forged object, another holder in the Lease or a Lease held for e
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -18,7 +17,7 @@ from ipmasq.kube.kubeconfig import load
 from ipmasq.lab.kubernetes import agent
 from ipmasq.lab.kubernetes.cluster import Cluster
 from ipmasq.lab.scenarios import KEEP_10_8, REFERENCE_OPTIONS
-from tests.kernel.lab.kubernetes.conftest import module_cluster
+from tests.kernel.lab.kubernetes.conftest import module_cluster, wait_until
 
 pytestmark = pytest.mark.kubernetes
 
@@ -34,13 +33,6 @@ def lab() -> Iterator[Cluster]:
             agent.wait_synced(cluster, node, KEEP_10_8, REFERENCE_OPTIONS)
         yield cluster
 
-
-def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(0.5)
 
 
 def _as_agent(lab: Cluster, node: str | None) -> KubeClient:
@@ -105,13 +97,13 @@ def test_the_agents_keep_writing_their_status_events_and_the_lease(lab: Cluster)
         items = admin.get(paths.statuses())["items"]
         return {item["metadata"]["name"] for item in items if item.get("ready") is True} >= names
 
-    _wait(every_status_ready, 60, "every node's agent wrote its status through the policy")
+    wait_until(every_status_ready, 60, "every node's agent wrote its status through the policy")
 
     def held() -> bool:
         holder = (admin.get(LEASE).get("spec") or {}).get("holderIdentity")
         return holder in names
 
-    _wait(held, 60, "an agent holds the Lease")
+    wait_until(held, 60, "an agent holds the Lease")
     # a config the agents refuse: each writes a ConfigRejected Event about its own Node (admitted by the policy)
     agent.apply_config(lab, "nonMasqueradeCIDRs:\n  - 10.0.0.0/33\n")
     try:
@@ -119,6 +111,6 @@ def test_the_agents_keep_writing_their_status_events_and_the_lease(lab: Cluster)
             events = admin.get("/api/v1/namespaces/default/events")["items"]
             return {e["involvedObject"]["name"] for e in events if e.get("reason") == "ConfigRejected"} >= names
 
-        _wait(rejected_everywhere, 60, "every node's ConfigRejected Event about itself")
+        wait_until(rejected_everywhere, 60, "every node's ConfigRejected Event about itself")
     finally:
         agent.apply_config(lab, KEEP_10_8)

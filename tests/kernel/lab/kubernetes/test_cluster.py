@@ -46,7 +46,7 @@ from ipmasq.lab.scenarios import (
 from ipmasq.lab.topology import ADDR, STRICT_PORT, Probe
 from ipmasq.policy.hash import policy_hash
 from tests.conftest import ROOT
-from tests.kernel.lab.kubernetes.conftest import module_cluster, progress
+from tests.kernel.lab.kubernetes.conftest import module_cluster, progress, wait_until
 
 pytestmark = pytest.mark.kubernetes
 
@@ -100,13 +100,6 @@ def _ready(pod: dict[str, object]) -> bool:
     conditions = pod["status"].get("conditions", [])  # type: ignore[attr-defined]
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
-
-def _wait(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(0.5)
 
 
 def _probe_from(lab: Cluster, node_name: str, probe: Probe) -> str | None:
@@ -249,11 +242,11 @@ def test_a_bad_configmap_keeps_every_nodes_rules_and_says_why_in_kubectl(cluster
             f"node {n.name} rejected the config: configmap/ip-masq-agent[config]:3: "
             in " ".join(cluster.kubectl("describe", "node", n.name).stdout.split()) for n in cluster.nodes)
 
-    _wait(rejected_by_every_node, 20, "kubectl describe configmap summing up the rejection and its line, and "
+    wait_until(rejected_by_every_node, 20, "kubectl describe configmap summing up the rejection and its line, and "
           "kubectl describe node naming each node's")
     _progress(f"kubectl describe configmap summed up every node's rejection {time.monotonic() - started:.1f} s "
               "after the apply")
-    _wait(lambda: not any(_ready(p) for p in agent.agent_pods(cluster).values()), 90, "every agent NotReady")
+    wait_until(lambda: not any(_ready(p) for p in agent.agent_pods(cluster).values()), 90, "every agent NotReady")
     for node in cluster.nodes:
         pod = agent.agent_pods(cluster)[node.name]["metadata"]["name"]
         described = cluster.kubectl("describe", "pod", "-n", "kube-system", pod).stdout
@@ -268,7 +261,7 @@ def test_a_bad_configmap_keeps_every_nodes_rules_and_says_why_in_kubectl(cluster
             raise AssertionError(f"{exc} (agent restarts before the flush {restarts}, now "
                                  f"{_restarts(cluster, node.name)})") from None
     agent.apply_config(cluster, KEEP_10_8)
-    _wait(lambda: all(_ready(p) for p in agent.agent_pods(cluster).values()), 90, "every agent Ready again")
+    wait_until(lambda: all(_ready(p) for p in agent.agent_pods(cluster).values()), 90, "every agent Ready again")
 
 
 def test_a_rolling_update_hands_over_without_a_connection_leaving_with_a_wrong_source(cluster: Cluster) -> None:
@@ -369,7 +362,7 @@ def _seen_from(python: list[str], host: str, port: int) -> str | None:
         seen[0] = None if text in ("", "FAILED") else text
         return seen[0] is not None
 
-    _wait(answered, 60, f"a connection to {host}:{port}")
+    wait_until(answered, 60, f"a connection to {host}:{port}")
     return seen[0]
 
 
@@ -479,7 +472,7 @@ def test_kubectl_debug_node_checks_a_node_whose_chain_another_agent_owns(cluster
             status = cluster.kubectl_json("get", "pod", "-n", "kube-system", pod)["status"]
             return bool(status.get("phase") in ("Succeeded", "Failed"))
 
-        _wait(finished, 90, f"the debug pod {pod} to finish")
+        wait_until(finished, 90, f"the debug pod {pod} to finish")
         status = cluster.kubectl_json("get", "pod", "-n", "kube-system", pod)["status"]
         logs = cluster.kubectl("logs", "-n", "kube-system", pod).stdout
         assert status["phase"] == "Succeeded", logs
@@ -530,7 +523,7 @@ def test_ipmasq_status_and_kubectl_ipmasq_tell_the_truth_of_every_nodes_kernel(c
     agent.deploy_agent(cluster)
     for node in cluster.nodes:
         agent.wait_synced(cluster, node, good, REFERENCE_OPTIONS)
-    _wait(lambda: _status(cluster)[0] == 0, 15, "ipmasq status: every node current")
+    wait_until(lambda: _status(cluster)[0] == 0, 15, "ipmasq status: every node current")
     code, view = _status(cluster)
     assert code == 0
     for row in view["nodes"]:
@@ -563,18 +556,18 @@ def test_ipmasq_status_and_kubectl_ipmasq_tell_the_truth_of_every_nodes_kernel(c
     before = repairs()
     cluster.namespace(egress).run(["iptables", "-t", "nat", "-F", REFERENCE_OPTIONS.masq_chain])
     agent.wait_synced(cluster, egress, good, REFERENCE_OPTIONS, timeout=30)
-    _wait(lambda: repairs() == before + 1, 15, "the drift repair counted in the node's status")
+    wait_until(lambda: repairs() == before + 1, 15, "the drift repair counted in the node's status")
     events = cluster.kubectl("get", "events", "-n", "default", "--field-selector",
                              f"involvedObject.name={EGRESS_NODE},reason=DriftRepaired").stdout
     assert "changed by someone else" in events, events
     # a bad config: exit 1, the rejection named per node
     agent.apply_config(cluster, "nonMasqueradeCIDRs:\n  - 10.0.0.0/33\n")
-    _wait(lambda: _status(cluster)[0] == 1 and all(r["last_rejection"] for r in _status(cluster)[1]["nodes"]), 15,
+    wait_until(lambda: _status(cluster)[0] == 1 and all(r["last_rejection"] for r in _status(cluster)[1]["nodes"]), 15,
           "ipmasq status: exit 1 naming every node's rejection")
     shown = _ipmasq(cluster, "ipmasq", "status").stdout
     assert shown.count("rejects the current config: configmap/ip-masq-agent[config]:2:") == 2, shown
     agent.apply_config(cluster, good)
-    _wait(lambda: _status(cluster)[0] == 0, 15, "every node current again")
+    wait_until(lambda: _status(cluster)[0] == 0, 15, "every node current again")
 
 
 def _can(verb: str, what: str, namespace: str | None = None) -> list[str]:
@@ -623,7 +616,7 @@ def _node_ready(cluster: Cluster, node: Any) -> bool:
 def _wait_node_ready(cluster: Cluster, node: Any) -> None:
     """Ready soon after the kernel holds the rules: the agent says so once its pass has read them back, a moment after
     the write the test saw (and until then says "not applied yet")."""
-    _wait(lambda: _node_ready(cluster, node), 15, f"the agent on {node.name} ready")
+    wait_until(lambda: _node_ready(cluster, node), 15, f"the agent on {node.name} ready")
 
 
 def test_the_api_down_restarted_or_refusing_never_costs_a_node_its_rules(cluster: Cluster) -> None:
@@ -652,7 +645,7 @@ def test_the_api_down_restarted_or_refusing_never_costs_a_node_its_rules(cluster
     cluster.kubectl("delete", "rolebinding", "ip-masq-agent", "-n", "kube-system")
     cluster.stop_api_server()
     cluster.start_api_server()
-    _wait(lambda: all("forbidden" in _agent_log(cluster, n.name).lower() for n in cluster.nodes), 60,
+    wait_until(lambda: all("forbidden" in _agent_log(cluster, n.name).lower() for n in cluster.nodes), 60,
           "every agent logging that the API refused it")
     third = first.replace("10.0.0.0/8", "10.0.0.0/10")
     agent.apply_config(cluster, third)
@@ -664,7 +657,7 @@ def test_the_api_down_restarted_or_refusing_never_costs_a_node_its_rules(cluster
     # authorizer has caught up with the deleted binding)
     before = {n.name: _agent_log(cluster, n.name).count(again) for n in cluster.nodes}
     agent.deploy_agent(cluster)  # the binding back
-    _wait(lambda: all(_agent_log(cluster, n.name).count(again) > before[n.name] for n in cluster.nodes), 90,
+    wait_until(lambda: all(_agent_log(cluster, n.name).count(again) > before[n.name] for n in cluster.nodes), 90,
           "every agent following again")
     # deleted and recreated: the defaults (said on each Node), then the config again
     agent.apply_config(cluster, None)
@@ -676,7 +669,7 @@ def test_the_api_down_restarted_or_refusing_never_costs_a_node_its_rules(cluster
 
     # the reporter's retries back off (up to 60 s, apireport.RETRY_MAX) while the API refused it above: its next
     # write may wait that long
-    _wait(said_on_every_node, 90, "a NoConfigMap Event on every node")
+    wait_until(said_on_every_node, 90, "a NoConfigMap Event on every node")
     agent.apply_config(cluster, first)
     for node in cluster.nodes:
         agent.wait_synced(cluster, node, first, REFERENCE_OPTIONS, timeout=10)
@@ -726,7 +719,7 @@ def test_what_the_agents_client_sends_and_reads_is_what_lightkube_reads(cluster:
     # one ConfigApplied summary per content, by the Lease's holder (one of the nodes), not one Event per node; after
     # the API outage of the test before, the holder may still be backing off, or the Lease passing to another node
     # (a candidate waits 120 s for a record that stands still)
-    _wait(lambda: any(e.reason == "ConfigApplied" for e in described()), 150,
+    wait_until(lambda: any(e.reason == "ConfigApplied" for e in described()), 150,
           "the fleet's summary on the ConfigMap")
     applied = [e for e in described() if e.reason == "ConfigApplied"]
     assert applied and {e.source.host for e in applied if e.source} <= {n.name for n in cluster.nodes}
@@ -736,7 +729,7 @@ def test_what_the_agents_client_sends_and_reads_is_what_lightkube_reads(cluster:
     for node in cluster.nodes:
         # the patch above is a config change: the status says not ready until that pass is verified, and is
         # written by the agent's reporter thread after it
-        _wait(lambda name=node.name: oracle.get(status_kind, name)["ready"] is True, 15,
+        wait_until(lambda name=node.name: oracle.get(status_kind, name)["ready"] is True, 15,
               f"{node.name}'s status ready again after the patch")
         status = oracle.get(status_kind, node.name)
         assert status["ready"] is True and status["nodeName"] == node.name

@@ -15,7 +15,7 @@ import sys
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from ipmasq.lab.scenarios import KEEP_10_8, REFERENCE_OPTIONS
 from ipmasq.lab.topology import ADDR, STRICT_PORT
 from ipmasq.monitoring import JOB, scrape_config
 from tests.conftest import ROOT
-from tests.kernel.lab.kubernetes.conftest import module_cluster, progress
+from tests.kernel.lab.kubernetes.conftest import module_cluster, progress, wait_until
 
 pytestmark = pytest.mark.kubernetes
 
@@ -45,13 +45,6 @@ def cluster() -> Iterator[Cluster]:
         lab.restart_kubelets(FAST_SYNC_FREQUENCY)
         yield lab
 
-
-def _wait(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.5) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(interval)
 
 
 def _fresh_agent(cluster: Cluster, shipped: str = "deploy", backend: str = agent.SHIPPED_BACKEND) -> None:
@@ -129,10 +122,10 @@ def test_prometheus_finds_every_agent_by_kubernetes_discovery(cluster: Cluster) 
             up = server.query(up_query)
             return {s["node"]: (s["instance"], v) for s, v in up} == {n: (a, 1.0) for n, a in want.items()}
 
-        _wait(every_target_up, 90, f"a target per node up ({want})")
+        wait_until(every_target_up, 90, f"a target per node up ({want})")
         up_seconds = time.monotonic() - started
         # every target scraped several times and the rules evaluated since: still no IpMasqAgentAbsent
-        _wait(lambda: all(v >= 5 for _, v in server.query(f'count_over_time(up{{job="{JOB}"}}[1m])')), 60,
+        wait_until(lambda: all(v >= 5 for _, v in server.query(f'count_over_time(up{{job="{JOB}"}}[1m])')), 60,
               "five scrapes of every target")
         alerts = server.alerts()
         assert not [a for a in alerts if a.name in ("IpMasqAgentAbsent", "IpMasqAgentDown")], alerts
@@ -153,7 +146,7 @@ def test_prometheus_finds_every_agent_by_kubernetes_discovery(cluster: Cluster) 
         def absent_firing() -> bool:
             return any(a.name == "IpMasqAgentAbsent" and a.state == "firing" for a in server.alerts())
 
-        _wait(absent_firing, 90, f"IpMasqAgentAbsent firing once the agents are gone: {server.alerts()}")
+        wait_until(absent_firing, 90, f"IpMasqAgentAbsent firing once the agents are gone: {server.alerts()}")
         progress(f"IpMasqAgentAbsent firing {time.monotonic() - removed:.1f} s after the DaemonSet was deleted "
                  "(for: 2s in the test's copy)")
     finally:
@@ -237,7 +230,7 @@ def test_upgrade_from_the_previous_release_and_back_under_traffic(cluster: Clust
     phases: dict[str, tuple[float, float]] = {}
     try:
         begun = time.monotonic()
-        _wait(lambda: traffic.count_since(begun) >= PROBES_PER_PHASE, 60, "traffic flowing from every node")
+        wait_until(lambda: traffic.count_since(begun) >= PROBES_PER_PHASE, 60, "traffic flowing from every node")
         for name, shipped in ((f"upgrade {previous} -> this release", "deploy"),
                               (f"rollback -> {previous}", str(old_deploy))):
             start = time.monotonic()
@@ -248,7 +241,7 @@ def test_upgrade_from_the_previous_release_and_back_under_traffic(cluster: Clust
             after = {node: pod["metadata"]["uid"] for node, pod in agent.agent_pods(cluster).items()}
             assert set(after) == set(before) and not set(after.values()) & set(before.values()), name  # rolled
             rolled = time.monotonic()
-            _wait(lambda rolled=rolled: traffic.count_since(rolled) >= PROBES_PER_PHASE, 60,
+            wait_until(lambda rolled=rolled: traffic.count_since(rolled) >= PROBES_PER_PHASE, 60,
                   f"traffic after the {name}")
             phases[name] = (start, time.monotonic())
             ports = {n: [p.get("name") for p in c.get("ports", [])] for n, c in _agent_templates(cluster).items()}

@@ -10,12 +10,13 @@ node's status object says it, polled through the API) is printed, never asserted
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from ipmasq.kube.client import KubeClient
 from ipmasq.kube.kubeconfig import load as load_kubeconfig
 from ipmasq.lab.kubernetes import agent, standin
 from ipmasq.lab.kubernetes.cluster import Cluster
-from tests.kernel.lab.kubernetes.conftest import module_cluster, progress
+from tests.kernel.lab.kubernetes.conftest import module_cluster, progress, wait_until
 
 pytestmark = pytest.mark.kubernetes
 
@@ -53,12 +54,7 @@ def _status(cluster: Cluster, *nodes: str) -> tuple[int, dict[str, Any]]:
     return result.returncode, json.loads(result.stdout) if result.stdout else {}
 
 
-def _wait(condition: Callable[[], object], timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"not within {timeout:.0f} s: {what}"
-        time.sleep(0.1)
-    return time.monotonic() - started
+_wait = functools.partial(wait_until, interval=0.1)  # its latencies are read at 0.1 s
 
 
 def _rendered(config: str) -> str:

@@ -16,7 +16,7 @@ from ipmasq.lab.kubernetes import agent, standin
 from ipmasq.lab.kubernetes.cluster import FAST_SYNC_FREQUENCY, Cluster, NodeSpec
 from ipmasq.lab.scenarios import GKE_OPTIONS, PRESERVE_ONLY_10_8
 from ipmasq.policy.prefix import Family
-from tests.kernel.lab.kubernetes.conftest import module_cluster
+from tests.kernel.lab.kubernetes.conftest import module_cluster, wait_until
 
 pytestmark = pytest.mark.kubernetes
 
@@ -48,13 +48,6 @@ def _reasons(lab: Cluster) -> dict[str, str]:
     return {s["metadata"]["name"]: str(s.get("status", s).get("reason", "")) for s in statuses}
 
 
-def _wait(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(0.5)
-
 
 def test_the_gke_overlay_beside_gkes_agent_stops_fighting_and_says_foreign_writer(lab: Cluster) -> None:
     agent.apply_config(lab, CONFIG)
@@ -64,14 +57,14 @@ def test_the_gke_overlay_beside_gkes_agent_stops_fighting_and_says_foreign_write
     standin.deploy(lab, period=0.5, jump=False, wait=False)
     try:
         for node in lab.nodes:
-            _wait(lambda node=node: _metric(lab, node, 'ipmasq_foreign_writer{chain="IP-MASQ"}') == 1, 120,
+            wait_until(lambda node=node: _metric(lab, node, 'ipmasq_foreign_writer{chain="IP-MASQ"}') == 1, 120,
                   f"{node.name}: ipmasq_foreign_writer")
         since = time.monotonic()
         repairs = {node.name: _metric(lab, node, "ipmasq_drift_repairs_total") or 0.0 for node in lab.nodes}
-        _wait(lambda: all("ForeignWriter: IP-MASQ" in r for r in _reasons(lab).values()) and len(_reasons(lab))
+        wait_until(lambda: all("ForeignWriter: IP-MASQ" in r for r in _reasons(lab).values()) and len(_reasons(lab))
               == len(lab.nodes), 60, "every node's status says ForeignWriter")
         # no flapping: over ten resync periods only the trial repairs after each (doubling) quiet spell
-        _wait(lambda: time.monotonic() - since > 10 * RESYNC, 60, "ten resync periods")
+        wait_until(lambda: time.monotonic() - since > 10 * RESYNC, 60, "ten resync periods")
         elapsed = time.monotonic() - since
         bound = math.ceil(math.log2(elapsed / FIRST_QUIET + 1)) + 1
         for node in lab.nodes:
@@ -85,7 +78,7 @@ def test_the_gke_overlay_beside_gkes_agent_stops_fighting_and_says_foreign_write
     # the stand-in is gone: each agent repairs once its quiet spell ends and says so
     for node in lab.nodes:
         agent.wait_synced(lab, node, CONFIG, GKE_OPTIONS, timeout=180)
-    _wait(lambda: not any("ForeignWriter" in r for r in _reasons(lab).values()), 120, "ForeignWriter cleared")
+    wait_until(lambda: not any("ForeignWriter" in r for r in _reasons(lab).values()), 120, "ForeignWriter cleared")
     for node in lab.nodes:
         assert _metric(lab, node, 'ipmasq_foreign_writer{chain="IP-MASQ"}') is None
     agent.remove_agent(lab)
