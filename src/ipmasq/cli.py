@@ -15,10 +15,10 @@ from enum import IntEnum
 from importlib import import_module
 from typing import Any, NoReturn
 
-from ipmasq.errors import ConfigError, InputUnreadable, IpmasqError, UsageError
+from ipmasq.errors import ConfigError, InputUnreadable, IpmasqError, UsageError, one_line
 from ipmasq.version import VersionAction
 
-__all__ = ["COMMANDS", "EXAMPLES", "ArgumentParser", "Exit", "build_parser", "main"]
+__all__ = ["COMMANDS", "EXAMPLES", "ArgumentParser", "Exit", "build_parser", "main", "report"]
 
 # Each module has `register(subparsers)`, which sets `func=run(args) -> int` on its parser.
 COMMANDS = ("render", "explain", "agent", "uninstall", "lab", "lint", "diff", "trace", "check", "audit", "health",
@@ -160,18 +160,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "ipmasq") -> int:
             raise UsageError(_unrecognized(extra, subcommands(parser).get(command or "")))
         code: int = args.func(args)  # Exit.OK or Exit.FINDINGS: what the command found
         return code
-    except UsageError as exc:
-        print(f"{who}: {_one_line(str(exc))}", file=sys.stderr)
-        return Exit.USAGE
-    except InputUnreadable as exc:
-        print(f"{who}: {exc}", file=sys.stderr)
-        return Exit.COULD_NOT_RUN
-    except ConfigError as exc:
-        print(f"{who}: config error: {exc}", file=sys.stderr)
-        return Exit.FINDINGS
     except IpmasqError as exc:
-        print(f"{who}: {exc}", file=sys.stderr)
-        return Exit.COULD_NOT_RUN
+        return report(who, exc)
     except KeyboardInterrupt:
         return Exit.INTERRUPTED
     except BrokenPipeError:
@@ -213,6 +203,17 @@ def _go_flags_normalised(command: str | None, raw: list[str]) -> list[str]:
     return normalise_go_flags(raw)
 
 
-def _one_line(message: str) -> str:
-    # a value typed on the command line may hold a newline; the message stays one line
-    return message.replace("\r", "\\r").replace("\n", "\\n")
+def report(who: str, exc: IpmasqError) -> Exit:
+    """The error as one line on stderr, `WHO: message`, and the exit status it means: the one translation for
+    `ipmasq` and `kubectl ipmasq` (a value typed on the command line or read from outside may hold a newline or an
+    escape: the line is escaped)."""
+    if isinstance(exc, UsageError):
+        code, prefix = Exit.USAGE, ""
+    elif isinstance(exc, InputUnreadable):  # a ConfigError that says nothing of the content: could not run
+        code, prefix = Exit.COULD_NOT_RUN, ""
+    elif isinstance(exc, ConfigError):
+        code, prefix = Exit.FINDINGS, "config error: "
+    else:
+        code, prefix = Exit.COULD_NOT_RUN, ""
+    print(f"{who}: {prefix}{one_line(str(exc))}", file=sys.stderr)
+    return code

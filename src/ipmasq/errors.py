@@ -72,6 +72,7 @@ __all__ = [
     "NoWriter",
     "NotAFile",
     "NotFound",
+    "PluginError",
     "PrefixError",
     "RuleParseError",
     "TooLarge",
@@ -132,6 +133,10 @@ class InputUnreadable(ConfigError):
 class WorkBudgetExhausted(IpmasqError):
     """A check spent the work it was given (ipmasq.policy.budget) before it finished: its caller says what it did
     not check."""
+
+
+class PluginError(IpmasqError):
+    """kubectl could not be run, or said no: `kubectl ipmasq` could not run (exit 3)."""
 
 
 class Abandoned(IpmasqError):

@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ipmasq.cli import Exit, did_you_mean
-from ipmasq.errors import IpmasqError, UsageError, clip, one_line
+from ipmasq.cli import Exit, did_you_mean, report
+from ipmasq.errors import IpmasqError, PluginError, UsageError, clip, one_line
 from ipmasq.version import IMAGE
 
 __all__ = ["DEFAULT_NAMESPACE", "SUBCOMMANDS", "KubectlFlags", "Subcommand", "main", "split_kubectl_flags"]
@@ -38,10 +38,6 @@ PROG = "kubectl ipmasq"
 DEFAULT_NAMESPACE = "kube-system"
 AGENT_SELECTOR = "k8s-app=ip-masq-agent"
 DEBUG_POD_SECONDS = 120
-
-
-class PluginError(IpmasqError):
-    """kubectl could not be run, or said no: the plugin could not run (exit 3)."""
 
 
 @dataclass(frozen=True)
@@ -285,12 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "status" and flags.image is not None:
             raise UsageError("--image is for check, trace and uninstall")
         return sub.run(flags, rest)
-    except UsageError as exc:
-        print(f"{who}: {one_line(str(exc))}", file=sys.stderr)
-        return Exit.USAGE
     except IpmasqError as exc:
-        print(f"{who}: {one_line(str(exc))}", file=sys.stderr)
-        return Exit.COULD_NOT_RUN
+        return report(who, exc)
     except KeyboardInterrupt:
         return Exit.INTERRUPTED
     except BrokenPipeError:
