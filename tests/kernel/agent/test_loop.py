@@ -66,7 +66,8 @@ def test_gke_upgrade_outage_then_fixed_by_a_kubelet_update_while_running(net: Ne
             assert w.seen(AWS_DB) == NODE
             assert w.seen(ONPREM) == POD  # still inside 10.0.0.0/8
             took = running.stop()
-            assert took < 1.0
+            # SIGTERM ends the wait for the next resync (60 s) at once: half of it is a hang guard, not a speed
+            assert took < 30, f"the agent took {took:.1f} s to stop: it waited for its resync"
             assert running.proc.returncode == 0
         # stopping left the rules: traffic keeps its behaviour while the agent is being upgraded
         assert w.seen(AWS_DB) == NODE
