@@ -101,7 +101,7 @@ def agent(node: Namespace, log: Path, *args: str, env: dict[str, str] | None = N
                       env=full_env)
     running = AgentProcess(proc, log)
     try:
-        assert wait_until(lambda: "agent started" in running.log or proc.poll() is not None, 10), running.log
+        assert wait_until(lambda: "agent started" in running.log or proc.poll() is not None, 30), running.log
         assert proc.poll() is None, running.log
         yield running
     finally:
@@ -109,7 +109,8 @@ def agent(node: Namespace, log: Path, *args: str, env: dict[str, str] | None = N
         fh.close()
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 5.0, interval: float = 0.02) -> bool:
+def wait_until(condition: Callable[[], object], timeout: float = 30.0, interval: float = 0.02) -> bool:
+    """True once `condition()` holds; False after `timeout` (a hang guard: generous, since a loaded machine is slow)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():

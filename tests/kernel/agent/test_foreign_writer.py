@@ -37,7 +37,7 @@ def test_the_agent_stops_fighting_a_foreign_writer_and_resumes_when_it_is_gone(n
     rules.write_text(STAND_IN_RULES)
     with world(net) as w, agent(w.node, tmp_path / "agent.log", f"--config={config_dir}/ip-masq-agent",
                                 *GKE) as running:
-        assert wait_until(lambda: "-A IP-MASQ -d 10.0.0.0/8" in w.nat(), 10), running.log
+        assert wait_until(lambda: "-A IP-MASQ -d 10.0.0.0/8" in w.nat(), 30), running.log
         good = ours(w.nat(), "IP-MASQ")
         assert w.seen(AWS_DB) == NODE
         stand_in = w.node.popen(["sh", "-c", STAND_IN.format(rules=rules)])

@@ -52,15 +52,15 @@ def test_a_node_moved_to_the_nft_variant_loses_the_legacy_chain(net: Network, tm
         assert check.returncode == 1 and "other-variant-rules" in check.stdout, check.stdout
         with agent(w.node, tmp_path / "agent.log", f"--config={new}", "--backend=iptables",
                    "--iptables-variant=nft") as running:
-            assert wait_until(lambda: not ours_in(w.node, "iptables-legacy-save"), 3), running.log
+            assert wait_until(lambda: not ours_in(w.node, "iptables-legacy-save"), 30), running.log
             assert any("8.8.8.0/24" in line for line in ours_in(w.node, "iptables-nft-save"))
             assert w.seen(GOOGLE_DNS) == POD and w.seen(AWS_DB) == NODE and w.seen(ONPREM) == POD
-            assert wait_until(lambda: health(w.node)[0] == 0, 3), health(w.node)
+            assert wait_until(lambda: health(w.node)[0] == 0, 30), health(w.node)
             check = w.node.run([sys.executable, "-m", "ipmasq", "check", f"--config={new}"], check=False)
             assert "other-variant-rules" not in check.stdout, check.stdout
             # an old agent of the legacy variant writes its chain again: the next pass removes it again
             plant(w.node, old)
-            assert wait_until(lambda: not ours_in(w.node, "iptables-legacy-save"), 3), running.log
+            assert wait_until(lambda: not ours_in(w.node, "iptables-legacy-save"), 30), running.log
             assert w.seen(GOOGLE_DNS) == POD
             assert len(running.lines("removed the objects of iptables (legacy)")) == 2
             assert not running.lines("ERROR")
@@ -150,14 +150,14 @@ def test_two_agents_overlapping_never_fight_and_the_second_takes_over(net: Netwo
     with world(net) as w:
         w.peer.run(["ip", "addr", "add", f"{GOOGLE_DNS}/32", "dev", "lo"])
         with agent(w.node, tmp_path / "old.log", path, "--backend=nftables") as old:
-            assert wait_until(lambda: old.lines("applied IPv4"), 3), old.log
+            assert wait_until(lambda: old.lines("applied IPv4"), 30), old.log
             log = (tmp_path / "new.log").open("w")
             proc = w.node.popen([sys.executable, "-m", "ipmasq", "agent", path, "--backend=iptables",
                                  "--metrics-address=127.0.0.1:9848"], stdout=log, stderr=subprocess.STDOUT)
             new = AgentProcess(proc, tmp_path / "new.log")
             try:
-                assert wait_until(lambda: new.lines("waiting for the node lock"), 5), new.log
-                assert wait_until(lambda: health(w.node, "127.0.0.1:9848")[0] == 1, 5)
+                assert wait_until(lambda: new.lines("waiting for the node lock"), 30), new.log
+                assert wait_until(lambda: health(w.node, "127.0.0.1:9848")[0] == 1, 30)
                 _, why = health(w.node, "127.0.0.1:9848")
                 assert "waiting for the node lock held by pid" in why, why
                 live = w.node.run([sys.executable, "-m", "ipmasq", "health", "--live", "--address=127.0.0.1:9848"],
@@ -165,7 +165,7 @@ def test_two_agents_overlapping_never_fight_and_the_second_takes_over(net: Netwo
                 assert live.returncode == 0, live.stdout
                 # a config change while both run: only the holder writes it
                 publish(str(config_dir), NEW)
-                assert wait_until(lambda: len(old.lines("applied IPv4")) == 2, 3), old.log
+                assert wait_until(lambda: len(old.lines("applied IPv4")) == 2, 30), old.log
                 assert w.seen(GOOGLE_DNS) == POD
                 assert not ours_in(w.node, "iptables-save") and not new.lines("applied")
                 handles = nft_table(w.node, handles=True)
@@ -173,10 +173,10 @@ def test_two_agents_overlapping_never_fight_and_the_second_takes_over(net: Netwo
                 assert nft_table(w.node, handles=True) == handles
                 old.stop()  # the rolling update ends the old pod: its table stays (SIGTERM keeps rules)
                 assert nft_table(w.node)
-                assert wait_until(lambda: new.lines("removed the objects of nftables"), 5), new.log
+                assert wait_until(lambda: new.lines("removed the objects of nftables"), 30), new.log
                 assert not nft_table(w.node) and ours_in(w.node, "iptables-save")
                 assert w.seen(GOOGLE_DNS) == POD and w.seen(AWS_DB) == NODE
-                assert wait_until(lambda: health(w.node, "127.0.0.1:9848")[0] == 0, 3)
+                assert wait_until(lambda: health(w.node, "127.0.0.1:9848")[0] == 0, 30)
                 # the new agent owns the node now: a later change is its to write
                 publish(str(config_dir), OLD)
                 # the kernel changes before the agent logs it: wait for both
