@@ -27,8 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipmasq.config.model import Rule as ConfigRule
-from ipmasq.config.model import RuleAction
+from ipmasq.config.model import Rule, RuleAction
 from ipmasq.errors import NftParseError, clip
 from ipmasq.netfilter.iptables import MASQ_COMMENT, NON_MASQ_COMMENT, RULE_COMMENT_PREFIX, rule_comment
 from ipmasq.options import PolicyOptions
@@ -144,7 +143,7 @@ def _masquerade_rules(options: PolicyOptions) -> list[str]:
     return rules
 
 
-def config_rule_text(rule: ConfigRule, options: PolicyOptions) -> str:
+def config_rule_text(rule: Rule, options: PolicyOptions) -> str:
     """A rule of the config's `rules` in the form `nft list` prints it, as it stands in RULES_CHAIN: several
     addresses or ports become an anonymous set, merged and sorted as nft lists them (it merges
     `{ 0.0.0.0/1, 128.0.0.0/1 }` to one prefix). preserve is `accept`: in the jumped-to chain a `return` would

@@ -52,7 +52,7 @@ from typing import Any, Protocol
 import h11
 
 from ipmasq.errors import Abandoned, IpmasqError, one_line
-from ipmasq.webhook.review import ReviewError, Verdict
+from ipmasq.webhook.review import AdmissionVerdict, ReviewError
 
 __all__ = ["BACKLOG", "MAX_BODY_BYTES", "MAX_CONNECTIONS", "REQUEST_SECONDS", "VALIDATE_PATH", "WebhookServer",
            "serve", "wait_listening"]
@@ -94,7 +94,7 @@ _WRITE_HIGH_BYTES = 256 * 1024  # answers a peer does not read: past this, its r
 
 class Respond(Protocol):
     def __call__(self, review: object, *, abandoned: threading.Event | None = None,
-                 ) -> tuple[dict[str, Any], Verdict]: ...
+                 ) -> tuple[dict[str, Any], AdmissionVerdict]: ...
 
 
 class ServerError(IpmasqError):
@@ -636,7 +636,7 @@ def _field(value: object, key: str) -> object:
     return value.get(key) if isinstance(value, dict) else None
 
 
-def decision_line(request: object, verdict: Verdict, seconds: float) -> str:
+def decision_line(request: object, verdict: AdmissionVerdict, seconds: float) -> str:
     """One log line per ConfigMap of the agent's: what, who, the verdict, how long, and the first reason. Any
     member may be missing or of the wrong type (the request is the peer's): it is shown as None."""
     outcome = "admitted" if verdict.allowed else "denied"

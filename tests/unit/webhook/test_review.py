@@ -25,8 +25,8 @@ from ipmasq.webhook.review import (
     MAX_LISTED,
     MAX_NAME_CHARS,
     REVIEW_WORK_STEPS,
+    AdmissionVerdict,
     ReviewError,
-    Verdict,
     decide,
     respond,
 )
@@ -53,7 +53,7 @@ def verdict_of(config: str, options: PolicyOptions | None = None) -> Any:
     return decide(request(config=config), options or PolicyOptions())
 
 
-def reviewed(config: str) -> Verdict:
+def reviewed(config: str) -> AdmissionVerdict:
     """The verdict as the webhook gives it: within the review's work budget."""
     return respond(review(request(config=config)))[1]
 
