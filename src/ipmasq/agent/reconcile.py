@@ -52,7 +52,7 @@ from ipmasq.agent.origin import ConfigOrigin
 from ipmasq.backends.base import Backend, Fingerprint, Removable, State, take_fingerprint
 from ipmasq.config.model import DEFAULT_RESYNC_SECONDS, MasqConfig
 from ipmasq.config.source import ConfigInput, config_digest, config_from_bytes
-from ipmasq.errors import BackendError, ConfigError, IpmasqError, one_line
+from ipmasq.errors import BackendError, ConfigError, IpmasqError, StopRequested, one_line
 from ipmasq.netfilter.nft import TABLE as NFT_TABLE
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.hash import policy_hash
@@ -71,7 +71,6 @@ __all__ = [
     "ProbeVerdict",
     "Reconciler",
     "RuleCount",
-    "StopRequested",
     "SyncResult",
     "count_objects",
 ]
@@ -212,12 +211,6 @@ def count_objects(state: State) -> tuple[int, int]:
     rules = sum(1 for line in state.objects if line.startswith(("-A ", "rule ")))
     elements = sum(1 for line in state.objects if line.startswith("element "))
     return rules, elements
-
-
-class StopRequested(BaseException):
-    """SIGTERM or SIGINT arrived while a config was being parsed: the process stops now instead of after the parse
-    (seconds for 100,000 CIDRs). Nothing was written: the kernel keeps the rules it had. A BaseException, so that
-    the loop's catch-all for unexpected errors lets it through."""
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

@@ -401,7 +401,7 @@ def _required_cidrs(fields: _RuleFields, item: DocumentNode, *, enable_ipv6: boo
     return destinations
 
 
-class _Said(Exception):  # control flow inside this module, never reported
+class _Said(Exception):  # control flow inside this module (not in errors.py): never leaves it, never reported
     """A field whose every problem is in the rule's errors already: the field failed, nothing more to say."""
 
 

@@ -23,7 +23,7 @@ from functools import lru_cache, partial
 from typing import NamedTuple, Protocol
 
 from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
-from ipmasq.errors import PrefixError, RuleParseError
+from ipmasq.errors import PrefixError, RuleParseError, Undecidable
 from ipmasq.netfilter.iptables import RULE_COMMENT_PREFIX, Condition, IptablesRule, Match, NatTable, parse_rule
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
@@ -36,7 +36,6 @@ __all__ = [
     "Step",
     "TraceResult",
     "Tracer",
-    "Undecidable",
     "is_local",
     "port_test_ranges",
     "tests_ports",
@@ -101,10 +100,6 @@ class TraceResult:
         if self.outcome is Outcome.SNAT:
             return self.snat_to  # an address range ("A-B") when the SNAT rule spreads over several
         return None
-
-
-class Undecidable(Exception):
-    """A rule the tracer cannot evaluate for this packet; the message says why."""
 
 
 class RuleShape(NamedTuple):

@@ -475,8 +475,8 @@ def _priority_of(chain: dict[str, Any]) -> int:
 # --- rule text <-> JSON expressions ------------------------------------------------------------------------------
 
 
-class _Unrecognised(Exception):
-    pass
+class _Unrecognised(Exception):  # control flow inside this module (not in errors.py): never leaves rule_from_json
+    """A JSON expression with no text form here: rule_from_json shows the rule as "unrecognised: <json>"."""
 
 
 def _value(right: Any) -> str:

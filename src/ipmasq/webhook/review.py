@@ -19,7 +19,7 @@ from typing import Any
 
 from ipmasq.config.source import CONFIG_PREFIX, ConfigInput, config_from_bytes
 from ipmasq.config.validate import KNOWN_KEYS
-from ipmasq.errors import ConfigError, IpmasqError, clip, one_line
+from ipmasq.errors import ConfigError, ReviewError, clip, one_line
 from ipmasq.findings import Finding, Severity
 from ipmasq.lint.config import lint_config
 from ipmasq.lint.manifest import AGENT_CONFIGMAP, AGENT_NAMESPACE, CONFIG_KEY
@@ -35,7 +35,6 @@ __all__ = [
     "MAX_NAME_CHARS",
     "REVIEW_WORK_STEPS",
     "AdmissionVerdict",
-    "ReviewError",
     "data_size",
     "decide",
     "respond",
@@ -64,10 +63,6 @@ REVIEW_WORK_STEPS = 1_000_000
 # The rules a review checks at all for being shadowed or changing nothing (docs/webhook.md states it): past this,
 # every rule is named in rules-not-checked at once, without spending the budget on the first few.
 MAX_CHECKED_RULES = 1_000
-
-
-class ReviewError(IpmasqError):
-    """The body is not an AdmissionReview request: answered with HTTP 400, never with a verdict."""
 
 
 @dataclass(frozen=True, slots=True)

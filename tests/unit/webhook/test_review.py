@@ -13,7 +13,7 @@ import pytest
 
 from ipmasq.config.document import MAX_VALUES
 from ipmasq.config.source import ConfigInput, config_from_bytes
-from ipmasq.errors import ConfigError
+from ipmasq.errors import ConfigError, ReviewError
 from ipmasq.findings import Severity
 from ipmasq.lint import lint_config
 from ipmasq.lint.text import scan_lookalikes
@@ -26,7 +26,6 @@ from ipmasq.webhook.review import (
     MAX_NAME_CHARS,
     REVIEW_WORK_STEPS,
     AdmissionVerdict,
-    ReviewError,
     decide,
     respond,
 )
