@@ -41,7 +41,7 @@ from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.config.model import Rule, RuleAction
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Packet
-from ipmasq.policy.policy import Policy, Reason, Verdict
+from ipmasq.policy.policy import Policy, PolicyVerdict, Reason
 from ipmasq.policy.prefix import Family, Prefix, format_address, parse_cidr
 from ipmasq.policy.rule_index import RuleIndex
 from ipmasq.testing.first_match import first_match_walk
@@ -58,13 +58,13 @@ class WalkPolicy(Policy):
         self._lists = Policy(replace(policy.config, rules=()), policy.options)
 
     def verdict_for(self, family: Family, address: int, *, text: str | None = None, source: int | None = None,
-                    protocol: str | None = None, port: int | None = None) -> Verdict:
+                    protocol: str | None = None, port: int | None = None) -> PolicyVerdict:
         shown = text if text is not None else format_address(family, address)
         rule, conditional, depends_on = first_match_walk(self.rules(family),
                                                          Packet.exact(family, address, source, protocol, port))
         if rule is not None:
-            return Verdict(shown, family, rule.action is not RuleAction.PRESERVE, Reason.RULE, None, rule,
-                           rule.snat_to, conditional, depends_on)
+            return PolicyVerdict(shown, family, rule.action is not RuleAction.PRESERVE, Reason.RULE, None, rule,
+                                 rule.snat_to, conditional, depends_on)
         listed = self._lists.verdict_for(family, address, text=shown)
         if not conditional:
             return listed
@@ -89,7 +89,7 @@ def packets(count: int, variant: int = 2) -> list[PacketFields]:
              rng.choice([443, 80, 5432, 8080, 53, 30080])) for _ in range(count)]
 
 
-def rate(policy: Policy, sample: Sequence[PacketFields], *, full: bool) -> tuple[float, list[Verdict]]:
+def rate(policy: Policy, sample: Sequence[PacketFields], *, full: bool) -> tuple[float, list[PolicyVerdict]]:
     """Verdicts per second over `sample` (full: source, protocol and port known; else the source only)."""
     verdict_for = policy.verdict_for
     verdict_for(Family.V4, sample[0][0])  # builds the lookup tables outside the timing
@@ -103,7 +103,7 @@ def rate(policy: Policy, sample: Sequence[PacketFields], *, full: bool) -> tuple
     return len(sample) / (time.perf_counter() - start), out
 
 
-def same(a: Verdict, b: Verdict) -> bool:
+def same(a: PolicyVerdict, b: PolicyVerdict) -> bool:
     return (a.masquerade, a.reason, a.entry, a.rule, a.snat_to, a.conditional, a.depends_on) == (
         b.masquerade, b.reason, b.entry, b.rule, b.snat_to, b.conditional, b.depends_on)
 

@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from ipmasq.errors import FlowLogError, NotAFile, NoWriter, clip
 from ipmasq.input_files import open_input
-from ipmasq.policy.policy import Policy, Reason, Verdict
+from ipmasq.policy.policy import Policy, PolicyVerdict, Reason
 from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address
 
 __all__ = ["AuditReport", "FlowAction", "Group", "RawCounts", "audit", "count_flows"]
@@ -400,16 +400,16 @@ def audit(raw: RawCounts, policy: Policy, *, group_bits: dict[Family, int] | Non
     return AuditReport(raw.records, raw.skipped, pod_flows, tuple(out))
 
 
-def _flow_verdicts(policy: Policy, family: Family, tally: _Tally, *, ruled: bool) -> list[Verdict]:
+def _flow_verdicts(policy: Policy, family: Family, tally: _Tally, *, ruled: bool) -> list[PolicyVerdict]:
     """What the policy does to the group's flows: per destination address when only the CIDR lists decide, per
     (source, destination) of each flow when config rules may match on the source. The logs read here give no
-    protocol and port to the policy, so a rule on them leaves the verdict undecided (Verdict.depends_on)."""
+    protocol and port to the policy, so a rule on them leaves the verdict undecided (PolicyVerdict.depends_on)."""
     if not ruled:
         return [policy.verdict_for(family, address) for address in sorted(tally.addresses)]
     return [policy.verdict_for(family, address, source=source) for source, address in sorted(tally.pairs)]
 
 
-def _decided_by(verdict: Verdict) -> str:
+def _decided_by(verdict: PolicyVerdict) -> str:
     if verdict.rule is not None:
         return f"rule {verdict.rule.name}"
     return "catch-all" if verdict.reason is Reason.CATCH_ALL else str(verdict.matched)

@@ -12,7 +12,7 @@ import ipaddress
 from dataclasses import dataclass
 from enum import Enum
 
-from ipmasq.policy.policy import Verdict
+from ipmasq.policy.policy import PolicyVerdict
 from ipmasq.policy.prefix import Prefix, parse_address
 
 __all__ = ["CloudNat", "CloudNatMode", "PathResult", "follow_path", "is_internet"]
@@ -58,7 +58,7 @@ def is_internet(destination: str) -> bool:
     return address.is_global
 
 
-def follow_path(verdict: Verdict, *, pod_ip: str | None, node_ip: str | None,
+def follow_path(verdict: PolicyVerdict, *, pod_ip: str | None, node_ip: str | None,
                 cloud_nat: CloudNat | None) -> PathResult:
     """The source address after the node (the node's, the pod's, or a snat rule's) and after a Cloud NAT gateway
     behind it, for traffic to the internet; a source the gateway does not translate is dropped there."""

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass
 from enum import Enum
 
+from ipmasq.errors import one_line
+
 __all__ = ["Finding", "Severity", "count", "has_errors"]
 
 
@@ -57,14 +59,15 @@ class Finding:
     def as_text(self) -> str:
         """A finding in a file: one compiler-style line (`FILE:LINE:COL: severity [id] message (fix: hint)`) that
         editors and grep jump to. A finding about the node: the severity up front, the fix on its own line."""
+        message = one_line(self.message)  # a value quoted from the input may hold a newline (a YAML scalar can)
         if self.file is None:
-            return f"{self.severity.value.upper()} {self.id}: {self.message}\n    fix: {self.hint}"
+            return f"{self.severity.value.upper()} {self.id}: {message}\n    fix: {self.hint}"
         where = self.file
         if self.line is not None:
             where += f":{self.line}"
             if self.column is not None:
                 where += f":{self.column}"
-        return f"{where}: {self.severity.value} [{self.id}] {self.message} (fix: {self.hint})"
+        return f"{where}: {self.severity.value} [{self.id}] {message} (fix: {self.hint})"
 
     def sort_key(self) -> tuple[str, int, int, str]:
         """Reading order: by file, line, column, then id."""

@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ipmasq.config.document import Node, parse_document
+from ipmasq.config.document import DocumentNode, parse_document
 from ipmasq.config.model import (
     DEFAULT_NON_MASQUERADE,
     LINK_LOCAL_V4,
@@ -310,7 +310,7 @@ def _go_masq_fields(data: bytes, where: str, consequence: str) -> tuple[list[tup
     return cidrs, flags["ll"], flags["ll6"]
 
 
-def _is_string(node: Node) -> bool:
+def _is_string(node: DocumentNode) -> bool:
     return node.kind == "scalar" and isinstance(node.value, str)
 
 

@@ -398,7 +398,8 @@ def test_the_readme_names_the_supported_window() -> None:
 
 # --- matchConditions: the API server sends the webhook exactly the ConfigMaps its review judges ----------------------
 # The CEL is evaluated by cel-python, whose `matches` is RE2 (google-re2) as the API server's is; the review's own
-# decision is Verdict.reviewed: False only for a ConfigMap it allows without a look (no denial, no warning possible).
+# decision is AdmissionVerdict.reviewed: False only for a ConfigMap it allows without a look (no denial, no warning
+# possible).
 
 GOOD_CONFIG = "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\nmasqLinkLocal: false\nresyncInterval: 60s\n"
 PEM = "-----BEGIN CERTIFICATE-----\nMIIDBTCCAe2gAwIBAgIIYnRj\n-----END CERTIFICATE-----\n"

@@ -30,7 +30,7 @@ import threading
 from ipmasq.agent.client import DEFAULT_METRICS_ADDRESS, parse_listen_address, query
 from ipmasq.agent.exposition import CONTENT_TYPE
 from ipmasq.agent.metrics import AgentStatus, render_metrics
-from ipmasq.agent.reconcile import Verdict
+from ipmasq.agent.reconcile import ProbeVerdict
 from ipmasq.agent.responder import Responder, Response, listen
 from ipmasq.errors import IpmasqError
 
@@ -63,7 +63,7 @@ def respond_metrics_only(status: AgentStatus, path: str) -> Response:
     return Response(404, b"not found: only /metrics is served here\n")
 
 
-def _check(check: Verdict) -> Response:
+def _check(check: ProbeVerdict) -> Response:
     return Response(200 if check.ok else 503, check.why.encode() + b"\n")
 
 

@@ -27,12 +27,12 @@ from typing import Protocol
 from ipmasq.agent.memory import release_free_memory
 from ipmasq.agent.nodelock import NodeLock
 from ipmasq.agent.origin import FILE, ConfigOrigin
-from ipmasq.agent.reconcile import ConfigReport, PassReport, StopRequested, SyncResult
+from ipmasq.agent.reconcile import ConfigReport, PassReport, SyncResult
 from ipmasq.agent.trouble import Trouble
 from ipmasq.agent.watch import ConfigWatcher
 from ipmasq.backoff import Backoff
 from ipmasq.config.source import ConfigInput, read_config_input
-from ipmasq.errors import ConfigError
+from ipmasq.errors import ConfigError, StopRequested
 
 __all__ = ["LOCK_POLL_SECONDS", "Agent", "ConfigChooser", "LoopObserver", "LoopSettings", "Observers", "Passes",
            "Wakeup", "read_config", "wait_for_node_lock"]

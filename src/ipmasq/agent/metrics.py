@@ -47,7 +47,7 @@ from functools import cache
 
 from ipmasq.agent import exposition
 from ipmasq.agent.exposition import MetricFamily
-from ipmasq.agent.reconcile import ConfigReport, PassReport, RuleCount, SyncResult, Verdict
+from ipmasq.agent.reconcile import ConfigReport, PassReport, ProbeVerdict, RuleCount, SyncResult
 from ipmasq.policy.hash import config_hash
 
 __all__ = ["DURATION_BUCKETS", "LIVENESS_GRACE_SECONDS", "READINESS_GRACE_SECONDS", "AgentStatus", "Snapshot",
@@ -125,7 +125,7 @@ class AgentStatus:
         self._last_success_unix = 0.0
         self._rules: dict[int, int] = {}
         self._elements: dict[int, int] = {}
-        self._ready = Verdict(False, "not ready: starting, no reconcile yet")
+        self._ready = ProbeVerdict(False, "not ready: starting, no reconcile yet")
         self._config_valid = True
         self._enforced_hash: str | None = None
         self._foreign: int | None = None
@@ -154,13 +154,13 @@ class AgentStatus:
     def waiting(self, why: str) -> None:
         """The agent waits for the node lock (another agent writes): not ready, for this reason."""
         with self._lock:
-            self._ready = Verdict(False, why)
+            self._ready = ProbeVerdict(False, why)
 
     def failed(self, why: str) -> None:
         """An iteration of the loop ended in an unexpected exception: counted, not ready until a pass completes."""
         with self._lock:
             self._counters.loop_errors += 1
-            self._ready = Verdict(False, why)
+            self._ready = ProbeVerdict(False, why)
 
     def reconciled(self, report: PassReport, seconds: float) -> None:
         """After one pass; `seconds`: how long it took."""
@@ -194,27 +194,27 @@ class AgentStatus:
 
     # ---- reads, from any thread ----
 
-    def readiness(self) -> Verdict:
+    def readiness(self) -> ProbeVerdict:
         with self._lock:
             return self._readiness(self._clock())
 
-    def _readiness(self, now: float) -> Verdict:
+    def _readiness(self, now: float) -> ProbeVerdict:
         """The last pass's verdict, unless that pass is too old to speak for the kernel now (the lock is held)."""
         if self._last_pass is not None:
             age = now - self._last_pass
             limit = 2 * self._resync_interval + READINESS_GRACE_SECONDS
             if age > limit:
-                return Verdict(False, f"not ready: stale: the loop's last completed pass was {age:.0f}s ago "
+                return ProbeVerdict(False, f"not ready: stale: the loop's last completed pass was {age:.0f}s ago "
                                     f"(limit {limit:.0f}s; resync every {self._resync_interval:g}s)")
         return self._ready
 
-    def liveness(self) -> Verdict:
+    def liveness(self) -> ProbeVerdict:
         with self._lock:
             age = self._clock() - self._beat
             limit = 3 * self._resync_interval + LIVENESS_GRACE_SECONDS
         if age > limit:
-            return Verdict(False, f"wedged: the loop's last heartbeat was {age:.0f}s ago (limit {limit:.0f}s)")
-        return Verdict(True, f"alive: the loop's last heartbeat was {age:.1f}s ago")
+            return ProbeVerdict(False, f"wedged: the loop's last heartbeat was {age:.0f}s ago (limit {limit:.0f}s)")
+        return ProbeVerdict(True, f"alive: the loop's last heartbeat was {age:.1f}s ago")
 
     def snapshot(self) -> Snapshot:
         with self._lock:

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 
-from ipmasq.agent.reconcile import ConfigReport, PassReport, Reconciler, SyncResult, Verdict
+from ipmasq.agent.reconcile import ConfigReport, PassReport, ProbeVerdict, Reconciler, SyncResult
 from ipmasq.backends.base import Fingerprint, Runner, State, take_fingerprint
 from ipmasq.backends.iptables import Variant, detect_variant
 from ipmasq.config.model import MasqConfig
@@ -126,14 +126,14 @@ class Observer:
         self.reads = 0  # full reads of the node's rules (the cost a fingerprint saves)
         self.comparisons = 0
 
-    def readiness(self) -> Verdict:
+    def readiness(self) -> ProbeVerdict:
         if self._error is not None:
-            return Verdict(False, f"not ready: cannot read the node's rules: {self._error}")
+            return ProbeVerdict(False, f"not ready: cannot read the node's rules: {self._error}")
         if self._config.policy is None:
-            return Verdict(False, "not ready: no config loaded yet")
+            return ProbeVerdict(False, "not ready: no config loaded yet")
         if not self._passes:
-            return Verdict(False, "not ready: the node's rules not looked at yet")
-        return Verdict(True, f"ready: observing the rules {self.writer} writes in {self.chain} (this agent writes "
+            return ProbeVerdict(False, "not ready: the node's rules not looked at yet")
+        return ProbeVerdict(True, f"ready: observing the rules {self.writer} writes in {self.chain} (this agent writes "
                              "nothing)")
 
     def observe(self, config_input: ConfigInput | ConfigError) -> ConfigReport:

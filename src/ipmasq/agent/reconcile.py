@@ -52,16 +52,28 @@ from ipmasq.agent.origin import ConfigOrigin
 from ipmasq.backends.base import Backend, Fingerprint, Removable, State, take_fingerprint
 from ipmasq.config.model import DEFAULT_RESYNC_SECONDS, MasqConfig
 from ipmasq.config.source import ConfigInput, config_digest, config_from_bytes
-from ipmasq.errors import BackendError, ConfigError, IpmasqError, one_line
+from ipmasq.errors import BackendError, ConfigError, IpmasqError, StopRequested, one_line
 from ipmasq.netfilter.nft import TABLE as NFT_TABLE
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.hash import policy_hash
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 
-__all__ = ["FOREIGN_QUIET_MAX_PERIODS", "FOREIGN_QUIET_PERIODS", "FOREIGN_REWRITES", "ConfigReport", "FamilyWrite",
-           "ForeignWriter", "ObjectCount", "PassReport", "Reconciler", "RuleCount", "StopRequested", "SyncResult",
-           "Verdict", "count_objects"]
+__all__ = [
+    "FOREIGN_QUIET_MAX_PERIODS",
+    "FOREIGN_QUIET_PERIODS",
+    "FOREIGN_REWRITES",
+    "ConfigReport",
+    "FamilyWrite",
+    "ForeignWriter",
+    "ObjectCount",
+    "PassReport",
+    "ProbeVerdict",
+    "Reconciler",
+    "RuleCount",
+    "SyncResult",
+    "count_objects",
+]
 
 
 # An idle pass recounts the node's foreign NAT rules only this often (a change by this agent recounts at once).
@@ -93,7 +105,7 @@ class SyncResult(Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class ProbeVerdict:
     """A health verdict and its one-line reason: the Reconciler's readiness (the kernel was verified to hold the
     current, good config), the agent's liveness; the bodies of /readyz and /healthz."""
 
@@ -163,7 +175,7 @@ class ConfigReport:
     config_error: str | None  # the current config's error, located (file:line: message); None: it is good
     policy_hash: str | None  # policy_hash of the last good policy (enforced even while the config is bad)
     resync_interval: float  # seconds, from the last good config (the default before one)
-    readiness: Verdict
+    readiness: ProbeVerdict
     config_digest: str | None = None  # config_digest of the last good config's content (None: none yet)
     origin: ConfigOrigin | None = None  # where this read came from (set by the loop, which made the read)
 
@@ -182,7 +194,7 @@ class PassReport:
     policy_hash: str | None  # policy_hash of the policy this pass enforced (None: no good config yet)
     objects: tuple[ObjectCount, ...]  # per family, of the policy the kernel was last verified to hold
     resync_interval: float
-    readiness: Verdict
+    readiness: ProbeVerdict
     foreign_masquerade_rules: int | None = None  # NAT rules not ours that masquerade/SNAT (None: not counted yet)
     rule_counters: tuple[RuleCount, ...] = ()  # the enforced policy's config rules on this node, as last read
     config_digest: str | None = None  # config_digest of the content of the config this pass enforced
@@ -199,12 +211,6 @@ def count_objects(state: State) -> tuple[int, int]:
     rules = sum(1 for line in state.objects if line.startswith(("-A ", "rule ")))
     elements = sum(1 for line in state.objects if line.startswith("element "))
     return rules, elements
-
-
-class StopRequested(BaseException):
-    """SIGTERM or SIGINT arrived while a config was being parsed: the process stops now instead of after the parse
-    (seconds for 100,000 CIDRs). Nothing was written: the kernel keeps the rules it had. A BaseException, so that
-    the loop's catch-all for unexpected errors lets it through."""
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -294,23 +300,23 @@ class Reconciler:
     def ready(self) -> bool:
         return self.readiness().ok
 
-    def readiness(self) -> Verdict:
+    def readiness(self) -> ProbeVerdict:
         """Ready: the current config is good and the kernel was verified to hold it."""
         if self.config_error is not None:
-            return Verdict(False, f"not ready: config error: {self.config_error}")
+            return ProbeVerdict(False, f"not ready: config error: {self.config_error}")
         if self.policy is None:
-            return Verdict(False, "not ready: no config loaded yet")
+            return ProbeVerdict(False, "not ready: no config loaded yet")
         if self._writer is not None:
-            return Verdict(False, f"not ready: {self._writer.describe()}")
+            return ProbeVerdict(False, f"not ready: {self._writer.describe()}")
         if self._leftovers:
             detail = f" ({self.backend_error})" if self.backend_error is not None else ""
-            return Verdict(False, f"not ready: our objects are still in {', '.join(self._leftovers)}, which this "
+            return ProbeVerdict(False, f"not ready: our objects are still in {', '.join(self._leftovers)}, which this "
                                     f"agent does not use (it uses {self.backend.name}){detail}")
         if self.backend_error is not None:
-            return Verdict(False, f"not ready: {self.backend.name}: {self.backend_error}")
+            return ProbeVerdict(False, f"not ready: {self.backend.name}: {self.backend_error}")
         if self._enforced is not self.policy:
-            return Verdict(False, "not ready: the current config is not applied yet")
-        return Verdict(True, "ready: the kernel matches the current config")
+            return ProbeVerdict(False, "not ready: the current config is not applied yet")
+        return ProbeVerdict(True, "ready: the kernel matches the current config")
 
     @property
     def resync_interval(self) -> float:

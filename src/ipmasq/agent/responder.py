@@ -112,7 +112,7 @@ def encode_response(response: Response, *, head_only: bool) -> bytes:
     return headers.encode("latin-1") + (b"" if head_only else response.body)
 
 
-class _Connection:
+class _ProbeConnection:
     __slots__ = ("deadline", "dropped", "out", "read", "sock", "state")
 
     def __init__(self, sock: socket.socket, now: float) -> None:
@@ -132,7 +132,7 @@ class Responder:
         self.listener = listener
         self.handle = handle
         self.wake_fd = wake_fd
-        self.connections: dict[int, _Connection] = {}
+        self.connections: dict[int, _ProbeConnection] = {}
         self.poller = select.poll()
 
     def run(self) -> None:
@@ -170,11 +170,11 @@ class Responder:
             sock.setblocking(False)
             if len(self.connections) >= MAX_CONNECTIONS:
                 self._close(min(self.connections.values(), key=lambda c: (c.state != "head", c.deadline)))
-            connection = _Connection(sock, now)
+            connection = _ProbeConnection(sock, now)
             self.connections[sock.fileno()] = connection
             self.poller.register(sock, _READ)
 
-    def _step(self, connection: _Connection, event: int, now: float) -> None:
+    def _step(self, connection: _ProbeConnection, event: int, now: float) -> None:
         if connection.state == "write":
             self._write(connection, now)
             return
@@ -214,7 +214,7 @@ class Responder:
             response = _error(500, "internal error")
         self._respond(connection, response, request.method == "HEAD", now)
 
-    def _respond(self, connection: _Connection, response: Response, head_only: bool, now: float) -> None:
+    def _respond(self, connection: _ProbeConnection, response: Response, head_only: bool, now: float) -> None:
         connection.read = bytearray()
         connection.out = memoryview(encode_response(response, head_only=head_only))
         connection.state = "write"
@@ -222,7 +222,7 @@ class Responder:
         self.poller.modify(connection.sock, select.POLLOUT)
         self._write(connection, now)
 
-    def _write(self, connection: _Connection, now: float) -> None:
+    def _write(self, connection: _ProbeConnection, now: float) -> None:
         try:
             sent = connection.sock.send(connection.out)
         except (BlockingIOError, InterruptedError):
@@ -243,7 +243,7 @@ class Responder:
         connection.read = bytearray()
         self.poller.modify(connection.sock, _READ)
 
-    def _expire(self, connection: _Connection, now: float) -> None:
+    def _expire(self, connection: _ProbeConnection, now: float) -> None:
         if connection.state == "head" and connection.read:  # it started a request: say why it is cut off
             self._respond(connection, _error(408, f"request head not received within {REQUEST_SECONDS:g}s"),
                           False, now)
@@ -252,7 +252,7 @@ class Responder:
             return
         self._close(connection)
 
-    def _close(self, connection: _Connection) -> None:
+    def _close(self, connection: _ProbeConnection) -> None:
         fd = connection.sock.fileno()
         if self.connections.get(fd) is connection:
             del self.connections[fd]

@@ -11,7 +11,7 @@ from ipmasq.commands.common import add_output_flag, add_policy_flags, address_fl
 from ipmasq.commands.policy_source import load_policy
 from ipmasq.config.model import Rule, RuleAction
 from ipmasq.errors import UsageError, clip
-from ipmasq.policy.policy import Policy, Reason, Verdict
+from ipmasq.policy.policy import Policy, PolicyVerdict, Reason
 from ipmasq.policy.prefix import parse_address
 
 _REASON_TEXT = {
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         verdict = policy.verdict_for(family, address, text=destination, source=None if source is None else source[1],
                                      protocol=args.protocol, port=args.port)
         if args.node_ip is not None and parse_address(args.node_ip) == (family, address):
-            verdict = Verdict(verdict.destination, verdict.family, False, Reason.LOCAL, None)
+            verdict = PolicyVerdict(verdict.destination, verdict.family, False, Reason.LOCAL, None)
         results.append(_as_dict(verdict, policy, args, cloud_nat))
     if args.output != "text":
         print_document(args.output, "ExplainReport", {"results": results})
@@ -109,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _as_dict(verdict: Verdict, policy: Policy, args: argparse.Namespace, cloud_nat: CloudNat | None) -> dict[str, Any]:
+def _as_dict(verdict: PolicyVerdict, policy: Policy, args: argparse.Namespace,
+             cloud_nat: CloudNat | None) -> dict[str, Any]:
     entry = verdict.entry
     chain = policy.options.masq_chain
     matched = None if verdict.matched is None else str(verdict.matched)

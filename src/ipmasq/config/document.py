@@ -27,8 +27,8 @@ __all__ = [
     "MAX_VALUES",
     "YAML_LOADER",
     "Document",
+    "DocumentNode",
     "Field",
-    "Node",
     "clip",
     "compose_yaml",
     "parse_document",
@@ -76,13 +76,13 @@ _NULL = "tag:yaml.org,2002:null"
 _GO_EXTRA_BOOLS = {"y": True, "Y": True, "n": False, "N": False}
 
 
-class Node(NamedTuple):
+class DocumentNode(NamedTuple):
     """A value with the 1-based line it starts on (None when unknown).
 
     A NamedTuple, not a dataclass: a 100,000-entry config makes this many, and a frozen dataclass is much slower.
     """
 
-    value: Any  # None | bool | int | float | str | list[Node] | list[Field]
+    value: Any  # None | bool | int | float | str | list[DocumentNode] | list[Field]
     line: int | None
     quoted: bool = False  # a quoted scalar is always a string: "true" is not a boolean
     kind: str = "scalar"  # scalar | list | map
@@ -92,7 +92,7 @@ class Node(NamedTuple):
 class Field(NamedTuple):
     key: str
     line: int | None
-    value: Node
+    value: DocumentNode
     column: int | None = None
 
 
@@ -104,7 +104,7 @@ class Document:
     fields: list[Field]
     text: str
 
-    def locate(self, node: Node, needle: str) -> int | None:
+    def locate(self, node: DocumentNode, needle: str) -> int | None:
         """The node's line; for JSON, which carries no positions, the first line holding the text.
 
         Searched only when an error is reported, so that loading a 100,000-entry JSON file stays linear.
@@ -273,7 +273,7 @@ def _check_yaml_events(text: str, source: str) -> None:
         raise _too_deep(source, mark.line + 1 if mark else None, mark.column + 1 if mark else None) from None
 
 
-def _parse_yaml(text: str, source: str) -> Node | None:
+def _parse_yaml(text: str, source: str) -> DocumentNode | None:
     try:
         documents = compose_yaml(text, source)
     except yaml.YAMLError as exc:
@@ -285,7 +285,7 @@ def _parse_yaml(text: str, source: str) -> Node | None:
 
 
 class _FromYaml:
-    """Composed YAML -> Node, expanding aliases within MAX_ALIAS_VALUES and MAX_DEPTH.
+    """Composed YAML -> DocumentNode, expanding aliases within MAX_ALIAS_VALUES and MAX_DEPTH.
 
     The composer hands an alias back as the very node its anchor names, so a collection met a second time is an
     alias's copy: its values count against the budget. A collection met again while still open is an alias to
@@ -298,7 +298,7 @@ class _FromYaml:
         self.open: set[int] = set()
         self.alias_values = 0
 
-    def node(self, node: yaml.Node, depth: int) -> Node:
+    def node(self, node: yaml.Node, depth: int) -> DocumentNode:
         if node.__class__ is yaml.ScalarNode:
             return self._scalar_node(node)
         mark = node.start_mark
@@ -306,11 +306,11 @@ class _FromYaml:
         self._enter(node, depth, line, column)
         try:
             if isinstance(node, yaml.SequenceNode):
-                return Node([_plain_string(item) or self.node(item, depth + 1) for item in node.value], line,
-                            kind="list", column=column)
+                return DocumentNode([_plain_string(item) or self.node(item, depth + 1) for item in node.value], line,
+                                    kind="list", column=column)
             assert isinstance(node, yaml.MappingNode)
-            return Node([self._field(key_node, value_node, depth) for key_node, value_node in node.value], line,
-                        kind="map", column=column)
+            return DocumentNode([self._field(key_node, value_node, depth) for key_node, value_node in node.value], line,
+                                kind="map", column=column)
         finally:
             self.open.discard(id(node))
 
@@ -337,14 +337,14 @@ class _FromYaml:
         return Field(without_lone_surrogates(str(key_node.value)), key_node.start_mark.line + 1,
                      self.node(value_node, depth + 1), key_node.start_mark.column + 1)
 
-    def _scalar_node(self, node: yaml.ScalarNode) -> Node:
+    def _scalar_node(self, node: yaml.ScalarNode) -> DocumentNode:
         if node.style == '"':
             node.value = without_lone_surrogates(node.value)
-        return Node(_scalar(node, self.source), node.start_mark.line + 1, quoted=node.style in ("'", '"', "|", ">"),
-                    column=node.start_mark.column + 1)
+        return DocumentNode(_scalar(node, self.source), node.start_mark.line + 1,
+                            quoted=node.style in ("'", '"', "|", ">"), column=node.start_mark.column + 1)
 
 
-def _plain_string(node: yaml.Node) -> Node | None:
+def _plain_string(node: yaml.Node) -> DocumentNode | None:
     """The common case of a CIDR list item, without the general path's calls (100,000-entry lists)."""
     if node.tag != _STR or node.__class__ is not yaml.ScalarNode:
         return None
@@ -353,7 +353,7 @@ def _plain_string(node: yaml.Node) -> Node | None:
         return None
     mark = node.start_mark
     value = without_lone_surrogates(node.value) if style == '"' else node.value
-    return Node(value, mark.line + 1, style in ("'", '"', "|", ">"), "scalar", mark.column + 1)
+    return DocumentNode(value, mark.line + 1, style in ("'", '"', "|", ">"), "scalar", mark.column + 1)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -393,7 +393,7 @@ def _scalar(node: yaml.ScalarNode, source: str) -> Any:
 _JSON_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|[\[\]{}]')
 
 
-def _parse_json(text: str, source: str) -> Node:
+def _parse_json(text: str, source: str) -> DocumentNode:
     _check_json_depth(text, source)
     try:
         raw = json.loads(text, object_pairs_hook=lambda pairs: ("__map__", pairs))
@@ -425,23 +425,23 @@ def _check_json_depth(text: str, source: str) -> None:
 
 
 class _FromJson:
-    """json.loads' values -> Node, refused past MAX_VALUES before the Node of the value past it is made (json's own
-    objects for 1 MiB of text are small: ints and empty strings it shares, a list of pointers)."""
+    """json.loads' values -> DocumentNode, refused past MAX_VALUES before the DocumentNode of the value past it is
+    made (json's own objects for 1 MiB of text are small: ints and empty strings it shares, a list of pointers)."""
 
     def __init__(self, source: str) -> None:
         self.source = source
         self.values = 0
 
-    def node(self, value: Any, line: int | None) -> Node:
+    def node(self, value: Any, line: int | None) -> DocumentNode:
         self.values += 1
         if self.values > MAX_VALUES:
             raise _too_many(self.source, None)
         # object_pairs_hook hands us ("__map__", pairs); JSON arrays are lists, so a tuple is always an object
         if isinstance(value, tuple):
-            return Node([Field(without_lone_surrogates(k), line, self.node(v, line)) for k, v in value[1]], line,
-                        kind="map")
+            return DocumentNode([Field(without_lone_surrogates(k), line, self.node(v, line)) for k, v in value[1]],
+                                line, kind="map")
         if isinstance(value, list):
-            return Node([self.node(v, line) for v in value], line, kind="list")
+            return DocumentNode([self.node(v, line) for v in value], line, kind="list")
         if isinstance(value, str):
-            return Node(without_lone_surrogates(value), line, quoted=True)
-        return Node(value, line, quoted=False)
+            return DocumentNode(without_lone_surrogates(value), line, quoted=True)
+        return DocumentNode(value, line, quoted=False)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from ipmasq.config.document import Document, Field, Node, clip, show_value
+from ipmasq.config.document import Document, DocumentNode, Field, clip, show_value
 from ipmasq.config.model import (
     DEFAULT_CIDR_LIMIT,
     DEFAULT_RESYNC_SECONDS,
@@ -94,7 +94,7 @@ def settings_from_document(doc: Document, *, enable_ipv6: bool) -> FileSettings:
     return settings
 
 
-def _error(doc: Document, node: Node, needle: str, message: str, code: str) -> ConfigError:
+def _error(doc: Document, node: DocumentNode, needle: str, message: str, code: str) -> ConfigError:
     return ConfigError(message, source=doc.source, line=doc.locate(node, needle), column=node.column, code=code)
 
 
@@ -118,7 +118,7 @@ def field_errors(doc: Document, f: Field, *, enable_ipv6: bool) -> list[ConfigEr
     return []
 
 
-def _describe(node: Node) -> str:
+def _describe(node: DocumentNode) -> str:
     if node.kind == "list":
         return "a list"
     if node.kind == "map":
@@ -207,11 +207,11 @@ def _cidr_list(doc: Document, f: Field, *, masquerade: bool, enable_ipv6: bool) 
         return []  # `null` is an empty list, as in Go
     if node.kind != "list":
         raise _error(doc, node, f.key, f"{key} must be a list of CIDRs, got {_describe(node)}", "wrong-type")
-    items: Sequence[Node] = node.value
+    items: Sequence[DocumentNode] = node.value
     return [cidr_entry(doc, key, item, enable_ipv6=enable_ipv6) for item in items]
 
 
-def cidr_entry(doc: Document, key: str, item: Node, *, enable_ipv6: bool) -> Entry:
+def cidr_entry(doc: Document, key: str, item: DocumentNode, *, enable_ipv6: bool) -> Entry:
     """One item of nonMasqueradeCIDRs or masqueradeCIDRs (`key`), checked as the agent checks it."""
     text = item.value
     if item.kind != "scalar" or not isinstance(text, str):
@@ -280,7 +280,7 @@ class _RuleFields:
     """One rule's fields by key, and the way to report a problem with one of them. Unknown and repeated keys are
     in `errors`, not raised: every mistake of a rule is reported, not the first."""
 
-    def __init__(self, doc: Document, index: int, item: Node) -> None:
+    def __init__(self, doc: Document, index: int, item: DocumentNode) -> None:
         self.doc = doc
         self.item = item
         self.label = f"rules[{index}]"
@@ -302,31 +302,31 @@ class _RuleFields:
             else:
                 self.fields[field_.key] = field_
 
-    def error(self, node: Node, needle: str, message: str, *, line: int | None = None) -> ConfigError:
+    def error(self, node: DocumentNode, needle: str, message: str, *, line: int | None = None) -> ConfigError:
         where = line if line is not None else self.doc.locate(node, needle)
         return ConfigError(f"{self.label}: {message}", source=self.doc.source, line=where, column=node.column,
                            code="invalid-rule")
 
-    def get(self, key: str) -> Node | None:
+    def get(self, key: str) -> DocumentNode | None:
         field_ = self.fields.get(key)
         if field_ is None or (field_.value.kind == "scalar" and field_.value.value is None):
             return None
         return field_.value
 
-    def string(self, key: str, node: Node) -> str:
+    def string(self, key: str, node: DocumentNode) -> str:
         if node.kind != "scalar" or not isinstance(node.value, str):
             raise self.error(node, key, f"{key} must be a string, got {_describe(node)}")
         return node.value
 
-    def items(self, key: str, node: Node) -> list[Node]:
+    def items(self, key: str, node: DocumentNode) -> list[DocumentNode]:
         if node.kind != "list":
             raise self.error(node, key, f"{key} must be a list, got {_describe(node)}")
-        items: list[Node] = node.value
+        items: list[DocumentNode] = node.value
         if not items:
             raise self.error(node, key, f"{key} is an empty list (leave the key out to mean any)")
         return items
 
-    def each(self, key: str, node: Node, check: Callable[[Node], T]) -> list[T]:
+    def each(self, key: str, node: DocumentNode, check: Callable[[DocumentNode], T]) -> list[T]:
         """`check` of every item of a list: the good ones' values; each bad one's error kept in `errors`."""
         values = []
         for item in self.items(key, node):
@@ -341,7 +341,8 @@ T = TypeVar("T")
 _FAILED = object()  # a field whose check failed: what depends on it is not checked again
 
 
-def _rule(doc: Document, index: int, item: Node, errors: list[ConfigError], *, enable_ipv6: bool) -> Rule | None:
+def _rule(doc: Document, index: int, item: DocumentNode, errors: list[ConfigError], *,
+          enable_ipv6: bool) -> Rule | None:
     """The rule, or None with every one of its mistakes appended to `errors` (lint reports them all; the agent
     reports the first, in this order: keys, name, destinations, sources, protocol, ports, nodes, action)."""
     try:
@@ -379,7 +380,7 @@ def _rule(doc: Document, index: int, item: Node, errors: list[ConfigError], *, e
                 cast(tuple[str, ...], nodes), snat_to, doc.source, line)
 
 
-def _rule_name(fields: _RuleFields, item: Node) -> str:
+def _rule_name(fields: _RuleFields, item: DocumentNode) -> str:
     name_node = fields.get("name")
     if name_node is None:
         raise fields.error(item, "name", "name is required")
@@ -390,7 +391,7 @@ def _rule_name(fields: _RuleFields, item: Node) -> str:
     return name
 
 
-def _required_cidrs(fields: _RuleFields, item: Node, *, enable_ipv6: bool) -> tuple[Prefix, ...]:
+def _required_cidrs(fields: _RuleFields, item: DocumentNode, *, enable_ipv6: bool) -> tuple[Prefix, ...]:
     destinations_node = fields.get("destinations")
     if destinations_node is None:
         raise fields.error(item, "destinations", "destinations is required (a list of CIDRs)")
@@ -400,7 +401,7 @@ def _required_cidrs(fields: _RuleFields, item: Node, *, enable_ipv6: bool) -> tu
     return destinations
 
 
-class _Said(Exception):  # control flow inside this module, never reported
+class _Said(Exception):  # control flow inside this module (not in errors.py): never leaves it, never reported
     """A field whose every problem is in the rule's errors already: the field failed, nothing more to say."""
 
 
@@ -416,10 +417,10 @@ def _rule_sources(fields: _RuleFields, family: Family | None, *, enable_ipv6: bo
     return sources
 
 
-def _rule_cidrs(fields: _RuleFields, key: str, node: Node, *, enable_ipv6: bool) -> tuple[Prefix, ...]:
+def _rule_cidrs(fields: _RuleFields, key: str, node: DocumentNode, *, enable_ipv6: bool) -> tuple[Prefix, ...]:
     prefixes: list[Prefix] = []
 
-    def check(item: Node) -> Prefix:
+    def check(item: DocumentNode) -> Prefix:
         text = fields.string(key, item)
         try:
             prefix = parse_cidr(text)
@@ -465,7 +466,7 @@ def _rule_ports(fields: _RuleFields, protocol: str | None, *,
         fields.errors.append(fields.error(node, "ports", f"ports need protocol tcp, udp or sctp, got "
                                           f"{'no protocol' if protocol is None else 'protocol ' + protocol}"))
 
-    def check(item: Node) -> tuple[int, int]:
+    def check(item: DocumentNode) -> tuple[int, int]:
         value = item.value
         if item.kind == "scalar" and isinstance(value, int) and not isinstance(value, bool) and not item.quoted:
             low = high = value
@@ -487,7 +488,7 @@ def _rule_nodes(fields: _RuleFields) -> tuple[str, ...]:
     if node is None:
         return ()
 
-    def check(item: Node) -> str:
+    def check(item: DocumentNode) -> str:
         text = fields.string("nodes", item)
         if not text or any(c.isspace() for c in text):
             raise fields.error(item, text or "nodes", f"nodes: {show_value(text)} is not a node-name glob")
@@ -496,7 +497,7 @@ def _rule_nodes(fields: _RuleFields) -> tuple[str, ...]:
     return tuple(fields.each("nodes", node, check))
 
 
-def _rule_action(fields: _RuleFields, family: Family | None, item: Node) -> tuple[RuleAction, str | None]:
+def _rule_action(fields: _RuleFields, family: Family | None, item: DocumentNode) -> tuple[RuleAction, str | None]:
     node = fields.get("action")
     if node is None:
         raise fields.error(item, "action", "action is required (masquerade, preserve or snat)")

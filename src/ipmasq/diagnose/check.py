@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple, Protocol
 
-from ipmasq.config.model import Rule as ConfigRule
+from ipmasq.config.model import Rule
 from ipmasq.diagnose.hooks import IPTABLES_NFT_TABLES, iptables_hook, walk_hooks
 from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Tracer, TraceResult
 from ipmasq.diagnose.trace_nft import NftTracer
@@ -208,7 +208,7 @@ def _rule_name(line: str) -> str | None:
     return None if found is None else found.group(1)
 
 
-def _compare_config_rules(config_rules: list[tuple[ConfigRule, list[str]]], want: list[str], have: list[str],
+def _compare_config_rules(config_rules: list[tuple[Rule, list[str]]], want: list[str], have: list[str],
                           shown: Callable[[str], str], where: str) -> tuple[list[Finding], list[str], list[str]]:
     """Findings for the config's rules (by name): missing, extra, edited, out of order; and the other lines of
     `want` and `have`, for the CIDR-list comparison."""
@@ -491,7 +491,7 @@ def _semantic_walk(policy: Policy, tracer: _Walker, family: Family, ours: set[st
     loopback = parse_cidr("127.0.0.0/8" if family is Family.V4 else "::1/128")
     # per deciding rule: per traffic class, the destination ranges it gets wrong / cannot decide
     wrong: dict[_Wrong, dict[_Traffic, list[Span]]] = {}
-    shadowed: dict[_Wrong, dict[str, ConfigRule]] = {}
+    shadowed: dict[_Wrong, dict[str, Rule]] = {}
     reasons: dict[str, str] = {}
     plain = (space.plain,)
     any_rich = bool(space.rich_spans)  # without rules testing more than destinations: one packet per interval
@@ -592,7 +592,7 @@ def _add(wrong: dict[_Wrong, dict[_Traffic, list[Span]]], key: _Wrong, traffic: 
 
 
 def _semantic_finding(key: _Wrong, prefixes: list[str], dests: str, reason: str, policy: Policy,
-                      shadowed: tuple[ConfigRule, ...]) -> Finding:
+                      shadowed: tuple[Rule, ...]) -> Finding:
     kind, rule = key.kind, key.rule
     delete = f"iptables -t nat -D {rule[3:]}" if rule.startswith("-A ") else (
         f"nft delete rule {key.label}" if key.label and " handle " in key.label else "remove it")

@@ -23,8 +23,8 @@ from functools import lru_cache, partial
 from typing import NamedTuple, Protocol
 
 from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
-from ipmasq.errors import PrefixError, RuleParseError
-from ipmasq.netfilter.iptables import RULE_COMMENT_PREFIX, Condition, Match, NatTable, Rule, parse_rule
+from ipmasq.errors import PrefixError, RuleParseError, Undecidable
+from ipmasq.netfilter.iptables import RULE_COMMENT_PREFIX, Condition, IptablesRule, Match, NatTable, parse_rule
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
 from ipmasq.policy.ranges import FirstMatchTable, first_match_table
@@ -36,7 +36,6 @@ __all__ = [
     "Step",
     "TraceResult",
     "Tracer",
-    "Undecidable",
     "is_local",
     "port_test_ranges",
     "tests_ports",
@@ -103,10 +102,6 @@ class TraceResult:
         return None
 
 
-class Undecidable(Exception):
-    """A rule the tracer cannot evaluate for this packet; the message says why."""
-
-
 class RuleShape(NamedTuple):
     """What one rule tests, for check's classes of packets that every rule treats alike (both tracers give them)."""
 
@@ -130,7 +125,7 @@ class _Bad:
 class _ResultFactory(Protocol):
     """Tracer.trace's inner `result`: builds the TraceResult from the walk so far."""
 
-    def __call__(self, outcome: Outcome, rule: Rule | None, **extra: str | None) -> TraceResult: ...
+    def __call__(self, outcome: Outcome, rule: IptablesRule | None, **extra: str | None) -> TraceResult: ...
 
 
 class Tracer:
@@ -138,10 +133,10 @@ class Tracer:
 
     def __init__(self, table: NatTable) -> None:
         self.policies = dict(table.chains)
-        self.chains: dict[str, list[Rule | _Bad]] = {name: [] for name in table.chains}
+        self.chains: dict[str, list[IptablesRule | _Bad]] = {name: [] for name in table.chains}
         for text in table.rules:
             try:
-                rule: Rule | _Bad = parse_rule(text, already_canonical=True)
+                rule: IptablesRule | _Bad = parse_rule(text, already_canonical=True)
             except RuleParseError as exc:
                 rule = _Bad(text, text.split(" ", 2)[1], str(exc))
             self.chains.setdefault(rule.chain, []).append(rule)
@@ -155,11 +150,11 @@ class Tracer:
         steps: list[Step] = []
         entered = [chain]
         mark = packet.mark
-        walk: ChainWalk[str, Rule | _Bad] = ChainWalk(self.chains, chain, ends=BUILTIN_CHAINS)
+        walk: ChainWalk[str, IptablesRule | _Bad] = ChainWalk(self.chains, chain, ends=BUILTIN_CHAINS)
         # the last RETURN taken: when the packet then falls off POSTROUTING, that RETURN is what decided
-        last_return: Rule | None = None
+        last_return: IptablesRule | None = None
 
-        def result(outcome: Outcome, rule: Rule | None, **extra: str | None) -> TraceResult:
+        def result(outcome: Outcome, rule: IptablesRule | None, **extra: str | None) -> TraceResult:
             return TraceResult(tuple(steps), outcome, None if rule is None else rule.text,
                                None if rule is None else rule.chain, mark=mark,
                                snat_to=extra.get("snat_to"), undecided_reason=extra.get("reason"),
@@ -242,7 +237,7 @@ class Tracer:
             self._compiled[key] = _compile(self.chains.get(chain, []), family)
         return self._compiled[key]
 
-    def _policy(self, result: _ResultFactory, chain: str, returned_by: Rule | None) -> TraceResult:
+    def _policy(self, result: _ResultFactory, chain: str, returned_by: IptablesRule | None) -> TraceResult:
         """The end of a built-in chain (or a RETURN in one): its policy decides; `returned_by` is that RETURN."""
         policy = self.policies.get(chain, "ACCEPT")
         if policy in ("ACCEPT", "-"):
@@ -254,12 +249,12 @@ class Tracer:
         seen = [chain]
         for name in seen:
             for rule in self.chains.get(name, []):
-                if isinstance(rule, Rule) and rule.target in self.chains and rule.target not in seen:
+                if isinstance(rule, IptablesRule) and rule.target in self.chains and rule.target not in seen:
                     seen.append(rule.target)
         return seen
 
-    def rules_of(self, chain: str) -> list[Rule]:
-        return [r for r in self.chains.get(chain, []) if isinstance(r, Rule)]
+    def rules_of(self, chain: str) -> list[IptablesRule]:
+        return [r for r in self.chains.get(chain, []) if isinstance(r, IptablesRule)]
 
     def shapes(self, family: Family) -> Iterator[RuleShape]:
         """What each rule a POSTROUTING packet can meet tests, for check's classes of packets."""
@@ -268,7 +263,7 @@ class Tracer:
                 yield _shape(rule, family)
 
 
-def _shape(rule: Rule, family: Family) -> RuleShape:
+def _shape(rule: IptablesRule, family: Family) -> RuleShape:
     conditions = rule.conditions
     if len(conditions) == 1 and conditions[0].option == "-d" and all(m.name == "comment" for m in rule.matches):
         # a destination and a comment: the bulk of a large chain (our RETURNs), without the general walk below
@@ -302,11 +297,11 @@ def trace(table: NatTable, packet: Packet, *, chain: str = "POSTROUTING") -> Tra
     return Tracer(table).trace(packet, chain=chain)
 
 
-def _compile(rules: list[Rule | _Bad], family: Family) -> FirstMatchTable | None:
+def _compile(rules: list[IptablesRule | _Bad], family: Family) -> FirstMatchTable | None:
     everything = Prefix(family, 0, 0)
     prefixes = []
     for rule in rules:
-        if not isinstance(rule, Rule) or rule.target not in _SIMPLE_TARGETS or rule.goto:
+        if not isinstance(rule, IptablesRule) or rule.target not in _SIMPLE_TARGETS or rule.goto:
             return None
         if any(m.name != "comment" for m in rule.matches) or len(rule.conditions) > 1:
             return None
@@ -326,12 +321,12 @@ def _compile(rules: list[Rule | _Bad], family: Family) -> FirstMatchTable | None
     return first_match_table(prefixes, family.max_address) if len(prefixes) > 8 else None
 
 
-def _chains_in_loops(chains: dict[str, list[Rule | _Bad]]) -> dict[str, tuple[str, ...]]:
+def _chains_in_loops(chains: dict[str, list[IptablesRule | _Bad]]) -> dict[str, tuple[str, ...]]:
     """Every chain that can reach itself through jumps and gotos, with one such cycle (for the message).
 
     Iterative (a dump may chain thousands of user chains): Tarjan's strongly connected components.
     """
-    graph = {name: sorted({r.target for r in rules if isinstance(r, Rule) and r.target in chains
+    graph = {name: sorted({r.target for r in rules if isinstance(r, IptablesRule) and r.target in chains
                            and r.target not in BUILTIN_CHAINS}) for name, rules in chains.items()}
     index_of: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -481,7 +476,7 @@ def _condition(c: Condition, packet: Packet) -> bool:
     return hit != c.negated
 
 
-def _matches(rule: Rule, packet: Packet, mark: int) -> bool:
+def _matches(rule: IptablesRule, packet: Packet, mark: int) -> bool:
     """All tests of the rule; a test that surely fails decides even when another one cannot be evaluated."""
     undecidable: Undecidable | None = None
     tests: list[Callable[[], bool]] = [partial(_condition, c, packet) for c in rule.conditions]
@@ -557,12 +552,12 @@ def _match(match: Match, packet: Packet, mark: int) -> bool:
     raise Undecidable(f"-m {match.name} is not understood by trace")
 
 
-def tests_ports(rule: Rule) -> bool:
+def tests_ports(rule: IptablesRule) -> bool:
     """The rule has a port match (check splits the traffic its destinations get by port)."""
     return any(m.name in PORT_MATCHES or m.name == "multiport" for m in rule.matches)
 
 
-def port_test_ranges(rule: Rule) -> list[tuple[int, int]]:
+def port_test_ranges(rule: IptablesRule) -> list[tuple[int, int]]:
     """The destination port ranges the rule's port matches test (what check splits ports at); unreadable ones are
     left out here, the walk reports them."""
     out = []
@@ -622,7 +617,7 @@ def _value_mask(text: str, *, default_mask: int) -> tuple[int, int]:
         raise Undecidable(f"cannot read mark {text!r}") from None
 
 
-def _apply_mark(rule: Rule, mark: int) -> int:
+def _apply_mark(rule: IptablesRule, mark: int) -> int:
     args = rule.target_args
     if len(args) != 2:
         raise Undecidable(f"cannot read MARK {' '.join(args)}")

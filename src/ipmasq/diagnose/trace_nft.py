@@ -25,9 +25,9 @@ from functools import partial
 from typing import Any
 
 from ipmasq.diagnose.hooks import NatHook, walk_hooks
-from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Step, TraceResult, Undecidable, is_local
+from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Step, TraceResult, is_local
 from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
-from ipmasq.errors import NftParseError, NftTraceError, clip
+from ipmasq.errors import NftParseError, NftTraceError, Undecidable, clip
 from ipmasq.netfilter.iptables import RULE_COMMENT_PREFIX
 from ipmasq.netfilter.nft import parse_address_element, rule_from_json
 from ipmasq.policy.packet import Outcome, Packet

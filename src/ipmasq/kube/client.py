@@ -51,7 +51,7 @@ from ipmasq.kube import objects
 from ipmasq.kube.auth import Auth
 from ipmasq.kube.credentials import Credentials
 
-__all__ = ["LIST_PAGE", "MAX_ANSWER_BYTES", "MAX_LIST_BYTES", "MAX_LIST_PAGES", "Answer", "ApiClient", "KubeClient",
+__all__ = ["LIST_PAGE", "MAX_ANSWER_BYTES", "MAX_LIST_BYTES", "MAX_LIST_PAGES", "ApiAnswer", "ApiClient", "KubeClient",
            "Listing", "RetryGate", "WatchEvent", "list_items"]
 
 T = TypeVar("T")
@@ -76,7 +76,7 @@ MAX_LIST_PAGES = 100
 MAX_LIST_BYTES = 128 << 20
 
 
-class Answer(dict[str, Any]):
+class ApiAnswer(dict[str, Any]):
     """A JSON object the API server answered, with the size in bytes it had on the wire (what list_items bounds)."""
 
     __slots__ = ("size",)
@@ -334,7 +334,7 @@ def list_items(client: ApiClient, path: str, item: Callable[[object, str], T], *
     for number in range(1, max_pages + 1):
         answer = client.get(path, query=ask)
         where = f"GET {path}"
-        size += answer.size if isinstance(answer, Answer) else len(json.dumps(answer))
+        size += answer.size if isinstance(answer, ApiAnswer) else len(json.dumps(answer))
         if size > max_bytes:
             raise ApiMalformed(f"{where}: a list of more than {max_bytes >> 20} MiB in {number} pages: not an "
                                "answer the API server sends")
@@ -387,7 +387,7 @@ def _json_object(data: bytes, verb: str, path: str) -> dict[str, Any]:
                              f"{clip(data.decode('utf-8', 'replace'))!r}") from None
     if not isinstance(value, dict):
         raise ApiUnreachable(f"{verb} {path}: an answer that is not a JSON object")
-    return Answer(value, len(data))
+    return ApiAnswer(value, len(data))
 
 
 def _retry_after(head: http11.Head, now: Callable[[], float] = time.time) -> float | None:

@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ipmasq.cloudnat import follow_path
-from ipmasq.errors import IpmasqError
+from ipmasq.errors import FleetError, IpmasqError, NetnsError
 from ipmasq.lab.kubelet import publish
-from ipmasq.lab.netns import Namespace, NetnsError, Network, stop_process
+from ipmasq.lab.netns import Namespace, Network, stop_process
 from ipmasq.lab.prometheus import FiredAlert, PrometheusServer, ScrapeTarget
 from ipmasq.lab.scenarios import GKE_FLAGS, GKE_OPTIONS, policy_for
 from ipmasq.lab.topology import OPEN_PORT
@@ -92,10 +92,6 @@ FLEET: tuple[FleetNode, ...] = (
 )
 TAMPERED = FLEET[2].name
 INVALID = FLEET[3].name
-
-
-class FleetError(IpmasqError):
-    """The fleet lab could not reach the state a step needs within its deadline."""
 
 
 @dataclass

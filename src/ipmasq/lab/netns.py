@@ -17,18 +17,14 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ipmasq.backends.base import Result
-from ipmasq.errors import IpmasqError
+from ipmasq.errors import NetnsError
 
 __all__ = [
-    "LAB_PREFIX", "Namespace", "NamespaceRunner", "NetnsError", "Network", "cleanup_stale", "network", "stop_process",
+    "LAB_PREFIX", "Namespace", "NamespaceRunner", "Network", "cleanup_stale", "network", "stop_process",
 ]
 
 LAB_PREFIX = "ipmq"
 T = TypeVar("T")
-
-
-class NetnsError(IpmasqError):
-    """An `ip` command that sets up the lab failed."""
 
 
 def _ip(*args: str) -> None:

@@ -25,20 +25,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ipmasq.errors import IpmasqError
+from ipmasq.errors import PrometheusError
 from ipmasq.lab.netns import Namespace, stop_process
 from ipmasq.monitoring import JOB, rule_group
 
-__all__ = ["PORT", "FiredAlert", "PrometheusError", "PrometheusServer", "ScrapeTarget", "alert_rule_groups",
+__all__ = ["PORT", "FiredAlert", "PrometheusServer", "ScrapeTarget", "alert_rule_groups",
            "prometheus_config", "relay"]
 
 PORT = 9090
 START_TIMEOUT = 20.0
 QUERY_TIMEOUT = 5.0
-
-
-class PrometheusError(IpmasqError):
-    """The lab's Prometheus did not start, or its API did not answer as documented."""
 
 
 @dataclass(frozen=True)

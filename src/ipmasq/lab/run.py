@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ipmasq.backends.base import Backend
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
-from ipmasq.errors import IpmasqError
+from ipmasq.errors import IpmasqError, LabError
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import NamespaceRunner, stop_process
 from ipmasq.lab.scenarios import NO_RULES, Phase, PhaseResult, Scenario, policy_for, run_phase
@@ -24,13 +24,9 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 
-__all__ = ["LabError", "NodeAgent", "ScenarioResult", "run_scenario"]
+__all__ = ["NodeAgent", "ScenarioResult", "run_scenario"]
 
 SYNC_TIMEOUT = 15.0
-
-
-class LabError(IpmasqError):
-    """The lab could not bring the world into the state a phase needs."""
 
 
 @dataclass

@@ -18,7 +18,7 @@ from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.config.model import Origin, Rule, RuleAction
 from ipmasq.lab.topology import ADDR, OPEN_PORT, PLAIN_PORT, STRICT_PORT, Lab, Probe, ProbeResult, admits
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.policy import Policy, Reason, Verdict
+from ipmasq.policy.policy import Policy, PolicyVerdict, Reason
 from ipmasq.policy.prefix import parse_address, parse_cidr
 
 __all__ = [
@@ -191,7 +191,7 @@ def policy_for(config: str | None, options: PolicyOptions, hand_written: tuple[H
     return Policy(masq_config, options)
 
 
-def _decision(verdict: Verdict, hand_written: tuple[HandWrittenRule, ...]) -> DecidedBy:
+def _decision(verdict: PolicyVerdict, hand_written: tuple[HandWrittenRule, ...]) -> DecidedBy:
     rule = verdict.rule
     if rule is not None:
         family, address = parse_address(verdict.destination)
@@ -220,7 +220,7 @@ class Vantage:
         return phase.options if self.node_name is None else replace(phase.options, node_name=self.node_name)
 
 
-def _source_seen(verdict: Verdict, cloud_nat: CloudNat, vantage: Vantage) -> str | None:
+def _source_seen(verdict: PolicyVerdict, cloud_nat: CloudNat, vantage: Vantage) -> str | None:
     """explain's path: follow_path for the node's masquerade or the pod IP; a snat rule's address leaves the node
     instead, and Cloud NAT (towards the internet only) translates it or drops it by its own ranges."""
     if verdict.snat_to is None:

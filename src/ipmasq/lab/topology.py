@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ipmasq.cloudnat import CloudNatMode
-from ipmasq.lab.netns import Namespace, NetnsError, Network
+from ipmasq.errors import NetnsError
+from ipmasq.lab.netns import Namespace, Network
 
 __all__ = [
     "ADDR", "OPEN_PORT", "PLAIN_PORT", "STRICT_PORT", "Lab", "Probe", "ProbeClient", "ProbeResult", "admits",

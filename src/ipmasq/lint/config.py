@@ -14,7 +14,7 @@ from difflib import get_close_matches
 
 import yaml
 
-from ipmasq.config.document import YAML_LOADER, Document, Field, Node, parse_document
+from ipmasq.config.document import YAML_LOADER, Document, DocumentNode, Field, parse_document
 from ipmasq.config.model import (
     DEFAULT_CIDR_LIMIT,
     DEFAULT_NON_MASQUERADE,
@@ -229,7 +229,7 @@ def _check_documents(linter: _Linter) -> None:
                ignored[0])
 
 
-def _is_empty_list(node: Node) -> bool:
+def _is_empty_list(node: DocumentNode) -> bool:
     """`[]`, or `null` (nothing after the key), which the agent reads as an empty list."""
     if node.kind == "list":
         return not node.value
@@ -319,7 +319,7 @@ def _check_purpose(linter: _Linter, doc: Document | None, seen: dict[str, Field]
                f"({_default_ranges(linter.options)}): this is not an ip-masq-agent config", first.line, first.column)
 
 
-def _folded_continuation(linter: _Linter, node: Node) -> int | None:
+def _folded_continuation(linter: _Linter, node: DocumentNode) -> int | None:
     """The line YAML folded into this plain scalar (a list item indented deeper than its siblings), if any."""
     value = node.value
     if node.quoted or node.line is None or not isinstance(value, str) or " " not in value:
@@ -333,13 +333,13 @@ def _folded_continuation(linter: _Linter, node: Node) -> int | None:
 
 
 def _check_fields(linter: _Linter, doc: Document,
-                  seen: dict[str, Field]) -> tuple[dict[str, list[tuple[Entry, Node]]], list[Field]]:
-    lists: dict[str, list[tuple[Entry, Node]]] = {}
+                  seen: dict[str, Field]) -> tuple[dict[str, list[tuple[Entry, DocumentNode]]], list[Field]]:
+    lists: dict[str, list[tuple[Entry, DocumentNode]]] = {}
     good: list[Field] = []
     enable_ipv6 = bool(linter.options.enable_ipv6)  # resolved in lint_config
     for canonical, f in seen.items():
         if canonical in _CIDR_KEYS and f.value.kind == "list":
-            valid: list[tuple[Entry, Node]] = []
+            valid: list[tuple[Entry, DocumentNode]] = []
             for item in f.value.value:
                 folded = _folded_continuation(linter, item)
                 if folded is not None:
@@ -354,7 +354,7 @@ def _check_fields(linter: _Linter, doc: Document,
                 except ConfigError as exc:
                     linter.error(exc, "invalid-cidr")
             lists[canonical] = valid
-            good.append(Field(f.key, f.line, Node([n for _, n in valid], f.value.line, kind="list"), f.column))
+            good.append(Field(f.key, f.line, DocumentNode([n for _, n in valid], f.value.line, kind="list"), f.column))
             continue
         errors = field_errors(doc, f, enable_ipv6=enable_ipv6)
         for problem in errors:
@@ -364,7 +364,7 @@ def _check_fields(linter: _Linter, doc: Document,
     return lists, good
 
 
-def _check_overlaps(linter: _Linter, lists: dict[str, list[tuple[Entry, Node]]]) -> None:
+def _check_overlaps(linter: _Linter, lists: dict[str, list[tuple[Entry, DocumentNode]]]) -> None:
     """Duplicates, entries inside another entry of the same list, and a prefix in both lists, in one sweep.
 
     An entry is redundant when the nearest entry enclosing it is of the same list: with longest-prefix-wins
@@ -396,7 +396,7 @@ def _check_overlaps(linter: _Linter, lists: dict[str, list[tuple[Entry, Node]]])
         stack.append((prefix, key, entry))
 
 
-def _check_limit(linter: _Linter, seen: dict[str, Field], lists: dict[str, list[tuple[Entry, Node]]]) -> None:
+def _check_limit(linter: _Linter, seen: dict[str, Field], lists: dict[str, list[tuple[Entry, DocumentNode]]]) -> None:
     non_masq_field = seen.get("nonMasqueradeCIDRs")
     if non_masq_field is None:
         # absent: the agent's defaults count
@@ -419,7 +419,7 @@ def _check_limit(linter: _Linter, seen: dict[str, Field], lists: dict[str, list[
                    anchor.column if anchor else None)
 
 
-def _lenient_policy(doc: Document | None, good: list[Field], lists: dict[str, list[tuple[Entry, Node]]],
+def _lenient_policy(doc: Document | None, good: list[Field], lists: dict[str, list[tuple[Entry, DocumentNode]]],
                     options: PolicyOptions) -> Policy | None:
     """The policy the valid part of the config describes, so that must-* checks run despite other findings."""
     if doc is None:

@@ -12,8 +12,7 @@ import shlex
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from ipmasq.config.model import Entry, RuleAction
-from ipmasq.config.model import Rule as ConfigRule
+from ipmasq.config.model import Entry, Rule, RuleAction
 from ipmasq.errors import RuleParseError
 from ipmasq.netfilter.lines import iter_lines
 from ipmasq.options import PolicyOptions
@@ -28,9 +27,9 @@ __all__ = [
     "RULE_COMMENT_PREFIX",
     "ChainRules",
     "Condition",
+    "IptablesRule",
     "Match",
     "NatTable",
-    "Rule",
     "canonical",
     "chain_rules",
     "config_rule_lines",
@@ -126,7 +125,7 @@ _PROTOCOL_NAMES = {"tcp": "tcp", "udp": "udp", "sctp": "sctp", "icmp": "icmp", "
 _MULTIPORT_SLOTS = 15
 
 
-def config_rule_lines(chain: str, rule: ConfigRule, options: PolicyOptions) -> list[str]:
+def config_rule_lines(chain: str, rule: Rule, options: PolicyOptions) -> list[str]:
     """A rule of the config's `rules` as restore lines: one per source, destination and group of at most 15 ports
     (iptables-save lists a rule with several addresses as that many rules; multiport takes 15)."""
     head = f"-A {chain} -m comment --comment {_quote(rule_comment(rule.name))}"
@@ -402,7 +401,7 @@ class Match:
 
 
 @dataclass(frozen=True, slots=True)
-class Rule:
+class IptablesRule:
     """A rule split into what it tests and what it does; `text` is its canonical (iptables-save) form."""
 
     text: str
@@ -425,7 +424,7 @@ class Rule:
         return None
 
 
-def parse_rule(line: str, *, already_canonical: bool = False) -> Rule:
+def parse_rule(line: str, *, already_canonical: bool = False) -> IptablesRule:
     """Split one rule (restore or save syntax) into conditions, matches and target; loud on what it cannot place.
 
     `already_canonical`: the line comes from parse_save (a NatTable), so it is not normalised a second time.
@@ -434,8 +433,8 @@ def parse_rule(line: str, *, already_canonical: bool = False) -> Rule:
     fast = _OUR_RETURN_SAVE.match(text)
     if fast is not None:  # our RETURN rules: most of a large chain
         chain, address, comment = fast.groups()
-        return Rule(text, chain, (Condition("-d", address, False),), (Match("comment", ("--comment", comment[1:-1])),),
-                    "RETURN", (), False)
+        return IptablesRule(text, chain, (Condition("-d", address, False),),
+                            (Match("comment", ("--comment", comment[1:-1])),), "RETURN", (), False)
     tokens = _tokens(text)
     chain = tokens[1]
     conditions: list[Condition] = []
@@ -475,4 +474,4 @@ def parse_rule(line: str, *, already_canonical: bool = False) -> Rule:
         i += 1
     if current is not None:
         matches.append(Match(current[0], tuple(current[1])))
-    return Rule(text, chain, tuple(conditions), tuple(matches), target, tuple(target_args), goto)
+    return IptablesRule(text, chain, tuple(conditions), tuple(matches), target, tuple(target_args), goto)

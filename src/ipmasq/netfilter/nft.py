@@ -27,8 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipmasq.config.model import Rule as ConfigRule
-from ipmasq.config.model import RuleAction
+from ipmasq.config.model import Rule, RuleAction
 from ipmasq.errors import NftParseError, clip
 from ipmasq.netfilter.iptables import MASQ_COMMENT, NON_MASQ_COMMENT, RULE_COMMENT_PREFIX, rule_comment
 from ipmasq.options import PolicyOptions
@@ -144,7 +143,7 @@ def _masquerade_rules(options: PolicyOptions) -> list[str]:
     return rules
 
 
-def config_rule_text(rule: ConfigRule, options: PolicyOptions) -> str:
+def config_rule_text(rule: Rule, options: PolicyOptions) -> str:
     """A rule of the config's `rules` in the form `nft list` prints it, as it stands in RULES_CHAIN: several
     addresses or ports become an anonymous set, merged and sorted as nft lists them (it merges
     `{ 0.0.0.0/1, 128.0.0.0/1 }` to one prefix). preserve is `accept`: in the jumped-to chain a `return` would
@@ -476,8 +475,8 @@ def _priority_of(chain: dict[str, Any]) -> int:
 # --- rule text <-> JSON expressions ------------------------------------------------------------------------------
 
 
-class _Unrecognised(Exception):
-    pass
+class _Unrecognised(Exception):  # control flow inside this module (not in errors.py): never leaves rule_from_json
+    """A JSON expression with no text form here: rule_from_json shows the rule as "unrecognised: <json>"."""
 
 
 def _value(right: Any) -> str:

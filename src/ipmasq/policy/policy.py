@@ -6,7 +6,7 @@ disjoint interval table that answers `verdict` in O(log n) exactly as the kernel
 The config's `rules` come first: the first one that matches a packet decides, before any CIDR list. A rule may
 test more than the destination (source, protocol, port); asked about a packet whose such fields are unknown (a
 caller that knows only the destination), the answer is the one for packets no such rule matches, and says which
-rules and fields it depends on (`Verdict.depends_on`, `Verdict.conditional`), rather than guessing.
+rules and fields it depends on (`PolicyVerdict.depends_on`, `PolicyVerdict.conditional`), rather than guessing.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address
 from ipmasq.policy.ranges import FirstMatchTable, Span, first_match_table, union_of_prefixes
 from ipmasq.policy.rule_index import NO_MATCH, RuleIndex
 
-__all__ = ["PACKET_FIELDS", "Policy", "Reason", "Verdict", "rule_match"]
+__all__ = ["PACKET_FIELDS", "Policy", "PolicyVerdict", "Reason", "rule_match"]
 
 
 class Reason(Enum):
@@ -75,7 +75,7 @@ def rule_match(rule: Rule, packet: Packet) -> tuple[str, ...] | None:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class PolicyVerdict:
     """What the agent does to a packet for one destination (masquerade or not), and what decided it."""
 
     destination: str
@@ -162,19 +162,19 @@ class Policy:
             return {family: first_match_table([e.prefix for e in self.rule_entries(family)], family.max_address)
                     for family in self.families}
 
-    def verdict(self, destination: str) -> Verdict:
+    def verdict(self, destination: str) -> PolicyVerdict:
         """What happens to pod traffic to `destination` (an IP address; ValueError when it is not one), from any
-        source, protocol and port: see Verdict.conditional for the rules that would need those."""
+        source, protocol and port: see PolicyVerdict.conditional for the rules that would need those."""
         family, address = parse_address(destination)
         return self.verdict_for(family, address, text=destination)
 
     def verdict_for(self, family: Family, address: int, *, text: str | None = None, source: int | None = None,
-                    protocol: str | None = None, port: int | None = None) -> Verdict:
-        """The verdict for a packet; `source`, `protocol` and `port` None: not known (see Verdict.depends_on)."""
+                    protocol: str | None = None, port: int | None = None) -> PolicyVerdict:
+        """The verdict for a packet; `source`, `protocol` and `port` None: not known (see PolicyVerdict.depends_on)."""
         shown = text if text is not None else format_address(family, address)
         table = self._tables.get(family)
         if table is None:
-            return Verdict(shown, family, False, Reason.IPV6_DISABLED, None)
+            return PolicyVerdict(shown, family, False, Reason.IPV6_DISABLED, None)
         index = self._rule_indexes.get(family)
         if index is not None:
             # the rules whose destinations hold the address, in order: the walk's first match without the walk
@@ -182,11 +182,11 @@ class Policy:
             if match is not NO_MATCH:
                 rule = match.rule
                 if rule is not None:
-                    return Verdict(shown, family, rule.action is not RuleAction.PRESERVE, Reason.RULE, None, rule,
-                                   rule.snat_to, match.conditional, match.depends_on)
+                    return PolicyVerdict(shown, family, rule.action is not RuleAction.PRESERVE, Reason.RULE, None, rule,
+                                         rule.snat_to, match.conditional, match.depends_on)
                 listed = self._list_verdict(table, family, address, shown)
-                return Verdict(shown, family, listed.masquerade, listed.reason, listed.entry,
-                               conditional=match.conditional, depends_on=match.depends_on)
+                return PolicyVerdict(shown, family, listed.masquerade, listed.reason, listed.entry,
+                                     conditional=match.conditional, depends_on=match.depends_on)
         return self._list_verdict(table, family, address, shown)
 
     def rule_index(self, family: Family) -> RuleIndex | None:
@@ -198,12 +198,12 @@ class Policy:
         with paused_gc():
             return {family: RuleIndex(rules) for family, rules in self._rules.items()}
 
-    def _list_verdict(self, table: FirstMatchTable, family: Family, address: int, shown: str) -> Verdict:
+    def _list_verdict(self, table: FirstMatchTable, family: Family, address: int, shown: str) -> PolicyVerdict:
         label = table.label_at(address)
         if label < 0:
-            return Verdict(shown, family, True, Reason.CATCH_ALL, None)
+            return PolicyVerdict(shown, family, True, Reason.CATCH_ALL, None)
         entry = self.rule_entries(family)[label]
-        return Verdict(shown, family, entry.masquerade, _REASON_OF_ORIGIN[entry.origin], entry)
+        return PolicyVerdict(shown, family, entry.masquerade, _REASON_OF_ORIGIN[entry.origin], entry)
 
     def preserved_ranges(self, family: Family) -> list[Span]:
         """The addresses whose pod traffic keeps the pod IP; a family the policy does not manage keeps all."""

@@ -19,10 +19,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from ipmasq.errors import IpmasqError
+from ipmasq.errors import CertificateError
 
 __all__ = [
-    "SECRET_KEYS", "CertificateError", "CertificateSet", "issue", "needs_renewal", "service_names", "still_valid",
+    "SECRET_KEYS", "CertificateSet", "issue", "needs_renewal", "service_names", "still_valid",
 ]
 
 # The Secret's keys: tls.crt and tls.key as a kubernetes.io/tls Secret has them (cert-manager's too), ca.crt the CA
@@ -32,10 +32,6 @@ SECRET_KEYS = ("tls.crt", "tls.key", "ca.crt", "ca.key", "ca-bundle.crt")
 # in the logs if renewal keeps failing, and a replica that was down for weeks still finds a valid certificate.
 RENEW_SHARE = 1 / 3
 _BACKDATE = datetime.timedelta(minutes=5)  # clocks of the API server and the webhook's node may differ a little
-
-
-class CertificateError(IpmasqError):
-    """A Secret holds no usable certificate set (missing keys, not PEM, a key that does not match)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,14 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ipmasq.webhook.certificate import (
-    CertificateError,
-    CertificateSet,
-    issue,
-    needs_renewal,
-    service_names,
-    still_valid,
-)
+from ipmasq.errors import CertificateError
+from ipmasq.webhook.certificate import CertificateSet, issue, needs_renewal, service_names, still_valid
 from ipmasq.webhook.kube import Api, ApiError, Conflict
 
 __all__ = ["CertificateKeeper", "KeeperSettings"]

@@ -18,7 +18,7 @@ from ipmasq.errors import IpmasqError, one_line
 from ipmasq.options import PolicyOptions
 from ipmasq.webhook.keeper import CertificateKeeper, KeeperSettings
 from ipmasq.webhook.kube import InClusterApi
-from ipmasq.webhook.review import Verdict, respond
+from ipmasq.webhook.review import AdmissionVerdict, respond
 from ipmasq.webhook.server import WebhookServer, serve
 
 __all__ = ["WebhookProcess"]
@@ -64,7 +64,7 @@ class WebhookProcess:
             server.server_close()
 
     def _respond(self, review: object, *, abandoned: threading.Event | None = None,
-                 ) -> tuple[dict[str, Any], Verdict]:
+                 ) -> tuple[dict[str, Any], AdmissionVerdict]:
         return self.respond(review, abandoned=abandoned)
 
     def _use(self, server: WebhookServer, pair: tuple[bytes, bytes]) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ipmasq.config.source import CONFIG_PREFIX, ConfigInput, config_from_bytes
 from ipmasq.config.validate import KNOWN_KEYS
-from ipmasq.errors import ConfigError, IpmasqError, clip, one_line
+from ipmasq.errors import ConfigError, ReviewError, clip, one_line
 from ipmasq.findings import Finding, Severity
 from ipmasq.lint.config import lint_config
 from ipmasq.lint.manifest import AGENT_CONFIGMAP, AGENT_NAMESPACE, CONFIG_KEY
@@ -27,9 +27,18 @@ from ipmasq.lint.text import scan_lookalikes
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.budget import WorkBudget
 
-__all__ = ["ADMISSION_API", "MAX_CHECKED_RULES", "MAX_CONFIGMAP_DATA", "MAX_LISTED", "MAX_NAME_CHARS",
-           "REVIEW_WORK_STEPS", "ReviewError", "Verdict", "data_size", "decide",
-           "respond"]
+__all__ = [
+    "ADMISSION_API",
+    "MAX_CHECKED_RULES",
+    "MAX_CONFIGMAP_DATA",
+    "MAX_LISTED",
+    "MAX_NAME_CHARS",
+    "REVIEW_WORK_STEPS",
+    "AdmissionVerdict",
+    "data_size",
+    "decide",
+    "respond",
+]
 
 ADMISSION_API = "admission.k8s.io/v1"
 # A denial or the warnings list this many findings and count the rest: the first ones are what to fix first, and
@@ -56,23 +65,19 @@ REVIEW_WORK_STEPS = 1_000_000
 MAX_CHECKED_RULES = 1_000
 
 
-class ReviewError(IpmasqError):
-    """The body is not an AdmissionReview request: answered with HTTP 400, never with a verdict."""
-
-
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class AdmissionVerdict:
     allowed: bool
     message: str | None = None  # the denial, lines the user reads after "denied the request: "
     warnings: tuple[str, ...] = field(default=())
     reviewed: bool = True  # False: not a ConfigMap of the agent's, allowed without a look at its data
 
 
-ALLOWED = Verdict(True, reviewed=False)
+ALLOWED = AdmissionVerdict(True, reviewed=False)
 
 
 def respond(review: object, options: PolicyOptions | None = None, *,
-            abandoned: threading.Event | None = None) -> tuple[dict[str, Any], Verdict]:
+            abandoned: threading.Event | None = None) -> tuple[dict[str, Any], AdmissionVerdict]:
     """The AdmissionReview response to an AdmissionReview request, and the verdict in it; raises ReviewError when
     the body is not an AdmissionReview request, Abandoned (from the rules' checks) once `abandoned` is set."""
     if not isinstance(review, Mapping):
@@ -95,7 +100,7 @@ def respond(review: object, options: PolicyOptions | None = None, *,
     return answer, verdict
 
 
-def decide(request: Mapping[str, Any], options: PolicyOptions, budget: WorkBudget | None = None) -> Verdict:
+def decide(request: Mapping[str, Any], options: PolicyOptions, budget: WorkBudget | None = None) -> AdmissionVerdict:
     """The verdict on one AdmissionReview request (its `request` member); `budget`: the work its rules' checks
     may do, for all its config keys together (None: unbounded)."""
     if options.node_name is None:
@@ -111,18 +116,18 @@ def decide(request: Mapping[str, Any], options: PolicyOptions, budget: WorkBudge
     name = _text(metadata.get("name")) or _text(request.get("name"))
     namespace = _text(request.get("namespace")) or _text(metadata.get("namespace"))
     if len(name) > MAX_NAME_CHARS or len(namespace) > MAX_NAME_CHARS:
-        return Verdict(False, f"a ConfigMap's name and namespace have at most {MAX_NAME_CHARS} characters (got "
-                              f"{len(name):,} and {len(namespace):,}); not read")
+        return AdmissionVerdict(False, f"a ConfigMap's name and namespace have at most {MAX_NAME_CHARS} characters "
+                                f"(got {len(name):,} and {len(namespace):,}); not read")
     if namespace == AGENT_NAMESPACE and (name == AGENT_CONFIGMAP or name.startswith(CONFIG_PREFIX)) \
             and (size := data_size(obj)) > MAX_CONFIGMAP_DATA:
         # what the API server itself refuses (a ConfigMap's data and binaryData together); only a peer other than
         # the API server sends more, and nothing of it is parsed: a config of a million CIDRs costs the YAML
         # parser and the validator hundreds of MiB
-        return Verdict(False, f"ConfigMap {AGENT_NAMESPACE}/{name}: {size:,} bytes of data, more than a ConfigMap "
-                              f"may hold ({MAX_CONFIGMAP_DATA:,}); not read")
+        return AdmissionVerdict(False, f"ConfigMap {AGENT_NAMESPACE}/{name}: {size:,} bytes of data, more than a "
+                                f"ConfigMap may hold ({MAX_CONFIGMAP_DATA:,}); not read")
     if namespace != AGENT_NAMESPACE:
         if name == AGENT_CONFIGMAP:
-            return Verdict(True, warnings=(
+            return AdmissionVerdict(True, warnings=(
                 f"ConfigMap {namespace}/{name} is never read: the agent reads only {AGENT_NAMESPACE}/"
                 f"{AGENT_CONFIGMAP}; create it there (kubectl -n {AGENT_NAMESPACE} ...) for its config to apply",))
         return ALLOWED
@@ -132,16 +137,16 @@ def decide(request: Mapping[str, Any], options: PolicyOptions, budget: WorkBudge
             # a label, an annotation or a finalizer on a ConfigMap whose config was already stored (before the
             # webhook, or while it was down): refusing it would fix nothing and block whoever manages metadata
             problems = (verdict.message or "").splitlines()[1:]
-            return Verdict(True, warnings=tuple(_listed([f"the stored config is already refused: {line}"
-                                                         for line in problems])))
+            return AdmissionVerdict(True, warnings=tuple(_listed([f"the stored config is already refused: {line}"
+                                                                  for line in problems])))
         return verdict
     if name.startswith(CONFIG_PREFIX):
         # a member of the family a DaemonSet mounting a whole directory reads (--config DIR): validated as the
         # agent would read it, and said to be outside what the shipped DaemonSet mounts
         verdict = _review_configs(obj, name, options, budget, required=False)
-        return Verdict(verdict.allowed, verdict.message, (_family_warning(name), *verdict.warnings))
+        return AdmissionVerdict(verdict.allowed, verdict.message, (_family_warning(name), *verdict.warnings))
     if _near_miss(name) or _holds_a_config(obj):
-        return Verdict(True, warnings=(
+        return AdmissionVerdict(True, warnings=(
             f"ConfigMap {AGENT_NAMESPACE}/{name} looks meant for the ip-masq agent, but the agent reads only "
             f"{AGENT_NAMESPACE}/{AGENT_CONFIGMAP}: this one is never applied",))
     return ALLOWED
@@ -252,7 +257,7 @@ def _config_keys(obj: Mapping[str, Any]) -> list[tuple[str, bytes | str]]:
 
 
 def _review_configs(obj: Mapping[str, Any], name: str, options: PolicyOptions, budget: WorkBudget | None, *,
-                    required: bool) -> Verdict:
+                    required: bool) -> AdmissionVerdict:
     configs = _config_keys(obj)
     collected = _Collected()
     if required and not any(where.endswith("." + CONFIG_KEY) for where, _ in configs):
@@ -263,8 +268,8 @@ def _review_configs(obj: Mapping[str, Any], name: str, options: PolicyOptions, b
     if collected.errors:
         head = (f"ConfigMap {AGENT_NAMESPACE}/{name} would not do what it says (ipmasq lint finds the same; "
                 "nothing was changed):")
-        return Verdict(False, "\n".join([head, *_listed(collected.errors)]), tuple(warnings))
-    return Verdict(True, warnings=tuple(warnings))
+        return AdmissionVerdict(False, "\n".join([head, *_listed(collected.errors)]), tuple(warnings))
+    return AdmissionVerdict(True, warnings=tuple(warnings))
 
 
 def _missing_config(obj: Mapping[str, Any], configs: list[tuple[str, bytes | str]], collected: _Collected) -> None:

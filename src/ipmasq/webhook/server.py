@@ -51,8 +51,8 @@ from typing import Any, Protocol
 
 import h11
 
-from ipmasq.errors import Abandoned, IpmasqError, one_line
-from ipmasq.webhook.review import ReviewError, Verdict
+from ipmasq.errors import Abandoned, ReviewError, WebhookServerError, one_line
+from ipmasq.webhook.review import AdmissionVerdict
 
 __all__ = ["BACKLOG", "MAX_BODY_BYTES", "MAX_CONNECTIONS", "REQUEST_SECONDS", "VALIDATE_PATH", "WebhookServer",
            "serve", "wait_listening"]
@@ -94,11 +94,7 @@ _WRITE_HIGH_BYTES = 256 * 1024  # answers a peer does not read: past this, its r
 
 class Respond(Protocol):
     def __call__(self, review: object, *, abandoned: threading.Event | None = None,
-                 ) -> tuple[dict[str, Any], Verdict]: ...
-
-
-class ServerError(IpmasqError):
-    """The webhook cannot serve (the address is taken, the certificate is unusable)."""
+                 ) -> tuple[dict[str, Any], AdmissionVerdict]: ...
 
 
 _Answer = tuple[int, bytes, str, "str | None"]  # status, payload, content type, the line to log (None: none)
@@ -144,7 +140,7 @@ class _Connection(asyncio.Protocol):
         self.server.admit(self)
         try:
             self.tls = self.server.tls_context().wrap_bio(self.incoming, self.outgoing, server_side=True)
-        except (ServerError, ssl.SSLError):
+        except (WebhookServerError, ssl.SSLError):
             self.abort()
             return
         self._arm(HANDSHAKE_SECONDS)
@@ -452,7 +448,7 @@ class WebhookServer:
         try:
             self._listener = socket.create_server(address, family=family, backlog=BACKLOG)
         except OSError as exc:
-            raise ServerError(f"cannot listen on {address[0]}:{address[1]}: {exc.strerror}") from None
+            raise WebhookServerError(f"cannot listen on {address[0]}:{address[1]}: {exc.strerror}") from None
         self.server_address: tuple[str, int] = self._listener.getsockname()[:2]
         self.respond = respond
         self.log = log
@@ -481,13 +477,13 @@ class WebhookServer:
             with _memory_file(cert_pem) as cert_path, _memory_file(key_pem) as key_path:
                 context.load_cert_chain(cert_path, key_path)
         except (ssl.SSLError, OSError) as exc:
-            raise ServerError(f"the serving certificate is unusable: {one_line(str(exc))}") from None
+            raise WebhookServerError(f"the serving certificate is unusable: {one_line(str(exc))}") from None
         self.context = context
         self.ready.set()
 
     def tls_context(self) -> ssl.SSLContext:
         if self.context is None:
-            raise ServerError("no serving certificate")
+            raise WebhookServerError("no serving certificate")
         return self.context
 
     # ---- serving --------------------------------------------------------------------------------------------
@@ -636,7 +632,7 @@ def _field(value: object, key: str) -> object:
     return value.get(key) if isinstance(value, dict) else None
 
 
-def decision_line(request: object, verdict: Verdict, seconds: float) -> str:
+def decision_line(request: object, verdict: AdmissionVerdict, seconds: float) -> str:
     """One log line per ConfigMap of the agent's: what, who, the verdict, how long, and the first reason. Any
     member may be missing or of the wrong type (the request is the peer's): it is shown as None."""
     outcome = "admitted" if verdict.allowed else "denied"

@@ -14,7 +14,7 @@ import pytest
 from ipmasq.agent import apireport
 from ipmasq.agent.apireport import RETRY_INITIAL, ApiReporter, Narrator, Note, retry_wait
 from ipmasq.agent.origin import ConfigOrigin
-from ipmasq.agent.reconcile import ConfigReport, ObjectCount, PassReport, SyncResult, Verdict
+from ipmasq.agent.reconcile import ConfigReport, ObjectCount, PassReport, ProbeVerdict, SyncResult
 from ipmasq.errors import ApiServerError, ApiUnreachable, NotFound, TooManyRequests
 from ipmasq.kube import paths
 from ipmasq.kube.agentstatus import StatusWriter, status_from_json
@@ -22,7 +22,7 @@ from ipmasq.kube.events import EventRecorder
 from ipmasq.policy.prefix import Family
 from ipmasq.testing.kube import FakeKubeClient
 
-READY = Verdict(True, "ready: the kernel matches the current config")
+READY = ProbeVerdict(True, "ready: the kernel matches the current config")
 
 
 def narrator() -> Narrator:
@@ -40,7 +40,7 @@ def applied(policy: str = "a" * 64, *, drift: bool = False, error: str | None = 
     return PassReport(result=result, config_error=error, backend_error=None, drift_repair=drift, writes=(),
                       removed_leftovers=(), leftovers=(), policy_hash=policy,
                       objects=(ObjectCount(Family.V4, 5, 0),), resync_interval=60.0,
-                      readiness=READY if error is None else Verdict(False, f"not ready: config error: {error}"),
+                      readiness=READY if error is None else ProbeVerdict(False, f"not ready: config error: {error}"),
                       foreign_masquerade_rules=foreign, config_digest="d" * 64, origin=origin(exists),
                       mismatch=mismatch)
 
@@ -55,7 +55,7 @@ def test_applied_is_said_by_the_status_alone_then_silent_until_something_changes
     assert quiet.occurrences == () and quiet.status is None
     # a good new config seen: nothing until its pass says what the node enforces (one status write per change)
     seen = ConfigReport(changed=True, config_error=None, policy_hash="b" * 64, resync_interval=60.0,
-                        readiness=Verdict(False, "not ready: the current config is not applied yet"))
+                        readiness=ProbeVerdict(False, "not ready: the current config is not applied yet"))
     assert teller.observed(seen) == Note((), None)
     assert teller.reconciled(applied("b" * 64)).status is not None
 
@@ -65,7 +65,8 @@ def test_a_rejected_config_is_said_once_with_its_line_and_the_policy_kept() -> N
     teller.reconciled(applied())
     bad = "configmap/ip-masq-agent[config]:3: nonMasqueradeCIDRs[0]: invalid CIDR '10.0.0.0/33'"
     report = ConfigReport(changed=True, config_error=bad, policy_hash="a" * 64, resync_interval=60.0,
-                          readiness=Verdict(False, f"not ready: config error: {bad}"), origin=origin(digest="c" * 64))
+                          readiness=ProbeVerdict(False, f"not ready: config error: {bad}"),
+                          origin=origin(digest="c" * 64))
     (said,) = teller.observed(report).occurrences
     assert said.reason == "ConfigRejected" and said.type == "Warning"
     assert said.target == teller.node_ref  # on the Node: the ConfigMap gets the fleet's summary instead
@@ -129,7 +130,7 @@ def test_a_config_change_costs_one_status_write_not_one_per_report() -> None:
         client.calls.clear()
         # a new config: seen (not ready: not applied yet), then its pass (ready); the writer waits for the second
         changed = ConfigReport(changed=True, config_error=None, policy_hash="a" * 64, resync_interval=60.0,
-                               readiness=Verdict(False, "not ready: the current config is not applied yet"))
+                               readiness=ProbeVerdict(False, "not ready: the current config is not applied yet"))
         reporter.observed(changed)
         reporter.reconciled(applied("b" * 64), 0.01)
         wait_written(client, lambda: client.objects[paths.statuses("node-a")]["policyHash"] == "b" * 64)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
-from ipmasq.agent.reconcile import FamilyWrite, ObjectCount, Reconciler, SyncResult, Verdict
+from ipmasq.agent.reconcile import FamilyWrite, ObjectCount, ProbeVerdict, Reconciler, SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant, choose_variant
 from ipmasq.config import ConfigInput
 from ipmasq.errors import ConfigError
@@ -302,7 +302,7 @@ def test_each_pass_hands_out_its_facts_as_one_value(fake: FakeIptables) -> None:
     rec = make(fake)
     seen = rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 20s\n"))
     assert seen.changed and seen.config_error is None and seen.resync_interval == 20
-    assert seen.readiness == Verdict(False, "not ready: the current config is not applied yet")
+    assert seen.readiness == ProbeVerdict(False, "not ready: the current config is not applied yet")
     assert rec.policy is not None and seen.policy_hash == policy_hash(rec.policy)
     installed = rec.reconcile()
     # the chain, its jump, link-local RETURN, 10/8 RETURN, MASQUERADE; counted as rules: all but the chain
@@ -310,7 +310,7 @@ def test_each_pass_hands_out_its_facts_as_one_value(fake: FakeIptables) -> None:
         installed, result=SyncResult.APPLIED, config_error=None, backend_error=None, drift_repair=False,
         writes=(FamilyWrite(Family.V4, added=5, removed=0, installed=True),), removed_leftovers=(),
         policy_hash=seen.policy_hash, objects=(ObjectCount(Family.V4, rules=4, set_elements=0),),
-        resync_interval=20.0, readiness=Verdict(True, "ready: the kernel matches the current config"))
+        resync_interval=20.0, readiness=ProbeVerdict(True, "ready: the kernel matches the current config"))
     assert rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 20s\n")).changed is False
     idle = rec.reconcile()
     assert (idle.result, idle.writes, idle.drift_repair, idle.objects) == (SyncResult.IN_SYNC, (), False,

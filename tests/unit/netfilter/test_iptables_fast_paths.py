@@ -20,7 +20,7 @@ comments = st.text(st.characters(blacklist_characters='"\\\n\r', min_codepoint=3
 chains = st.from_regex(r"[A-Z][A-Z0-9_-]{0,20}", fullmatch=True)
 
 
-def _general(line: str) -> iptables.Rule:
+def _general(line: str) -> iptables.IptablesRule:
     saved = iptables._OUR_RETURN_SAVE
     iptables._OUR_RETURN_SAVE = re.compile("(?!)")  # never matches: the general path
     try:

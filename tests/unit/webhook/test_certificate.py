@@ -9,13 +9,8 @@ import datetime
 import pytest
 from cryptography import x509
 
-from ipmasq.webhook.certificate import (
-    CertificateError,
-    CertificateSet,
-    issue,
-    needs_renewal,
-    service_names,
-)
+from ipmasq.errors import CertificateError
+from ipmasq.webhook.certificate import CertificateSet, issue, needs_renewal, service_names
 
 NOW = datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.UTC)
 NAMES = service_names("ipmasq-webhook", "kube-system")

@@ -13,7 +13,7 @@ import pytest
 
 from ipmasq.config.document import MAX_VALUES
 from ipmasq.config.source import ConfigInput, config_from_bytes
-from ipmasq.errors import ConfigError
+from ipmasq.errors import ConfigError, ReviewError
 from ipmasq.findings import Severity
 from ipmasq.lint import lint_config
 from ipmasq.lint.text import scan_lookalikes
@@ -25,8 +25,7 @@ from ipmasq.webhook.review import (
     MAX_LISTED,
     MAX_NAME_CHARS,
     REVIEW_WORK_STEPS,
-    ReviewError,
-    Verdict,
+    AdmissionVerdict,
     decide,
     respond,
 )
@@ -53,7 +52,7 @@ def verdict_of(config: str, options: PolicyOptions | None = None) -> Any:
     return decide(request(config=config), options or PolicyOptions())
 
 
-def reviewed(config: str) -> Verdict:
+def reviewed(config: str) -> AdmissionVerdict:
     """The verdict as the webhook gives it: within the review's work budget."""
     return respond(review(request(config=config)))[1]
 

@@ -15,7 +15,7 @@ import pytest
 
 from ipmasq.webhook import server as server_module
 from ipmasq.webhook.certificate import CertificateSet
-from ipmasq.webhook.review import Verdict, respond
+from ipmasq.webhook.review import AdmissionVerdict, respond
 from ipmasq.webhook.server import VALIDATE_PATH, WebhookServer, _json_values, serve
 from tests.unit.webhook.test_server_hostile import HOST, ask, review_body, tls
 
@@ -97,7 +97,8 @@ def test_a_decision_whose_client_left_stops_and_logs_nothing(certificate: Certif
                                                              capfd: pytest.CaptureFixture[str]) -> None:
     entered, seen = threading.Event(), []
 
-    def watching(review: object, *, abandoned: threading.Event | None = None) -> tuple[dict[str, Any], Verdict]:
+    def watching(review: object, *, abandoned: threading.Event | None = None,
+                 ) -> tuple[dict[str, Any], AdmissionVerdict]:
         assert abandoned is not None
         if not entered.is_set():
             entered.set()
@@ -131,7 +132,8 @@ def test_a_decision_whose_client_left_stops_and_logs_nothing(certificate: Certif
 def test_a_review_waiting_for_a_slot_is_never_begun_once_its_client_left(certificate: CertificateSet) -> None:
     release, calls = threading.Event(), []
 
-    def blocking(review: object, *, abandoned: threading.Event | None = None) -> tuple[dict[str, Any], Verdict]:
+    def blocking(review: object, *, abandoned: threading.Event | None = None,
+                 ) -> tuple[dict[str, Any], AdmissionVerdict]:
         calls.append(review)
         release.wait(20)
         return respond(review)
@@ -191,7 +193,8 @@ def test_a_flood_of_silent_connections_evicts_its_own_not_a_kept_alive_client(
 
 def test_a_fault_in_a_decision_is_one_line_and_a_500(certificate: CertificateSet,
                                                      capfd: pytest.CaptureFixture[str]) -> None:
-    def failing(review: object, *, abandoned: threading.Event | None = None) -> tuple[dict[str, Any], Verdict]:
+    def failing(review: object, *, abandoned: threading.Event | None = None,
+                 ) -> tuple[dict[str, Any], AdmissionVerdict]:
         raise KeyError("a fault of the decision's own")
 
     logged: list[str] = []

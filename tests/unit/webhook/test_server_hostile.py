@@ -16,7 +16,7 @@ import pytest
 
 from ipmasq.webhook import server as server_module
 from ipmasq.webhook.certificate import CertificateSet
-from ipmasq.webhook.review import MAX_CONFIGMAP_DATA, Verdict, respond
+from ipmasq.webhook.review import MAX_CONFIGMAP_DATA, AdmissionVerdict, respond
 from ipmasq.webhook.server import MAX_BODY_BYTES, VALIDATE_PATH, WebhookServer, serve
 from tests.hostile.admission import configmap
 
@@ -164,7 +164,8 @@ def test_the_backlog_takes_a_burst_of_connections_before_any_is_accepted(certifi
 def test_shutdown_finishes_the_review_in_flight(certificate: CertificateSet) -> None:
     entered, release = threading.Event(), threading.Event()
 
-    def slow_respond(review: object, *, abandoned: threading.Event | None = None) -> tuple[dict[str, Any], Verdict]:
+    def slow_respond(review: object, *, abandoned: threading.Event | None = None,
+                 ) -> tuple[dict[str, Any], AdmissionVerdict]:
         entered.set()
         release.wait(10)
         return respond(review)

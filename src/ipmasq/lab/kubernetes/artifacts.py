@@ -34,10 +34,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ipmasq.errors import IpmasqError
+from ipmasq.errors import BuildError
 
 __all__ = [
-    "CONTAINERD_BINARIES", "KUBE_BINARIES", "PAUSE_IMAGE", "Artifacts", "BuildError", "GoBuild", "Toolchain",
+    "CONTAINERD_BINARIES", "KUBE_BINARIES", "PAUSE_IMAGE", "Artifacts", "GoBuild", "Toolchain",
     "cache_dir", "ensure_artifacts", "kubernetes_toolchain", "missing_packages", "prometheus_binary",
 ]
 
@@ -60,10 +60,6 @@ REQUIRED_COMMANDS = {
 }
 BUILD_ONLY = {"podman", "mmdebstrap", "gcc"}
 CNI_PLUGINS_DIR = "/usr/lib/cni"  # containernetworking-plugins
-
-
-class BuildError(IpmasqError):
-    """An artifact of the Kubernetes lab could not be built or found."""
 
 
 def cache_dir() -> Path:

@@ -38,14 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ipmasq.errors import IpmasqError
+from ipmasq.errors import ClusterError
 from ipmasq.lab.kubernetes.artifacts import PAUSE_IMAGE, Artifacts
 from ipmasq.lab.netns import Namespace, Network
 from ipmasq.lab.topology import ADDR, Lab, build_world
 
 __all__ = [
     "API_PORT", "CONTROL_PLANE", "FAST_SYNC_FREQUENCY", "KUBELET_SYNC_FREQUENCY", "NODES",
-    "PRIVILEGED_NAMESPACE_LABELS", "Cluster", "ClusterError", "NodeSpec", "cluster_is_up", "state_dir", "tear_down",
+    "PRIVILEGED_NAMESPACE_LABELS", "Cluster", "NodeSpec", "cluster_is_up", "state_dir", "tear_down",
 ]
 
 def _instance() -> str:
@@ -56,10 +56,6 @@ def _instance() -> str:
     if instance not in ("", *"123456789"):
         raise ClusterError(f"IPMASQ_LAB_INSTANCE must be one digit 1-9 (or empty): {instance[:20]!r}")
     return instance
-
-
-class ClusterError(IpmasqError):
-    """The Kubernetes lab could not bring the cluster into the state asked for."""
 
 
 INSTANCE = _instance()

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import time
 
-from ipmasq.lab.kubernetes.cluster import Cluster, ClusterError, NodeSpec
+from ipmasq.errors import ClusterError
+from ipmasq.lab.kubernetes.cluster import Cluster, NodeSpec
 
 __all__ = ["GKE_DEFAULT_RULES", "JUMP", "LABEL", "NAME", "catch_up", "chain_only", "deploy", "node_rules", "remove",
            "wait_written"]

@@ -7,8 +7,9 @@ import json
 import time
 from typing import Any
 
+from ipmasq.errors import ClusterError
 from ipmasq.lab.kubernetes.agent import CONFIGMAP, lab_overlay
-from ipmasq.lab.kubernetes.cluster import Cluster, ClusterError
+from ipmasq.lab.kubernetes.cluster import Cluster
 
 __all__ = ["DEPLOYMENT", "SHIPPED", "deploy_webhook", "scale_webhook", "webhook_pods"]
 

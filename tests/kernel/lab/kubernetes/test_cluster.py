@@ -21,15 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
+from ipmasq.errors import ClusterError
 from ipmasq.lab.kubernetes import agent
-from ipmasq.lab.kubernetes.cluster import (
-    FAST_SYNC_FREQUENCY,
-    KUBELET_SYNC_FREQUENCY,
-    LAB_NAMESPACE,
-    Cluster,
-    ClusterError,
-    NodeSpec,
-)
+from ipmasq.lab.kubernetes.cluster import FAST_SYNC_FREQUENCY, KUBELET_SYNC_FREQUENCY, LAB_NAMESPACE, Cluster, NodeSpec
 from ipmasq.lab.kubernetes.scenarios import run_scenario, scenario_backend
 from ipmasq.lab.scenarios import (
     EGRESS_NODE,

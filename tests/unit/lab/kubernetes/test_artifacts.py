@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ipmasq.errors import UsageError
+from ipmasq.errors import BuildError, UsageError
 from ipmasq.lab.kubernetes import artifacts, cluster
 from ipmasq.lab.kubernetes.command import find_source
 from tests.conftest import ROOT
@@ -93,7 +93,7 @@ def test_a_module_the_proxy_refuses_ends_the_build_with_one_line_naming_it(tmp_p
     if artifacts.shutil.which("go") is None and not Path(artifacts.GO_FALLBACKS[0]).exists():
         pytest.skip("no go command")
     monkeypatch.setenv("GOPROXY", "off")  # what an unreachable proxy looks like to a cold module cache
-    with pytest.raises(artifacts.BuildError) as raised:
+    with pytest.raises(BuildError) as raised:
         artifacts._toolchain(tmp_path, lambda line: None)
     message = str(raised.value)
     assert "\n" not in message and "gomod/kubernetes" in message, message
