@@ -139,6 +139,11 @@ class PluginError(IpmasqError):
     """kubectl could not be run, or said no: `kubectl ipmasq` could not run (exit 3)."""
 
 
+class WorkOutgrown(IpmasqError):
+    """A check did more work than where it runs allows (ipmasq.policy.budget's handoff: the webhook's event-loop
+    process decides only small reviews): its caller runs it again, whole, where the large ones run."""
+
+
 class Abandoned(IpmasqError):
     """Work stopped because whoever asked for it is gone (a webhook client that closed its connection)."""
 

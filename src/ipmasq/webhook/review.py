@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
@@ -25,7 +24,7 @@ from ipmasq.lint.config import lint_config
 from ipmasq.lint.manifest import AGENT_CONFIGMAP, AGENT_NAMESPACE, CONFIG_KEY
 from ipmasq.lint.text import scan_lookalikes
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.budget import WorkBudget
+from ipmasq.policy.budget import AbandonSignal, WorkBudget
 
 __all__ = ["ADMISSION_API", "MAX_CHECKED_RULES", "MAX_CONFIGMAP_DATA", "MAX_LISTED", "MAX_NAME_CHARS",
            "REVIEW_WORK_STEPS", "ReviewError", "Verdict", "data_size", "decide",
@@ -71,10 +70,11 @@ class Verdict:
 ALLOWED = Verdict(True, reviewed=False)
 
 
-def respond(review: object, options: PolicyOptions | None = None, *,
-            abandoned: threading.Event | None = None) -> tuple[dict[str, Any], Verdict]:
+def respond(review: object, options: PolicyOptions | None = None, *, abandoned: AbandonSignal | None = None,
+            handoff: int | None = None) -> tuple[dict[str, Any], Verdict]:
     """The AdmissionReview response to an AdmissionReview request, and the verdict in it; raises ReviewError when
-    the body is not an AdmissionReview request, Abandoned (from the rules' checks) once `abandoned` is set."""
+    the body is not an AdmissionReview request, Abandoned (from the rules' checks) once `abandoned` is set,
+    WorkOutgrown once the rules' checks pass `handoff` steps (the same review decided without it gives the verdict)."""
     if not isinstance(review, Mapping):
         raise ReviewError("the body is not a JSON object")
     if review.get("apiVersion") != ADMISSION_API or review.get("kind") != "AdmissionReview":
@@ -84,7 +84,7 @@ def respond(review: object, options: PolicyOptions | None = None, *,
     if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
         raise ReviewError("the AdmissionReview has no request with a uid")
     verdict = decide(request, options or PolicyOptions(), WorkBudget(REVIEW_WORK_STEPS, abandoned,
-                                                                         max_rules=MAX_CHECKED_RULES))
+                                                                         max_rules=MAX_CHECKED_RULES, handoff=handoff))
     response: dict[str, Any] = {"uid": request["uid"], "allowed": verdict.allowed}
     if verdict.message is not None:
         # 422 as the API server's own validation answers; kubectl prints the message after "denied the request: "

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -51,8 +52,10 @@ from typing import Any, Protocol
 
 import h11
 
-from ipmasq.errors import Abandoned, IpmasqError, one_line
+from ipmasq.errors import Abandoned, IpmasqError, WorkOutgrown, one_line
+from ipmasq.policy.budget import AbandonSignal
 from ipmasq.webhook.review import ReviewError, Verdict
+from ipmasq.webhook.worker import DecisionWorker
 
 __all__ = ["BACKLOG", "MAX_BODY_BYTES", "MAX_CONNECTIONS", "REQUEST_SECONDS", "VALIDATE_PATH", "WebhookServer",
            "serve", "wait_listening"]
@@ -88,12 +91,19 @@ LARGE_BODY_BYTES = 1 << 20
 # Bodies up to this have decision slots of their own: an ordinary review (a config of a few dozen lines) is a few
 # KiB, and a config that takes its budget to review is usually far larger
 SMALL_BODY_BYTES = 64 * 1024
+# An `isolated` server decides on its event loop's process only bodies up to this (an ordinary review: a few KiB, a
+# few ms), and only while their rules' checks stay under HANDOFF_STEPS (about 35 ms of a core): anything more is
+# decided in the decision process (ipmasq.webhook.worker), where it cannot take the event loop's turns
+ISOLATED_SMALL_BODY_BYTES = 16 * 1024
+HANDOFF_STEPS = 20_000
 LINGER_SECONDS = 2.0  # a closed connection's peer may still send this long (its bytes are dropped unread)
 _WRITE_HIGH_BYTES = 256 * 1024  # answers a peer does not read: past this, its requests are not read either
 
 
 class Respond(Protocol):
-    def __call__(self, review: object, *, abandoned: threading.Event | None = None,
+    """review.respond's shape. `handoff` is given only to a server's `isolated` respond (review.respond itself)."""
+
+    def __call__(self, review: object, *, abandoned: AbandonSignal | None = None, handoff: int | None = None,
                  ) -> tuple[dict[str, Any], Verdict]: ...
 
 
@@ -446,8 +456,10 @@ class _Connection(asyncio.Protocol):
 class WebhookServer:
     """The webhook's HTTPS server: bound (and listening) when made, serving from serve() until shutdown()."""
 
-    def __init__(self, address: tuple[str, int], respond: Respond, *, workers: int = 2,
+    def __init__(self, address: tuple[str, int], respond: Respond, *, workers: int = 2, isolated: bool = False,
                  log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> None:
+        """`isolated`: the reviews that take real work are decided in a process of their own (see
+        ipmasq.webhook.worker), which `respond` must then be picklable for (review.respond, or a partial of it)."""
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         try:
             self._listener = socket.create_server(address, family=family, backlog=BACKLOG)
@@ -461,6 +473,11 @@ class WebhookServer:
         self.ready = threading.Event()
         self._thread: threading.Thread | None = None
         self._executor = ThreadPoolExecutor(max_workers=2 * workers, thread_name_prefix="webhook-decision")
+        self._worker: DecisionWorker | None = None
+        self._worker_executor: ThreadPoolExecutor | None = None  # one thread: the decision process's queue
+        if isolated:
+            self._worker = DecisionWorker(functools.partial(decision, respond))
+            self._worker_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-apart")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._stopped = threading.Event()
@@ -494,6 +511,8 @@ class WebhookServer:
 
     def serve_forever(self) -> None:
         _raise_file_limit()
+        if self._worker is not None:
+            self._worker.start()
         try:
             asyncio.run(self._serve())
         finally:
@@ -533,6 +552,15 @@ class WebhookServer:
         if self._thread is not None:
             self._thread.join(GRACE_SECONDS + 5)
         self._executor.shutdown(wait=False)
+        if self._worker_executor is not None:
+            self._worker_executor.shutdown(wait=False, cancel_futures=True)
+        if self._worker is not None:
+            self._worker.close()
+
+    @property
+    def decision_pid(self) -> int | None:
+        """The decision process's, while it runs (an `isolated` server's)."""
+        return self._worker.pid if self._worker is not None else None
 
     def server_close(self) -> None:
         self._listener.close()
@@ -566,7 +594,12 @@ class WebhookServer:
         self._held_bytes -= size
 
     async def decide(self, body: bytearray, started: float, abandoned: threading.Event) -> _Answer | None:
-        """The answer to a review's body, from a decision thread once a slot is free; None when it was abandoned."""
+        """The answer to a review's body, from a decision thread once a slot is free, or from the decision process
+        (an isolated server's large reviews, and the small ones that outgrow HANDOFF_STEPS); None when it was
+        abandoned."""
+        if self._worker is not None and len(body) > ISOLATED_SMALL_BODY_BYTES:
+            return await self._apart(body, started, abandoned)
+        answer: _Answer | _Outgrown | None
         async with contextlib.AsyncExitStack() as slots:
             if len(body) > LARGE_BODY_BYTES:
                 await slots.enter_async_context(self._large)
@@ -575,8 +608,24 @@ class WebhookServer:
             if abandoned.is_set():
                 return None
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._executor, self._decide, body, started, abandoned)
-        return None  # not reached (mypy cannot tell the stack suppresses nothing)
+            handoff = HANDOFF_STEPS if self._worker is not None else None
+            answer = await loop.run_in_executor(self._executor, decision, self.respond, body, started, abandoned,
+                                                handoff)
+        if isinstance(answer, _Outgrown):
+            return await self._apart(body, started, abandoned)
+        return answer
+
+    async def _apart(self, body: bytearray, started: float, abandoned: threading.Event) -> _Answer | None:
+        """In the decision process, one at a time, in their order (one whose connection went before its turn is
+        never sent); raises DecisionFault."""
+        assert self._worker is not None and self._worker_executor is not None
+        loop = asyncio.get_running_loop()
+        try:
+            answer = await loop.run_in_executor(self._worker_executor, self._worker.decide, body, started, abandoned)
+        except asyncio.CancelledError:
+            self._worker.abandon(abandoned)  # at once, not at the waiting thread's next look
+            raise
+        return answer  # type: ignore[return-value]  # what decision() returned in the process
 
     def log_line(self, line: str) -> None:
         try:
@@ -586,28 +635,39 @@ class WebhookServer:
                 print(f"ipmasq webhook: a decision's log line failed: {one_line(repr(exc))[:200]}",
                       file=sys.stderr, flush=True)
 
-    def _decide(self, body: bytearray, started: float, abandoned: threading.Event) -> _Answer | None:
-        """In a decision thread: the answer, or None when its connection went while it was being made."""
-        if _json_values(body) >= MAX_JSON_VALUES:
-            return 400, b"not an AdmissionReview: more JSON values than a ConfigMap's review has\n", \
-                "text/plain", None
+
+
+class _Outgrown:
+    """decision()'s answer when a small review's checks passed their handoff: it is decided again apart."""
+
+
+def decision(respond: Respond, body: bytearray, started: float, abandoned: AbandonSignal,
+             handoff: int | None = None) -> _Answer | _Outgrown | None:
+    """In a decision thread or the decision process: the answer, or None when its connection went while it was
+    being made."""
+    if _json_values(body) >= MAX_JSON_VALUES:
+        return 400, b"not an AdmissionReview: more JSON values than a ConfigMap's review has\n", \
+            "text/plain", None
+    try:
+        review = json.loads(body)
+        del body
+        answer, verdict = (respond(review, abandoned=abandoned) if handoff is None else
+                           respond(review, abandoned=abandoned, handoff=handoff))
+    except (ValueError, RecursionError, ReviewError) as exc:
+        return 400, (one_line(f"not an AdmissionReview: {exc}")[:300] + "\n").encode(), "text/plain", None
+    except Abandoned:
+        return None
+    except WorkOutgrown:
+        return _Outgrown()
+    payload = json.dumps(answer).encode()
+    logged = None
+    if verdict.reviewed:
         try:
-            review = json.loads(body)
-            del body
-            answer, verdict = self.respond(review, abandoned=abandoned)
-        except (ValueError, RecursionError, ReviewError) as exc:
-            return 400, (one_line(f"not an AdmissionReview: {exc}")[:300] + "\n").encode(), "text/plain", None
-        except Abandoned:
-            return None
-        payload = json.dumps(answer).encode()
-        logged = None
-        if verdict.reviewed:
-            try:
-                logged = decision_line(review["request"], verdict, time.monotonic() - started)
-            except Exception as exc:
-                logged = f"{'admitted' if verdict.allowed else 'denied'} a review (its log line failed: " \
-                         f"{one_line(repr(exc))[:120]})"
-        return 200, payload, "application/json", logged
+            logged = decision_line(review["request"], verdict, time.monotonic() - started)
+        except Exception as exc:
+            logged = f"{'admitted' if verdict.allowed else 'denied'} a review (its log line failed: " \
+                     f"{one_line(repr(exc))[:120]})"
+    return 200, payload, "application/json", logged
 
 
 def _path(target: bytes) -> bytes:
