@@ -73,6 +73,12 @@ TLS_READ_BYTES = 16 * 1024  # a TLS record's plaintext at most
 KEEP_ALIVE_SECONDS = 30.0  # an idle connection between reviews (the API server keeps them for reuse)
 MAX_CONNECTIONS = 128
 BACKLOG = 1024
+# New connections accepted each time the event loop finds the listener ready, before it turns to the connections it
+# has: asyncio's create_server takes up to its backlog (1,024) at once, and under a flood the connections made of
+# such a batch held the loop for hundreds of ms while kept-alive clients (the API server) waited for their answers.
+# What is not taken waits in the listen queue (BACKLOG).
+ACCEPT_BATCH = 16
+_ACCEPT_RETRY_SECONDS = 1.0  # out of descriptors or memory: accepting pauses this long (as asyncio's own server)
 MAX_HEAD_BYTES = 64 * 1024
 GRACE_SECONDS = 10.0  # a shutdown waits this long for the requests in flight
 # json.loads builds a Python object of 30 to 60 bytes for every value, whatever its text: 16 MiB of "[1.5,1.5,..."
@@ -502,6 +508,8 @@ class WebhookServer:
         self._large = asyncio.Lock()
         self._held_bytes = 0  # request bodies held now (changed on the event loop only)
         self._connections: dict[_Connection, None] = {}  # open ones, oldest first
+        self._accepting = True
+        self._connecting: set[asyncio.Task[None]] = set()  # accepted, their transport being made
         # the same, by how far they got (_Connection.progress), each in the order it got there: who makes room
         # is found in the first few of the lowest level, not by a look at all MAX_CONNECTIONS (that look, at every
         # accept past the limit, was a third of the event loop's time under a flood of new connections)
@@ -542,11 +550,13 @@ class WebhookServer:
         self._stop = asyncio.Event()
         self._loop = loop
         loop.set_exception_handler(self._loop_error)
-        server = await loop.create_server(lambda: _Connection(self), sock=self._listener, backlog=BACKLOG)
+        self._listener.setblocking(False)
+        loop.add_reader(self._listener.fileno(), self._accept)
         try:
             await self._stop.wait()
         finally:
-            server.close()  # no new connections
+            self._accepting = False
+            loop.remove_reader(self._listener.fileno())  # no new connections
             for connection in list(self._connections):
                 connection.stop()
             deadline = loop.time() + GRACE_SECONDS
@@ -554,6 +564,34 @@ class WebhookServer:
                 await asyncio.sleep(0.05)  # the requests in flight finish (bounded by GRACE_SECONDS)
             for connection in list(self._connections):
                 connection.abort()
+
+    def _accept(self) -> None:
+        """The listener is ready: up to ACCEPT_BATCH new connections, each made a transport and a _Connection by
+        asyncio (connect_accepted_socket), the connections already open served between batches."""
+        loop = asyncio.get_running_loop()
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, _peer = self._listener.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS, ENOMEM: pause, or this callback spins
+                self.log_line(f"cannot accept connections for now: {one_line(str(exc))[:200]}")
+                loop.remove_reader(self._listener.fileno())
+                loop.call_later(_ACCEPT_RETRY_SECONDS, self._resume_accepting)
+                return
+            task = loop.create_task(self._connect(sock))
+            self._connecting.add(task)  # asyncio keeps only a weak reference to a task
+            task.add_done_callback(self._connecting.discard)
+
+    def _resume_accepting(self) -> None:
+        if self._accepting:
+            asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept)
+
+    async def _connect(self, sock: socket.socket) -> None:
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(lambda: _Connection(self), sock)
+        except OSError:  # the peer already gone (its reset before the transport was made)
+            sock.close()
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """What asyncio would log with a traceback (a callback that raised): one line. The connection concerned is
