@@ -20,10 +20,15 @@ What it does, because a hostile peer on the pod network can reach the port as we
 - the body read whole before a decision slot is taken (a slow upload never holds one), bounded by MAX_BODY_BYTES
   whether framed by Content-Length or chunked (both at once is refused, as RFC 9112 says a server may: a proxy and
   this server could read two different bodies), and by BODY_BUDGET_BYTES for all bodies held at once;
-- `workers` decisions at once, run in threads off the event loop (a large review does not stall the others' I/O),
-  and as many again for small bodies (an ordinary review is a few KiB: reviews of thousands of rules never queue
-  it), bodies over 1 MiB one at a time, and a body with more JSON values than a ConfigMap's review has refused before
-  json.loads builds them (MAX_JSON_VALUES, counted by a linear scan);
+- `workers` decisions at once, run in threads off the event loop, and as many again for small bodies (an ordinary
+  review is a few KiB: reviews of thousands of rules never queue it), bodies over 1 MiB one at a time, and a body
+  with more JSON values than a ConfigMap's review has refused before json.loads builds them (MAX_JSON_VALUES,
+  counted by a linear scan). An `isolated` server (`ipmasq webhook`'s) decides in its threads only bodies up to
+  ISOLATED_SMALL_BODY_BYTES whose checks stay under HANDOFF_STEPS, and every other in a process of its own, one at
+  a time (ipmasq.webhook.worker): a decision in a thread holds the GIL, and took the event loop's turns from the
+  ordinary reviews;
+- new connections accepted ACCEPT_BATCH at a time, the open ones served between batches, and nothing made for a
+  connection (TLS, HTTP) before its first byte: a flood of connections that say nothing costs the accept alone;
 - a decision abandoned when its connection goes (or its deadline passes): one not begun is never begun, one under
   way stops at the next step of its work budget (ipmasq.policy.budget), and nothing is logged for a peer that left;
 - a decision's log line written, then its answer (a log line that cannot be written is said on stderr, and never
