@@ -26,6 +26,7 @@ import mmap
 import os
 import pickle
 import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -186,6 +187,8 @@ class DecisionWorker:
 
 
 def main(argv: list[str]) -> int:
+    # the server ends this process (or its pipe's end does): a Ctrl-C meant for the server is not a traceback here
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(int(argv[0]))
     memfd = int(argv[1])
     shared = mmap.mmap(memfd, _NUMBER)
