@@ -196,6 +196,8 @@ def webhook_child(cert: str, key: str) -> None:
     server = WebhookServer(("127.0.0.1", 0), respond, log=lambda line: None, **isolated)
     server.use_certificate(Path(cert).read_bytes(), Path(key).read_bytes())
     serve(server)
+    if hasattr(server, "accepting"):  # its decision process started (as a replica's is before it is ready)
+        server.accepting.wait(120)
     print(server.server_address[1], flush=True)
     sys.stdin.read()
     server.shutdown()

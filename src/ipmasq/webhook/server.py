@@ -61,7 +61,7 @@ import h11
 from ipmasq.errors import Abandoned, IpmasqError, WorkOutgrown, one_line
 from ipmasq.policy.budget import AbandonSignal
 from ipmasq.webhook.review import ReviewError, Verdict
-from ipmasq.webhook.worker import DecisionWorker
+from ipmasq.webhook.worker import DecisionFault, DecisionWorker
 
 __all__ = ["BACKLOG", "MAX_BODY_BYTES", "MAX_CONNECTIONS", "REQUEST_SECONDS", "VALIDATE_PATH", "WebhookServer",
            "serve", "wait_listening"]
@@ -497,6 +497,7 @@ class WebhookServer:
         self.workers = workers
         self.context: ssl.SSLContext | None = None
         self.ready = threading.Event()
+        self.accepting = threading.Event()  # serving: the decision process (isolated) started, the listener read
         self._thread: threading.Thread | None = None
         self._executor = ThreadPoolExecutor(max_workers=2 * workers, thread_name_prefix="webhook-decision")
         self._worker: DecisionWorker | None = None
@@ -544,7 +545,10 @@ class WebhookServer:
     def serve_forever(self) -> None:
         _raise_file_limit()
         if self._worker is not None:
-            self._worker.start()
+            try:
+                self._worker.start()  # before the first accept: a review never waits for the process's imports
+            except DecisionFault as exc:
+                self.log_line(f"{exc}; started again at the next large review")
         try:
             asyncio.run(self._serve())
         finally:
@@ -557,6 +561,7 @@ class WebhookServer:
         loop.set_exception_handler(self._loop_error)
         self._listener.setblocking(False)
         loop.add_reader(self._listener.fileno(), self._accept)
+        self.accepting.set()
         try:
             await self._stop.wait()
         finally:

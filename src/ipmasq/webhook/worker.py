@@ -39,6 +39,9 @@ __all__ = ["ABANDONED_GRACE_SECONDS", "WORKER_ADDRESS_BYTES", "DecisionFault", "
 # The decision process's address space: the interpreter, its modules and the largest decision (two 14 MB reviews of
 # 700,000 CIDRs peaked at 123 MiB resident in one process) with room to spare; past it a decision fails alone.
 WORKER_ADDRESS_BYTES = 1 << 30
+# How long the process may take to start and import what deciding needs (0.2-0.5 s of a core; minutes only on a
+# machine far past its capacity) before it is taken for broken: ended, and the decision is a 500.
+START_SECONDS = 60.0
 # After an abandoned decision, how long the process may take to reach its next budget step (a YAML parse is not
 # interruptible: 1 MiB of config, 2-3 s of a loaded core) before it is ended and started again.
 ABANDONED_GRACE_SECONDS = 10.0
@@ -70,7 +73,8 @@ def _serve(conn: Connection, shared: mmap.mmap) -> None:
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_AS, (WORKER_ADDRESS_BYTES, WORKER_ADDRESS_BYTES))
     try:
-        decide: Decide = conn.recv()
+        decide: Decide = conn.recv()  # imports what deciding needs
+        conn.send(("ready", None))
     except (EOFError, OSError):
         return
     while True:
@@ -108,7 +112,8 @@ class DecisionWorker:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        """Started ahead of the first decision (an interpreter's start and imports: 0.2-0.5 s of a core)."""
+        """Started ahead of the first decision, and returns once it can decide (an interpreter's start and imports:
+        0.2-0.5 s of a core); raises DecisionFault."""
         with self._lock:
             self._started()
 
@@ -174,6 +179,14 @@ class DecisionWorker:
             theirs.close()
         self._conn = ours
         ours.send_bytes(self._decide)
+        if not ours.poll(START_SECONDS):  # EOF (it could not start) is readable: recv raises it
+            self._end()
+            raise DecisionFault(f"the decision process did not start within {START_SECONDS:g} s")
+        try:
+            ours.recv()  # ("ready", None)
+        except (EOFError, OSError):
+            self._end()
+            raise DecisionFault("the decision process ended as it started (see its error above)") from None
         return ours
 
     def _end(self) -> None:

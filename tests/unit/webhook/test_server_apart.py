@@ -48,7 +48,8 @@ def isolated(certificate: CertificateSet) -> Iterator[WebhookServer]:
     running.use_certificate(certificate.tls_cert, certificate.tls_key)
     running.logged = logged  # type: ignore[attr-defined]
     serve(running)
-    _until(lambda: running.decision_pid is not None, "the decision process started")
+    assert running.accepting.wait(HANG_GUARD_SECONDS)  # its decision process started and ready
+    assert running.decision_pid is not None
     try:
         yield running
     finally:
