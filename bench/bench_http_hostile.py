@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import datetime
 import http.client
+import inspect
 import json
 import os
 import select
@@ -55,6 +56,25 @@ def rss_mib(pid: int, key: str = "VmHWM") -> float:
         if line.startswith(key + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started (the webhook's decision process), and theirs."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                found += [int(child), *descendants(int(child))]
+    return found
+
+
+def family_rss_mib(pid: int) -> float:
+    """Peak RSS of `pid` and of every process it started, added up (their peaks may not coincide: an upper bound)."""
+    total = 0.0
+    for member in [pid, *descendants(pid)]:
+        with contextlib.suppress(OSError):
+            total += rss_mib(member)
+    return total
 
 
 def reset_peak(pid: int) -> None:
@@ -171,9 +191,13 @@ def webhook_child(cert: str, key: str) -> None:
     from ipmasq.webhook.review import respond
     from ipmasq.webhook.server import WebhookServer, serve
 
-    server = WebhookServer(("127.0.0.1", 0), respond, log=lambda line: None)
+    # isolated: as `ipmasq webhook` runs it (a tree from before the decision process has no such parameter)
+    isolated = {"isolated": True} if "isolated" in inspect.signature(WebhookServer).parameters else {}
+    server = WebhookServer(("127.0.0.1", 0), respond, log=lambda line: None, **isolated)
     server.use_certificate(Path(cert).read_bytes(), Path(key).read_bytes())
     serve(server)
+    if hasattr(server, "accepting"):  # its decision process started (as a replica's is before it is ready)
+        server.accepting.wait(120)
     print(server.server_address[1], flush=True)
     sys.stdin.read()
     server.shutdown()

@@ -48,7 +48,15 @@ sys.path.insert(0, str(HERE.parent))
 
 from tests.hostile.admission import overlapping_rules, plain_rules, real_rules  # noqa: E402
 
-from bench_http_hostile import HOST, Webhook, ordinary_latencies, percentile, review, rss_mib  # noqa: E402
+from bench_http_hostile import (  # noqa: E402
+    HOST,
+    Webhook,
+    descendants,
+    family_rss_mib,
+    ordinary_latencies,
+    percentile,
+    review,
+)
 
 ATTACK_CAP_S = 60.0
 ORDINARY_TARGET_S = 1.0
@@ -56,8 +64,13 @@ RSS_TARGET_MIB = 200.0
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """The webhook's CPU: its own, its decision process's (alive), and its children's that ended (reaped)."""
+    def ticks(member: int, reaped: bool) -> int:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+            return sum(int(f) for f in fields[11:15 if reaped else 13])
+        return 0
+    return (ticks(pid, True) + sum(ticks(child, False) for child in descendants(pid))) / os.sysconf("SC_CLK_TCK")
 
 
 def post(webhook: Webhook, body: bytes, timeout: float = ATTACK_CAP_S) -> str:
@@ -253,7 +266,7 @@ def run_attack(src: Path, cert: str, key: str, ca: str, name: str) -> dict[str, 
                 break
             previous = now
         capped = time.monotonic() - started >= ATTACK_CAP_S
-        return {"cpu_s": cpu_seconds(pid) - idle_cpu, "capped": capped, "peak_rss_mib": rss_mib(pid),
+        return {"cpu_s": cpu_seconds(pid) - idle_cpu, "capped": capped, "peak_rss_mib": family_rss_mib(pid),
                 "p50_s": percentile(latencies, 0.5), "p99_s": percentile(latencies, 0.99),
                 "over_1s": sum(1 for s in latencies if s > ORDINARY_TARGET_S), "count": len(latencies),
                 "note": "; ".join(notes)}

@@ -165,6 +165,11 @@ class PluginError(IpmasqError):
     """kubectl could not be run, or said no: `kubectl ipmasq` could not run (exit 3)."""
 
 
+class WorkOutgrown(IpmasqError):
+    """A check did more work than where it runs allows (ipmasq.policy.budget's handoff: the webhook's event-loop
+    process decides only small reviews): its caller runs it again, whole, where the large ones run."""
+
+
 class Abandoned(IpmasqError):
     """Work stopped because whoever asked for it is gone (a webhook client that closed its connection)."""
 
@@ -179,6 +184,10 @@ class CertificateError(IpmasqError):
 
 class WebhookServerError(IpmasqError):
     """The webhook cannot serve (the address is taken, the certificate is unusable)."""
+
+
+class DecisionFault(IpmasqError):
+    """A review's decision failed in the webhook's decision process, or that process ended: answered with 500."""
 
 
 class LabError(IpmasqError):

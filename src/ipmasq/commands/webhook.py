@@ -46,7 +46,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--tls-cert-file", metavar="PATH", help="serve this certificate (cert-manager) instead")
     parser.add_argument("--tls-key-file", metavar="PATH", help="... and this key")
     parser.add_argument("--workers", type=int, default=2, metavar="N",
-                        help="decisions at once; more wait their turn (default %(default)s: bounded memory)")
+                        help="ordinary (small) decisions at once; more wait their turn, and large ones are decided one "
+                             "at a time in a process of their own (default %(default)s: bounded memory)")
     common.add_policy_flags(parser, config_help=None)
     parser.set_defaults(func=run)
 

@@ -18,7 +18,7 @@ from ipmasq.errors import IpmasqError, one_line
 from ipmasq.options import PolicyOptions
 from ipmasq.webhook.keeper import CertificateKeeper, KeeperSettings
 from ipmasq.webhook.kube import InClusterApi
-from ipmasq.webhook.review import AdmissionVerdict, respond
+from ipmasq.webhook.review import respond
 from ipmasq.webhook.server import WebhookServer, serve
 
 __all__ = ["WebhookProcess"]
@@ -49,7 +49,8 @@ class WebhookProcess:
                 stop.wait(_FIRST_RETRY)
         else:
             return
-        server = WebhookServer(self.address, self._respond, workers=self.args.workers, log=_log)
+        # isolated: the reviews that take real work are decided in a process of their own (ipmasq.webhook.worker)
+        server = WebhookServer(self.address, self.respond, workers=self.args.workers, isolated=True, log=_log)
         self._use(server, first)
         serve(server)
         _log(f"serving https://{self.address[0]}:{self.address[1]}/validate")
@@ -62,10 +63,6 @@ class WebhookProcess:
         finally:
             server.shutdown()
             server.server_close()
-
-    def _respond(self, review: object, *, abandoned: threading.Event | None = None,
-                 ) -> tuple[dict[str, Any], AdmissionVerdict]:
-        return self.respond(review, abandoned=abandoned)
 
     def _use(self, server: WebhookServer, pair: tuple[bytes, bytes]) -> None:
         """Serve `pair`; a changed one only when it is seen a second time, one check later. The caBundle trusts its

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
@@ -25,20 +24,11 @@ from ipmasq.lint.config import lint_config
 from ipmasq.lint.manifest import AGENT_CONFIGMAP, AGENT_NAMESPACE, CONFIG_KEY
 from ipmasq.lint.text import scan_lookalikes
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.budget import WorkBudget
+from ipmasq.policy.budget import AbandonSignal, WorkBudget
 
-__all__ = [
-    "ADMISSION_API",
-    "MAX_CHECKED_RULES",
-    "MAX_CONFIGMAP_DATA",
-    "MAX_LISTED",
-    "MAX_NAME_CHARS",
-    "REVIEW_WORK_STEPS",
-    "AdmissionVerdict",
-    "data_size",
-    "decide",
-    "respond",
-]
+__all__ = ["ADMISSION_API", "MAX_CHECKED_RULES", "MAX_CONFIGMAP_DATA", "MAX_LISTED", "MAX_NAME_CHARS",
+           "REVIEW_WORK_STEPS", "AdmissionVerdict", "data_size", "decide",
+           "respond"]
 
 ADMISSION_API = "admission.k8s.io/v1"
 # A denial or the warnings list this many findings and count the rest: the first ones are what to fix first, and
@@ -76,10 +66,11 @@ class AdmissionVerdict:
 ALLOWED = AdmissionVerdict(True, reviewed=False)
 
 
-def respond(review: object, options: PolicyOptions | None = None, *,
-            abandoned: threading.Event | None = None) -> tuple[dict[str, Any], AdmissionVerdict]:
+def respond(review: object, options: PolicyOptions | None = None, *, abandoned: AbandonSignal | None = None,
+            handoff: int | None = None) -> tuple[dict[str, Any], AdmissionVerdict]:
     """The AdmissionReview response to an AdmissionReview request, and the verdict in it; raises ReviewError when
-    the body is not an AdmissionReview request, Abandoned (from the rules' checks) once `abandoned` is set."""
+    the body is not an AdmissionReview request, Abandoned (from the rules' checks) once `abandoned` is set,
+    WorkOutgrown once the rules' checks pass `handoff` steps (the same review decided without it gives the verdict)."""
     if not isinstance(review, Mapping):
         raise ReviewError("the body is not a JSON object")
     if review.get("apiVersion") != ADMISSION_API or review.get("kind") != "AdmissionReview":
@@ -89,7 +80,7 @@ def respond(review: object, options: PolicyOptions | None = None, *,
     if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
         raise ReviewError("the AdmissionReview has no request with a uid")
     verdict = decide(request, options or PolicyOptions(), WorkBudget(REVIEW_WORK_STEPS, abandoned,
-                                                                         max_rules=MAX_CHECKED_RULES))
+                                                                         max_rules=MAX_CHECKED_RULES, handoff=handoff))
     response: dict[str, Any] = {"uid": request["uid"], "allowed": verdict.allowed}
     if verdict.message is not None:
         # 422 as the API server's own validation answers; kubectl prints the message after "denied the request: "
@@ -117,14 +108,14 @@ def decide(request: Mapping[str, Any], options: PolicyOptions, budget: WorkBudge
     namespace = _text(request.get("namespace")) or _text(metadata.get("namespace"))
     if len(name) > MAX_NAME_CHARS or len(namespace) > MAX_NAME_CHARS:
         return AdmissionVerdict(False, f"a ConfigMap's name and namespace have at most {MAX_NAME_CHARS} characters "
-                                f"(got {len(name):,} and {len(namespace):,}); not read")
+                                       f"(got {len(name):,} and {len(namespace):,}); not read")
     if namespace == AGENT_NAMESPACE and (name == AGENT_CONFIGMAP or name.startswith(CONFIG_PREFIX)) \
             and (size := data_size(obj)) > MAX_CONFIGMAP_DATA:
         # what the API server itself refuses (a ConfigMap's data and binaryData together); only a peer other than
         # the API server sends more, and nothing of it is parsed: a config of a million CIDRs costs the YAML
         # parser and the validator hundreds of MiB
         return AdmissionVerdict(False, f"ConfigMap {AGENT_NAMESPACE}/{name}: {size:,} bytes of data, more than a "
-                                f"ConfigMap may hold ({MAX_CONFIGMAP_DATA:,}); not read")
+                                       f"ConfigMap may hold ({MAX_CONFIGMAP_DATA:,}); not read")
     if namespace != AGENT_NAMESPACE:
         if name == AGENT_CONFIGMAP:
             return AdmissionVerdict(True, warnings=(
@@ -138,7 +129,7 @@ def decide(request: Mapping[str, Any], options: PolicyOptions, budget: WorkBudge
             # webhook, or while it was down): refusing it would fix nothing and block whoever manages metadata
             problems = (verdict.message or "").splitlines()[1:]
             return AdmissionVerdict(True, warnings=tuple(_listed([f"the stored config is already refused: {line}"
-                                                                  for line in problems])))
+                                                         for line in problems])))
         return verdict
     if name.startswith(CONFIG_PREFIX):
         # a member of the family a DaemonSet mounting a whole directory reads (--config DIR): validated as the

@@ -13,16 +13,22 @@ What it does, because a hostile peer on the pod network can reach the port as we
   between requests KEEP_ALIVE_SECONDS;
 - a connection limit that slow peers cannot exhaust: connections count from their accept, and at MAX_CONNECTIONS
   a new one closes one that is not waiting for its decision, the one that got least far (nothing sent, then a
-  handshake under way, then secure but never answered), the oldest of those, so an ordinary review still gets in;
+  handshake under way, then secure but never answered), the first to get that far of those, so an ordinary review
+  still gets in;
 - TLS records read 16 KiB at a time into the connection's own small buffers (asyncio's TLS keeps 256 KiB per
   connection until a garbage collection);
 - the body read whole before a decision slot is taken (a slow upload never holds one), bounded by MAX_BODY_BYTES
   whether framed by Content-Length or chunked (both at once is refused, as RFC 9112 says a server may: a proxy and
   this server could read two different bodies), and by BODY_BUDGET_BYTES for all bodies held at once;
-- `workers` decisions at once, run in threads off the event loop (a large review does not stall the others' I/O),
-  and as many again for small bodies (an ordinary review is a few KiB: reviews of thousands of rules never queue
-  it), bodies over 1 MiB one at a time, and a body with more JSON values than a ConfigMap's review has refused before
-  json.loads builds them (MAX_JSON_VALUES, counted by a linear scan);
+- `workers` decisions at once, run in threads off the event loop, and as many again for small bodies (an ordinary
+  review is a few KiB: reviews of thousands of rules never queue it), bodies over 1 MiB one at a time, and a body
+  with more JSON values than a ConfigMap's review has refused before json.loads builds them (MAX_JSON_VALUES,
+  counted by a linear scan). An `isolated` server (`ipmasq webhook`'s) decides in its threads only bodies up to
+  ISOLATED_SMALL_BODY_BYTES whose checks stay under HANDOFF_STEPS, and every other in a process of its own, one at
+  a time (ipmasq.webhook.worker): a decision in a thread holds the GIL, and took the event loop's turns from the
+  ordinary reviews;
+- new connections accepted ACCEPT_BATCH at a time, the open ones served between batches, and nothing made for a
+  connection (TLS, HTTP) before its first byte: a flood of connections that say nothing costs the accept alone;
 - a decision abandoned when its connection goes (or its deadline passes): one not begun is never begun, one under
   way stops at the next step of its work budget (ipmasq.policy.budget), and nothing is logged for a peer that left;
 - a decision's log line written, then its answer (a log line that cannot be written is said on stderr, and never
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -51,8 +58,10 @@ from typing import Any, Protocol
 
 import h11
 
-from ipmasq.errors import Abandoned, ReviewError, WebhookServerError, one_line
+from ipmasq.errors import Abandoned, DecisionFault, ReviewError, WebhookServerError, WorkOutgrown, one_line
+from ipmasq.policy.budget import AbandonSignal
 from ipmasq.webhook.review import AdmissionVerdict
+from ipmasq.webhook.worker import DecisionWorker
 
 __all__ = ["BACKLOG", "MAX_BODY_BYTES", "MAX_CONNECTIONS", "REQUEST_SECONDS", "VALIDATE_PATH", "WebhookServer",
            "serve", "wait_listening"]
@@ -69,6 +78,12 @@ TLS_READ_BYTES = 16 * 1024  # a TLS record's plaintext at most
 KEEP_ALIVE_SECONDS = 30.0  # an idle connection between reviews (the API server keeps them for reuse)
 MAX_CONNECTIONS = 128
 BACKLOG = 1024
+# New connections accepted each time the event loop finds the listener ready, before it turns to the connections it
+# has: asyncio's create_server takes up to its backlog (1,024) at once, and under a flood the connections made of
+# such a batch held the loop for hundreds of ms while kept-alive clients (the API server) waited for their answers.
+# What is not taken waits in the listen queue (BACKLOG).
+ACCEPT_BATCH = 16
+_ACCEPT_RETRY_SECONDS = 1.0  # out of descriptors or memory: accepting pauses this long (as asyncio's own server)
 MAX_HEAD_BYTES = 64 * 1024
 GRACE_SECONDS = 10.0  # a shutdown waits this long for the requests in flight
 # json.loads builds a Python object of 30 to 60 bytes for every value, whatever its text: 16 MiB of "[1.5,1.5,..."
@@ -88,12 +103,19 @@ LARGE_BODY_BYTES = 1 << 20
 # Bodies up to this have decision slots of their own: an ordinary review (a config of a few dozen lines) is a few
 # KiB, and a config that takes its budget to review is usually far larger
 SMALL_BODY_BYTES = 64 * 1024
+# An `isolated` server decides on its event loop's process only bodies up to this (an ordinary review: a few KiB, a
+# few ms), and only while their rules' checks stay under HANDOFF_STEPS (about 35 ms of a core): anything more is
+# decided in the decision process (ipmasq.webhook.worker), where it cannot take the event loop's turns
+ISOLATED_SMALL_BODY_BYTES = 16 * 1024
+HANDOFF_STEPS = 20_000
 LINGER_SECONDS = 2.0  # a closed connection's peer may still send this long (its bytes are dropped unread)
 _WRITE_HIGH_BYTES = 256 * 1024  # answers a peer does not read: past this, its requests are not read either
 
 
 class Respond(Protocol):
-    def __call__(self, review: object, *, abandoned: threading.Event | None = None,
+    """review.respond's shape. `handoff` is given only to a server's `isolated` respond (review.respond itself)."""
+
+    def __call__(self, review: object, *, abandoned: AbandonSignal | None = None, handoff: int | None = None,
                  ) -> tuple[dict[str, Any], AdmissionVerdict]: ...
 
 
@@ -109,15 +131,18 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: WebhookServer) -> None:
         self.server = server
         self.loop = asyncio.get_running_loop()
-        self.since = self.loop.time()
         self.transport: asyncio.Transport | None = None
-        self.incoming = ssl.MemoryBIO()
-        self.outgoing = ssl.MemoryBIO()
+        # TLS's and HTTP's state are made at the first byte (`tls` set; nothing reads the others before): a
+        # flood's connections, opened and dropped without a word, cost the accept alone (with them, about 0.1 ms
+        # more of the event loop per connection)
+        self.incoming: ssl.MemoryBIO
+        self.outgoing: ssl.MemoryBIO
+        self.http: h11.Connection
         self.tls: ssl.SSLObject | None = None
         self.handshaking = True
         self.heard = False  # a byte has come
         self.served = 0  # requests answered: one that has been is an ordinary client, evicted last
-        self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.level = 0  # progress() as the server last filed it
         self.timer: asyncio.TimerHandle | None = None
         self.in_request = False  # a request's first byte has come: its deadline runs
         self.request: h11.Request | None = None
@@ -126,7 +151,7 @@ class _Connection(asyncio.Protocol):
         self.held = 0  # of the server's BODY_BUDGET_BYTES
         self.decision: asyncio.Task[None] | None = None
         self.early = 0  # bytes come while a decision is made (a pipelined request)
-        self.abandoned = threading.Event()
+        self.abandoned: threading.Event | None = None  # made with its first decision (60 us a connection)
         self.closing = False
         self.reading = True
         self.writable = True
@@ -138,17 +163,21 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         transport.set_write_buffer_limits(high=_WRITE_HIGH_BYTES)
         self.server.admit(self)
-        try:
-            self.tls = self.server.tls_context().wrap_bio(self.incoming, self.outgoing, server_side=True)
-        except (WebhookServerError, ssl.SSLError):
-            self.abort()
-            return
         self._arm(HANDSHAKE_SECONDS)
 
     def data_received(self, data: bytes) -> None:
-        if self.closing or self.tls is None:
+        if self.closing:
             return
-        self.heard = True
+        if self.tls is None:  # the first byte: the handshake begins, with the context current now
+            self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+            try:
+                self.tls = self.server.tls_context().wrap_bio(self.incoming, self.outgoing, server_side=True)
+            except (WebhookServerError, ssl.SSLError):
+                self.abort()
+                return
+            self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+            self.heard = True
+            self.server.advanced(self)
         self.incoming.write(data)
         if self.handshaking:
             try:
@@ -161,6 +190,7 @@ class _Connection(asyncio.Protocol):
                 self.abort()
                 return
             self.handshaking = False
+            self.server.advanced(self)
             self._arm(KEEP_ALIVE_SECONDS)
         plain = bytearray()
         ended = False
@@ -200,7 +230,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        self.abandoned.set()  # a decision under way stops at its next step; one not begun never begins
+        if self.abandoned is not None:
+            self.abandoned.set()  # a decision under way stops at its next step; one not begun never begins
         if self.decision is not None:
             self.decision.cancel()
         self._disarm()
@@ -305,12 +336,14 @@ class _Connection(asyncio.Protocol):
             # reading goes on, so that a client that leaves is seen leaving (and its decision abandoned); what it
             # sends meanwhile waits in h11, up to MAX_HEAD_BYTES, then in the kernel
             self.early = 0
-            self.decision = self.loop.create_task(self._decide(body))
+            if self.abandoned is None:
+                self.abandoned = threading.Event()
+            self.decision = self.loop.create_task(self._decide(body, self.abandoned))
 
-    async def _decide(self, body: bytearray) -> None:
+    async def _decide(self, body: bytearray, abandoned: threading.Event) -> None:
         started = time.monotonic()
         try:
-            answer = await self.server.decide(body, started, self.abandoned)
+            answer = await self.server.decide(body, started, abandoned)
         except asyncio.CancelledError:
             return  # the connection went: nobody to answer
         except Exception as exc:  # a fault of the decision's own: one line, and the client told so
@@ -342,6 +375,8 @@ class _Connection(asyncio.Protocol):
             return
         self._write(data or b"")
         self.served += 1
+        if self.served == 1:
+            self.server.advanced(self)
         if close or self.http.our_state is h11.MUST_CLOSE or self.http.their_state is not h11.DONE:
             self._close()
             return
@@ -427,7 +462,8 @@ class _Connection(asyncio.Protocol):
     def _expired(self) -> None:
         """The handshake, the request or the idle time is over: the connection ends, and its decision with it."""
         self.timer = None
-        self.abandoned.set()
+        if self.abandoned is not None:
+            self.abandoned.set()
         if self.decision is not None:
             self.decision.cancel()
             self.decision = None
@@ -442,8 +478,10 @@ class _Connection(asyncio.Protocol):
 class WebhookServer:
     """The webhook's HTTPS server: bound (and listening) when made, serving from serve() until shutdown()."""
 
-    def __init__(self, address: tuple[str, int], respond: Respond, *, workers: int = 2,
+    def __init__(self, address: tuple[str, int], respond: Respond, *, workers: int = 2, isolated: bool = False,
                  log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> None:
+        """`isolated`: the reviews that take real work are decided in a process of their own (see
+        ipmasq.webhook.worker), which `respond` must then be picklable for (review.respond, or a partial of it)."""
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         try:
             self._listener = socket.create_server(address, family=family, backlog=BACKLOG)
@@ -455,8 +493,14 @@ class WebhookServer:
         self.workers = workers
         self.context: ssl.SSLContext | None = None
         self.ready = threading.Event()
+        self.accepting = threading.Event()  # serving: the decision process (isolated) started, the listener read
         self._thread: threading.Thread | None = None
         self._executor = ThreadPoolExecutor(max_workers=2 * workers, thread_name_prefix="webhook-decision")
+        self._worker: DecisionWorker | None = None
+        self._worker_executor: ThreadPoolExecutor | None = None  # one thread: the decision process's queue
+        if isolated:
+            self._worker = DecisionWorker(functools.partial(decision, respond))
+            self._worker_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-apart")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._stopped = threading.Event()
@@ -466,6 +510,12 @@ class WebhookServer:
         self._large = asyncio.Lock()
         self._held_bytes = 0  # request bodies held now (changed on the event loop only)
         self._connections: dict[_Connection, None] = {}  # open ones, oldest first
+        self._accepting = True
+        self._connecting: set[asyncio.Task[None]] = set()  # accepted, their transport being made
+        # the same, by how far they got (_Connection.progress), each in the order it got there: who makes room
+        # is found in the first few of the lowest level, not by a look at all MAX_CONNECTIONS (that look, at every
+        # accept past the limit, was a third of the event loop's time under a flood of new connections)
+        self._levels: tuple[dict[_Connection, None], ...] = ({}, {}, {}, {})
 
     # ---- the certificate ------------------------------------------------------------------------------------
 
@@ -490,6 +540,11 @@ class WebhookServer:
 
     def serve_forever(self) -> None:
         _raise_file_limit()
+        if self._worker is not None:
+            try:
+                self._worker.start()  # before the first accept: a review never waits for the process's imports
+            except DecisionFault as exc:
+                self.log_line(f"{exc}; started again at the next large review")
         try:
             asyncio.run(self._serve())
         finally:
@@ -500,11 +555,14 @@ class WebhookServer:
         self._stop = asyncio.Event()
         self._loop = loop
         loop.set_exception_handler(self._loop_error)
-        server = await loop.create_server(lambda: _Connection(self), sock=self._listener, backlog=BACKLOG)
+        self._listener.setblocking(False)
+        loop.add_reader(self._listener.fileno(), self._accept)
+        self.accepting.set()
         try:
             await self._stop.wait()
         finally:
-            server.close()  # no new connections
+            self._accepting = False
+            loop.remove_reader(self._listener.fileno())  # no new connections
             for connection in list(self._connections):
                 connection.stop()
             deadline = loop.time() + GRACE_SECONDS
@@ -512,6 +570,34 @@ class WebhookServer:
                 await asyncio.sleep(0.05)  # the requests in flight finish (bounded by GRACE_SECONDS)
             for connection in list(self._connections):
                 connection.abort()
+
+    def _accept(self) -> None:
+        """The listener is ready: up to ACCEPT_BATCH new connections, each made a transport and a _Connection by
+        asyncio (connect_accepted_socket), the connections already open served between batches."""
+        loop = asyncio.get_running_loop()
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, _peer = self._listener.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS, ENOMEM: pause, or this callback spins
+                self.log_line(f"cannot accept connections for now: {one_line(str(exc))[:200]}")
+                loop.remove_reader(self._listener.fileno())
+                loop.call_later(_ACCEPT_RETRY_SECONDS, self._resume_accepting)
+                return
+            task = loop.create_task(self._connect(sock))
+            self._connecting.add(task)  # asyncio keeps only a weak reference to a task
+            task.add_done_callback(self._connecting.discard)
+
+    def _resume_accepting(self) -> None:
+        if self._accepting:
+            asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept)
+
+    async def _connect(self, sock: socket.socket) -> None:
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(lambda: _Connection(self), sock)
+        except OSError:  # the peer already gone (its reset before the transport was made)
+            sock.close()
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """What asyncio would log with a traceback (a callback that raised): one line. The connection concerned is
@@ -529,6 +615,15 @@ class WebhookServer:
         if self._thread is not None:
             self._thread.join(GRACE_SECONDS + 5)
         self._executor.shutdown(wait=False)
+        if self._worker_executor is not None:
+            self._worker_executor.shutdown(wait=False, cancel_futures=True)
+        if self._worker is not None:
+            self._worker.close()
+
+    @property
+    def decision_pid(self) -> int | None:
+        """The decision process's, while it runs (an `isolated` server's)."""
+        return self._worker.pid if self._worker is not None else None
 
     def server_close(self) -> None:
         self._listener.close()
@@ -537,20 +632,30 @@ class WebhookServer:
 
     def admit(self, connection: _Connection) -> None:
         """Count a connection from its accept; past MAX_CONNECTIONS close one that may be closed: the one that has
-        got least far, the oldest of those. A flood of new connections that say nothing (1,400 a second) then
-        closes its own, not an ordinary client's in its handshake, nor the API server's kept between reviews:
-        evicted by age alone, those failed 10-50% of ordinary reviews."""
+        got least far, the first to get there of those. A flood of new connections that say nothing (1,400 a
+        second) then closes its own, not an ordinary client's in its handshake, nor the API server's kept between
+        reviews: evicted by age alone, those failed 10-50% of ordinary reviews."""
         self._connections[connection] = None
+        connection.level = 0
+        self._levels[0][connection] = None
         if len(self._connections) <= MAX_CONNECTIONS:
             return
-        victim = min((c for c in self._connections if c is not connection and c.waiting()),
-                     key=lambda c: (c.progress(), c.since), default=None)
+        victim = next((c for level in self._levels for c in level if c is not connection and c.waiting()), None)
         if victim is not None:
             self.forget(victim)
             victim.evict()
 
+    def advanced(self, connection: _Connection) -> None:
+        """`connection` got further (its first byte, its handshake done, its first answer)."""
+        if connection not in self._connections:
+            return  # already closed, or made room for another
+        self._levels[connection.level].pop(connection, None)
+        connection.level = connection.progress()
+        self._levels[connection.level][connection] = None
+
     def forget(self, connection: _Connection) -> None:
         self._connections.pop(connection, None)
+        self._levels[connection.level].pop(connection, None)
 
     def hold(self, size: int) -> bool:
         if self._held_bytes + size > BODY_BUDGET_BYTES:
@@ -562,7 +667,12 @@ class WebhookServer:
         self._held_bytes -= size
 
     async def decide(self, body: bytearray, started: float, abandoned: threading.Event) -> _Answer | None:
-        """The answer to a review's body, from a decision thread once a slot is free; None when it was abandoned."""
+        """The answer to a review's body, from a decision thread once a slot is free, or from the decision process
+        (an isolated server's large reviews, and the small ones that outgrow HANDOFF_STEPS); None when it was
+        abandoned."""
+        if self._worker is not None and len(body) > ISOLATED_SMALL_BODY_BYTES:
+            return await self._apart(body, started, abandoned)
+        answer: _Answer | _Outgrown | None
         async with contextlib.AsyncExitStack() as slots:
             if len(body) > LARGE_BODY_BYTES:
                 await slots.enter_async_context(self._large)
@@ -571,8 +681,24 @@ class WebhookServer:
             if abandoned.is_set():
                 return None
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._executor, self._decide, body, started, abandoned)
-        return None  # not reached (mypy cannot tell the stack suppresses nothing)
+            handoff = HANDOFF_STEPS if self._worker is not None else None
+            answer = await loop.run_in_executor(self._executor, decision, self.respond, body, started, abandoned,
+                                                handoff)
+        if isinstance(answer, _Outgrown):
+            return await self._apart(body, started, abandoned)
+        return answer
+
+    async def _apart(self, body: bytearray, started: float, abandoned: threading.Event) -> _Answer | None:
+        """In the decision process, one at a time, in their order (one whose connection went before its turn is
+        never sent); raises DecisionFault."""
+        assert self._worker is not None and self._worker_executor is not None
+        loop = asyncio.get_running_loop()
+        try:
+            answer = await loop.run_in_executor(self._worker_executor, self._worker.decide, body, started, abandoned)
+        except asyncio.CancelledError:
+            self._worker.abandon(abandoned)  # at once, not at the waiting thread's next look
+            raise
+        return answer  # type: ignore[return-value]  # what decision() returned in the process
 
     def log_line(self, line: str) -> None:
         try:
@@ -582,28 +708,39 @@ class WebhookServer:
                 print(f"ipmasq webhook: a decision's log line failed: {one_line(repr(exc))[:200]}",
                       file=sys.stderr, flush=True)
 
-    def _decide(self, body: bytearray, started: float, abandoned: threading.Event) -> _Answer | None:
-        """In a decision thread: the answer, or None when its connection went while it was being made."""
-        if _json_values(body) >= MAX_JSON_VALUES:
-            return 400, b"not an AdmissionReview: more JSON values than a ConfigMap's review has\n", \
-                "text/plain", None
+
+
+class _Outgrown:
+    """decision()'s answer when a small review's checks passed their handoff: it is decided again apart."""
+
+
+def decision(respond: Respond, body: bytearray, started: float, abandoned: AbandonSignal,
+             handoff: int | None = None) -> _Answer | _Outgrown | None:
+    """In a decision thread or the decision process: the answer, or None when its connection went while it was
+    being made."""
+    if _json_values(body) >= MAX_JSON_VALUES:
+        return 400, b"not an AdmissionReview: more JSON values than a ConfigMap's review has\n", \
+            "text/plain", None
+    try:
+        review = json.loads(body)
+        del body
+        answer, verdict = (respond(review, abandoned=abandoned) if handoff is None else
+                           respond(review, abandoned=abandoned, handoff=handoff))
+    except (ValueError, RecursionError, ReviewError) as exc:
+        return 400, (one_line(f"not an AdmissionReview: {exc}")[:300] + "\n").encode(), "text/plain", None
+    except Abandoned:
+        return None
+    except WorkOutgrown:
+        return _Outgrown()
+    payload = json.dumps(answer).encode()
+    logged = None
+    if verdict.reviewed:
         try:
-            review = json.loads(body)
-            del body
-            answer, verdict = self.respond(review, abandoned=abandoned)
-        except (ValueError, RecursionError, ReviewError) as exc:
-            return 400, (one_line(f"not an AdmissionReview: {exc}")[:300] + "\n").encode(), "text/plain", None
-        except Abandoned:
-            return None
-        payload = json.dumps(answer).encode()
-        logged = None
-        if verdict.reviewed:
-            try:
-                logged = decision_line(review["request"], verdict, time.monotonic() - started)
-            except Exception as exc:
-                logged = f"{'admitted' if verdict.allowed else 'denied'} a review (its log line failed: " \
-                         f"{one_line(repr(exc))[:120]})"
-        return 200, payload, "application/json", logged
+            logged = decision_line(review["request"], verdict, time.monotonic() - started)
+        except Exception as exc:
+            logged = f"{'admitted' if verdict.allowed else 'denied'} a review (its log line failed: " \
+                     f"{one_line(repr(exc))[:120]})"
+    return 200, payload, "application/json", logged
 
 
 def _path(target: bytes) -> bytes:

@@ -220,3 +220,30 @@ def test_the_path_is_matched_without_its_query(server: WebhookServer, certificat
                      "Connection: close\r\n\r\n".encode() + body)
         answer = _read_all(sock)
     assert answer.startswith(b"HTTP/1.1 200 ") and b'"allowed": false' in answer
+
+
+def test_making_room_looks_at_the_first_connections_only_and_a_silent_one_costs_no_tls_state(
+        server: WebhookServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a flood of new connections, finding the one to close looked at every open connection at each accept
+    (a third of the event loop's time); now the first of the lowest level goes. Work counted, not time: how many
+    connections were looked at for each one closed. A connection that never sends a byte has no TLS or HTTP state
+    made for it."""
+    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 16)
+    looked = []
+    waiting = server_module._Connection.waiting
+
+    def counted(self: server_module._Connection) -> bool:
+        looked.append(self)
+        return waiting(self)
+
+    monkeypatch.setattr(server_module._Connection, "waiting", counted)
+    silent = [socket.create_connection(("127.0.0.1", server.server_address[1])) for _ in range(64)]
+    try:
+        deadline = time.monotonic() + 30  # a hang guard only
+        while not (server._connections and len(looked) >= 64 - 16) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert 64 - 16 <= len(looked) <= 2 * (64 - 16)  # about one look per connection closed, not 16
+        assert all(connection.tls is None for connection in list(server._connections))  # all 64 accepted by now
+    finally:
+        for sock in silent:
+            sock.close()

@@ -222,3 +222,25 @@ def test_connections_that_never_start_tls_are_counted_and_evicted(server: Webhoo
     finally:
         for sock in silent:
             sock.close()
+
+
+def test_a_queue_of_connections_is_taken_in_batches_and_whole(certificate: CertificateSet,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listener is read ACCEPT_BATCH connections at a time (the connections already open are served between
+    batches), and taking goes on until the queue is empty: 100 silent connections queued before serving, then a
+    review behind them, answered, with all 100 counted."""
+    monkeypatch.setattr(server_module, "HANDSHAKE_SECONDS", 60.0)  # none of them leaves on its own meanwhile
+    assert server_module.ACCEPT_BATCH < 100
+    running = WebhookServer(("127.0.0.1", 0), respond)
+    running.use_certificate(certificate.tls_cert, certificate.tls_key)
+    queued = [socket.create_connection(running.server_address) for _ in range(100)]
+    serve(running)
+    try:
+        status, answer, _seconds = ask(running, certificate, review_body())
+        assert status == 200 and answer["response"]["allowed"] is True
+        assert len(running._connections) >= 100  # every queued one taken before the review's (the queue's order)
+    finally:
+        for sock in queued:
+            sock.close()
+        running.shutdown()
+        running.server_close()
