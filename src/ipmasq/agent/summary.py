@@ -36,8 +36,9 @@ import time
 from collections.abc import Callable
 
 from ipmasq.agent.apiconfig import ApiContent
-from ipmasq.agent.apireport import FleetSize
+from ipmasq.agent.apireport import RETRY_INITIAL, RETRY_MAX, FleetSize, retry_wait
 from ipmasq.agent.trouble import Trouble
+from ipmasq.backoff import Backoff
 from ipmasq.errors import ApiError
 from ipmasq.kube import objects, paths
 from ipmasq.kube.agentstatus import NodeStatus, status_from_json
@@ -82,6 +83,7 @@ class SummaryWriter:
         self._interval = SETTLE_SECONDS
         self._written: dict[str, str] = {}  # Event key -> message written
         self._next_lease = clock() + random.uniform(0.0, FIRST_TRY_SECONDS)
+        self._backoff = Backoff(RETRY_INITIAL, RETRY_MAX, jitter=0.5)  # after a failed ask (the reporter's steps)
         self._trouble = Trouble(log, said="fleet summary: %s (the rules are not affected; retrying)",
                                 over="fleet summary: the API answers again")
         self._thread = threading.Thread(target=self._run, name="fleet-summary", daemon=True)
@@ -100,16 +102,31 @@ class SummaryWriter:
             self._wake.clear()
             if self.stop.is_set():
                 break
-            try:
-                self.step()
-                self._trouble.ended()
-            except ApiError as exc:
-                self._trouble(str(exc))
-            except Exception as exc:  # a bug here must not end the thread
-                self._trouble(f"{type(exc).__name__}: {exc}")
+            self.attempt()
         if self.elector.leading:
             with contextlib.suppress(ApiError):
                 self.elector.release()
+
+    def attempt(self) -> None:
+        """One step, whatever goes wrong in it said once and held off (never raises)."""
+        try:
+            self.step()
+            self._trouble.ended()
+        except ApiError as exc:
+            self._trouble(str(exc))
+            self._hold_off(retry_wait(exc))
+        except Exception as exc:  # a bug here must not end the thread
+            self._trouble(f"{type(exc).__name__}: {exc}")
+            self._hold_off(None)
+
+    def _hold_off(self, said: float | None) -> None:
+        """After a failed step nothing is due again before the server's Retry-After (`said`) or the backoff's next
+        wait: a tally is due until it succeeds, and while a Retry-After runs the client refuses at once, so without
+        this the holder asked again at once, in a loop (measured: ten refusals a second under load)."""
+        until = self.clock() + (said if said is not None else self._backoff.next())
+        self._next_lease = max(self._next_lease, until)
+        if self._next_tally is not None:
+            self._next_tally = max(self._next_tally, until)
 
     def _sleep(self) -> float:
         """Until the next thing due (an ask of the Lease, a tally), at most IDLE_WAKE_SECONDS: a new content wakes
@@ -124,6 +141,7 @@ class SummaryWriter:
             self._next_lease = now + self._candidate_wait()  # if the ask raises
             was = self.elector.leading
             leading = self.elector.try_lead()
+            self._backoff.reset()
             if self.elector.nodes is not None:
                 self.fleet.heard(self.elector.nodes)
             self._next_lease = now + (RENEW_SECONDS if leading else self._candidate_wait())
@@ -146,6 +164,7 @@ class SummaryWriter:
             return
         result = self._tally(digest)
         self._write(result, ObjectRef("ConfigMap", target.name, target.namespace, target.uid), digest)
+        self._backoff.reset()
         self.last = result
         self._interval = min(self._interval * 2, RETALLY_MAX)
         # tallied again until the count has settled too, so that the fleet's size gets published (see _tally)
