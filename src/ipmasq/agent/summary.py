@@ -57,7 +57,8 @@ SETTLE_SECONDS = 2.0  # after a new content is seen, before the first tally
 RETALLY_MAX = 60.0  # tallies again while nodes have not reported, at 2, 4, 8 ... this many seconds
 RETALLY_FOR = 600.0  # and stops after this long (a node that is down never reports; its row in `ipmasq status` says so)
 PAGE = 500  # status objects per list request
-IDLE_WAKE_SECONDS = 1.0  # the thread looks at its stop at least this often (nothing else is done on such a wakeup)
+IDLE_WAKE_SECONDS = 1.0  # the holder looks at its stop at least this often (nothing else is done on such a wakeup)
+CANDIDATE_WAKE_SECONDS = 5.0  # and a candidate, which has no Lease to give up when it stops
 
 
 def real_nodes(statuses: list[NodeStatus]) -> list[NodeStatus]:
@@ -92,9 +93,12 @@ class SummaryWriter:
         self._thread.start()
 
     def content_changed(self, content: ApiContent) -> None:
-        """A new content of the followed ConfigMaps (called from a follower's thread): wakes the writer."""
+        """A new content of the followed ConfigMaps (called from a follower's thread): wakes the holder. A candidate
+        only keeps it (it tallies what is there when it takes the Lease): a change must not wake every node's thread
+        for nothing."""
         self._content = content
-        self._wake.set()
+        if self.elector.leading:
+            self._wake.set()
 
     def _run(self) -> None:
         while not self.stop.is_set():
@@ -129,10 +133,11 @@ class SummaryWriter:
             self._next_tally = max(self._next_tally, until)
 
     def _sleep(self) -> float:
-        """Until the next thing due (an ask of the Lease, a tally), at most IDLE_WAKE_SECONDS: a new content wakes
-        the thread at once."""
+        """Until the next thing due (an ask of the Lease, a tally), at most IDLE_WAKE_SECONDS (a candidate:
+        CANDIDATE_WAKE_SECONDS): a new content wakes the holder at once."""
         due = [self._next_lease] + ([self._next_tally] if self._next_tally is not None else [])
-        return min(IDLE_WAKE_SECONDS, max(0.0, min(due) - self.clock()))
+        idle = IDLE_WAKE_SECONDS if self.elector.leading else CANDIDATE_WAKE_SECONDS
+        return min(idle, max(0.0, min(due) - self.clock()))
 
     def step(self) -> None:
         """One look: the Lease when due, then, holding it, a tally when due. Raises ApiError."""
