@@ -10,6 +10,7 @@ from ipmasq.agent.apiconfig import ApiContent
 from ipmasq.agent.origin import ConfigOrigin
 from ipmasq.agent.summary import SETTLE_SECONDS, SummaryWriter
 from ipmasq.config.source import ConfigInput
+from ipmasq.errors import ApiUnreachable, TooManyRequests
 from ipmasq.kube import paths
 from ipmasq.kube.agentstatus import NodeStatus
 from ipmasq.kube.configmaps import ConfigMapState
@@ -129,10 +130,54 @@ def test_objects_for_nodes_that_do_not_exist_are_not_counted_and_the_count_is_pu
     holder.step()
     (event,) = summaries(client)
     assert str(event["message"]).startswith(f"rejected on 2 of 2 nodes: {LINE}")
+    assert holder.fleet.nodes is None and holder.elector.publish is None  # one count is not a settled one
+    clock.now += 2 * SETTLE_SECONDS
+    holder.step()  # tallied again although nothing is pending: the same count twice is the fleet's size
     assert holder.fleet.nodes == 2 and holder.elector.publish == 2
     holder.step()  # a new size is said on the Lease at once, where every candidate reads it
     lease = client.objects["/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/ip-masq-agent"]
     assert lease["metadata"]["annotations"] == {"ipmasq.dev/nodes": "2"}
+
+
+def test_a_fleet_still_starting_is_not_published_until_two_tallies_agree() -> None:
+    """Status objects appear over minutes while a fleet starts: a count of those written so far is not its size."""
+    client, clock = FakeKubeClient(), Clock()
+    holder = writer(client, clock, "node-0")
+    clock.now = 10.0
+    holder.step()
+    for count in (3, 40, 200):  # more nodes wrote their status before each tally
+        for i in range(count):
+            client.put(paths.statuses(f"node-{i}"), node_status(f"node-{i}"))
+        clock.now += 60.0
+        holder.step()
+        assert holder.last is not None and holder.last.nodes == count
+        assert holder.fleet.nodes is None and holder.elector.publish is None
+    clock.now += 60.0
+    holder.step()
+    assert holder.fleet.nodes == 200 and holder.elector.publish == 200
+    clock.now += 60.0
+    holder.step()
+    assert holder._next_tally is None  # nothing pending, the count settled: done until the next content
+
+
+def test_a_tally_refused_is_not_asked_again_before_the_retry_after_nor_at_once_after_no_answer() -> None:
+    client, clock = FakeKubeClient(), Clock()
+    client.put(paths.statuses("node-0"), node_status("node-0"))
+    holder = writer(client, clock, "node-0")
+    clock.now = 10.0
+    holder.step()
+    assert holder.elector.leading
+    clock.now += SETTLE_SECONDS
+    client.refuse(paths.statuses(), TooManyRequests(429, "shed", retry_after=7.0),
+                  ApiUnreachable("GET: no answer in time"))
+    holder.attempt()  # refused: asked again after the Retry-After (with up to a quarter more), not at once
+    assert holder._next_tally is not None and holder._next_tally >= clock.now + 7.0
+    clock.now = holder._next_tally
+    holder.attempt()  # no answer: the backoff's wait
+    assert holder._next_tally is not None and holder._next_tally > clock.now
+    clock.now = holder._next_tally
+    holder.attempt()
+    assert holder.last is not None and holder.last.nodes == 1
 
 
 def test_observed_nodes_whose_rules_do_not_enforce_the_content_are_one_warning() -> None:
