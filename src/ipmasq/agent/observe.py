@@ -149,7 +149,11 @@ class Observer:
         if self._error is not None:
             return Verdict(False, f"not ready: cannot read the node's rules: {self._error}")
         if self._config.policy is None:
-            return Verdict(False, self._waiting or "not ready: no config loaded yet")
+            # what stands in the way, in one line: the writer's inputs not listed yet, or not readable (a provider's
+            # DaemonSet that is not there is said here, not guessed at)
+            error = self._config.config_error
+            return Verdict(False, self._waiting or (f"not ready: {error}" if error is not None
+                                                    else "not ready: no config loaded yet"))
         if not self._passes:
             return Verdict(False, "not ready: the node's rules not looked at yet")
         return Verdict(True, f"ready: observing the rules {self.writer} writes in {self.chain} (this agent writes "

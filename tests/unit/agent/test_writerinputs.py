@@ -204,6 +204,14 @@ def test_eks_s_chain_is_compared_with_the_aws_node_env() -> None:
     assert watcher.reconcile().result is SyncResult.IN_SYNC
 
 
+def test_without_the_aws_node_daemonset_the_observer_says_why_in_one_line_and_compares_nothing() -> None:
+    watcher = observer("eks", Node("*nat\nCOMMIT\n"))
+    seen = watcher.observe(input_of([EnvState("kube-system", "aws-node", exists=False)]))
+    assert seen.config_error is not None and not seen.readiness.ok
+    assert "not installed" in seen.readiness.why and "\n" not in seen.readiness.why
+    assert watcher.reconcile().result is SyncResult.NO_POLICY
+
+
 def test_eks_without_the_chain_says_so() -> None:
     watcher = observer("eks", Node("*nat\nCOMMIT\n"))
     watcher.observe(_eks({}))
