@@ -14,6 +14,7 @@ from typing import Any
 
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import Network
+from ipmasq.testing.writers import aws_snat_rules, ip_masq_agent_rules
 from tests.conftest import ROOT
 from tests.kernel.agent.test_metrics import get, scrape
 from tests.kernel.agent_harness import AWS_DB, NODE, ONPREM, POD, World, agent, wait_until, world
@@ -100,8 +101,6 @@ def _observe_provider(w: World, writer: str, inputs: list[dict[str, Any]]) -> li
 
 
 def test_the_observer_compares_aws_snat_chain_with_the_aws_node_env_and_writes_nothing(net: Network) -> None:
-    from tests.kernel.diagnose.test_check_writers import aws_snat_rules
-
     with world(net) as w:
         w.node.run(["iptables-restore", "--noflush"], stdin=aws_snat_rules("10.142.0.0/16", ("10.2.0.0/16",), NODE))
         written = _table(w.nat())
@@ -116,8 +115,6 @@ def test_the_observer_compares_aws_snat_chain_with_the_aws_node_env_and_writes_n
 
 
 def test_the_observer_merges_aks_s_fragments_against_the_node_s_chain_and_writes_nothing(net: Network) -> None:
-    from tests.kernel.diagnose.test_check_writers import ip_masq_agent_rules
-
     reconciled = {"azure-ip-masq-agent-config-reconciled": {
         "ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [10.224.0.0/12]\nmasqLinkLocal: false\n"}}
     both = {**reconciled, "azure-ip-masq-agent-config": {"ip-masq-agent": "nonMasqueradeCIDRs: [10.0.0.0/8]\n"}}

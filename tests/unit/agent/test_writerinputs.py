@@ -32,8 +32,8 @@ from ipmasq.netfilter.iptables import parse_save
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 from ipmasq.testing.kube import FakeKubeClient
+from ipmasq.testing.writers import aws_snat_rules, ip_masq_agent_rules
 from ipmasq.writers import WRITERS
-from tests.kernel.diagnose.test_check_writers import aws_snat_rules, ip_masq_agent_rules
 
 LOG = logging.getLogger("test")
 USER, RECONCILED = "azure-ip-masq-agent-config", "azure-ip-masq-agent-config-reconciled"
