@@ -30,17 +30,25 @@ from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_digest
 from ipmasq.diagnose.check import NodeRules, check_node
 from ipmasq.diagnose.eks import check_eks, node_chain
-from ipmasq.errors import ConfigError, clip
+from ipmasq.errors import ConfigError, NotFound, clip
 from ipmasq.findings import Finding
 from ipmasq.kube import paths
 from ipmasq.kube.client import ApiClient
-from ipmasq.kube.configmaps import ConfigMapFollower, ConfigMapState, ObjectFollower
+from ipmasq.kube.configmaps import ConfigMapFollower, ConfigMapState, ObjectFollower, configmap_state
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.writers import EKS_DAEMONSET, ENV_EXCLUDE_SNAT_CIDRS, ENV_EXTERNAL_SNAT, Sources, Writer, intended
+from ipmasq.writers import (
+    EKS_DAEMONSET,
+    ENV_EXCLUDE_SNAT_CIDRS,
+    ENV_EXTERNAL_SNAT,
+    REFERENCE_CONFIGMAP,
+    Sources,
+    Writer,
+    intended,
+)
 
-__all__ = ["ENV_SOURCE", "NAMESPACE", "EnvState", "WriterInputs", "compare_for", "daemonset_env",
-           "input_of", "load_for", "sources_of"]
+__all__ = ["ENV_SOURCE", "NAMESPACE", "EnvState", "WriterInputs", "compare_for", "current_input", "daemonset_env",
+           "input_of", "load_for", "own_inputs", "sources_of"]
 
 NAMESPACE = "kube-system"  # where the providers keep those objects
 ENV_SOURCE = f"daemonset/{EKS_DAEMONSET}[env]"
@@ -117,6 +125,31 @@ def input_of(states: Sequence[State]) -> Read:
         else:
             files.extend((configmap_source(state.name, key), data) for key, data in state.keys)
     return ConfigInput(tuple(files))
+
+
+def own_inputs(writer: Writer) -> bool:
+    """Whether `writer` reads inputs of its own (AKS's ConfigMaps, aws-node's env), which WriterInputs follows, in
+    place of the ip-masq-agent ConfigMap's `config` key."""
+    return writer.daemonset is not None or tuple(writer.configmaps) != (REFERENCE_CONFIGMAP,)
+
+
+def current_input(client: ApiClient, writer: Writer, namespace: str = NAMESPACE) -> Read:
+    """The writer's inputs as the API holds them now, read once (`ipmasq status`), into the very input an observer
+    following them compares with: its digest is the one a current observer's status names."""
+    states: list[State] = []
+    for name in sorted(writer.configmaps):
+        states.append(configmap_state(namespace, name, None, _get(client, paths.configmaps(namespace, name))))
+    if writer.daemonset is not None:
+        states.append(daemonset_env(namespace, writer.daemonset,
+                                    _get(client, paths.daemonsets(namespace, writer.daemonset))))
+    return input_of(states)
+
+
+def _get(client: ApiClient, path: str) -> dict[str, Any] | None:
+    try:
+        return client.get(path)
+    except NotFound:
+        return None
 
 
 def sources_of(config_input: ConfigInput) -> Sources:
