@@ -5,10 +5,11 @@ agent (ipmasq.lab.kubernetes.standin: a shell loop of iptables-restore of the pr
 EKS: the stand-in is the `aws-node` DaemonSet, its container carrying the VPC CNI's SNAT settings in its env and
 writing AWS-SNAT-CHAIN-0 as the CNI writes it. The env changes (one more excluded CIDR) and the chain does not: every
 node is reported out of sync with the reason, pods stay Ready; the writer catches up on one node and that node turns
-in sync. So the observer's rights (get/list/watch of that one DaemonSet by name, with a metadata.name field selector),
-the admission policy and the live path are proven against a real API server. How long each report took (the env
-changed -> every node's status object says it, polled through the API) is printed, never asserted
-(docs/measurements.md has them).
+in sync. AKS the same way, its two ConfigMaps (the one AKS writes, the user's fragment) as the inputs, with the
+fleet's summary Event on the user's. So the observer's rights (get/list/watch of those objects by name, with a
+metadata.name field selector), the admission policy and the live path are proven against a real API server. How
+long each report took (the inputs changed -> every node's status object says it, polled through the API) is
+printed, never asserted (docs/measurements.md has them).
 """
 
 from __future__ import annotations
@@ -187,6 +188,15 @@ def test_a_user_fragment_aks_has_not_merged_in_is_reported_on_every_node_and_one
                       for r in ipmasq_status(lab)[1].get("nodes", [])), 60,
           "ipmasq status: every node out of sync, naming the CIDR")
     assert pods_ready(lab, OBSERVERS)
+
+    def summary() -> list[str]:  # on the first of AKS's ConfigMaps in name order: the user's
+        events = lab.kubectl_json("get", "events", "-n", "kube-system", "--field-selector",
+                                  f"involvedObject.kind=ConfigMap,involvedObject.name={AKS_CONFIGMAPS[1]},"
+                                  "reason=ConfigNotEnforced")
+        return [e["message"] for e in events["items"]]
+
+    _wait(lambda: any(m.startswith(f"not enforced on 2 of 2 nodes (observed: the rules of aks in {AKS_CHAIN})")
+                      for m in summary()), 60, "one summary Event on the user's ConfigMap")
     caught, behind = lab.nodes[0], lab.nodes[1]
     merged = ip_masq_agent_rules(AKS_CHAIN, ("10.0.0.0/8", "172.30.0.0/16"), random_fully=False)
     standin.catch_up(lab, caught, merged, name=AKS_AGENT)
