@@ -7,7 +7,10 @@ PodMonitor and the plain Prometheus scrape job that find every agent, and the Gr
 
 Every agent serves /metrics alone on its node's address, port `metrics` (the DaemonSet's --prometheus-address):
 the PodMonitor and the scrape job keep exactly the agent's pods' `metrics` port, found by Kubernetes service
-discovery (role pod), and name the job `ip-masq-agent` (what the alerts select) and the node (label `node`).
+discovery (role pod), and name the job `ip-masq-agent` (what the alerts select) and the node (label `node`). The
+PodMonitor also keeps the observers' (deploy/overlays/observe: pods labelled k8s-app=ipmasq-observer), as a job of
+their own, `ipmasq-observer`: an observer's verdict is about another program's rules, so the enforcing agents'
+alerts do not select it.
 
 Each alert names the `ipmasq` command that diagnoses it (annotation `runbook`). The `for:` durations are those of a
 production fleet; the lab loads the same group with every duration shortened (`rule_group(for_override=...)`).
@@ -25,13 +28,14 @@ from typing import Any
 
 import yaml
 
-__all__ = ["ALERTS", "DASHBOARD_PANELS", "GROUP", "JOB", "METRICS_PORT", "Alert", "Panel", "dashboard", "pod_monitor",
-           "prometheus_rule", "rule_group", "rules_file", "scrape_config", "write"]
+__all__ = ["ALERTS", "DASHBOARD_PANELS", "GROUP", "JOB", "METRICS_PORT", "OBSERVER_JOB", "Alert", "Panel", "dashboard",
+           "pod_monitor", "prometheus_rule", "rule_group", "rules_file", "scrape_config", "write"]
 
 JOB = "ip-masq-agent"
 GROUP = "ip-masq-agent"
 METRICS_PORT = "metrics"  # the agent container's named port (deploy/base/daemonset.yaml)
 AGENT_LABEL = ("k8s-app", "ip-masq-agent")  # the pods' label (the DaemonSet's selector)
+OBSERVER_JOB = "ipmasq-observer"  # the observers' pods' value of that label (deploy/overlays/observe), and their job
 NAMESPACE = "kube-system"
 
 
@@ -206,15 +210,17 @@ NODE_SOURCE, NODE_LABEL = "__meta_kubernetes_pod_node_name", "node"
 
 
 def pod_monitor() -> dict[str, Any]:
-    """The Prometheus Operator's PodMonitor: every agent pod's `metrics` port, job `ip-masq-agent`."""
+    """The Prometheus Operator's PodMonitor: every agent pod's `metrics` port, job `ip-masq-agent`, and every
+    observer pod's, job `ipmasq-observer`."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
         "metadata": {"name": "ip-masq-agent", "namespace": NAMESPACE,
                      "labels": {"app.kubernetes.io/name": "ipmasq"}},
         "spec": {
-            "jobLabel": AGENT_LABEL[0],  # the pods' k8s-app label's value, ip-masq-agent, names the job
-            "selector": {"matchLabels": {AGENT_LABEL[0]: AGENT_LABEL[1]}},
+            "jobLabel": AGENT_LABEL[0],  # the pods' k8s-app label's value names the job: the two stay apart
+            "selector": {"matchExpressions": [{"key": AGENT_LABEL[0], "operator": "In",
+                                               "values": [AGENT_LABEL[1], OBSERVER_JOB]}]},
             "namespaceSelector": {"matchNames": [NAMESPACE]},
             "podMetricsEndpoints": [{"port": METRICS_PORT, "path": "/metrics", "interval": "30s",
                                      "relabelings": [{"sourceLabels": [NODE_SOURCE], "targetLabel": NODE_LABEL}]}],

@@ -748,6 +748,14 @@ def test_observe_runs_gke_managed_agents_flags_by_default() -> None:
     assert "--config=/etc/config/ip-masq-agent" in args
 
 
+@pytest.mark.parametrize("name", ["observe-aks", "observe-eks"])
+def test_aks_and_eks_are_observed_with_their_profiles_flags_and_inputs(name: str) -> None:
+    """Their chain, flags and inputs are the provider's (the agent refuses policy and ConfigMap flags with them)."""
+    _, _, container = _observer(OBSERVE_OVERLAYS[name])
+    flags = {a.split("=", 1)[0] for a in container["args"][1:]}
+    assert flags == {"--observe", "--backend", "--metrics-address", "--prometheus-address"}
+
+
 def test_the_observers_rights_are_its_configmaps_status_events_lease_and_for_eks_aws_node() -> None:
     shared = [
         ("ClusterRole", "", "", "nodes", (), ("get",)),
@@ -761,5 +769,21 @@ def test_the_observers_rights_are_its_configmaps_status_events_lease_and_for_eks
            ("azure-ip-masq-agent-config-reconciled", "azure-ip-masq-agent-config"), ("get", "list", "watch"))
     aws_node = ("Role", "kube-system", "apps", "daemonsets", ("aws-node",), ("get", "list", "watch"))
     assert _rights(kustomize(OBSERVE)) == sorted([*shared, gke])
-    assert _rights(kustomize(OBSERVE / "eks")) == sorted([*shared, gke, aws_node])
+    assert _rights(kustomize(OBSERVE / "eks")) == sorted([*shared, aws_node])  # the CNI reads no ConfigMap
     assert _rights(kustomize(OBSERVE / "aks")) == sorted([*shared, aks])
+
+
+@pytest.mark.parametrize("path", [DEPLOY, *OBSERVE_OVERLAYS.values()], ids=["enforce", *OBSERVE_OVERLAYS])
+def test_the_shipped_podmonitor_scrapes_enforcing_agents_and_observers_as_jobs_of_their_own(path: Path) -> None:
+    from ipmasq.monitoring import JOB, OBSERVER_JOB, pod_monitor
+
+    _, ds, container = _observer(path)
+    spec = pod_monitor()["spec"]
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    (expression,) = spec["selector"]["matchExpressions"]
+    assert expression["operator"] == "In" and labels[expression["key"]] in expression["values"]
+    assert ds["metadata"]["namespace"] in spec["namespaceSelector"]["matchNames"]
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert endpoint["port"] in {p["name"] for p in container["ports"]}
+    # the job is the pods' label: the enforcing agents' alerts (job ip-masq-agent) never select an observer
+    assert labels[spec["jobLabel"]] == (JOB if path == DEPLOY else OBSERVER_JOB)

@@ -2,7 +2,8 @@
 
 Narrator (pure) turns the loop's reports into occurrences and the node's status value, once per change: a config
 rejected (the log's one line: file, line, value), no ConfigMap (the defaults in force), drift repaired, foreign
-masquerade rules found, waiting for the node lock, a backend failure, each on the node's Node. A config applied is
+masquerade rules found, another writer rewriting our rules (ForeignWriter, once per episode), waiting for the node
+lock, a backend failure, each on the node's Node. A config applied is
 said by the status object alone (its policy hash, digest and the ConfigMap's resourceVersion): a change costs each
 node one status write, and a rejection one Event more. What the ConfigMap itself shows (`kubectl describe configmap`)
 is a fleet summary written by one elected agent (ipmasq.agent.summary): a bad edit on 1,000 nodes is one Event there
@@ -168,6 +169,11 @@ class Narrator:
             said.append(Occurrence(self.node_ref, "Warning", "ForeignMasqueradeRules",
                                    f"{foreign} NAT rules not written by this agent masquerade or SNAT on this node "
                                    "(they may decide before ours do)"))
+        writer = report.foreign_writer
+        if writer is None:
+            self._said.pop("foreign-writer", None)  # the episode is over: the next one is news
+        elif self._once("foreign-writer", f"{writer.chain} {writer.family.value}"):  # once per episode
+            said.append(Occurrence(self.node_ref, "Warning", "ForeignWriter", f"node {node}: {writer.describe()}"))
         if report.result is SyncResult.FAILED and report.backend_error is not None:
             if self._once("backend", report.backend_error):
                 said.append(Occurrence(self.node_ref, "Warning", "ApplyFailed",

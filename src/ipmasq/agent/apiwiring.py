@@ -12,10 +12,12 @@ from ipmasq import __version__
 from ipmasq.agent.apiconfig import ApiConfig
 from ipmasq.agent.apireport import ApiReporter, FleetSize, Narrator
 from ipmasq.agent.summary import LEASE_SECONDS, SummaryWriter
+from ipmasq.agent.writerinputs import WriterInputs
 from ipmasq.kube.agentstatus import StatusWriter
 from ipmasq.kube.client import ApiClient
 from ipmasq.kube.events import EventRecorder
 from ipmasq.kube.lease import LeaseElector
+from ipmasq.writers import Writer
 
 __all__ = ["COMPONENT", "start_api"]
 
@@ -24,11 +26,14 @@ COMPONENT = "ip-masq-agent"  # the source of the agent's Events
 
 def start_api(client: ApiClient, node: str, *, pod: str | None, namespace: str, names: Sequence[str], key: str,
               summary_lease: str, log: logging.Logger, poke: Callable[[], None], stop: threading.Event,
-              mode: str = "enforce", writer: str | None = None, chain: str = "") -> tuple[ApiConfig, ApiReporter]:
+              mode: str = "enforce", writer: str | None = None, chain: str = "",
+              inputs: Writer | None = None) -> tuple[ApiConfig | WriterInputs, ApiReporter]:
     """Start following the ConfigMaps (`poke` wakes the loop on a new content), the reporter (a LoopObserver: the
     loop hands it its reports) and, unless `summary_lease` is empty, the summary writer's candidacy (woken by each
-    new content). `mode` "observe": the status says so, with the `writer` and `chain` observed."""
-    api_config = ApiConfig(client, namespace, names, key, log=log, poke=poke, stop=stop)
+    new content). `mode` "observe": the status says so, with the `writer` and `chain` observed; `inputs`: that
+    writer's own inputs are followed instead of `names` (ipmasq.agent.writerinputs)."""
+    api_config = (ApiConfig(client, namespace, names, key, log=log, poke=poke, stop=stop) if inputs is None
+                  else WriterInputs(client, inputs, log=log, poke=poke, stop=stop))
     events = EventRecorder(client, component=COMPONENT, host=node)
     narrator = Narrator(node, pod=pod, version=__version__, backend="", mode=mode, writer=writer, chain=chain)
     fleet = FleetSize()

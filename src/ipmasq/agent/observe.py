@@ -15,6 +15,10 @@ What it never does: write netfilter (its backend refuses every write, so a bug c
 conntrack, or take the node lock (the writer owns the node). Drift is what it reports, never a reason to be not
 ready: it is not ready only while it cannot read the rules at all, or before a first good config.
 
+A provider's agent that reads more than the ip-masq-agent ConfigMap (AKS's fragments, EKS's aws-node env) is observed
+with its inputs (ipmasq.agent.writerinputs: `load` reads them as that writer does, `compare` is `check --writer`'s
+comparison, `pending` says what is not listed yet).
+
 Cost: a pass is due every `poll` seconds (OBSERVE_POLL_SECONDS), so that a change of the rules shows within it; an
 idle pass reads nothing while the kernel's fingerprint (ipmasq.backends.generation: the nf_tables generation over
 netlink, the iptables-legacy nat tables' digest) is the one of its last read, and a read whose rules equal the last
@@ -91,15 +95,26 @@ class _NeverWrites:
 
 
 ReadRules = Callable[[Policy], NodeRules]
+# the findings of the node's rules against the policy; the input is the last good config input (a writer's inputs
+# may hold what the policy does not: EKS's env)
+Compare = Callable[[Policy, NodeRules, ConfigInput | None], Sequence[Finding]]
+
+
+def compare_rules(policy: Policy, rules: NodeRules, config_input: ConfigInput | None) -> Sequence[Finding]:
+    """check's comparison under the policy's own options (the agent's flags)."""
+    return check_node(policy, rules).findings
 
 
 class Observer:
     def __init__(self, options: PolicyOptions, runner: Runner, *, log: logging.Logger, writer: str,
                  backend: str = "auto", fingerprint: Fingerprint | None = None, poll: float = OBSERVE_POLL_SECONDS,
                  load: Callable[[ConfigInput, PolicyOptions], MasqConfig] = config_from_bytes,
-                 read_rules: ReadRules | None = None) -> None:
+                 read_rules: ReadRules | None = None, compare: Compare = compare_rules,
+                 pending: Callable[[], str | None] | None = None) -> None:
         """`writer`: the program observed (a name said in status); `backend`: which rules it writes (iptables,
-        nftables, or auto: whichever holds its chain); `read_rules` replaces the live read (tests)."""
+        nftables, or auto: whichever holds its chain); `read_rules` replaces the live read (tests); `compare` and
+        `load`: the writer's own comparison and reading of its inputs; `pending`: why those inputs are not known yet
+        (None: they are), while which nothing is loaded or compared."""
         self.writer, self.chain, self.log, self.poll = writer, options.masq_chain, log, poll
         self.backend = _NeverWrites(f"observe ({writer})")
         self._config = Reconciler(self.backend, options, log=log, load=load)
@@ -117,8 +132,12 @@ class Observer:
                                    variant=self._variant)
 
         self._read_rules: ReadRules = read_rules or read_live
+        self._compare_rules = compare
+        self.pending = pending  # set once the API's followers exist (they start after the Observer)
+        self._waiting: str | None = None  # what pending() last said
+        self._input: ConfigInput | None = None  # the last good config input
         self._seen: ConfigReport | None = None  # the last config read's report
-        self._compared: tuple[Policy, NodeRules] | None = None  # the last comparison's inputs
+        self._compared: tuple[Policy, ConfigInput | None, NodeRules] | None = None  # the last comparison's inputs
         self._quiet: tuple[Policy, Hashable] | None = None  # the policy and fingerprint of the last full read
         self._mismatch: str | None = None
         self._error: str | None = None  # the rules could not be read
@@ -130,14 +149,26 @@ class Observer:
         if self._error is not None:
             return ProbeVerdict(False, f"not ready: cannot read the node's rules: {self._error}")
         if self._config.policy is None:
-            return ProbeVerdict(False, "not ready: no config loaded yet")
+            # what stands in the way, in one line: the writer's inputs not listed yet, or not readable (a provider's
+            # DaemonSet that is not there is said here, not guessed at)
+            error = self._config.config_error
+            return ProbeVerdict(False, self._waiting or (f"not ready: {error}" if error is not None
+                                                         else "not ready: no config loaded yet"))
         if not self._passes:
             return ProbeVerdict(False, "not ready: the node's rules not looked at yet")
-        return ProbeVerdict(True, f"ready: observing the rules {self.writer} writes in {self.chain} (this agent writes "
-                             "nothing)")
+        return ProbeVerdict(True, f"ready: observing the rules {self.writer} writes in {self.chain} (this agent "
+                                  "writes nothing)")
 
     def observe(self, config_input: ConfigInput | ConfigError) -> ConfigReport:
+        self._waiting = self.pending() if self.pending is not None and self._config.policy is None else None
+        if self._waiting is not None:
+            report = ConfigReport(changed=False, config_error=None, policy_hash=None, resync_interval=self.poll,
+                                  readiness=self.readiness())
+            self._seen = report
+            return report
         report = self._config.observe(config_input)
+        if report.config_error is None and isinstance(config_input, ConfigInput):
+            self._input = config_input
         self._seen = report = replace(report, readiness=self.readiness(), resync_interval=self.poll)
         return report
 
@@ -160,7 +191,8 @@ class Observer:
             if self._error is not None:
                 self.log.info("observe: the node's rules can be read again")
             self._error = None
-            if self._compared is None or self._compared[0] is not policy or self._compared[1] != rules:
+            if (self._compared is None or self._compared[0] is not policy or self._compared[1] != self._input
+                    or self._compared[2] != rules):
                 self._compare(policy, rules)
             self._quiet = (policy, fingerprint) if fingerprint is not None else None
         self._passes += 1
@@ -168,7 +200,7 @@ class Observer:
 
     def _compare(self, policy: Policy, rules: NodeRules) -> None:
         self.comparisons += 1
-        mismatch = mismatch_line(check_node(policy, rules).findings)
+        mismatch = mismatch_line(self._compare_rules(policy, rules, self._input))
         if mismatch != self._mismatch:
             if mismatch is None:
                 self.log.info("observe: the rules %s writes in %s enforce the config (policy %s)", self.writer,
@@ -176,7 +208,7 @@ class Observer:
             else:
                 self.log.warning("observe: the rules %s writes in %s do not enforce the config: %s", self.writer,
                                  self.chain, mismatch)
-        self._compared, self._mismatch = (policy, rules), mismatch
+        self._compared, self._mismatch = (policy, self._input, rules), mismatch
 
     def _report(self, result: SyncResult) -> PassReport:
         seen = self._seen

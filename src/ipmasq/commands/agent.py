@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ipmasq import __version__
@@ -34,11 +35,12 @@ from ipmasq.conntrack import conntrack_flusher
 from ipmasq.errors import ApiError, IpmasqError, UsageError
 from ipmasq.kube import credentials as kube_credentials
 from ipmasq.kube import kubeconfig
-from ipmasq.options import PolicyOptions
+from ipmasq.options import DEFAULT_CHAIN, PolicyOptions
 from ipmasq.version import VersionAction
 
 if TYPE_CHECKING:  # the API features' modules load only when the API is used (see _api)
     from ipmasq.agent.apireport import ApiReporter
+    from ipmasq.writers import Writer
 
 __all__ = ["DEFAULT_CONFIG", "register"]
 
@@ -62,9 +64,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--observe", metavar="WRITER", type=_writer_name,
                         help="observe mode: another program (WRITER, e.g. gke or reference: named in the status) "
                              "writes the node's nat rules with the policy flags given here (e.g. --masq-chain "
-                             "IP-MASQ --nomasq-all-reserved-ranges for GKE's agent); never write netfilter, "
-                             "conntrack or the node lock, and report whether its rules enforce the config (status, "
-                             "Events, metrics, `ipmasq status`); ready while observing, whatever the rules say")
+                             "IP-MASQ --nomasq-all-reserved-ranges for GKE's agent); aks and eks: that provider's "
+                             "agent, its chain and flags, compared with its own inputs read through the API server "
+                             "(AKS's two ConfigMaps merged as AKS merges them; the aws-node DaemonSet's env); never "
+                             "write netfilter, conntrack or the node lock, and report whether its rules enforce the "
+                             "config (status, Events, metrics, `ipmasq status`); ready while observing, whatever the "
+                             "rules say")
     parser.add_argument("--poll", action="store_true", help="poll the config instead of using inotify")
     parser.add_argument("--observe-interval", type=_seconds, default=None, metavar="SECONDS",
                         help="observe mode: how often the rules are looked at (default 2; a look reads nothing "
@@ -183,14 +188,32 @@ def run(args: argparse.Namespace) -> int:
 def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSettings, runner: Runner,
              log: logging.Logger, wakeup: Wakeup) -> int:
     """Observe mode (ipmasq.agent.observe): the loop drives an Observer; no node lock, no backend that writes, no
-    conntrack; the same endpoints, API features and reports as the enforcing agent."""
+    conntrack; the same endpoints, API features and reports as the enforcing agent. aks and eks: that provider's
+    profile and inputs (ipmasq.agent.writerinputs), which only the API server holds."""
     from ipmasq.agent.observe import OBSERVE_POLL_SECONDS, Observer
+    from ipmasq.writers import REFERENCE_CONFIGMAP, WRITERS
 
     if args.flush_conntrack:
         raise UsageError("--observe never writes: --flush-conntrack cannot go with it")
-    observer_pass = Observer(options, runner, log=log, writer=args.observe, backend=args.backend,
+    # a provider's agent whose inputs are more than the ip-masq-agent ConfigMap (which the agent follows as when it
+    # enforces, with the flags given) and whose truth is a chain (Cilium's is a BPF map): AKS's, EKS's
+    profile = WRITERS.get(args.observe)
+    if profile is None or profile.chain is None or (profile.daemonset is None
+                                                    and profile.configmaps == (REFERENCE_CONFIGMAP,)):
+        profile = None
+    extra: dict[str, Any] = {}
+    if profile is not None:
+        from ipmasq.agent.writerinputs import compare_for, load_for  # the API's modules: only with the API
+
+        options = _profile_options(args, profile.name, profile.options)
+        extra = {"load": load_for(profile), "compare": compare_for(profile)}
+    backend = args.backend if profile is None or args.backend != "auto" else profile.backend_hint
+    observer_pass = Observer(options, runner, log=log, writer=args.observe, backend=backend,
                              fingerprint=KernelFingerprint(xtables_lock=xtables_lock_path()),
-                             poll=args.observe_interval or OBSERVE_POLL_SECONDS)
+                             poll=args.observe_interval or OBSERVE_POLL_SECONDS, **extra)
+    if profile is not None and (args.once or args.api == "off"):
+        raise UsageError(f"--observe {profile.name} compares with that provider's inputs, which only the API server "
+                         f"holds: {'--once' if args.once else '--api off'} cannot go with it")
     if args.once:
         observer_pass.observe(read_config(settings.config_path))
         return 0 if observer_pass.reconcile().result.verified else 1
@@ -202,7 +225,15 @@ def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSet
     signal.signal(signal.SIGINT, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGHUP, lambda *_: wakeup.request_resync())
     try:
-        api_config, reporter = _api(args, log, wakeup, mode="observe", writer=args.observe, chain=options.masq_chain)
+        api_config, reporter = _api(args, log, wakeup, mode="observe", writer=args.observe, chain=options.masq_chain,
+                                    inputs=profile)
+        if profile is not None:
+            from ipmasq.agent.writerinputs import WriterInputs
+
+            if not isinstance(api_config, WriterInputs):
+                raise UsageError(f"--observe {profile.name} compares with that provider's inputs, which only the API "
+                                 "server holds, and it is not used (above): not observed")
+            observer_pass.pending = api_config.pending
         observer: LoopObserver = status if reporter is None else Observers(status, reporter)
         if reporter is not None:
             reporter.narrator.set_backend(observer_pass.backend.name)
@@ -213,6 +244,19 @@ def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSet
         if server is not None:
             server.stop()
     return 0
+
+
+def _profile_options(args: argparse.Namespace, writer: str, options: PolicyOptions) -> PolicyOptions:
+    """A provider's profile runs with that agent's own flags: any policy or ConfigMap flag given is refused."""
+    given = [flag for flag, value, default in (
+        ("--masq-chain", args.masq_chain, DEFAULT_CHAIN), ("--nomasq-all-reserved-ranges",
+                                                           args.nomasq_all_reserved_ranges, False),
+        ("--random-fully", args.random_fully, True), ("--to-ports", args.to_ports, ""),
+        ("--configmaps", args.configmaps, DEFAULT_CONFIGMAP), ("--configmap-key", args.configmap_key,
+                                                               DEFAULT_CONFIGMAP_KEY)) if value != default]
+    if given:
+        raise UsageError(f"--observe {writer} runs with that agent's own flags and inputs: drop {', '.join(given)}")
+    return replace(options, node_name=args.node_name)
 
 
 def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptions, settings: LoopSettings,
@@ -228,7 +272,8 @@ def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptio
 
 
 def _api(args: argparse.Namespace, log: logging.Logger, wakeup: Wakeup, *, mode: str = "enforce",
-         writer: str | None = None, chain: str = "") -> tuple[ConfigChooser | None, ApiReporter | None]:
+         writer: str | None = None, chain: str = "",
+         inputs: Writer | None = None) -> tuple[ConfigChooser | None, ApiReporter | None]:
     """The API server's part, when there is one: the ConfigMaps followed, and the reporter of Events and status.
 
     Started before the node lock is taken (a waiting agent says so in an Event), but nothing here ever decides
@@ -264,7 +309,12 @@ def _api(args: argparse.Namespace, log: logging.Logger, wakeup: Wakeup, *, mode:
     api_config, reporter = start_api(client, args.node_name, pod=args.pod_name, namespace=namespace, names=names,
                                      key=args.configmap_key, summary_lease=args.summary_lease, log=log,
                                      poke=wakeup.request_look, stop=wakeup.stop, mode=mode, writer=writer,
-                                     chain=chain)
+                                     chain=chain, inputs=inputs)
+    if inputs is not None:
+        log.info("API server %s: following %s's inputs in kube-system (%s); Events and status for node %s",
+                 credentials.server, inputs.name, ", ".join(inputs.configmaps) or f"daemonset/{inputs.daemonset}",
+                 args.node_name)
+        return api_config, reporter
     log.info("API server %s: following ConfigMap%s %s in %s (key %s); Events and status for node %s",
              credentials.server, "s" if len(names) > 1 else "", ", ".join(names), namespace, args.configmap_key,
              args.node_name)

@@ -16,8 +16,9 @@ from typing import Any
 
 from ipmasq.errors import ApiError, NotFound, UsageError, one_line
 from ipmasq.kube import objects, paths
+from ipmasq.kube.agentstatus import status_from_json
 from ipmasq.kube.configmaps import configmap_state
-from ipmasq.kube.fleet import FleetView, fleet_view
+from ipmasq.kube.fleet import FleetView, WriterContent, fleet_view
 from ipmasq.kube.kubeconfig import load as load_kubeconfig
 
 __all__ = ["register", "run"]
@@ -100,7 +101,29 @@ def _gather(client: Any, args: argparse.Namespace) -> FleetView:
     nodes = list_items(client, paths.nodes(), objects.node, page=NODE_PAGE).items
     names = [meta["name"] for meta in (n.get("metadata") for n in nodes)
              if isinstance(meta, dict) and isinstance(meta.get("name"), str)]
-    return fleet_view(configmaps, written, pods, names, only=only)
+    return fleet_view(configmaps, written, pods, names, only=only, writers=_writer_contents(client, written))
+
+
+def _writer_contents(client: Any, statuses: list[Any]) -> list[WriterContent]:
+    """The own inputs of each provider observed in the fleet (AKS's ConfigMaps, aws-node's env), read now, as its
+    observers read them; a provider that reads the ip-masq-agent ConfigMap needs none."""
+    from ipmasq.agent.writerinputs import NAMESPACE, current_input, own_inputs
+    from ipmasq.config.source import ConfigInput, config_digest
+    from ipmasq.writers import WRITERS
+
+    observed = {s.writer for s in map(status_from_json, statuses) if s.mode == "observe" and s.writer}
+    contents = []
+    for writer in (WRITERS[name] for name in sorted(n for n in observed if n in WRITERS)):
+        if not own_inputs(writer):
+            continue
+        sources = tuple([f"configmap/{name}" for name in sorted(writer.configmaps)]
+                        + ([f"daemonset/{writer.daemonset}"] if writer.daemonset else []))
+        read = current_input(client, writer, NAMESPACE)
+        if isinstance(read, ConfigInput):
+            contents.append(WriterContent(writer.name, sources, config_digest(tuple(d for _, d in read.files))))
+        else:
+            contents.append(WriterContent(writer.name, sources, None, one_line(read.message)))
+    return contents
 
 
 def render_table(view: FleetView) -> str:
@@ -108,6 +131,9 @@ def render_table(view: FleetView) -> str:
                                                    if c.exists else " (absent: the defaults)")
                       for c in view.configmaps)
     lines = [f"ConfigMap {shown}: content {view.digest[:12]}"]
+    for own in view.writers:  # observers of a provider that reads inputs of its own compare with those
+        lines.append(f"{one_line(own.writer)}'s inputs ({', '.join(own.sources)}) in kube-system: "
+                     + (f"content {own.digest[:12]}" if own.digest else f"not readable: {one_line(own.error or '')}"))
     header = ("NODE", "AGENT POD", "READY", "ENFORCED", "CURRENT", "MODE", "SOURCE", "DRIFT",
               "WHY NOT / LAST REJECTION")
     table: list[tuple[str, ...]] = [header]

@@ -1,6 +1,7 @@
-"""Follow named ConfigMaps through the API: list, then watch from the list's resourceVersion; list again on 410.
+"""Follow named objects through the API (ConfigMaps; in observe mode also the DaemonSet a provider's agent reads its
+settings from): list, then watch from the list's resourceVersion; list again on 410.
 
-One follower per ConfigMap, each with a `metadata.name` field selector: RBAC can then grant list and watch on exactly
+One follower per object, each with a `metadata.name` field selector: RBAC can then grant list and watch on exactly
 those names (resourceNames), and nothing else in the namespace is ever sent to the agent. A watch the server ends
 (its timeoutSeconds) is started again from the last resourceVersion seen, bookmarks included; a 410 Gone (that
 version fell out of the server's window) lists again; anything else (the server restarting, a broken stream, a
@@ -21,14 +22,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ipmasq.backoff import Backoff
 from ipmasq.errors import ApiError, Gone
 from ipmasq.kube import paths
 from ipmasq.kube.client import ApiClient
 
-__all__ = ["ConfigMapFollower", "ConfigMapState", "configmap_state"]
+__all__ = ["ConfigMapFollower", "ConfigMapState", "ObjectFollower", "configmap_state"]
 
 BACKOFF_INITIAL = 0.8  # the first wait after trouble is drawn from [0, this); it doubles up to BACKOFF_MAX
 BACKOFF_MAX = 30.0
@@ -48,18 +49,23 @@ class ConfigMapState:
     uid: str | None = None
     resource_version: str | None = None
     bad_value: str | None = None  # the key is there but cannot be read (binaryData that is not base64)
+    # followed whole (key None): every key with its bytes, in key order, as kubelet projects them as files
+    keys: tuple[tuple[str, bytes], ...] = ()
 
 
-def configmap_state(namespace: str, name: str, key: str, obj: dict[str, Any] | None) -> ConfigMapState:
-    """The key's bytes as kubelet would write them into the volume (data as UTF-8, binaryData decoded)."""
+def configmap_state(namespace: str, name: str, key: str | None, obj: dict[str, Any] | None) -> ConfigMapState:
+    """The key's bytes as kubelet would write them into the volume (data as UTF-8, binaryData decoded); `key` None:
+    every key's (a provider's agent that reads every file of the mounted directory)."""
     if obj is None:
         return ConfigMapState(namespace, name, exists=False)
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
     assert isinstance(meta, dict)
     uid, version = meta.get("uid"), meta.get("resourceVersion")
-    common = {"uid": uid if isinstance(uid, str) else None,
-              "resource_version": version if isinstance(version, str) else None}
+    common: dict[str, Any] = {"uid": uid if isinstance(uid, str) else None,
+                              "resource_version": version if isinstance(version, str) else None}
     data, binary = obj.get("data"), obj.get("binaryData")
+    if key is None:
+        return _whole(namespace, name, data, binary, common)
     if isinstance(data, dict) and isinstance(data.get(key), str):
         return ConfigMapState(namespace, name, True, data[key].encode("utf-8", "surrogatepass"), **common)
     if isinstance(binary, dict) and isinstance(binary.get(key), str):
@@ -70,19 +76,42 @@ def configmap_state(namespace: str, name: str, key: str, obj: dict[str, Any] | N
     return ConfigMapState(namespace, name, True, None, **common)
 
 
-class ConfigMapFollower:
-    """Keeps one ConfigMap's state current through list+watch, in a thread of its own."""
+def _whole(namespace: str, name: str, data: object, binary: object, common: dict[str, Any]) -> ConfigMapState:
+    keys: dict[str, bytes] = {}
+    if isinstance(binary, dict):
+        for k, v in binary.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                continue
+            try:
+                keys[k] = base64.b64decode(v, validate=True)
+            except (binascii.Error, ValueError):
+                return ConfigMapState(namespace, name, True, None, bad_value=f"binaryData {k[:63]!r} that is not "
+                                      "base64", **common)
+    if isinstance(data, dict):
+        keys.update((k, v.encode("utf-8", "surrogatepass")) for k, v in data.items()
+                    if isinstance(k, str) and isinstance(v, str))
+    return ConfigMapState(namespace, name, True, None, keys=tuple(sorted(keys.items())), **common)
 
-    def __init__(self, client: ApiClient, namespace: str, name: str, key: str, *,
-                 on_change: Callable[[ConfigMapState], None], on_trouble: Callable[[str | None], None],
-                 stop: threading.Event, watch_seconds: int = WATCH_SECONDS) -> None:
+
+S = TypeVar("S")
+
+
+class ObjectFollower(Generic[S]):
+    """Keeps one named object's state (what `decode` makes of it; None: it does not exist) current through
+    list+watch, in a thread of its own."""
+
+    def __init__(self, client: ApiClient, kind: str, path: str, namespace: str, name: str, *,
+                 decode: Callable[[dict[str, Any] | None], S], on_change: Callable[[S], None],
+                 on_trouble: Callable[[str | None], None], stop: threading.Event,
+                 watch_seconds: int = WATCH_SECONDS) -> None:
         self.client = client
-        self.namespace, self.name, self.key = namespace, name, key
+        self.kind = kind  # as messages name it
+        self._path, self.namespace, self.name, self.decode = path, namespace, name, decode
         self.on_change = on_change
         self.on_trouble = on_trouble  # one line when the API cannot be followed; None once it can again
         self.stop = stop
         self.watch_seconds = watch_seconds
-        self.state: ConfigMapState | None = None  # None: never listed
+        self.state: S | None = None  # None: never listed
         # where the next watch starts: the last resourceVersion seen (None: list first). Kept across trouble, so a
         # follower resumes its watch after an outage; only a 410 Gone makes it list again.
         self.resource_version: str | None = None
@@ -94,10 +123,10 @@ class ConfigMapFollower:
 
     @property
     def path(self) -> str:
-        return paths.configmaps(self.namespace)
+        return self._path
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name=f"configmap-{self.name}", daemon=True)
+        self._thread = threading.Thread(target=self.run, name=f"{self.kind.lower()}-{self.name}", daemon=True)
         self._thread.start()
 
     def run(self) -> None:
@@ -134,7 +163,7 @@ class ConfigMapFollower:
         listing = self.client.get(self.path, query=query)
         self._not_older_than = None
         items = [item for item in listing.get("items") or [] if isinstance(item, dict)]
-        self._publish(configmap_state(self.namespace, self.name, self.key, items[0] if items else None))
+        self._publish(self.decode(items[0] if items else None))
         metadata = listing.get("metadata")
         version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
         if not isinstance(version, str):
@@ -154,9 +183,9 @@ class ConfigMapFollower:
             if isinstance(seen, str):
                 self.resource_version = seen
             if event.type in ("ADDED", "MODIFIED"):
-                self._publish(configmap_state(self.namespace, self.name, self.key, event.object))
+                self._publish(self.decode(event.object))
             elif event.type == "DELETED":
-                self._publish(configmap_state(self.namespace, self.name, self.key, None))
+                self._publish(self.decode(None))
             delivered = True
             self._healthy()
             if self.stop.is_set():
@@ -165,14 +194,26 @@ class ConfigMapFollower:
 
     def _trouble(self, why: str) -> None:
         self._troubled = True
-        self.on_trouble(f"cannot follow ConfigMap {self.namespace}/{self.name}: {why}")
+        self.on_trouble(f"cannot follow {self.kind} {self.namespace}/{self.name}: {why}")
 
     def _healthy(self) -> None:
         if self._troubled:
             self._troubled = False
             self.on_trouble(None)
 
-    def _publish(self, state: ConfigMapState) -> None:
+    def _publish(self, state: S) -> None:
         if state != self.state:
             self.state = state
             self.on_change(state)
+
+
+class ConfigMapFollower(ObjectFollower[ConfigMapState]):
+    """One ConfigMap's key (`key` None: all of its keys) followed."""
+
+    def __init__(self, client: ApiClient, namespace: str, name: str, key: str | None, *,
+                 on_change: Callable[[ConfigMapState], None], on_trouble: Callable[[str | None], None],
+                 stop: threading.Event, watch_seconds: int = WATCH_SECONDS) -> None:
+        self.key = key
+        super().__init__(client, "ConfigMap", paths.configmaps(namespace), namespace, name,
+                         decode=lambda obj: configmap_state(namespace, name, key, obj), on_change=on_change,
+                         on_trouble=on_trouble, stop=stop, watch_seconds=watch_seconds)

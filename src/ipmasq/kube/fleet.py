@@ -4,7 +4,9 @@ Pure: the API's objects in (the ConfigMaps, the nodes' IPMasqAgentStatus objects
 one row per node out. A node is current when its agent's pod is ready, and the content its rules were verified to
 enforce has the ConfigMap's own digest (config_digest: equal for the mounted file and the ConfigMap it came from):
 verified by its agent's own pass (mode enforce: the status also says ready), or observed in the rules another program
-writes (mode observe: nothing mismatched).
+writes (mode observe: nothing mismatched). An observer of a provider whose agent reads inputs of its own (AKS's two
+ConfigMaps, aws-node's env) is compared with those inputs' current content instead (WriterContent: read by the
+caller as the observer reads them), never with the ip-masq-agent ConfigMap, which that provider does not read.
 
 Rows are the cluster's Nodes, and a node's status is the object named after it (never what an object's body claims
 of itself): an object for a node that does not exist is counted aside, never a row, so that no object anyone can
@@ -21,7 +23,21 @@ from ipmasq.config.source import config_digest
 from ipmasq.kube.agentstatus import NodeStatus, status_from_json
 from ipmasq.kube.configmaps import ConfigMapState
 
-__all__ = ["FleetView", "NodeRow", "fleet_view"]
+__all__ = ["FleetView", "NodeRow", "WriterContent", "fleet_view"]
+
+
+@dataclass(frozen=True, slots=True)
+class WriterContent:
+    """A provider's own inputs (observe mode for aks, eks) as the API holds them now."""
+
+    writer: str
+    sources: tuple[str, ...]  # what they are: configmap/NAME, daemonset/NAME
+    digest: str | None  # config_digest of their content as the observer reads it (None: not readable)
+    error: str | None = None  # why not readable (one line)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"writer": self.writer, "sources": list(self.sources), "config_digest": self.digest,
+                "error": self.error}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +71,7 @@ class FleetView:
     digest: str  # config_digest of the ConfigMaps' current content (no ConfigMap: the defaults' empty content)
     rows: tuple[NodeRow, ...]
     ignored: int = 0  # status objects named after no node of the cluster (not rows)
+    writers: tuple[WriterContent, ...] = ()  # the providers' own inputs the observers among the rows compare with
 
     @property
     def all_current(self) -> bool:
@@ -66,6 +83,7 @@ class FleetView:
                             "resource_version": c.resource_version} for c in self.configmaps],
             "config_digest": self.digest, "all_current": self.all_current,
             "nodes": [row.as_json() for row in self.rows], "ignored_status_objects": self.ignored,
+            "writer_inputs": [w.as_json() for w in self.writers],
         }
 
 
@@ -85,13 +103,22 @@ def _agent_pod(pods: Sequence[Mapping[str, object]], named: str | None) -> Mappi
     return pods[0] if pods else None
 
 
-def _why(status: NodeStatus | None, pod: Mapping[str, object] | None, pod_ready: bool, digest: str) -> str:
+def _why(status: NodeStatus | None, pod: Mapping[str, object] | None, pod_ready: bool, digest: str,
+         writers: Mapping[str, WriterContent]) -> str:
     if pod is None:
         return "no agent pod on this node"
     if status is None:
         return "its agent wrote no status (API off, or no rights to write it)"
     observing = status.mode == "observe"
-    if status.config_digest != digest:
+    own = writers.get(status.writer or "") if observing else None
+    if own is not None:
+        if own.digest is None:
+            return f"{own.writer}'s inputs cannot be read: {own.error or 'unknown'}"
+        if status.config_digest != own.digest:
+            if status.last_rejection:
+                return f"rejects {own.writer}'s current inputs: {status.last_rejection}"
+            return f"observed against other inputs than {own.writer}'s current ones ({', '.join(own.sources)})"
+    elif status.config_digest != digest:
         if status.last_rejection and not (status.ready and not observing):
             return f"rejects the current config: {status.last_rejection}"
         return "enforces another config than the ConfigMap's current one"
@@ -106,7 +133,8 @@ def _why(status: NodeStatus | None, pod: Mapping[str, object] | None, pod_ready:
 
 
 def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[Mapping[str, Any]],
-               pods: Sequence[Mapping[str, object]], nodes: Sequence[str], *, only: Sequence[str] = ()) -> FleetView:
+               pods: Sequence[Mapping[str, object]], nodes: Sequence[str], *, only: Sequence[str] = (),
+               writers: Sequence[WriterContent] = ()) -> FleetView:
     digest = config_digest(tuple(c.content for c in sorted(configmaps, key=lambda c: c.name)
                                  if c.exists and c.content is not None))
     by_node = {s.node: s for s in (status_from_json(obj) for obj in statuses) if s.node}
@@ -127,6 +155,7 @@ def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[Mapping[
         metadata = pod.get("metadata") if pod else None
         pod_name = metadata.get("name") if isinstance(metadata, dict) else None
         pod_ready = _pod_ready(pod) if pod else False
-        why = _why(status, pod, pod_ready, digest)
+        why = _why(status, pod, pod_ready, digest, {w.writer: w for w in writers})
         rows.append(NodeRow(node, pod_name if isinstance(pod_name, str) else None, pod_ready, status, not why, why))
-    return FleetView(tuple(configmaps), digest, tuple(rows), ignored=len(set(by_node) - known))
+    return FleetView(tuple(configmaps), digest, tuple(rows), ignored=len(set(by_node) - known),
+                     writers=tuple(writers))

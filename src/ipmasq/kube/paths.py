@@ -10,8 +10,8 @@ import re
 
 from ipmasq.errors import UsageError, clip
 
-__all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "check_name", "configmaps", "events", "leases", "nodes", "pods",
-           "statuses"]
+__all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "check_name", "configmaps", "daemonsets", "events", "leases",
+           "nodes", "pods", "statuses"]
 
 GROUP = "ipmasq.dev"
 VERSION = "v1alpha1"
@@ -56,3 +56,7 @@ def pods(namespace: str) -> str:
 def statuses(name: str | None = None) -> str:
     """The cluster-scoped IPMasqAgentStatus objects (one per node, named after it)."""
     return _one(f"/apis/{GROUP}/{VERSION}/{PLURAL}", name)
+
+
+def daemonsets(namespace: str, name: str | None = None) -> str:
+    return _one(f"/apis/apps/v1/namespaces/{check_name(namespace)}/daemonsets", name)

@@ -204,3 +204,26 @@ def test_an_observed_mismatch_is_in_the_status_and_one_node_event_escaped() -> N
         .occurrences == ()  # once per change
     back = teller.reconciled(applied(result=SyncResult.IN_SYNC))
     assert back.status is not None and back.status.enforces and back.status.mode == "observe"
+
+
+def test_another_writer_rewriting_our_rules_is_one_event_per_episode_escaped() -> None:
+    from ipmasq.agent.reconcile import ForeignWriter
+
+    teller = narrator()
+    teller.reconciled(applied())
+    writer = ForeignWriter(chain="IP-MASQ-AGENT", family=Family.V4, rewrites=3,
+                           missing=("-A IP-MASQ-AGENT -d 10.0.0.0/8 -j RETURN",), missing_count=1,
+                           extra=('-A IP-MASQ-AGENT -m comment --comment "\x1b]0;pwned\x07" -j RETURN',),
+                           extra_count=4)
+    held = replace(applied(result=SyncResult.FOREIGN_WRITER), foreign_writer=writer,
+                   readiness=ProbeVerdict(False, f"not ready: {writer.describe()}"))
+    (said,) = teller.reconciled(held).occurrences
+    assert said.reason == "ForeignWriter" and said.type == "Warning" and said.target == teller.node_ref
+    assert "IP-MASQ-AGENT (IPv4)" in said.message and "10.0.0.0/8" in said.message and "3 more" in said.message
+    assert "\x1b" not in said.message and "\\x1b" in said.message  # what the other writer wrote, escaped
+    # the same episode, more rewrites: nothing more said (the status and the metrics count them)
+    again = replace(held, foreign_writer=replace(writer, rewrites=5))
+    assert [o.reason for o in teller.reconciled(again).occurrences] == []
+    # our rules intact again: the episode is over, and the next one is news
+    teller.reconciled(applied(result=SyncResult.IN_SYNC))
+    assert [o.reason for o in teller.reconciled(again).occurrences] == ["ForeignWriter"]

@@ -32,3 +32,14 @@ def test_the_agent_does_not_map_openssl_for_its_digests() -> None:
               "print(sorted(m for m in sys.modules if m in ('hashlib', '_hashlib', 'ssl', '_ssl')))\n")
     result = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_observing_aks_or_eks_refuses_what_that_agent_does_not_run_with_in_one_line() -> None:
+    """Their chain, flags and inputs are the provider's (ipmasq.writers); the inputs only the API server holds."""
+    for args, said in ((("--observe", "eks", "--masq-chain", "X"), "drop --masq-chain"),
+                       (("--observe", "aks", "--configmaps", "a"), "drop --configmaps"),
+                       (("--observe", "aks", "--once"), "--once cannot go with it"),
+                       (("--observe", "eks", "--api", "off"), "--api off cannot go with it")):
+        result = subprocess.run([PYTHON, "-m", "ipmasq", "agent", *args, "--metrics-address="], capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 2 and said in result.stderr and len(result.stderr.splitlines()) == 1, result

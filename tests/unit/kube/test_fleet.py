@@ -111,6 +111,41 @@ def test_an_observed_node_is_current_only_when_its_rules_enforce_the_config_and_
     assert "observe (gke, IP-MASQ)" in render_table(view)
 
 
+def test_observers_of_a_provider_with_inputs_of_its_own_are_compared_with_those_inputs_not_the_configmap() -> None:
+    """EKS's observers name the digest of aws-node's env: status reads that DaemonSet, as they do."""
+    import argparse
+
+    from ipmasq.commands import status as command
+    from ipmasq.kube import paths
+    from ipmasq.testing.kube import FakeKubeClient
+
+    client = FakeKubeClient()
+
+    def aws_node(exclusions: str) -> None:
+        client.put(paths.daemonsets("kube-system", "aws-node"), {
+            "metadata": {"name": "aws-node"}, "spec": {"template": {"spec": {"containers": [
+                {"name": "aws-node", "env": [{"name": "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS", "value": exclusions}]}]}}}})
+
+    env = b'{"AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS": "192.168.0.0/16"}'
+    for name in ("n1", "n2"):
+        client.put(paths.nodes(name), {"metadata": {"name": name}})
+        client.put(f"/api/v1/namespaces/kube-system/pods/observer-{name}", {**pod(name), "metadata": {"name": name}})
+        client.put(paths.statuses(name), {**status(name, env), "mode": "observe", "writer": "eks",
+                                          "chain": "AWS-SNAT-CHAIN-0"})
+    args = argparse.Namespace(namespace="kube-system", configmaps="ip-masq-agent", configmap_key="config")
+    aws_node("192.168.0.0/16")
+    view = command._gather(client, args)
+    assert view.all_current, [row.why for row in view.rows]  # no ip-masq-agent ConfigMap: not what EKS reads
+    assert "eks's inputs (daemonset/aws-node) in kube-system: content " in render_table(view)
+    aws_node("192.168.0.0/16,172.30.0.0/16")  # the observers have not read it yet
+    view = command._gather(client, args)
+    assert [row.why for row in view.rows] == ["observed against other inputs than eks's current ones "
+                                              "(daemonset/aws-node)"] * 2
+    del client.objects[paths.daemonsets("kube-system", "aws-node")]
+    view = command._gather(client, args)
+    assert not view.all_current and view.rows[0].why.startswith("eks's inputs cannot be read: no DaemonSet")
+
+
 def test_nothing_an_api_object_says_reaches_the_terminal_raw() -> None:
     """ESC, BEL, C1 controls and bidi overrides in a status object are printed escaped, never as they are."""
     hostile = "\x1b]0;owned\x07\x1b[2K\u202eevil\x9b31m\nforged-row"

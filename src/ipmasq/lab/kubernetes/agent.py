@@ -29,12 +29,14 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 
 __all__ = [
-    "AGENT_LABEL", "CONFIGMAP", "SHIPPED_BACKEND", "agent_pods", "apply_config", "deploy_agent", "deploy_observer",
+    "AGENT_LABEL", "CONFIGMAP", "OBSERVER", "SHIPPED_BACKEND", "agent_pods", "apply_config", "deploy_agent",
+    "deploy_observe_overlay", "deploy_observer",
     "image_name", "kernel", "lab_overlay", "node_options", "overlay_for", "remove_agent", "uninstall",
     "wait_agents_ready", "wait_synced", "wait_volume",
 ]
 
 AGENT_LABEL = "k8s-app=ip-masq-agent"
+OBSERVER = "ipmasq-observer"  # the observe overlays' DaemonSet, and its pods' k8s-app label
 SHIPPED_BACKEND = "iptables"  # what deploy/ passes (--backend=iptables); the lab runs nftables through an overlay
 CONFIGMAP = "ip-masq-agent"
 OVERLAYS = {(): "deploy", GKE_FLAGS: "deploy/overlays/gke"}
@@ -120,29 +122,38 @@ def deploy_observer(cluster: Cluster, writer: str, flags: tuple[str, ...], *, im
         wait_agents_ready(cluster)
 
 
-def wait_agents_ready(cluster: Cluster, timeout: float = 120.0) -> None:
-    result = cluster.kubectl("rollout", "status", "daemonset/ip-masq-agent", "-n", "kube-system",
+def deploy_observe_overlay(cluster: Cluster, shipped: str, *, image: str | None = None, wait: bool = True) -> None:
+    """`kubectl apply -k` of a shipped observe overlay (deploy/overlays/observe/eks, ...) as it is, the lab's image
+    in it: its DaemonSet, service account and rights are the ones users install (ipmasq-observer)."""
+    cluster.apply_shipped(lab_overlay(cluster, shipped, image or cluster.artifacts.image))
+    if wait:
+        wait_agents_ready(cluster, daemonset=OBSERVER)
+
+
+def wait_agents_ready(cluster: Cluster, timeout: float = 120.0, *, daemonset: str = "ip-masq-agent") -> None:
+    result = cluster.kubectl("rollout", "status", f"daemonset/{daemonset}", "-n", "kube-system",
                              f"--timeout={timeout:.0f}s", check=False, timeout=timeout + 10)
     if result.returncode != 0:
-        pods = cluster.kubectl("get", "pods", "-n", "kube-system", "-l", AGENT_LABEL, "-o", "wide", check=False)
+        pods = cluster.kubectl("get", "pods", "-n", "kube-system", "-l", f"k8s-app={daemonset}", "-o", "wide",
+                               check=False)
         raise ClusterError(f"the agent's DaemonSet did not roll out: {result.stderr.strip()[-300:]} "
                            f"{pods.stdout.strip()}")
 
 
-def remove_agent(cluster: Cluster) -> None:
+def remove_agent(cluster: Cluster, *, daemonset: str = "ip-masq-agent") -> None:
     """Delete the DaemonSet and wait until its pods are gone (each agent exits on SIGTERM, leaving its rules)."""
-    cluster.kubectl("delete", "daemonset", "ip-masq-agent", "-n", "kube-system", "--ignore-not-found",
+    cluster.kubectl("delete", "daemonset", daemonset, "-n", "kube-system", "--ignore-not-found",
                     "--cascade=foreground", "--wait", "--timeout=90s", timeout=120)
     deadline = time.monotonic() + 90
-    while agent_pods(cluster):
+    while agent_pods(cluster, label=f"k8s-app={daemonset}"):
         if time.monotonic() > deadline:
             raise ClusterError("the agent's pods are still there 90 s after the DaemonSet was deleted")
         time.sleep(0.5)
 
 
-def agent_pods(cluster: Cluster) -> dict[str, Any]:
+def agent_pods(cluster: Cluster, *, label: str = AGENT_LABEL) -> dict[str, Any]:
     """node name -> the agent's pod there (as the API shows it)."""
-    pods = cluster.kubectl_json("get", "pods", "-n", "kube-system", "-l", AGENT_LABEL)
+    pods = cluster.kubectl_json("get", "pods", "-n", "kube-system", "-l", label)
     return {p["spec"]["nodeName"]: p for p in pods["items"]}
 
 

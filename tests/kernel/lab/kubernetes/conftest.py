@@ -3,6 +3,7 @@ cluster brought up for a module and taken down after it, leaving nothing behind.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,9 +11,15 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ipmasq.kube import paths
+from ipmasq.kube.client import KubeClient
+from ipmasq.kube.kubeconfig import load as load_kubeconfig
+from ipmasq.lab.kubernetes.agent import AGENT_LABEL, agent_pods
 from ipmasq.lab.kubernetes.artifacts import ensure_artifacts, missing_packages
 from ipmasq.lab.kubernetes.cluster import NETNS_PREFIX, Cluster, cluster_is_up, state_dir, tear_down
 from ipmasq.lab.netns import Network
@@ -28,6 +35,44 @@ def wait_until(condition: Callable[[], object], timeout: float, what: str, inter
             raise AssertionError(f"not within {timeout:.0f} s: {what}")
         time.sleep(interval)
     return time.monotonic() - started
+
+
+def run_ipmasq(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """A command of this checkout's (ipmasq, kubectl-ipmasq) against the lab's cluster, as a user runs it."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return subprocess.run(list(args), capture_output=True, text=True, env=env, timeout=120)
+
+
+def ipmasq_status(cluster: Cluster, *nodes: str) -> tuple[int, dict[str, Any]]:
+    """`ipmasq status -o json [NODE...]`: its exit status and document."""
+    result = run_ipmasq(cluster, "ipmasq", "status", "-o", "json", *nodes)
+    return result.returncode, json.loads(result.stdout) if result.stdout else {}
+
+
+class Statuses:
+    """The nodes' IPMasqAgentStatus objects, read through the API as `ipmasq status` reads them."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.client = KubeClient(load_kubeconfig(str(cluster.kubeconfig)))
+        self.nodes = [n.name for n in cluster.nodes]
+
+    def enforcing(self, digest: str) -> dict[str, bool | None]:
+        """node -> whether its status says its rules enforce the content of `digest` (None: not about it yet)."""
+        shown: dict[str, bool | None] = {}
+        for node in self.nodes:
+            status = self.client.get(paths.statuses(node))
+            about = status.get("configDigest") == digest
+            shown[node] = (status.get("mismatch") is None) if about else None
+        return shown
+
+
+def pods_ready(cluster: Cluster, label: str = AGENT_LABEL) -> bool:
+    """One pod of the DaemonSet on every node, each Ready."""
+    pods = agent_pods(cluster, label=label).values()
+    return len(pods) == len(cluster.nodes) and all(
+        any(c.get("type") == "Ready" and c.get("status") == "True" for c in p["status"].get("conditions", []))
+        for p in pods)
 
 
 def progress(line: str) -> None:

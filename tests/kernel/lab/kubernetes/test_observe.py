@@ -11,23 +11,26 @@ node's status object says it, polled through the API) is printed, never asserted
 from __future__ import annotations
 
 import functools
-import json
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ipmasq.kube import paths
-from ipmasq.kube.client import KubeClient
-from ipmasq.kube.kubeconfig import load as load_kubeconfig
 from ipmasq.lab.kubernetes import agent, standin
 from ipmasq.lab.kubernetes.cluster import Cluster
-from tests.kernel.lab.kubernetes.conftest import module_cluster, progress, wait_until
+from tests.kernel.lab.kubernetes.conftest import (
+    Statuses,
+    ipmasq_status,
+    module_cluster,
+    pods_ready,
+    progress,
+    run_ipmasq,
+    wait_until,
+)
 
 pytestmark = pytest.mark.kubernetes
 
@@ -43,17 +46,6 @@ def lab() -> Iterator[Cluster]:
         yield cluster
 
 
-def _ipmasq(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    bin_dir = str(Path(sys.executable).parent)
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    return subprocess.run(list(args), capture_output=True, text=True, env=env, timeout=120)
-
-
-def _status(cluster: Cluster, *nodes: str) -> tuple[int, dict[str, Any]]:
-    result = _ipmasq(cluster, "ipmasq", "status", "-o", "json", *nodes)
-    return result.returncode, json.loads(result.stdout) if result.stdout else {}
-
-
 _wait = functools.partial(wait_until, interval=0.1)  # its latencies are read at 0.1 s
 
 
@@ -61,30 +53,6 @@ def _rendered(config: str) -> str:
     """The rules GKE's agent writes once it has read `config` (what the stand-in takes when it catches up)."""
     return subprocess.run([sys.executable, "-m", "ipmasq", "render", "--config", "-", *GKE], input=config,
                           check=True, capture_output=True, text=True).stdout
-
-
-class Statuses:
-    """The nodes' IPMasqAgentStatus objects, read through the API as `ipmasq status` reads them, 10 times a second."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.client = KubeClient(load_kubeconfig(str(cluster.kubeconfig)))
-        self.nodes = [n.name for n in cluster.nodes]
-
-    def enforcing(self, digest: str) -> dict[str, bool | None]:
-        """node -> whether its status says its rules enforce the content of `digest` (None: not about it yet)."""
-        shown: dict[str, bool | None] = {}
-        for node in self.nodes:
-            status = self.client.get(paths.statuses(node))
-            about = status.get("configDigest") == digest
-            shown[node] = (status.get("mismatch") is None) if about else None
-        return shown
-
-
-def _pods_ready(cluster: Cluster) -> bool:
-    pods = agent.agent_pods(cluster).values()
-    return len(pods) == len(cluster.nodes) and all(
-        any(c.get("type") == "Ready" and c.get("status") == "True" for c in p["status"].get("conditions", []))
-        for p in pods)
 
 
 def test_a_configmap_the_providers_agent_does_not_apply_is_reported_on_every_node_and_one_that_catches_up_turns_in_sync(
@@ -95,8 +63,8 @@ def test_a_configmap_the_providers_agent_does_not_apply_is_reported_on_every_nod
     agent.apply_config(lab, DEFAULTS)
     agent.deploy_observer(lab, "gke", GKE)
     statuses = Statuses(lab)
-    _wait(lambda: _status(lab)[0] == 0, 60, "ipmasq status: every node in sync with GKE's defaults")
-    view = _status(lab)[1]
+    _wait(lambda: ipmasq_status(lab)[0] == 0, 60, "ipmasq status: every node in sync with GKE's defaults")
+    view = ipmasq_status(lab)[1]
     assert {(row["mode"], row["writer"], row["chain"]) for row in view["nodes"]} == {("observe", "gke", "IP-MASQ")}
     # the ConfigMap changes back and forth; the writer's rules never do: timed to every node's status
     seconds: list[float] = []
@@ -117,7 +85,7 @@ def test_a_configmap_the_providers_agent_does_not_apply_is_reported_on_every_nod
 
         _wait(reported, 60, f"attempt {attempt}: every node's status about the new ConfigMap")
         seconds.extend(seen.values())
-        assert _pods_ready(lab)  # drift is reported, never NotReady
+        assert pods_ready(lab)  # drift is reported, never NotReady
     ordered = sorted(seconds)
     progress(f"observe mode, ConfigMap change -> every node's status: {len(ordered)} node-samples, p50 "
              f"{ordered[len(ordered) // 2]:.2f} s, p99 {ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]:.2f}"
@@ -125,8 +93,8 @@ def test_a_configmap_the_providers_agent_does_not_apply_is_reported_on_every_nod
     # the fix applied, not enforced anywhere: exit 1, every node named with why; one summary Event on the ConfigMap
     agent.apply_config(lab, FIX)
     _wait(lambda: all(not r["current"] and r["why"].startswith("observed: gke's rules in IP-MASQ do not enforce")
-                      for r in _status(lab)[1].get("nodes", [])), 30, "ipmasq status: every node out of sync")
-    text = _ipmasq(lab, "ipmasq", "status")
+                      for r in ipmasq_status(lab)[1].get("nodes", [])), 30, "ipmasq status: every node out of sync")
+    text = run_ipmasq(lab, "ipmasq", "status")
     assert text.returncode == 1 and text.stdout.count("observed: gke's rules in IP-MASQ do not enforce") == 2, text
     assert "0 of 2 nodes enforce the current config" in text.stdout
 
@@ -139,7 +107,7 @@ def test_a_configmap_the_providers_agent_does_not_apply_is_reported_on_every_nod
     _wait(lambda: any(m.startswith("not enforced on 2 of 2 nodes (observed: the rules of gke in IP-MASQ)")
                       for m in summary()), 60, "one summary Event on the ConfigMap")
     assert len(summary()) == 1, summary()
-    assert _pods_ready(lab)
+    assert pods_ready(lab)
     # the writer catches up on one node: that node turns in sync, the other stays out
     caught, behind = lab.nodes[0], lab.nodes[1]
     fix_digest = config_digest((FIX.encode(),))
@@ -152,9 +120,9 @@ def test_a_configmap_the_providers_agent_does_not_apply_is_reported_on_every_nod
     progress(f"observe mode, the node's rules changed -> its status: {took + written:.2f} s after the writer was "
              f"told ({written:.2f} s until its loop restored them)")
     assert statuses.enforcing(fix_digest)[behind.name] is False
-    _wait(lambda: _status(lab, caught.name)[0] == 0, 30, "ipmasq status NODE: exit 0 for the caught-up node")
-    assert _status(lab)[0] == 1 and _status(lab, behind.name)[0] == 1
-    assert _pods_ready(lab)
+    _wait(lambda: ipmasq_status(lab, caught.name)[0] == 0, 30, "ipmasq status NODE: exit 0 for the caught-up node")
+    assert ipmasq_status(lab)[0] == 1 and ipmasq_status(lab, behind.name)[0] == 1
+    assert pods_ready(lab)
     standin.remove(lab)
     agent.remove_agent(lab)
 
@@ -170,7 +138,7 @@ def test_an_enforcing_agents_status_follows_its_kernel_within_the_fleets_spread(
     agent.apply_config(lab, configs[1])
     agent.deploy_agent(lab)
     statuses = Statuses(lab)
-    _wait(lambda: _status(lab)[0] == 0, 60, "every node current")
+    _wait(lambda: ipmasq_status(lab)[0] == 0, 60, "every node current")
     # the Lease's holder tallies a content once and says the fleet's size on the Lease, which keeps it: the agents
     # deployed now (the observe test's Lease is still there) hear it at their first ask, within 5 s of their start;
     # on a new cluster a node hears it at its next ask (2-3 minutes) and is spread as a fleet of unknown size (2 s)
