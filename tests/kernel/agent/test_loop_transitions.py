@@ -171,8 +171,8 @@ def test_two_agents_overlapping_never_fight_and_the_second_takes_over(net: Netwo
                 handles = nft_table(w.node, handles=True)
                 wait_until(lambda: False, 0.3)  # a few of the old agent's resyncs: nobody rewrites anything
                 assert nft_table(w.node, handles=True) == handles
-                old.stop()  # the rolling update ends the old pod: its table stays (SIGTERM keeps rules)
-                assert nft_table(w.node)
+                old.stop()  # the rolling update ends the old pod: its table stays (SIGTERM keeps rules) ...
+                # ... until the new agent, which takes the lock at once, removes it: its log says it found it there
                 assert wait_until(lambda: new.lines("removed the objects of nftables"), 30), new.log
                 assert not nft_table(w.node) and ours_in(w.node, "iptables-save")
                 assert w.seen(GOOGLE_DNS) == POD and w.seen(AWS_DB) == NODE
