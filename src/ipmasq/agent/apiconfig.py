@@ -187,11 +187,4 @@ class ApiConfig:
         trouble = self._troubles[name] = Trouble(
             self.log, said="%s (enforcing the last good config; the mounted file is the source until the API "
                            "answers again)", over=f"following ConfigMap {self.namespace}/{name} through the API again")
-
-        def said(why: str | None) -> None:
-            with self._lock:
-                if why is None:
-                    trouble.ended()
-                else:
-                    trouble(why)
-        return said
+        return trouble.reporter(self._lock)

@@ -2,12 +2,14 @@
 
 What keeps failing (the API server away, a tool that cannot run, a loop error) is logged when it starts and each time
 its one line changes, never once per retry, and its end is logged once: the log of an agent that retried for an hour
-is two lines. Not thread-safe: each thread that retries keeps its own.
+is two lines. Not thread-safe: each thread that retries keeps its own, or reports through `reporter(lock)`.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 
 __all__ = ["Trouble"]
 
@@ -35,3 +37,13 @@ class Trouble:
         if self.over is not None:
             self.log.info("%s", self.over)
         return True
+
+    def reporter(self, lock: threading.Lock) -> Callable[[str | None], None]:
+        """One callable for a follower's thread: a reason (trouble now) or None (it ended), each under `lock`."""
+        def said(why: str | None) -> None:
+            with lock:
+                if why is None:
+                    self.ended()
+                else:
+                    self(why)
+        return said

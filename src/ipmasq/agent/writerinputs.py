@@ -269,11 +269,4 @@ class WriterInputs:
         trouble = self._troubles[name] = Trouble(
             self.log, said="%s (observing against the last inputs read; retrying)",
             over=f"following {clip(name)} in {self.namespace} through the API again")
-
-        def said(why: str | None) -> None:
-            with self._lock:
-                if why is None:
-                    trouble.ended()
-                else:
-                    trouble(why)
-        return said
+        return trouble.reporter(self._lock)
