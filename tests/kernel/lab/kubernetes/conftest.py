@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,36 @@ def pods_ready(cluster: Cluster, label: str = AGENT_LABEL) -> bool:
 
 def progress(line: str) -> None:
     print(f"[kubernetes lab] {line}", file=sys.stderr, flush=True)
+
+
+def timed_changes(cluster: Cluster, statuses: Statuses, changes: Sequence[tuple[Callable[[], None], str, bool]],
+                  label: str = AGENT_LABEL) -> list[float]:
+    """Each change made, then waited for until every node's status is about its content (`digest`) and says in sync
+    or not (`want`): the seconds from the change to each node's status saying it (read every 0.1 s). The pods of
+    `label` stay Ready throughout: drift is reported, never a reason to be NotReady."""
+    seconds: list[float] = []
+    for attempt, (change, digest, want) in enumerate(changes):
+        changed = time.monotonic()
+        change()
+        seen: dict[str, float] = {}
+
+        def reported(digest: str = digest, want: bool = want, seen: dict[str, float] = seen,
+                     changed: float = changed) -> bool:
+            for node, enforcing in statuses.enforcing(digest).items():
+                if enforcing is want and node not in seen:
+                    seen[node] = time.monotonic() - changed
+            return len(seen) == len(cluster.nodes)
+
+        wait_until(reported, 60, f"change {attempt}: every node's status about the new content", interval=0.1)
+        seconds.extend(seen.values())
+        assert pods_ready(cluster, label)
+    return seconds
+
+
+def report_latencies(what: str, seconds: list[float]) -> None:
+    ordered = sorted(seconds)
+    progress(f"{what} -> every node's status: {len(ordered)} node-samples, p50 {ordered[len(ordered) // 2]:.2f} s, "
+             f"p99 {ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]:.2f} s, max {ordered[-1]:.2f} s")
 
 
 def _host_netfilter() -> tuple[str, str]:

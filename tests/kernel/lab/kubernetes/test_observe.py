@@ -28,7 +28,9 @@ from tests.kernel.lab.kubernetes.conftest import (
     module_cluster,
     pods_ready,
     progress,
+    report_latencies,
     run_ipmasq,
+    timed_changes,
     wait_until,
 )
 
@@ -67,29 +69,13 @@ def test_a_configmap_the_providers_agent_does_not_apply_is_reported_on_every_nod
     view = ipmasq_status(lab)[1]
     assert {(row["mode"], row["writer"], row["chain"]) for row in view["nodes"]} == {("observe", "gke", "IP-MASQ")}
     # the ConfigMap changes back and forth; the writer's rules never do: timed to every node's status
-    seconds: list[float] = []
+    changes = []
     for attempt in range(SAMPLES * 2):
         config = FIX if attempt % 2 == 0 else DEFAULTS
-        digest = config_digest((config.encode(),))  # the key is there, empty or not
-        want = attempt % 2 == 1  # the fix is never enforced by the stand-in; the defaults are
-        applied = time.monotonic()
-        agent.apply_config(lab, config)
-        seen: dict[str, float] = {}
-
-        def reported(digest: str = digest, want: bool = want, seen: dict[str, float] = seen,
-                     applied: float = applied) -> bool:
-            for node, enforcing in statuses.enforcing(digest).items():
-                if enforcing is want and node not in seen:
-                    seen[node] = time.monotonic() - applied
-            return len(seen) == len(lab.nodes)
-
-        _wait(reported, 60, f"attempt {attempt}: every node's status about the new ConfigMap")
-        seconds.extend(seen.values())
-        assert pods_ready(lab)  # drift is reported, never NotReady
-    ordered = sorted(seconds)
-    progress(f"observe mode, ConfigMap change -> every node's status: {len(ordered)} node-samples, p50 "
-             f"{ordered[len(ordered) // 2]:.2f} s, p99 {ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]:.2f}"
-             f" s, max {ordered[-1]:.2f} s")
+        # the key is there, empty or not; the fix is never enforced by the stand-in, the defaults are
+        changes.append((functools.partial(agent.apply_config, lab, config), config_digest((config.encode(),)),
+                        attempt % 2 == 1))
+    report_latencies("observe mode, ConfigMap change", timed_changes(lab, statuses, changes))
     # the fix applied, not enforced anywhere: exit 1, every node named with why; one summary Event on the ConfigMap
     agent.apply_config(lab, FIX)
     _wait(lambda: all(not r["current"] and r["why"].startswith("observed: gke's rules in IP-MASQ do not enforce")

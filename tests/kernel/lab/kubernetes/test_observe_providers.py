@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -34,7 +34,9 @@ from tests.kernel.lab.kubernetes.conftest import (
     module_cluster,
     pods_ready,
     progress,
+    report_latencies,
     run_ipmasq,
+    timed_changes,
     wait_until,
 )
 
@@ -73,35 +75,6 @@ def _set_env(cluster: Cluster, env: dict[str, str]) -> None:
                     *(f"{k}={v}" for k, v in env.items()))
 
 
-def _timed(lab: Cluster, statuses: Statuses, changes: list[tuple[Callable[[], None], str, bool]]) -> list[float]:
-    """Each change made, then waited for until every node's status is about its content (`digest`) and says in sync
-    or not (`want`): the seconds from the change to each node's status saying it."""
-    seconds: list[float] = []
-    for attempt, (change, digest, want) in enumerate(changes):
-        changed = time.monotonic()
-        change()
-        seen: dict[str, float] = {}
-
-        def reported(digest: str = digest, want: bool = want, seen: dict[str, float] = seen,
-                     changed: float = changed) -> bool:
-            for node, enforcing in statuses.enforcing(digest).items():
-                if enforcing is want and node not in seen:
-                    seen[node] = time.monotonic() - changed
-            return len(seen) == len(lab.nodes)
-
-        _wait(reported, 60, f"change {attempt}: every node's status about the new inputs")
-        seconds.extend(seen.values())
-        assert pods_ready(lab, OBSERVERS)  # drift is reported, never NotReady
-    return seconds
-
-
-def _report(writer: str, what: str, seconds: list[float]) -> None:
-    ordered = sorted(seconds)
-    progress(f"observe mode ({writer}), {what} -> every node's status: {len(ordered)} node-samples, p50 "
-             f"{ordered[len(ordered) // 2]:.2f} s, p99 {ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]:.2f}"
-             f" s, max {ordered[-1]:.2f} s")
-
-
 def test_an_aws_node_env_the_cni_has_not_applied_is_reported_on_every_node_and_one_that_catches_up_turns_in_sync(
         lab: Cluster) -> None:
     rules = aws_snat_rules(VPC, EXCLUDED, standin.HOST_IP)
@@ -112,10 +85,10 @@ def test_an_aws_node_env_the_cni_has_not_applied_is_reported_on_every_node_and_o
     view = ipmasq_status(lab)[1]
     assert {(row["mode"], row["writer"], row["chain"]) for row in view["nodes"]} == {("observe", "eks", EKS_CHAIN)}
     # the env changes back and forth (each change rolls aws-node's pods, as on EKS); the chain never does
-    seconds = _timed(lab, statuses, [(functools.partial(_set_env, lab, env), _digest(env), attempt % 2 == 1)
-                                     for attempt, env in enumerate(_env(MORE if i % 2 == 0 else EXCLUDED)
-                                                                   for i in range(SAMPLES * 2))])
-    _report("eks", "aws-node env change", seconds)
+    changes = [(functools.partial(_set_env, lab, env), _digest(env), attempt % 2 == 1)
+               for attempt, env in enumerate(_env(MORE if i % 2 == 0 else EXCLUDED) for i in range(SAMPLES * 2))]
+    seconds = timed_changes(lab, statuses, changes, OBSERVERS)
+    report_latencies("observe mode (eks), aws-node env change", seconds)
     # the exclusion added, not applied anywhere: exit 1, every node named with why
     changed = time.monotonic()
     _set_env(lab, _env(MORE))
@@ -180,9 +153,10 @@ def test_a_user_fragment_aks_has_not_merged_in_is_reported_on_every_node_and_one
     _wait(lambda: ipmasq_status(lab)[0] == 0, 120, "ipmasq status: every node in sync with AKS's two ConfigMaps")
     view = ipmasq_status(lab)[1]
     assert {(row["mode"], row["writer"], row["chain"]) for row in view["nodes"]} == {("observe", "aks", AKS_CHAIN)}
-    seconds = _timed(lab, statuses, [(functools.partial(_apply_aks, lab, user), _aks_digest(user), user == AKS_USER[0])
-                                     for user in (AKS_USER[1], AKS_USER[0]) * SAMPLES])
-    _report("aks", "user ConfigMap change", seconds)
+    changes = [(functools.partial(_apply_aks, lab, user), _aks_digest(user), user == AKS_USER[0])
+               for user in (AKS_USER[1], AKS_USER[0]) * SAMPLES]
+    seconds = timed_changes(lab, statuses, changes, OBSERVERS)
+    report_latencies("observe mode (aks), user ConfigMap change", seconds)
     _apply_aks(lab, AKS_USER[1])
     _wait(lambda: all(not r["current"] and "172.30.0.0/16" in r["why"]
                       for r in ipmasq_status(lab)[1].get("nodes", [])), 60,
