@@ -151,7 +151,8 @@ class SummaryWriter:
                 self.fleet.heard(self.elector.nodes)
             self._next_lease = now + (RENEW_SECONDS if leading else self._candidate_wait())
             if leading and not was:
-                self.log.info("holding Lease %s/%s: this agent writes the fleet's summary on the ConfigMap",
+                self.log.info("holding Lease %s/%s: this agent tallies the fleet (its summary is an Event on the "
+                              "ConfigMap, where there is one: EKS's inputs are a DaemonSet's)",
                               self.elector.namespace, self.elector.name)
                 self._target = None  # tally what is there now: the previous holder may not have
         if not self.elector.leading:
