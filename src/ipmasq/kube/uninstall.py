@@ -10,7 +10,8 @@ DaemonSet alone leaves the last config enforced on every node with nothing repai
        our nftables table; what it removed comes back as the pod's termination message, and the pod is deleted;
     3. the API objects: the webhook's configuration first (no call to a webhook being removed), its Deployment and
        the rest of deploy/webhook, deploy/monitoring's PodMonitor and PrometheusRule, the agents' status objects
-       and their CRD, the Lease, the RBAC and the service account.
+       and their CRD, the Lease, the RBAC and the service account; then the pods those owned (the webhook's, the
+       observers') waited for until gone.
 
 An object already gone is not an error (an uninstall run twice, or after `kubectl delete -k deploy/`). A node whose
 pod does not finish is reported and makes the run fail, with what to run on that node by hand; the rest goes on.
@@ -43,6 +44,9 @@ DEFAULT_IMAGE = IMAGE  # when the DaemonSet is already gone (--image overrides)
 POD_LABEL = {"app.kubernetes.io/name": "ipmasq-uninstall"}
 POD_SELECTOR = "app.kubernetes.io/name=ipmasq-uninstall"
 POD_GONE_SECONDS = 60.0
+# the pods of what step 3 deletes, removed by the garbage collector after their owner: waited for, so that nothing
+# of ipmasq is left when the run ends (the webhook's, the observers')
+OWNED_POD_SELECTORS = ("app.kubernetes.io/name=ipmasq-webhook", "k8s-app=ipmasq-observer")
 STATUS_PATH = "/apis/ipmasq.dev/v1alpha1/ipmasqagentstatuses"
 TERMINATION_MESSAGE_BYTES = 4096  # what kubelet keeps of a termination message
 POLL_SECONDS = 0.5
@@ -364,6 +368,11 @@ def uninstall(api: UninstallApi, *, image: str | None = None, timeout: float = 1
     for label in removed:
         if label != AGENT_DAEMONSET.label:  # said first, above
             say(f"deleted {one_line(label)}")
+    for selector in OWNED_POD_SELECTORS:
+        left = _wait_gone(api, clock() + POD_GONE_SECONDS, clock, sleep, f"/api/v1/namespaces/{NAMESPACE}/pods",
+                          {"labelSelector": selector})
+        if left:  # the objects are deleted: kubelet is still ending these (a node down keeps them for a while)
+            say(f"pods still terminating {POD_GONE_SECONDS:.0f} s later: {one_line(', '.join(left))}")
     say(f"kept configmap/{NAMESPACE}/{CONFIGMAP} (yours)")
     return Report(tuple(nodes), tuple(removed), clock() - started)
 

@@ -206,3 +206,46 @@ def test_the_objects_removed_are_exactly_what_deploy_installs() -> None:
     listed = {(obj.kind, obj.name) for obj in API_OBJECTS}
     assert listed - rendered == {("Secret", "kube-system/ipmasq-webhook-certificate")}  # the webhook makes it
     assert rendered <= listed
+
+
+class WithWebhookPods(Cluster):
+    """The webhook's two pods, ended by kubelet `polls` lists after their Deployment is deleted (None: never)."""
+
+    WEBHOOK = "/apis/apps/v1/namespaces/kube-system/deployments/ipmasq-webhook"
+
+    def __init__(self, polls: int | None) -> None:
+        super().__init__({"node-a": (0, "removed: iptables (nft)\n")})
+        self.left = polls
+        self.deleted = False
+        for i in range(2):
+            self.objects[f"{PODS}/ipmasq-webhook-{i}"] = {"metadata": {
+                "name": f"ipmasq-webhook-{i}", "labels": {"app.kubernetes.io/name": "ipmasq-webhook"}}}
+
+    def get(self, path: str, *, query: dict[str, str] | None = None) -> dict[str, Any]:
+        if path == PODS and self.deleted and self.left is not None and "ipmasq-webhook" in str(query):
+            self.left -= 1
+            if self.left <= 0:
+                for pod in [p for p in self.objects if p.startswith(f"{PODS}/ipmasq-webhook-")]:
+                    del self.objects[pod]
+        return super().get(path, query=query)
+
+    def delete(self, path: str) -> dict[str, Any]:
+        self.deleted = self.deleted or path == self.WEBHOOK
+        return super().delete(path)
+
+
+def test_the_webhooks_pods_are_waited_for_until_gone_after_their_deployment() -> None:
+    cluster = WithWebhookPods(polls=3)
+    report, lines = _run(cluster)
+    assert report.ok
+    assert not [p for p in cluster.objects if "ipmasq-webhook-" in p]  # gone when the run ends
+    assert not any("still terminating" in line for line in lines)
+
+
+def test_pods_that_never_end_are_said_and_the_run_still_ends() -> None:
+    cluster = WithWebhookPods(polls=None)
+    report, lines = _run(cluster)
+    assert report.ok  # the objects are deleted: kubelet ending the pods is not the uninstall's failure
+    (said,) = [line for line in lines if "still terminating" in line]
+    assert "ipmasq-webhook-0" in said and "ipmasq-webhook-1" in said
+    assert lines[-1] == "kept configmap/kube-system/ip-masq-agent (yours)"
