@@ -15,7 +15,9 @@ malloc_trim after a config change's pass (on a heap shared by a hundred nodes th
 API's).
 
 Measured, in this order:
-1. a change: `kubectl apply` of a new config; each node's seconds until its fake kernel holds it (p50, p99); the
+1. a change: first, the fleet's size each node had heard from the summary's Lease (it spreads its status writes by
+   it; a fleet that started a few minutes ago has not heard it yet: --settle); then `kubectl apply` of a new config;
+   each node's seconds until its fake kernel holds it (p50, p99); the
    agents' requests during the change, counted exactly at the API server (an audit log of the agents' user only,
    each request once, by the time the server received it); the API server's and etcd's CPU seconds and peak RSS
    over the change, and the bench's own processes' CPU;
@@ -130,6 +132,7 @@ def worker(first: int, count: int, port: int, workdir: Path) -> int:
     import ipmasq.agent.loop
     import ipmasq.agent.watch
     from ipmasq import __version__
+    from ipmasq.agent.apireport import FleetSize
     from ipmasq.agent.apiwiring import start_api
     from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
     from ipmasq.agent.reconcile import Reconciler
@@ -186,6 +189,7 @@ def worker(first: int, count: int, port: int, workdir: Path) -> int:
     # the loop waits with select(), which takes descriptors below 1,024 only: every node's wakeup pipe is made
     # first, so they get the lowest ones (an agent alone on its node has a dozen descriptors)
     wakeups = [Wakeup() for _ in range(count)]
+    fleets: list[FleetSize] = []  # what each node heard of the fleet's size (its status writes' spread follows it)
     if max(w.read_fd for w in wakeups) >= SELECT_FDS:
         raise SystemExit(f"{count} nodes in one worker: their pipes pass select()'s {SELECT_FDS} descriptors")
     for i, wakeup in zip(range(first, first + count), wakeups, strict=True):
@@ -201,6 +205,7 @@ def worker(first: int, count: int, port: int, workdir: Path) -> int:
                                          summary_lease=CONFIGMAP, log=log, poke=wakeup.request_look,
                                          stop=wakeup.stop)
         reporter.narrator.set_backend(backend.name)
+        fleets.append(reporter.fleet)
         agent = Agent(Reconciler(backend, options, log=log),
                       LoopSettings(config_path=str(workdir / "no-volume" / "ip-masq-agent"), use_inotify=False),
                       log=log, observer=reporter, api_config=api_config)
@@ -208,7 +213,9 @@ def worker(first: int, count: int, port: int, workdir: Path) -> int:
         time.sleep(0.005)  # a DaemonSet's pods do not all start in the same millisecond either
     emit({"event": "started", "first": first, "count": count})
     for line in sys.stdin:
-        if line.strip() == "stop":
+        if line.strip() == "heard":
+            emit({"event": "heard", "sizes": Counter(str(f.nodes) for f in fleets)})
+        elif line.strip() == "stop":
             break
     for wakeup in wakeups:
         wakeup.request_stop()
@@ -230,6 +237,7 @@ class Fleet:
         self.summaries: list[tuple[str, str, float]] = []  # (writer, message, time)
         self.started = 0
         self.usage: list[dict[str, float]] = []
+        self.heard: list[dict[str, int]] = []  # each worker's answer to "heard": fleet size heard -> its nodes
 
     def read(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
@@ -253,6 +261,8 @@ class Fleet:
                 self.started += event["count"]
             elif kind == "usage":
                 self.usage.append(event)
+            elif kind == "heard":
+                self.heard.append(event["sizes"])
             self.lock.notify_all()
 
     def wait(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -449,9 +459,11 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             pids = {"apiserver": api.apiserver.pid, "etcd": api.etcd.pid}  # type: ignore[union-attr]
             bench_pids = {f"worker{i}": p.pid for i, p in enumerate(procs)}
 
+            heard = fleet_size_heard(fleet, procs)
+            say(f"the fleet's size as the nodes heard it (from the summary's Lease): {json.dumps(heard)}")
             # 1. a change
             marker = 2
-            result["change"] = change(api, kubectl, fleet, n, marker, pids, bench_pids)
+            result["change"] = {"fleet_size_heard": heard, **change(api, kubectl, fleet, n, marker, pids, bench_pids)}
             say(f"change: {json.dumps(result['change'])}")
             # 2. a bad edit
             result["bad_edit"] = bad_edit(api, kubectl, fleet, n, pids)
@@ -485,6 +497,21 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     result["bench_workers_cpu_seconds_total"] = round(sum(u["cpu_seconds"] for u in fleet.usage), 1)
     result["bench_workers_peak_rss_mib"] = round(max((u["peak_rss_mib"] for u in fleet.usage), default=0.0), 1)
     return result
+
+
+def fleet_size_heard(fleet: Fleet, procs: list[subprocess.Popen[bytes]]) -> dict[str, int]:
+    """How many nodes had heard which fleet size ("None": none yet, they spread as for a fleet of unknown size)."""
+    with fleet.lock:
+        fleet.heard.clear()
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(b"heard\n")
+        proc.stdin.flush()
+    fleet.wait(lambda: len(fleet.heard) == len(procs), 30, "every worker's answer to heard")
+    total: Counter[str] = Counter()
+    for sizes in fleet.heard:
+        total.update(sizes)
+    return dict(total)
 
 
 def change(api: ApiServer, kubectl: str, fleet: Fleet, n: int, marker: int, pids: dict[str, int],

@@ -17,6 +17,7 @@ if [ "$(id -u)" -eq 0 ]; then
   echo "== the Kubernetes lab's binaries and images" && .venv/bin/ipmasq lab --kubernetes --prepare
 fi
 echo "== pytest"
+# each report ends with its slowest tests (--durations): where a run's time goes, read off CI's own output
 # The Kubernetes lab's tests in two groups, each on a cluster of its own (IPMASQ_LAB_INSTANCE), so that no more than
 # two runs share the machine's cores at once: the first group from the start, beside the rest of the tests; the
 # second once the rest are done (the two groups' modules listed below; a new module joins the first, and a
@@ -35,7 +36,7 @@ kube_pids=()
 start_kube() {  # LOG INSTANCE PYTEST-ARGS...
   local log=$1 instance=$2
   shift 2
-  IPMASQ_LAB_INSTANCE=$instance .venv/bin/python -m pytest -q -p no:cacheprovider -m kubernetes "$@" >"$log" 2>&1 &
+  IPMASQ_LAB_INSTANCE=$instance .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 -m kubernetes "$@" >"$log" 2>&1 &
   kube_pids+=($!)
   kube_logs+=("$log")
 }
@@ -50,7 +51,7 @@ stop_cluster_tests() {
 trap stop_cluster_tests EXIT
 start_kube "$(mktemp)" "" "${first_skips[@]}" "$@"
 rest=0
-.venv/bin/python -m pytest -q -p no:cacheprovider -m "not kubernetes" "$@" || rest=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -m "not kubernetes" "$@" || rest=$?
 start_kube "$(mktemp)" 1 "${second_skips[@]}" "$@"
 # 5: that run selected no test; the run fails if a test failed, or if no run ran one
 status=0
