@@ -45,7 +45,8 @@ def register(subparsers: Any) -> None:
                         help="with --kubernetes: remove a cluster left by --keep (processes, namespaces, state)")
     parser.add_argument("--prepare", action="store_true",
                         help="with --kubernetes: build what is not cached yet (binaries, pause image, base, the "
-                        "agent's image), say what and how long, and stop there")
+                        "agent's image, the Prometheus the lab scrapes the agents with), say what and how long, and "
+                        "stop there")
     parser.add_argument("--source", metavar="DIR",
                         help="with --kubernetes: the ipmasq checkout whose Dockerfile and deploy/ are used "
                         "(default: the one this ipmasq runs from, else the current directory)")
