@@ -5,7 +5,8 @@
 # The Kubernetes lab's tests (marker `kubernetes`: real clusters, tests/kernel/lab/kubernetes) spend most of their
 # time waiting on kubelet and the API server, so they run in pytests of their own beside the rest; their reports
 # follow. Arguments go to the rest and to one run of the lab's tests (a path or -k that selects none of one leaves it
-# with nothing to run).
+# with nothing to run). Each report ends with its slowest tests (--durations): where a run's time goes, in CI's own
+# output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -17,7 +18,6 @@ if [ "$(id -u)" -eq 0 ]; then
   echo "== the Kubernetes lab's binaries and images" && .venv/bin/ipmasq lab --kubernetes --prepare
 fi
 echo "== pytest"
-# each report ends with its slowest tests (--durations): where a run's time goes, read off CI's own output
 # The Kubernetes lab's tests in two groups, each on a cluster of its own (IPMASQ_LAB_INSTANCE), so that no more than
 # two runs share the machine's cores at once: the first group from the start, beside the rest of the tests; the
 # second once the rest are done (the two groups' modules listed below; a new module joins the first, and a

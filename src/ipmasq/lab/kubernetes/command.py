@@ -59,7 +59,7 @@ def run_kubernetes_lab(args: argparse.Namespace, *, print_scenario: Callable[[An
     artifacts = ensure_artifacts(source, progress)
     if args.prepare:
         # the Prometheus the lab's monitoring test scrapes the agents with: built here too, so that no compiler runs
-        # beside the lab's timed tests (on a fresh machine it took that test from half a minute to three and a half)
+        # beside the lab's timed tests (the run below needs none)
         prometheus_binary(progress)
         progress(f"artifacts ready (cache: {cache_dir()})")
         return 0
