@@ -1,4 +1,4 @@
-# ipmasq node agent image: Debian's iptables/nftables/conntrack and ipmasq in a Python virtual environment.
+# ipmasq node agent image: Debian's iptables/nftables/conntrack/iproute2 and ipmasq in a Python virtual environment.
 #   scripts/release-image.sh REGISTRY/PATH    builds it (labels and revision set), pushes it and pins deploy/ to it
 # VERSION, REVISION, SOURCE: the OCI labels (the script passes ipmasq.__version__, the commit and the repository);
 # REVISION is also written into the image, where `ipmasq --version` prints it.
@@ -23,9 +23,11 @@ LABEL org.opencontainers.image.title="ipmasq" \
       org.opencontainers.image.source="${SOURCE}" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}"
+# iproute2: `ipmasq trace` reads the node's rules, routes and addresses with `ip -j`
 RUN command -v iptables >/dev/null && command -v nft >/dev/null && command -v conntrack >/dev/null \
+    && command -v ip >/dev/null \
     || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        iptables nftables conntrack && rm -rf /var/lib/apt/lists/*); \
+        iptables nftables conntrack iproute2 && rm -rf /var/lib/apt/lists/*); \
     python3 -m pip uninstall -q -y pip setuptools wheel 2>/dev/null; true
 COPY --from=build /opt/ipmasq /opt/ipmasq
 ENV PATH=/opt/ipmasq/bin:$PATH PYTHONDONTWRITEBYTECODE=1

@@ -16,16 +16,23 @@ import tarfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MEMBERS = ("kubectl-ipmasq",)  # the launcher krew links onto PATH
+# name in the archive -> the file, and its mode: the launcher krew links onto PATH, the completion launcher kubectl
+# runs when it is on PATH too, and the licence the code is under (an archive without it cannot be redistributed)
+MEMBERS = {
+    "LICENSE": (HERE.parent / "LICENSE", 0o644),
+    "kubectl-ipmasq": (HERE / "kubectl-ipmasq", 0o755),
+    "kubectl_complete-ipmasq": (HERE / "kubectl_complete-ipmasq", 0o755),
+}
 
 
 def archive() -> bytes:
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for name in sorted(MEMBERS):
-            data = (HERE / name).read_bytes()
+            path, mode = MEMBERS[name]
+            data = path.read_bytes()
             info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime, info.uid, info.gid = len(data), 0o755, 0, 0, 0
+            info.size, info.mode, info.mtime, info.uid, info.gid = len(data), mode, 0, 0, 0
             info.uname = info.gname = "root"
             tar.addfile(info, io.BytesIO(data))
     out = io.BytesIO()

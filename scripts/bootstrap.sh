@@ -15,8 +15,8 @@ done
 if [ ${#need_debian[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing ${need_debian[*]} from Debian" >&2
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_debian[@]}" >/dev/null
+    bash scripts/apt-get-waiting.sh update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive bash scripts/apt-get-waiting.sh install -y -qq "${need_debian[@]}" >/dev/null
   else
     echo "bootstrap: missing ${need_debian[*]} (run as root on Debian to install them)" >&2
   fi

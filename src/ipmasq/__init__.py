@@ -2,4 +2,4 @@
 
 __all__ = ["__version__"]
 
-__version__ = "0.2.0"  # the one place the release is written: pyproject.toml, the image and deploy/ follow it
+__version__ = "0.3.0"  # the one place the release is written: pyproject.toml, the image and deploy/ follow it

@@ -4,11 +4,14 @@ Every retry in ipmasq that waits on someone else (the API server refusing or awa
 again, a backend tool failing) takes its waits from a Backoff: the first wait is `initial`, each failure doubles the
 step up to `cap`, and each wait is jittered (drawn from [step * (1 - jitter), step]) so that a fleet cut off together
 does not come back together. A success resets it. The defaults are client-go's for list and watch: 0.8 s doubling to
-30 s. Pure: the randomness is injected, there is no clock and no sleep here (the caller waits on its own event).
+30 s. Unlike client-go, which jitters upwards (its waits at the cap are 30 to 60 s), the jitter here is below the
+step, so the longest wait is the cap itself. Pure: the randomness is injected, there is no clock and no sleep here
+(the caller waits on its own event).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
@@ -18,7 +21,9 @@ __all__ = ["Backoff"]
 class Backoff:
     def __init__(self, initial: float = 0.8, cap: float = 30.0, *, factor: float = 2.0, jitter: float = 1.0,
                  uniform: Callable[[float, float], float] | None = None) -> None:
-        if not 0.0 <= jitter <= 1.0 or initial <= 0 or cap < initial or factor < 1.0:
+        # NaN fails every comparison: without isfinite a NaN initial or cap would pass, and each wait be NaN
+        if (not all(map(math.isfinite, (initial, cap, factor, jitter))) or not 0.0 <= jitter <= 1.0
+                or initial <= 0 or cap < initial or factor < 1.0):
             raise ValueError("Backoff: 0 < initial <= cap, factor >= 1, 0 <= jitter <= 1")
         self.initial, self.cap, self.factor, self.jitter = initial, cap, factor, jitter
         self.uniform = uniform  # None: random.uniform, looked up at each draw

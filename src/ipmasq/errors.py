@@ -9,7 +9,9 @@
     ├── RuleParseError          a line of iptables-save/restore text that cannot be read (netfilter.iptables)
     ├── NftParseError           nft output or an nft script that is not what we expect (netfilter.nft)
     ├── NftTraceError           an nft JSON listing `trace`/`check` cannot read at all (diagnose.trace_nft)
+    ├── RouteDumpError          iproute2 JSON that ip -j rule/route/addr do not print (ipmasq.route.iproute2)
     ├── FlowLogError            a flow log line of no format `audit` reads; names the file and line (audit)
+    ├── NotANode                a live `check` found no nat rule at all: nothing there to compare (exit 3)
     ├── WorkBudgetExhausted     a check spent its work budget (ipmasq.policy.budget); its caller says what is left
     ├── PluginError             kubectl could not be run, or said no (kubectl ipmasq)
     ├── Abandoned               whoever asked for the work is gone (a webhook client that closed its connection)
@@ -93,10 +95,12 @@ __all__ = [
     "NoWriter",
     "NotAFile",
     "NotFound",
+    "PacketDropped",
     "PluginError",
     "PrefixError",
     "PrometheusError",
     "ReviewError",
+    "RouteDumpError",
     "RuleParseError",
     "StopRequested",
     "TooLarge",
@@ -245,8 +249,16 @@ class NftTraceError(IpmasqError):
     """An nft JSON listing trace cannot read at all (one line: what and where)."""
 
 
+class RouteDumpError(IpmasqError):
+    """iproute2 JSON (ip -j rule, route, addr) that is not what those commands print; names the input."""
+
+
 class FlowLogError(IpmasqError):
     """A flow log line that is neither of the formats we read; names the file and line."""
+
+
+class NotANode(IpmasqError):
+    """A live `check` read no nat rule at all (iptables or nftables): not a node whose pod SNAT is nat rules."""
 
 
 class ApiError(IpmasqError):
@@ -354,6 +366,11 @@ class TooLarge(HttpError):
 class Undecidable(Exception):
     """A rule the tracer cannot evaluate for this packet; the message says why. Not an IpmasqError: the trace's
     outcome carries it (the rule, and why), it is never reported as a failure."""
+
+
+class PacketDropped(Exception):
+    """A rule or route that drops the packet on the node; the message names it. Not an IpmasqError: the path's
+    answer carries it (no destination sees the packet), it is never reported as a failure."""
 
 
 class StopRequested(BaseException):

@@ -6,11 +6,12 @@ PodMonitor and the plain Prometheus scrape job that find every agent, and the Gr
                                            (default deploy/monitoring)
 
 Every agent serves /metrics alone on its node's address, port `metrics` (the DaemonSet's --prometheus-address):
-the PodMonitor and the scrape job keep exactly the agent's pods' `metrics` port, found by Kubernetes service
-discovery (role pod), and name the job `ip-masq-agent` (what the alerts select) and the node (label `node`). The
-PodMonitor also keeps the observers' (deploy/overlays/observe: pods labelled k8s-app=ipmasq-observer), as a job of
-their own, `ipmasq-observer`: an observer's verdict is about another program's rules, so the enforcing agents'
-alerts do not select it.
+the PodMonitor and the scrape jobs keep exactly the agent's pods' `metrics` port, found by Kubernetes service
+discovery (role pod), and name the job and the node (label `node`). The enforcing agents are job `ip-masq-agent`; the
+observers (deploy/overlays/observe: pods labelled k8s-app=ipmasq-observer, in either mode the same `metrics` port)
+are a job of their own, `ipmasq-observer`: an observer's verdict is about another program's rules, so the enforcing
+agents' alerts select only their job, and the observers have theirs. What is down or absent is what is installed:
+an observe-only cluster has no `ip-masq-agent` target, and no alert fires for the lack of one.
 
 Each alert names the `ipmasq` command that diagnoses it (annotation `runbook`). The `for:` durations are those of a
 production fleet; the lab loads the same group with every duration shortened (`rule_group(for_override=...)`).
@@ -28,15 +29,29 @@ from typing import Any
 
 import yaml
 
-__all__ = ["ALERTS", "DASHBOARD_PANELS", "GROUP", "JOB", "METRICS_PORT", "OBSERVER_JOB", "Alert", "Panel", "dashboard",
-           "pod_monitor", "prometheus_rule", "rule_group", "rules_file", "scrape_config", "write"]
+__all__ = ["ALERTS", "DASHBOARD_PANELS", "GROUP", "JOB", "JOBS", "METRICS_PORT", "NOT_ENFORCED_OBSERVED",
+           "OBSERVED_GRACE_SECONDS", "OBSERVER_JOB", "Alert", "Panel",
+           "dashboard", "pod_monitor", "prometheus_rule", "rule_group", "rules_file", "scrape_config", "scrape_configs",
+           "write"]
 
 JOB = "ip-masq-agent"
 GROUP = "ip-masq-agent"
 METRICS_PORT = "metrics"  # the agent container's named port (deploy/base/daemonset.yaml)
 AGENT_LABEL = ("k8s-app", "ip-masq-agent")  # the pods' label (the DaemonSet's selector)
 OBSERVER_JOB = "ipmasq-observer"  # the observers' pods' value of that label (deploy/overlays/observe), and their job
+JOBS = (JOB, OBSERVER_JOB)
 NAMESPACE = "kube-system"
+_ENFORCING = '{job="' + JOB + '"}'
+_OBSERVING = '{job="' + OBSERVER_JOB + '"}'
+_EITHER = '{job=~"' + "|".join(JOBS) + '"}'
+# how long a provider's agent may take to follow a change before its observer's alert is pending (its ip-masq-agent
+# resyncs every minute, kubelet's ConfigMap volume a minute or more behind the API): a threshold, not a `for:`
+OBSERVED_GRACE_SECONDS = 300
+NOT_ENFORCED_OBSERVED = "IpMasqObserverConfigNotEnforced"
+
+
+def _observed_not_enforced(grace: float) -> str:
+    return f"ipmasq_seconds_since_last_successful_sync{_OBSERVING} > {grace:g}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,13 +71,14 @@ ALERTS: tuple[Alert, ...] = (
         "ipmasq_config_valid == 0",
         "5m", "warning",
         "ip-masq-agent on {{ $labels.instance }} refuses its config",
-        "The agent on {{ $labels.instance }} cannot load the ip-masq-agent ConfigMap; it keeps enforcing the last "
-        "good config, so a change you made is not in force on this node.",
+        "The agent on {{ $labels.instance }} cannot load its config (the ip-masq-agent ConfigMap; an observer of AKS "
+        "or EKS: that provider's inputs); it keeps the last good one (enforcing it, or in observe mode comparing the "
+        "node's rules with it), so a change you made is not in force on this node.",
         "kubectl get configmap ip-masq-agent -n kube-system -o yaml | ipmasq lint -",
     ),
     Alert(
         "IpMasqAgentKernelNotMatching",
-        "ipmasq_config_valid == 1 and ipmasq_ready == 0 and "
+        "ipmasq_config_valid" + _ENFORCING + " == 1 and ipmasq_ready == 0 and "
         "(time() - ipmasq_last_successful_sync_timestamp_seconds) > 3 * ipmasq_resync_interval_seconds",
         "5m", "critical",
         "the nat rules on {{ $labels.instance }} do not match its good config",
@@ -81,7 +97,7 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         "IpMasqAgentDriftRepairs",
-        "increase(ipmasq_drift_repairs_total[15m]) > 2",
+        "increase(ipmasq_drift_repairs_total" + _ENFORCING + "[15m]) > 2",
         "0m", "warning",
         "something keeps rewriting the nat rules on {{ $labels.instance }}",
         "The agent on {{ $labels.instance }} repaired its rules more than twice in 15 minutes although its config "
@@ -90,7 +106,7 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         "IpMasqAgentForeignMasquerade",
-        "ipmasq_foreign_masquerade_rules > 0",
+        "ipmasq_foreign_masquerade_rules" + _ENFORCING + " > 0",
         "10m", "warning",
         "nat rules outside the agent masquerade pod traffic on {{ $labels.instance }}",
         "{{ $value }} rules outside the agent's own masquerade or SNAT pod traffic on {{ $labels.instance }}; they "
@@ -99,7 +115,8 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         "IpMasqAgentSyncFailing",
-        "increase(ipmasq_syncs_total{result=\"failed\"}[10m]) > 0 and on (instance, job) ipmasq_ready == 0",
+        "increase(ipmasq_syncs_total{job=\"" + JOB + "\", result=\"failed\"}[10m]) > 0 "
+        "and on (instance, job) ipmasq_ready == 0",
         "10m", "critical",
         "ip-masq-agent on {{ $labels.instance }} cannot write its rules",
         "Reconcile passes keep failing on {{ $labels.instance }} (iptables-restore or nft errors); the agent logs the "
@@ -117,11 +134,43 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         "IpMasqAgentAbsent",
-        "absent(up{job=\"" + JOB + "\"})",
+        "absent(up" + _EITHER + ")",
         "15m", "warning",
-        "no ip-masq-agent is scraped at all",
-        "Prometheus has no target of job " + JOB + ": the DaemonSet is missing or the scrape config lost it.",
-        "kubectl get daemonset ip-masq-agent -n kube-system; check the scrape job " + JOB,
+        "no ipmasq agent, enforcing or observing, is scraped at all",
+        "Prometheus has no target of job " + JOB + " nor " + OBSERVER_JOB + ": the DaemonSet is missing or the "
+        "scrape config lost it.",
+        "kubectl get daemonsets -n kube-system " + " ".join(JOBS) + "; check the scrape jobs " + " and ".join(JOBS),
+    ),
+    Alert(
+        "IpMasqNodeTrustUnverified",
+        "ipmasq_node_trust_verified == 0",
+        "15m", "warning",
+        "the node-trust admission policy is not in force",
+        "The summary Lease's holder ({{ $labels.instance }}) finds the ip-masq-agent-own-node "
+        "ValidatingAdmissionPolicy or its binding missing: any node's agent could write what another node says (its "
+        "status object, its Events), so ipmasq status marks every row unverified.",
+        "kubectl get validatingadmissionpolicies,validatingadmissionpolicybindings ip-masq-agent-own-node; ipmasq "
+        "status says why; kubectl apply -k deploy/ restores them",
+    ),
+    Alert(
+        "IpMasqObserverDown",
+        "up" + _OBSERVING + " == 0",
+        "5m", "warning",
+        "the ipmasq observer on {{ $labels.instance }} is down",
+        "Prometheus cannot scrape the observer on {{ $labels.instance }}: nothing says whether the node's rules, "
+        "written by the provider's agent, enforce the config.",
+        "kubectl get pods -n kube-system -l k8s-app=" + OBSERVER_JOB + " -o wide; on the node: ipmasq health --live "
+        "--address=127.0.0.1:9848",
+    ),
+    Alert(
+        NOT_ENFORCED_OBSERVED,
+        _observed_not_enforced(OBSERVED_GRACE_SECONDS),
+        "10m", "warning",
+        "the rules on {{ $labels.instance }} do not enforce the config (observed)",
+        "The observer on {{ $labels.instance }} has not seen the node's rules, written by the provider's agent, "
+        "enforce the config for more than 15 minutes, or cannot read them: pod traffic leaves as those rules say.",
+        "ipmasq status (the node's reason); kubectl logs -n kube-system -l k8s-app=" + OBSERVER_JOB
+        + " --field-selector spec.nodeName=NODE",
     ),
 )
 
@@ -136,7 +185,7 @@ class Panel:
     description: str
 
 
-_NODE = '{job="' + JOB + '", node=~"$node"}'
+_NODE = '{job=~"$job", node=~"$node"}'  # the enforcing agents by default; the observers, or both
 DASHBOARD_PANELS: tuple[Panel, ...] = (
     Panel("Agents scraped / ready", "short", (
         ('count(up' + _NODE + ' == 1)', "scraped"), ('sum(ipmasq_ready' + _NODE + ')', "ready"),
@@ -168,9 +217,11 @@ DASHBOARD_PANELS: tuple[Panel, ...] = (
         ('sum by (node, family) (ipmasq_rules' + _NODE + ')', "rules {{node}} {{family}}"),
         ('sum by (node, family) (ipmasq_set_elements' + _NODE + ')', "set elements {{node}} {{family}}")),
           "What the agent holds in the kernel per node and family."),
-    Panel("Packets per config rule", "pps", (
+    Panel("Packets per config rule (opt-in)", "pps", (
         ('sum by (rule) (rate(ipmasq_rule_packets_total' + _NODE + '[5m]))', "{{rule}}"),),
-          "Traffic through each rule of the config's rules: section, over every selected node."),
+          "Traffic through each rule of the config's rules: section, over every selected node. Empty unless the "
+          "agents run with --prometheus-rule-metrics=true: the rules' names and traffic are then readable on every "
+          "node's port 9848 by any pod."),
     Panel("Agent memory", "bytes", (
         ('process_resident_memory_bytes' + _NODE, "RSS {{node}}"),),
           "The agent process's resident memory (the DaemonSet's request and limit are sized in docs/measurements.md)."),
@@ -178,7 +229,8 @@ DASHBOARD_PANELS: tuple[Panel, ...] = (
 
 
 def dashboard() -> dict[str, Any]:
-    """The Grafana dashboard (JSON model, schema 39): one template variable per data source and node."""
+    """The Grafana dashboard (JSON model, schema 39): template variables for the data source, the job (the enforcing
+    agents, the observers or both) and the node."""
     panels = []
     for index, panel in enumerate(DASHBOARD_PANELS):
         panels.append({
@@ -196,10 +248,13 @@ def dashboard() -> dict[str, Any]:
         "schemaVersion": 39, "time": {"from": "now-6h", "to": "now"}, "refresh": "1m",
         "templating": {"list": [
             {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Data source"},
+            {"name": "job", "type": "custom", "label": "Agents", "query": ",".join(JOBS), "multi": True,
+             "includeAll": True, "current": {"text": JOB, "value": JOB},
+             "options": [{"text": job, "value": job, "selected": job == JOB} for job in JOBS]},
             {"name": "node", "type": "query", "label": "Node", "includeAll": True, "multi": True,
              "allValue": ".*", "refresh": 2, "datasource": {"type": "prometheus", "uid": "${datasource}"},
-             "query": {"query": 'label_values(ipmasq_build_info{job="' + JOB + '"}, node)', "refId": "nodes"},
-             "definition": 'label_values(ipmasq_build_info{job="' + JOB + '"}, node)'},
+             "query": {"query": 'label_values(ipmasq_build_info{job=~"$job"}, node)', "refId": "nodes"},
+             "definition": 'label_values(ipmasq_build_info{job=~"$job"}, node)'},
         ]},
         "panels": panels,
     }
@@ -228,29 +283,39 @@ def pod_monitor() -> dict[str, Any]:
     }
 
 
-def scrape_config() -> dict[str, Any]:
+def scrape_config(job: str = JOB) -> dict[str, Any]:
     """A plain Prometheus' scrape job (prometheus.yml `scrape_configs:`), found by Kubernetes service discovery:
-    pods in kube-system, the agent's label, its `metrics` port kept, every other pod and port dropped."""
+    pods in kube-system, the pods' label k8s-app=JOB (the enforcing agents', or the observers'), their `metrics` port
+    kept, every other pod and port dropped."""
     return {
-        "job_name": JOB,
+        "job_name": job,
         "scrape_interval": "30s",
         "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [NAMESPACE]},
-                                   "selectors": [{"role": "pod", "label": "=".join(AGENT_LABEL)}]}],
+                                   "selectors": [{"role": "pod", "label": f"{AGENT_LABEL[0]}={job}"}]}],
         "relabel_configs": [
             {"source_labels": ["__meta_kubernetes_pod_label_" + AGENT_LABEL[0].replace("-", "_"),
                                "__meta_kubernetes_pod_container_port_name"],
-             "regex": f"{AGENT_LABEL[1]};{METRICS_PORT}", "action": "keep"},
+             "regex": f"{job};{METRICS_PORT}", "action": "keep"},
             {"source_labels": [NODE_SOURCE], "target_label": NODE_LABEL},
             {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
         ],
     }
 
 
-def rule_group(*, for_override: str | None = None) -> dict[str, Any]:
-    """The alert group as Prometheus loads it; `for_override` replaces every `for:` (the lab's short durations)."""
+def scrape_configs() -> list[dict[str, Any]]:
+    """Both jobs, what the PodMonitor finds: the enforcing agents and the observers."""
+    return [scrape_config(job) for job in JOBS]
+
+
+def rule_group(*, for_override: str | None = None, grace_override: float | None = None) -> dict[str, Any]:
+    """The alert group as Prometheus loads it; `for_override` replaces every `for:`, `grace_override` the seconds a
+    provider's agent may take to follow (OBSERVED_GRACE_SECONDS): the lab's short durations."""
     rules = []
     for alert in ALERTS:
-        rule: dict[str, Any] = {"alert": alert.name, "expr": alert.expr}
+        expr = alert.expr
+        if grace_override is not None and alert.name == NOT_ENFORCED_OBSERVED:
+            expr = _observed_not_enforced(grace_override)
+        rule: dict[str, Any] = {"alert": alert.name, "expr": expr}
         duration = alert.for_ if for_override is None else for_override
         if duration != "0m":
             rule["for"] = duration

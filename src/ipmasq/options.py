@@ -11,9 +11,13 @@ from dataclasses import dataclass, replace
 
 from ipmasq.errors import UsageError, clip
 
-__all__ = ["DEFAULT_CHAIN", "PolicyOptions", "PortRange", "check_chain_name", "parse_to_ports", "quoted"]
+__all__ = ["DEFAULT_CHAIN", "MARKER_CHAIN_PREFIX", "PolicyOptions", "PortRange", "check_chain_name", "parse_to_ports",
+           "quoted"]
 
 DEFAULT_CHAIN = "IP-MASQ-AGENT"
+# The names of ipmasq's ownership markers in the nat table (ipmasq.netfilter.iptables.marker_chain): a --masq-chain
+# may not take one, or a chain could pass for the record of another.
+MARKER_CHAIN_PREFIX = "IPMASQ-OWNS-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,4 +83,7 @@ def check_chain_name(name: str) -> str:
     if _CHAIN_NAME.match(name) is None or name in {"POSTROUTING", "PREROUTING", "INPUT", "OUTPUT", "FORWARD"}:
         raise UsageError(f'--masq-chain: {quoted(name)} is not a usable chain name (1-28 letters, digits, "-", "_", '
                          '"."; not a built-in chain)')
+    if name.startswith(MARKER_CHAIN_PREFIX):
+        raise UsageError(f"--masq-chain: {quoted(name)} starts with {MARKER_CHAIN_PREFIX}, the names of ipmasq's "
+                         "ownership markers")
     return name

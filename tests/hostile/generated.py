@@ -152,3 +152,21 @@ def make(name: str, root: Path) -> Path:
     where = root / name
     where.mkdir()
     return GENERATED[name](where)
+
+
+def aws_node_with_junk_env(size: int = 2**20) -> bytes:
+    """The aws-node DaemonSet (as `kubectl get -o yaml` prints it) whose AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS is `size`
+    bytes of comma-separated junk: ~190,000 entries of 1 to 8 characters that are not CIDRs."""
+    import random
+
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789./:"
+    draw = random.Random(1)  # the same corpus every run
+    entries, total = [], 0
+    while total < size:
+        entry = "".join(draw.choice(alphabet) for _ in range(draw.randint(1, 8)))
+        entries.append(entry)
+        total += len(entry) + 1
+    return ("apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: aws-node\n  namespace: kube-system\nspec:\n"
+            "  template:\n    spec:\n      containers:\n      - name: aws-node\n        env:\n"
+            "        - name: AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS\n"
+            f"          value: {json.dumps(','.join(entries))}\n").encode()

@@ -34,6 +34,7 @@ import ipmasq.commands.lint
 import ipmasq.commands.render
 import ipmasq.commands.trace
 import ipmasq.diagnose.sources
+from ipmasq.lab.wait import until
 
 OUTPUT_KEPT = 1 << 20  # what a reply carries of each stream: enough to see a runaway, never all of one
 
@@ -85,16 +86,17 @@ def run_one(argv: list[str], stdin_path: str | None, timeout: float) -> dict[str
         if pid == 0:
             _child(argv, stdin_path, out.fileno(), err.fileno())
         timed_out = False
-        while True:
-            done, status, usage = os.wait4(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() - started > timeout:
-                timed_out = True
-                os.kill(pid, signal.SIGKILL)
-                _, status, usage = os.wait4(pid, 0)
-                break
-            time.sleep(0.002)
+
+        def ended() -> tuple[int, int, Any] | None:
+            reaped = os.wait4(pid, os.WNOHANG)
+            return reaped if reaped[0] else None
+
+        try:
+            _, status, usage = until(ended, "the child's exit", timeout=timeout, interval=0.002, error=TimeoutError)
+        except TimeoutError:
+            timed_out = True
+            os.kill(pid, signal.SIGKILL)
+            _, status, usage = os.wait4(pid, 0)
         seconds = time.monotonic() - started
         code = os.waitstatus_to_exitcode(status)
         return {"code": code, "stdout": _read(out.fileno()), "stderr": _read(err.fileno()),

@@ -6,12 +6,17 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from ipmasq.agent.client import DEFAULT_METRICS_ADDRESS
 from ipmasq.lab.netns import Namespace, Network, stop_process
+from ipmasq.netfilter.iptables import marker_chain
+from tests.eventually import eventually
 from tests.kernel.servers import LAB_PROBE, start_server, stop_server
 
 POD, POD_GW, NODE, PEER_GW = "10.44.14.15", "10.44.14.1", "10.142.15.203", "10.142.0.1"
@@ -101,7 +106,8 @@ def agent(node: Namespace, log: Path, *args: str, env: dict[str, str] | None = N
                       env=full_env)
     running = AgentProcess(proc, log)
     try:
-        assert wait_until(lambda: "agent started" in running.log or proc.poll() is not None, 30), running.log
+        eventually(lambda: "agent started" in running.log or proc.poll() is not None,
+                   lambda: f"the agent started (or exited)\n{running.log}")
         assert proc.poll() is None, running.log
         yield running
     finally:
@@ -109,20 +115,29 @@ def agent(node: Namespace, log: Path, *args: str, env: dict[str, str] | None = N
         fh.close()
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 30.0, interval: float = 0.02) -> bool:
-    """True once `condition()` holds; False after `timeout` (a hang guard: generous, since a loaded machine is slow)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval)
-    return bool(condition())
+def passes(node: Namespace, result: str | None = None, *, address: str = DEFAULT_METRICS_ADDRESS) -> float:
+    """The reconcile passes the agent in `node` has counted (ipmasq_syncs_total on its /metrics): of one result
+    (in-sync, applied, no-policy, ...), or of all."""
+    script = "import sys, urllib.request\nprint(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
+    text = node.run([sys.executable, "-c", script, f"http://{address}/metrics"]).stdout
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "ipmasq_syncs_total" and result in (None, sample.labels.get("result")))
+
+
+def more_passes(node: Namespace, count: int, *, address: str = DEFAULT_METRICS_ADDRESS) -> None:
+    """Wait until the agent in `node` has run `count` more reconcile passes: an idle spell is counted in the
+    agent's passes, never in seconds (a loaded machine stretches seconds, and fewer passes would fit in them)."""
+    start = passes(node, address=address)
+    eventually(lambda: passes(node, address=address) >= start + count,
+               lambda: f"{count} more passes (from {start:g}: {passes(node, address=address):g})")
 
 
 def ours(save_text: str, chain: str = "IP-MASQ-AGENT") -> list[str]:
-    """Our declaration, jump and rules as iptables-save printed them."""
+    """Our declaration, jump and rules, and the chain's ownership marker and its record, as iptables-save printed
+    them."""
+    declared = (f":{chain} ", f"-A {chain} ", f":{marker_chain(chain)} ", f"-A {marker_chain(chain)} ")
     return [line for line in save_text.splitlines()
-            if line.startswith((f":{chain} ", f"-A {chain} ")) or (line.startswith("-A POSTROUTING") and chain in line)]
+            if line.startswith(declared) or (line.startswith("-A POSTROUTING") and chain in line)]
 
 
 def foreign(save_text: str, chain: str = "IP-MASQ-AGENT") -> list[str]:

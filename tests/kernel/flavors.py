@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ipmasq.lab.netns import Namespace
+from ipmasq.netfilter.iptables import marker_chain
+from ipmasq.netfilter.nft import MARKER_SET
 from tests.kernel.agent_harness import foreign, ours
 
 TABLE = ("inet", "ip-masq-agent")
@@ -78,6 +80,7 @@ class Flavor:
                 "flush set": [[*nft, "flush", "set", *TABLE, "nomasq_v4" if family == 4 else "nomasq_v6"]],
                 "insert rule": [[*nft, "insert", "rule", *chain, "ip", "daddr", "172.30.0.0/16", "return"]],
                 "add rule": [[*nft, "add", "rule", *chain, "counter"]],
+                "delete marker": [[*nft, "delete", "set", *TABLE, MARKER_SET]],
             }
         tool = "iptables" if family == 4 else "ip6tables"
         nat = [tool, "-t", "nat"]
@@ -91,6 +94,7 @@ class Flavor:
                                     f"sed 's/^/*nat\\n/; s/$/\\n-F IP-MASQ-AGENT\\n-X IP-MASQ-AGENT\\nCOMMIT/' | "
                                     f"{tool}-restore --noflush"]
         inserted = "172.30.0.0/16" if family == 4 else "fd00:1::/64"
+        marker = marker_chain("IP-MASQ-AGENT")
         return {
             "flush": [[*nat, "-F", "IP-MASQ-AGENT"]],
             "delete jump": [delete_jump],
@@ -99,6 +103,10 @@ class Flavor:
             "reorder": [[*nat, "-D", "IP-MASQ-AGENT", "2"],
                         [*nat, "-A", "IP-MASQ-AGENT", "-d", "10.0.0.0/8" if family == 4 else "fd00::/8",
                          "-j", "RETURN"]],
+            # in one transaction, as the agent may repair the marker between two commands
+            "delete marker": [["sh", "-c", f"printf '*nat\\n-F {marker}\\n-X {marker}\\nCOMMIT\\n' | "
+                                           f"{tool}-restore --noflush"]],
+            "empty marker": [[*nat, "-F", marker]],
         }
 
 

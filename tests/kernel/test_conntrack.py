@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from ipmasq.netfilter.iptables import render_restore
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, parse_cidr
+from tests.eventually import eventually
 from tests.kernel.servers import LAB_PROBE, start_server, stop_server
 
 POD, NODE_POD_SIDE, NODE_PEER_SIDE, PEER = "10.44.14.15", "10.44.14.1", "172.30.12.1", "172.30.12.110"
@@ -58,14 +58,9 @@ def _stop_servers() -> object:
         stop_server(_servers.pop())
 
 
-def _wait_for_entry(node: Namespace, timeout: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        listed = node.run(["conntrack", "-L", "-f", "ipv4", "--orig-dst", PEER], check=False)
-        if POD in listed.stdout:
-            return
-        time.sleep(0.02)
-    raise AssertionError("the first SYN never created a conntrack entry on the node")
+def _has_entry(node: Namespace) -> bool:
+    """Whether the pod's first SYN to the peer has its conntrack entry on the node."""
+    return POD in node.run(["conntrack", "-L", "-f", "ipv4", "--orig-dst", PEER], check=False).stdout
 
 
 @pytest.mark.parametrize("flush", [True, False], ids=["flush", "no-flush"])
@@ -77,7 +72,7 @@ def test_retransmitted_syn_sees_the_fix_only_after_flush(net: Network, flush: bo
     client = pod.popen([sys.executable, "-m", "ipmasq.lab.probe", "connect", PEER, str(PORT), str(CONNECT_TIMEOUT)],
                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
-        _wait_for_entry(node)
+        eventually(lambda: _has_entry(node), "the first SYN's conntrack entry on the node")
         # the fix, as the agent applies it: the chain declared again (so flushed) and rewritten, in one restore
         node.run(["iptables-restore", "--noflush", "-w"], stdin=render_restore(after, Family.V4, with_jump=False))
         if flush:
@@ -116,10 +111,11 @@ def test_agent_flush_conntrack_flag(net: Network, flag: str, tmp_path: Path) -> 
                             "--config", f"{config_dir}/ip-masq-agent"], stdout=log, stderr=subprocess.STDOUT)
     client = None
     try:
-        assert _wait_log(log_path, "applied IPv4 rules"), log_path.read_text()
+        eventually(lambda: "applied IPv4 rules" in log_path.read_text(),
+                   lambda: f"the agent's first write\n{log_path.read_text()}")
         client = pod.popen([sys.executable, "-m", "ipmasq.lab.probe", "connect", PEER, str(PORT),
                             str(CONNECT_TIMEOUT)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        _wait_for_entry(node)
+        eventually(lambda: _has_entry(node), "the first SYN's conntrack entry on the node")
         publish(config_dir, "nonMasqueradeCIDRs: [10.0.0.0/8]\n")  # the GKE upgrade fix, while the SYNs retry
         out, _ = client.communicate(timeout=CONNECT_TIMEOUT + 5)
     finally:
@@ -136,11 +132,3 @@ def test_agent_flush_conntrack_flag(net: Network, flag: str, tmp_path: Path) -> 
         assert out.strip() == "FAILED", text
         assert "conntrack: deleted" not in text
 
-
-def _wait_log(path: Path, needle: str, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if needle in path.read_text():
-            return True
-        time.sleep(0.02)
-    return False

@@ -3,9 +3,7 @@ least-privilege, drop-in, and the webhook is sent exactly the ConfigMaps it judg
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from ipmasq.options import PolicyOptions
 from ipmasq.webhook.review import decide
 from tests.conftest import ROOT
 from tests.hostile.admission import configmap
+from tests.manifests import KUSTOMIZATIONS, kustomize
 
 DEPLOY = ROOT / "deploy"
 # what deploy/ installs: the release's tag (ipmasq.__version__) in a registry the project names
@@ -34,17 +33,6 @@ RELEASED_IMAGE = f"ghcr.io/ipmasq/ipmasq:{__version__}"
 SUPPORTED_MINORS = ("1.33", "1.34", "1.35", "1.36", "1.37")
 # The Prometheus Operator's kinds (deploy/monitoring): no Kubernetes schema covers them, the operator's CRDs do.
 PROMETHEUS_OPERATOR_KINDS = {"PodMonitor", "PrometheusRule"}
-
-
-def kustomize(path: Path) -> list[dict[str, Any]]:
-    if shutil.which("kubectl") is None:
-        if os.environ.get("CI"):
-            pytest.fail("kubectl is missing (scripts/bootstrap.sh installs Debian's kubernetes-client)")
-        pytest.skip("kubectl is missing")
-    result = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert result.stderr == "", result.stderr  # today's fields: no deprecation warning from kubectl's kustomize
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 def daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -74,11 +62,10 @@ def test_kustomize_output_validates_against_the_kubernetes_schemas(path: Path) -
 
 
 # Every kustomization is rendered and each of its documents validated on every supported minor: base and gke above,
-# webhook in its own test below, monitoring here (the Prometheus Operator's kinds only).
+# webhook and gke-webhook in their own test below, monitoring here (the Prometheus Operator's kinds only).
 OBSERVE = DEPLOY / "overlays" / "observe"
 OBSERVE_OVERLAYS = {"observe": OBSERVE, "observe-eks": OBSERVE / "eks", "observe-aks": OBSERVE / "aks"}
-RENDERED = {"base": DEPLOY, "gke": DEPLOY / "overlays" / "gke", "webhook": DEPLOY / "webhook",
-            "monitoring": DEPLOY / "monitoring", **OBSERVE_OVERLAYS}
+RENDERED = KUSTOMIZATIONS
 
 
 @pytest.mark.parametrize("name", list(OBSERVE_OVERLAYS))
@@ -105,21 +92,27 @@ def test_every_file_of_deploy_is_in_a_validated_kustomization_or_an_example() ->
     belongs."""
     included: set[Path] = set()
     rendered_dirs = {path.resolve() for path in RENDERED.values()}
-    for kustomization in sorted(DEPLOY.rglob("kustomization.yaml")):
-        spec = yaml.safe_load(kustomization.read_text())
-        included.add(kustomization.resolve())
+    kustomizations = {k.parent.resolve(): yaml.safe_load(k.read_text()) for k in DEPLOY.rglob("kustomization.yaml")}
+    while True:  # a directory another rendered one takes in (deploy/base, a component) is rendered with it
+        grown = {(directory / entry).resolve() for directory, spec in kustomizations.items()
+                 if directory in rendered_dirs for entry in spec.get("resources", []) + spec.get("components", [])
+                 if (directory / entry).resolve().is_dir()}
+        if grown <= rendered_dirs:
+            break
+        rendered_dirs |= grown
+    for directory, spec in kustomizations.items():
+        assert directory in rendered_dirs, directory / "kustomization.yaml"
+        included.add(directory / "kustomization.yaml")
         entries = spec.get("resources", []) + [patch["path"] for patch in spec.get("patches", []) if "path" in patch]
-        for entry in entries:
-            target = (kustomization.parent / entry).resolve()
-            if target.is_file():
-                included.add(target)
-            elif kustomization.parent.resolve() in rendered_dirs:
-                rendered_dirs.add(target)  # a directory rendered as part of one that is (deploy/base)
-    for kustomization in DEPLOY.rglob("kustomization.yaml"):
-        assert kustomization.parent.resolve() in rendered_dirs, kustomization
+        included |= {(directory / entry).resolve() for entry in entries if (directory / entry).resolve().is_file()}
     examples = {path.resolve() for path in (DEPLOY / "examples").glob("*.yaml")}
     rule_file = {(DEPLOY / "monitoring" / "ip-masq-agent.rules.yaml").resolve()}  # Prometheus' rule_files format
     assert {path.resolve() for path in DEPLOY.rglob("*.yaml")} == included | examples | rule_file
+
+
+# the Lease's holder reads the node-trust policy and its binding, by name (ipmasq.kube.nodetrust)
+NODE_TRUST_READ = [("ClusterRole", "", "admissionregistration.k8s.io", resource, ("ip-masq-agent-own-node",),
+                    ("get",)) for resource in ("validatingadmissionpolicies", "validatingadmissionpolicybindings")]
 
 
 def test_the_agents_rights_are_exactly_its_configmap_events_status_reading_a_node_and_its_lease() -> None:
@@ -131,6 +124,7 @@ def test_the_agents_rights_are_exactly_its_configmap_events_status_reading_a_nod
         for rule in doc["rules"] for group in rule["apiGroups"] for resource in rule["resources"])
     assert granted == [
         ("ClusterRole", "", "", "nodes", (), ("get",)),
+        *NODE_TRUST_READ,
         ("ClusterRole", "", "ipmasq.dev", "ipmasqagentstatuses", (), ("create", "list", "patch")),
         ("Role", "default", "", "events", (), ("create", "patch")),
         ("Role", "kube-system", "", "configmaps", ("ip-masq-agent",), ("get", "list", "watch")),
@@ -231,11 +225,12 @@ def test_probes_query_the_loopback_address_the_agent_serves(path: Path) -> None:
     assert "--live" in probes[0] and "--live" not in probes[1]
 
 
-def test_the_webhook_kustomization_is_narrow_failing_open_and_least_privilege() -> None:
-    docs = kustomize(DEPLOY / "webhook")
+@pytest.mark.parametrize("name", ["webhook", "gke-webhook"])
+def test_the_webhook_kustomization_is_narrow_failing_open_and_least_privilege(name: str) -> None:
+    docs = kustomize(RENDERED[name])
     by_kind = {d["kind"]: d for d in docs}
     assert set(by_kind) == {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Deployment",
-                            "PodDisruptionBudget", "Service", "ValidatingWebhookConfiguration"}
+                            "PodDisruptionBudget", "Service", "ValidatingWebhookConfiguration", "NetworkPolicy"}
     for doc in docs:
         validate_on_every_supported_minor(doc)
     (hook,) = by_kind["ValidatingWebhookConfiguration"]["webhooks"]
@@ -261,6 +256,19 @@ def test_the_webhook_kustomization_is_narrow_failing_open_and_least_privilege() 
                                            "resourceNames": ["ipmasq-webhook-certificate"], "verbs": ["get", "update"]}
     (cluster_rule,) = by_kind["ClusterRole"]["rules"]
     assert cluster_rule["resourceNames"] == ["ipmasq-webhook"] and cluster_rule["verbs"] == ["get", "patch"]
+
+
+def test_the_gke_webhook_is_the_webhook_with_gke_agents_flags_and_nothing_else() -> None:
+    """GKE's agent (enforced, or GKE's own, observed) reads the ConfigMap with --nomasq-all-reserved-ranges, which
+    changes what lint finds: the webhook beside it judges with the same flags, from the one component both take."""
+    plain, gke = kustomize(RENDERED["webhook"]), kustomize(RENDERED["gke-webhook"])
+    (deployment,) = [d for d in gke if d["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    agent_args = daemonset(kustomize(RENDERED["gke"]))["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args == ["webhook", "--masq-chain=IP-MASQ", "--nomasq-all-reserved-ranges"]
+    assert set(args[1:]) <= set(agent_args)
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"] = ["webhook"]
+    assert gke == plain
 
 
 # --- Pod Security Standards (as Pod Security admission checks them, level "latest") --------------------------------
@@ -568,117 +576,6 @@ def test_a_kube_system_configmap_holding_a_config_is_sent_exactly_when_judged(
     assert is_sent == is_judged or (is_sent and starts_with_a_key_then_a_long_gap(value))
 
 
-# ---- the admission policy: each node's agent writes only for its own node -----------------------------------------
-# Its CEL is evaluated here by cel-python as the API server evaluates it (matchConditions, then variables, then each
-# validation in order); the real API server's verdict on real tokens is the Kubernetes lab's test.
-
-AGENT_USER = "system:serviceaccount:kube-system:ip-masq-agent"
-NODE_CLAIM = "authentication.kubernetes.io/node-name"
-
-
-@pytest.fixture(scope="module")
-def own_node_policy() -> dict[str, Any]:
-    (policy,) = [d for d in kustomize(DEPLOY) if d["kind"] == "ValidatingAdmissionPolicy"]
-    (binding,) = [d for d in kustomize(DEPLOY) if d["kind"] == "ValidatingAdmissionPolicyBinding"]
-    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
-    return policy
-
-
-def admitted(policy: dict[str, Any], resource: str, obj: dict[str, Any], *, user: str = AGENT_USER,
-             node: str | None = "node-a") -> str | None:
-    """None when the policy admits the request, else the message of the first validation that refused it."""
-    environment = celpy.Environment()
-
-    def run(expression: str, activation: dict[str, Any]) -> Any:
-        return environment.program(environment.compile(expression)).evaluate(activation)
-    extra = {NODE_CLAIM: [node]} if node is not None else {}
-    request = {"operation": "CREATE", "resource": {"resource": resource},
-               "userInfo": {"username": user, "extra": extra}}
-    activation: dict[str, Any] = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(obj)}
-    spec = policy["spec"]
-    if not all(run(condition["expression"], activation) for condition in spec["matchConditions"]):
-        return None
-    activation["variables"] = celpy.json_to_cel(
-        {variable["name"]: run(variable["expression"], activation) for variable in spec["variables"]})
-    for validation in spec["validations"]:
-        verdict = run(validation["expression"], activation)
-        assert isinstance(verdict, celpy.celtypes.BoolType), verdict  # an error would be a denial (Fail)
-        if not verdict:
-            if "messageExpression" in validation:
-                return str(run(validation["messageExpression"], activation))
-            return str(validation["message"])
-    return None
-
-
-def status_object(name: str, node_name: str | None = None) -> dict[str, Any]:
-    return {"apiVersion": "ipmasq.dev/v1alpha1", "kind": "IPMasqAgentStatus", "metadata": {"name": name},
-            **({"nodeName": node_name} if node_name else {})}
-
-
-def event_about(kind: str, name: str) -> dict[str, Any]:
-    return {"metadata": {"name": f"{name}.1", "namespace": "default"}, "involvedObject": {"kind": kind, "name": name}}
-
-
-def lease(holder: str | None, seconds: int | None = 120) -> dict[str, Any]:
-    spec: dict[str, Any] = {"renewTime": "2026-11-26T18:00:00.000000Z"}
-    if holder is not None:
-        spec["holderIdentity"] = holder
-    if seconds is not None:
-        spec["leaseDurationSeconds"] = seconds
-    return {"metadata": {"name": "ip-masq-agent", "namespace": "kube-system"}, "spec": spec}
-
-
-def test_an_agent_writes_its_own_nodes_status_events_and_the_lease(own_node_policy: dict[str, Any]) -> None:
-    for resource, obj in (("ipmasqagentstatuses", status_object("node-a", "node-a")),
-                          ("ipmasqagentstatuses", status_object("node-a")),
-                          ("events", event_about("Node", "node-a")),
-                          ("events", event_about("ConfigMap", "ip-masq-agent")),
-                          ("leases", lease("node-a")), ("leases", lease(None, None)),
-                          ("leases", {"metadata": {"name": "ip-masq-agent"}})):
-        assert admitted(own_node_policy, resource, obj) is None, (resource, obj)
-
-
-def test_an_agent_cannot_speak_for_another_node(own_node_policy: dict[str, Any]) -> None:
-    refused = {
-        ("ipmasqagentstatuses", "another"): status_object("node-b", "node-b"),
-        ("ipmasqagentstatuses", "forged"): status_object("zzz-forged", "node-b"),
-        ("ipmasqagentstatuses", "claims"): status_object("node-a", "node-b"),
-        ("events", "node"): event_about("Node", "node-b"),
-        ("events", "pod"): event_about("Pod", "coredns-1"),
-        ("leases", "holder"): lease("node-b"),
-    }
-    for (resource, _case), obj in refused.items():
-        message = admitted(own_node_policy, resource, obj)
-        assert message is not None and message.startswith("ip-masq-agent on node node-a may "), (resource, obj)
-    assert admitted(own_node_policy, "leases", lease("node-a", 2147483647)) == \
-        "ip-masq-agent may hold the Lease for at most 120 seconds"
-
-
-def test_an_agents_token_without_its_node_writes_nothing_and_others_are_not_looked_at(
-        own_node_policy: dict[str, Any]) -> None:
-    message = admitted(own_node_policy, "ipmasqagentstatuses", status_object("node-a"), node=None)
-    assert message is not None and NODE_CLAIM in message
-    in_another_namespace = "system:serviceaccount:ipmasq:ip-masq-agent"
-    assert admitted(own_node_policy, "events", event_about("Node", "node-b"), user=in_another_namespace) is not None
-    for user in ("kubernetes-admin", "system:serviceaccount:kube-system:ip-masq-agent-webhook",
-                 "system:node:node-b"):
-        assert admitted(own_node_policy, "ipmasqagentstatuses", status_object("node-b"), user=user) is None
-
-
-def test_an_observers_token_is_held_to_the_same_policy(own_node_policy: dict[str, Any]) -> None:
-    observer = "system:serviceaccount:kube-system:ipmasq-observer"
-    assert admitted(own_node_policy, "ipmasqagentstatuses", status_object("node-a"), user=observer) is None
-    message = admitted(own_node_policy, "ipmasqagentstatuses", status_object("node-b"), user=observer)
-    assert message is not None and message.startswith("ip-masq-agent on node node-a may ")
-
-
-def test_the_lease_bound_is_what_the_agents_write(own_node_policy: dict[str, Any]) -> None:
-    from ipmasq.agent.summary import LEASE_SECONDS
-
-    assert admitted(own_node_policy, "leases", lease("node-a", LEASE_SECONDS)) is None
-    assert admitted(own_node_policy, "leases", lease("node-a", LEASE_SECONDS + 1)) is not None
-
-
 # --- observe mode -------------------------------------------------------------------------------------------------
 
 
@@ -759,6 +656,7 @@ def test_aks_and_eks_are_observed_with_their_profiles_flags_and_inputs(name: str
 def test_the_observers_rights_are_its_configmaps_status_events_lease_and_for_eks_aws_node() -> None:
     shared = [
         ("ClusterRole", "", "", "nodes", (), ("get",)),
+        *NODE_TRUST_READ,
         ("ClusterRole", "", "ipmasq.dev", "ipmasqagentstatuses", (), ("create", "list", "patch")),
         ("Role", "default", "", "events", (), ("create", "patch")),
         ("Role", "kube-system", "", "events", (), ("create", "patch")),

@@ -9,7 +9,7 @@ import pytest
 
 from ipmasq.cli import main
 from ipmasq.diagnose.check import FindingId
-from ipmasq.findings import Finding, Severity, count, has_errors
+from ipmasq.findings import SHOWN_PER_KIND, Finding, Severity, bounded, count, has_errors, named
 from ipmasq.lint.hints import HINTS, lint_finding
 from tests.conftest import ROOT
 
@@ -68,7 +68,8 @@ def test_check_ids_are_strings_scripts_match_on() -> None:
     assert finding.id is FindingId.STALE_CHAIN
     assert {f.value for f in FindingId} == {"chain-missing", "jump-missing", "config-not-applied", "rules-differ",
                                             "foreign-masquerade", "jump-shadowed", "stale-chain", "unsupported",
-                                                "rule-missing", "rule-extra", "rule-edited", "rule-order"}
+                                            "rule-missing", "rule-extra", "rule-edited", "rule-order",
+                                            "ignored-by-writer"}
 
 
 def test_counts_and_reading_order() -> None:
@@ -104,3 +105,38 @@ def test_lint_cli_text_and_summary(capsys: pytest.CaptureFixture[str], tmp_path:
     assert second.startswith(f'{path}:4:5: error [misaligned-cidr] CIDR "10.0.0.1/8"')
     assert second.endswith(" (fix: use the network address of the block (the host bits must be zero))")
     assert captured.err == "1 error(s), 1 warning(s)\n"
+
+
+# --- output bounded by what a person reads: the first few of each kind, the rest counted -----------------------------
+
+def warning(i: int, *, id: str = "unsupported", file: str | None = None) -> Finding:
+    return Finding(id, Severity.WARNING, f"entry {i} is not a CIDR", "write it as a CIDR", file=file, line=i if file
+                   else None)
+
+
+def test_named_names_the_first_few_and_counts_the_rest() -> None:
+    assert named([]) == ""
+    assert named(["a", "b"]) == "a, b"
+    assert named([str(i) for i in range(6)]) == "0, 1, 2, 3, 4, 5"
+    assert named([str(i) for i in range(100_000)]) == "0, 1, 2, 3, 4, 5 and 99,994 more"
+
+
+def test_the_first_of_each_kind_are_shown_and_the_rest_counted_in_their_place() -> None:
+    error = Finding("rules-differ", Severity.ERROR, "differs", "fix it")
+    findings = [*(warning(i) for i in range(200_000)), error, *(warning(i, id="rule-extra") for i in range(3))]
+    shown = bounded(findings)
+    assert shown[:SHOWN_PER_KIND] == findings[:SHOWN_PER_KIND]
+    summary = shown[SHOWN_PER_KIND]
+    assert (summary.id, summary.severity, summary.omitted) == ("unsupported", Severity.WARNING,
+                                                              200_000 - SHOWN_PER_KIND)
+    assert summary.message == f"and {200_000 - SHOWN_PER_KIND:,} more warnings [unsupported] like the above, not shown"
+    assert shown[SHOWN_PER_KIND + 1:] == [error, *findings[-3:]]  # fewer than the bound: as they are
+    assert summary.as_dict()["omitted"] == 200_000 - SHOWN_PER_KIND and "omitted" not in error.as_dict()
+    assert bounded(findings[:SHOWN_PER_KIND]) == findings[:SHOWN_PER_KIND]
+
+
+def test_a_kind_is_per_file_so_each_linted_file_shows_its_first_findings() -> None:
+    findings = [warning(i, file=name) for name in ("a.yaml", "b.yaml") for i in range(1, 11)]
+    shown = bounded(findings)
+    assert [(f.file, f.omitted) for f in shown if f.omitted] == [("a.yaml", 5), ("b.yaml", 5)]
+    assert len(shown) == 2 * (SHOWN_PER_KIND + 1)

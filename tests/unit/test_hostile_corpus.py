@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tests.eventually import eventually
 from tests.hostile import generated
 
 HOSTILE = ROOT / "tests" / "hostile"
@@ -312,14 +312,33 @@ def test_hostile_input(runner: Runner, made: dict[str, Path], kind: str, case: s
 
 # --- a FIFO with a writer, as a shell's `<(...)` makes one: read as the file it stands for --------------------------
 
+def _waiting_reader(inode: int) -> bool:
+    """Whether another process holds the pipe `inode` open and sleeps: it waits for the pipe's data."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == f"pipe:[{inode}]" for fd in os.listdir(f"/proc/{pid}/fd")):
+                return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S"
+        except OSError:  # a process that ended meanwhile
+            continue
+    return False
+
+
 @contextmanager
 def _late_writer(data: bytes) -> Iterator[str]:
-    """A pipe this process writes `data` to a moment after the command opened it, named as /proc gives it to others
-    (a shell's `<(cmd)` is such a path): the runner's child opens it while the write end is held here."""
+    """A pipe this process writes `data` to only once the command has opened it and waits for it, named as /proc
+    gives it to others (a shell's `<(cmd)` is such a path): the runner's child opens it while the write end is held
+    here, and finds nothing in it until it waits."""
     read_end, write_end = os.pipe()
+    inode = os.fstat(read_end).st_ino
+    failed: list[AssertionError] = []
 
     def write() -> None:
-        time.sleep(0.3)
+        try:
+            eventually(lambda: _waiting_reader(inode), "the command waiting on the pipe")
+        except AssertionError as exc:
+            failed.append(exc)
         with os.fdopen(write_end, "wb") as pipe:
             pipe.write(data)
 
@@ -330,6 +349,8 @@ def _late_writer(data: bytes) -> Iterator[str]:
     finally:
         writer.join()
         os.close(read_end)
+    if failed:
+        raise failed[0]
 
 
 def test_a_dump_through_a_pipe_whose_writer_is_slow_is_read_whole(runner: Runner) -> None:

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ipmasq.agent import exposition
 from ipmasq.agent.metrics import DURATION_BUCKETS, Snapshot, metric_families, process_metric_families
 from ipmasq.agent.reconcile import RuleCount
-from ipmasq.monitoring import ALERTS, DASHBOARD_PANELS, JOB, dashboard, generated, scrape_config
+from ipmasq.monitoring import ALERTS, DASHBOARD_PANELS, JOB, OBSERVER_JOB, dashboard, generated, scrape_configs
 from ipmasq.policy.prefix import Family
 from tests.conftest import ROOT
 
@@ -40,16 +40,18 @@ def test_generated_files_are_up_to_date() -> None:
         assert (MONITORING / name).read_text() == text, f"{name}: run python -m ipmasq.monitoring"
 
 
-def _served_metric_names() -> set[str]:
-    """Every series name the agent's /metrics can hold: a snapshot with every optional family present."""
+def _served_metric_names(*, rule_series: bool = True) -> set[str]:
+    """Every series name the agent's /metrics can hold: a snapshot with every optional family present
+    (`rule_series` False: what the node-address scrape listener serves unless the operator opts in)."""
     snapshot = Snapshot(
         version="test", backend="nftables", syncs={"applied": 1, "in-sync": 2, "failed": 0, "no-policy": 0},
         duration_buckets=(1,) * (len(DURATION_BUCKETS) + 1), duration_sum=0.1, config_load_errors=0,
         config_reloads=1, drift_repairs=0, loop_errors=0, seconds_since_last_success=1.0, last_success_unix=1.0,
         rules={4: 3, 6: 3}, set_elements={4: 10, 6: 2}, ready=True, config_valid=True,
         enforced_config_hash="0123456789abcdef", resync_interval=60.0, foreign_masquerade_rules=0,
-        rule_counters=(RuleCount("partner", Family.V4, 5, 500),))
-    text = exposition.render([*metric_families(snapshot), *process_metric_families()]).decode()
+        rule_counters=(RuleCount("partner", Family.V4, 5, 500),), node_trust_verified=True)
+    text = exposition.render([*metric_families(snapshot, rule_series=rule_series),
+                              *process_metric_families()]).decode()
     return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
@@ -94,15 +96,29 @@ def test_every_dashboard_query_uses_metrics_the_agent_serves() -> None:
     assert model == dashboard()
 
 
-def test_the_documented_scrape_job_is_the_one_the_lab_runs() -> None:
-    """Debian's promtool cannot check it (its build leaves Kubernetes discovery out): the lab's Prometheus, built
-    from its Go module, loads exactly this job against a real API server (test_day_two.py)."""
-    job = scrape_config()
-    assert job["job_name"] == JOB and job["kubernetes_sd_configs"][0]["role"] == "pod"
-    keep = [r for r in job["relabel_configs"] if r.get("action") == "keep"]
-    assert keep and keep[0]["regex"].endswith(";metrics")
+def test_no_alert_and_no_panel_but_an_opt_in_one_needs_series_the_scraped_port_serves_only_when_opted_in() -> None:
+    """Prometheus scrapes the node-address listener, which serves the per-rule series only with
+    --prometheus-rule-metrics=true: no alert may need them, and a panel that shows them says so."""
+    default = _served_metric_names(rule_series=False) | {"up"}
+    assert _served_metric_names() - default == {"ipmasq_rule_packets_total", "ipmasq_rule_bytes_total"}
+    for alert in ALERTS:
+        assert metric_names(alert.expr) <= default, alert.name
+    for panel in DASHBOARD_PANELS:
+        if not all(metric_names(query) <= default for query, _legend in panel.queries):
+            assert "(opt-in)" in panel.title and "--prometheus-rule-metrics=true" in panel.description, panel.title
+
+
+def test_the_documented_scrape_jobs_are_the_ones_the_lab_runs() -> None:
+    """Debian's promtool cannot check them (its build leaves Kubernetes discovery out): the lab's Prometheus, built
+    from its Go module, loads exactly the enforcing agents' job against a real API server (test_day_two.py)."""
+    jobs = scrape_configs()
+    assert [job["job_name"] for job in jobs] == [JOB, OBSERVER_JOB]
+    for job in jobs:
+        assert job["kubernetes_sd_configs"][0]["role"] == "pod"
+        keep = [r for r in job["relabel_configs"] if r.get("action") == "keep"]
+        assert keep and keep[0]["regex"] == f"{job['job_name']};metrics"  # the pods' k8s-app label is the job
     docs = (ROOT / "docs" / "operations" / "monitoring.md").read_text()
-    assert yaml.safe_dump([job], sort_keys=False).strip() in docs  # the page shows exactly this job
+    assert yaml.safe_dump(jobs, sort_keys=False).strip() in docs  # the page shows exactly these jobs
 
 
 def test_every_alert_has_a_runbook_naming_an_ipmasq_or_kubectl_command() -> None:
@@ -123,6 +139,10 @@ def test_promtool_checks_the_rules_and_the_prometheusrule(tmp_path: Path) -> Non
 
 def _node(name: str) -> str:
     return f'instance="{name}:9847",{JOB_MATCHER}'
+
+
+def _observer(name: str) -> str:
+    return f'instance="{name}:9849",job="{OBSERVER_JOB}"'
 
 
 # Each case: input series, then (time, alert, the instances expected firing, extra labels, $value) checks, both
@@ -169,16 +189,41 @@ CASES: list[dict[str, Any]] = [
                 ("10m", "IpMasqAgentAbsent", [], {}, None)]},
     {"series": {'up{instance="x:9100",job="node-exporter"}': "1x30"},
      "checks": [("10m", "IpMasqAgentAbsent", [], {}, None), ("20m", "IpMasqAgentAbsent", [None], {}, None)]},
+    # the Lease's holder (a) finds the node-trust policy deleted at minute 5; b holds nothing (no series)
+    {"series": {f"ipmasq_node_trust_verified{{{_node('a')}}}": "1x5 0x25"},
+     "checks": [("15m", "IpMasqNodeTrustUnverified", [], {}, None),
+                ("25m", "IpMasqNodeTrustUnverified", ["a"], {}, None)]},
+    # observers only: not an absence of enforcing agents; a dead observer is the observers' own alert, a warning
+    {"series": {f"up{{{_observer('a')}}}": "1 1 0x20", f"up{{{_observer('b')}}}": "1x22"},
+     "checks": [("20m", "IpMasqAgentAbsent", [], {}, None), ("20m", "IpMasqAgentDown", [], {}, None),
+                ("4m", "IpMasqObserverDown", [], {}, None), ("10m", "IpMasqObserverDown", ["a"], {}, None)]},
+    # the node's rules (the provider's agent's) stop enforcing the config on a; b keeps catching up
+    {"series": {f"ipmasq_seconds_since_last_successful_sync{{{_observer('a')}}}": "1 1 60+60x30",
+                f"ipmasq_seconds_since_last_successful_sync{{{_observer('b')}}}": "1 120 1 120 1 120 1 120 1 120 "
+                                                                                  "1 120 1 120 1 120 1 120 1 120 1",
+                f"ipmasq_seconds_since_last_successful_sync{{{_node('c')}}}": "1 1 60+60x30"},
+     "checks": [("10m", "IpMasqObserverConfigNotEnforced", [], {}, None),
+                ("20m", "IpMasqObserverConfigNotEnforced", ["a"], {}, None)]},
+    # an observer that cannot read the rules (not ready, its looks failing) is not an enforcing agent failing to
+    # write: only its own alert says it
+    {"series": {f"ipmasq_config_valid{{{_observer('a')}}}": "1x30", f"ipmasq_ready{{{_observer('a')}}}": "0x30",
+                f"ipmasq_last_successful_sync_timestamp_seconds{{{_observer('a')}}}": "0x30",
+                f"ipmasq_resync_interval_seconds{{{_observer('a')}}}": "2x30",
+                f'ipmasq_syncs_total{{{_observer("a")},result="failed"}}': "0+30x30",
+                f"ipmasq_drift_repairs_total{{{_observer('a')}}}": "0x30",
+                f"ipmasq_seconds_since_last_successful_sync{{{_observer('a')}}}": "0+60x30"},
+     "checks": [("25m", "IpMasqAgentKernelNotMatching", [], {}, None), ("25m", "IpMasqAgentSyncFailing", [], {}, None),
+                ("25m", "IpMasqObserverConfigNotEnforced", ["a"], {}, None)]},
 ]
 
 
 def _expected(alert_name: str, node: str | None, extra: dict[str, str], value: str | None) -> dict[str, Any]:
     alert = next(a for a in ALERTS if a.name == alert_name)
     labels = {"severity": alert.severity, **extra}
-    if node is not None:
+    if node is not None and "Observer" in alert_name:
+        labels.update(instance=f"{node}:9849", job=OBSERVER_JOB)
+    elif node is not None:
         labels.update(instance=f"{node}:9847", job="ip-masq-agent")
-    elif alert_name == "IpMasqAgentAbsent":
-        labels["job"] = "ip-masq-agent"
 
     def render(template: str) -> str:
         text = template.replace("{{ $labels.instance }}", labels.get("instance", ""))

@@ -140,7 +140,13 @@ class Narrator:
             mismatch = one_line(report.mismatch) if report.mismatch is not None else None
             status = replace(status, policy_hash=report.policy_hash, config_digest=report.config_digest,
                              config_source=origin.source if origin is not None else "file",
-                             configmaps=origin.configmaps if origin is not None else (), mismatch=mismatch)
+                             configmaps=origin.configmaps if origin is not None else (), mismatch=mismatch,
+                             ignored=one_line(report.ignored) if report.ignored is not None else None)
+            if report.ignored is not None and self._once("ignored", report.ignored):
+                said.append(Occurrence(self.node_ref, "Warning", "IgnoredByWriter",
+                                       f"node {node}: {one_line(report.ignored)}"))
+            elif report.ignored is None:
+                self._said.pop("ignored", None)
             if mismatch is not None and self._once("mismatch", mismatch):
                 said.append(Occurrence(self.node_ref, "Warning", "ConfigNotEnforced",
                                        f"node {node}: the rules {self.status.writer or 'another agent'} writes in "

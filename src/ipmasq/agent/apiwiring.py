@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from ipmasq import __version__
 from ipmasq.agent.apiconfig import ApiConfig
 from ipmasq.agent.apireport import ApiReporter, FleetSize, Narrator
-from ipmasq.agent.summary import LEASE_SECONDS, SummaryWriter
+from ipmasq.agent.summary import LEASE_SECONDS, SummaryFacts, SummaryWriter
 from ipmasq.agent.writerinputs import WriterInputs
 from ipmasq.kube.agentstatus import StatusWriter
 from ipmasq.kube.client import ApiClient
@@ -27,11 +27,13 @@ COMPONENT = "ip-masq-agent"  # the source of the agent's Events
 def start_api(client: ApiClient, node: str, *, pod: str | None, namespace: str, names: Sequence[str], key: str,
               summary_lease: str, log: logging.Logger, poke: Callable[[], None], stop: threading.Event,
               mode: str = "enforce", writer: str | None = None, chain: str = "",
-              inputs: Writer | None = None) -> tuple[ApiConfig | WriterInputs, ApiReporter]:
+              inputs: Writer | None = None, facts: SummaryFacts | None = None) -> tuple[ApiConfig | WriterInputs,
+                                                                                       ApiReporter]:
     """Start following the ConfigMaps (`poke` wakes the loop on a new content), the reporter (a LoopObserver: the
     loop hands it its reports) and, unless `summary_lease` is empty, the summary writer's candidacy (woken by each
     new content). `mode` "observe": the status says so, with the `writer` and `chain` observed; `inputs`: that
-    writer's own inputs are followed instead of `names` (ipmasq.agent.writerinputs)."""
+    writer's own inputs are followed instead of `names` (ipmasq.agent.writerinputs); `facts`: the agent's metrics,
+    told what the summary learns (the node-trust policy, a Lease lost early)."""
     api_config = (ApiConfig(client, namespace, names, key, log=log, poke=poke, stop=stop) if inputs is None
                   else WriterInputs(client, inputs, log=log, poke=poke, stop=stop))
     events = EventRecorder(client, component=COMPONENT, host=node)
@@ -40,7 +42,7 @@ def start_api(client: ApiClient, node: str, *, pod: str | None, namespace: str, 
     reporter = ApiReporter(narrator, events, StatusWriter(client, node), log=log, stop=stop, fleet=fleet)
     if summary_lease:
         elector = LeaseElector(client, namespace, summary_lease, node, duration=LEASE_SECONDS)
-        summary = SummaryWriter(client, elector, events, log=log, stop=stop, fleet=fleet)
+        summary = SummaryWriter(client, elector, events, log=log, stop=stop, fleet=fleet, facts=facts)
         api_config.listeners.append(summary.content_changed)
         summary.start()
     api_config.start()

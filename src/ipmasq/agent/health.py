@@ -14,7 +14,9 @@ Bodies are one line, the reason, so `ipmasq health` can print it as is.
 
 A second listener (--prometheus-address, the DaemonSet gives it the node's own address) serves /metrics alone, for
 Prometheus to scrape from outside the node, as Cilium's agent serves its own: what a scraper may reach is the
-metrics, never /settings or the probes' endpoints, which stay on loopback.
+metrics, never /settings or the probes' endpoints, which stay on loopback. Nor, unless the operator opts in
+(`rule_series`, the agent's --prometheus-rule-metrics), the per-rule series: their labels are the config rules'
+names and their values each rule's traffic, which the whole pod network could otherwise read off the node's port.
 """
 
 from __future__ import annotations
@@ -56,10 +58,11 @@ def respond(status: AgentStatus, path: str) -> Response:
     return Response(404, b"not found: try /metrics, /healthz, /readyz or /settings\n")
 
 
-def respond_metrics_only(status: AgentStatus, path: str) -> Response:
-    """The scrape listener's answers: /metrics, and nothing else (not even whether another path exists)."""
+def respond_metrics_only(status: AgentStatus, path: str, *, rule_series: bool = False) -> Response:
+    """The scrape listener's answers: /metrics (the per-rule series only with `rule_series`), and nothing else (not
+    even whether another path exists)."""
     if path == "/metrics":
-        return respond(status, path)
+        return Response(200, render_metrics(status, rule_series=rule_series), CONTENT_TYPE)
     return Response(404, b"not found: only /metrics is served here\n")
 
 
@@ -75,10 +78,11 @@ class StatusServer:
     """
 
     def __init__(self, status: AgentStatus, address: str, *, metrics_only: bool = False,
-                 flag: str = "--metrics-address") -> None:
+                 flag: str = "--metrics-address", rule_series: bool = False) -> None:
         self.status = status
         self.address = address
         self.metrics_only = metrics_only
+        self.rule_series = rule_series  # metrics_only: the per-rule series served too
         self.flag = flag  # named in what the agent logs about this listener
         self.what = "/metrics" if metrics_only else "/metrics, /healthz and /readyz"
         self._listener: socket.socket | None = None
@@ -120,8 +124,12 @@ class StatusServer:
     def _serve(self, listener: socket.socket) -> None:
         # poll() sleeps until a client or the wake pipe: an idle agent does not wake for its endpoints at all, and
         # stop() (SIGTERM) ends the thread at once
-        answer = respond_metrics_only if self.metrics_only else respond
-        Responder(listener, lambda path: answer(self.status, path), self._wake_r).run()
+        def answer(path: str) -> Response:
+            if self.metrics_only:
+                return respond_metrics_only(self.status, path, rule_series=self.rule_series)
+            return respond(self.status, path)
+
+        Responder(listener, answer, self._wake_r).run()
 
     @property
     def port(self) -> int:

@@ -28,7 +28,13 @@ Metrics (all prefixed `ipmasq_`):
                                          few passes)
     build_info{version,backend}          always 1
     rule_packets_total{rule,family}      packets through a config rule (its kernel rules' counters, summed), as read by
-    rule_bytes_total{rule,family}        the last pass (never by a scrape); a rewrite of the rule starts them at 0
+    rule_bytes_total{rule,family}        the last pass (never by a scrape); a rewrite of the rule starts them at 0.
+                                         Served on the loopback listener; on the node-address scrape listener
+                                         (--prometheus-address) only with --prometheus-rule-metrics=true: the rules'
+                                         names and traffic are the config's, not the pod network's to read
+    node_trust_verified                  the Lease's holder: 1 while the node-trust admission policy and its binding
+                                         are in force, 0 while the nodes' statuses are unverified (absent elsewhere)
+    summary_lease_lost_early_total       times the summary Lease was taken from this agent before it could expire
 
 and the process's: process_resident_memory_bytes, process_virtual_memory_bytes, process_cpu_seconds_total,
 process_start_time_seconds, process_open_fds, process_max_fds (the names prometheus-client's process collector
@@ -88,6 +94,8 @@ class Snapshot:
     rule_counters: tuple[RuleCount, ...] = ()
     foreign_rewrites: int = 0
     foreign_writer_chain: str | None = None  # the chain another writer owns now (None: nobody fights us)
+    node_trust_verified: bool | None = None  # holding the summary Lease: the node-trust policy in force (else None)
+    lease_lost_early: int = 0
 
 
 @dataclass
@@ -102,6 +110,7 @@ class _Counters:
     drift_repairs: int = 0
     loop_errors: int = 0
     foreign_rewrites: int = 0
+    lease_lost_early: int = 0
 
 
 class AgentStatus:
@@ -131,6 +140,17 @@ class AgentStatus:
         self._foreign: int | None = None
         self._rule_counters: tuple[RuleCount, ...] = ()
         self._foreign_writer: str | None = None
+        self._node_trust: bool | None = None
+
+    # ---- hooks, called by the summary's thread (ipmasq.agent.summary SummaryFacts) ----
+
+    def node_trust(self, verified: bool | None) -> None:
+        with self._lock:
+            self._node_trust = verified
+
+    def lease_lost_early(self) -> None:
+        with self._lock:
+            self._counters.lease_lost_early += 1
 
     # ---- hooks, called by the loop's thread ----
 
@@ -235,15 +255,18 @@ class AgentStatus:
                 enforced_config_hash=self._enforced_hash, resync_interval=self._resync_interval,
                 foreign_masquerade_rules=self._foreign, rule_counters=self._rule_counters,
                 foreign_rewrites=c.foreign_rewrites, foreign_writer_chain=self._foreign_writer,
+                node_trust_verified=self._node_trust, lease_lost_early=c.lease_lost_early,
             )
 
 
-def render_metrics(status: AgentStatus) -> bytes:
-    """One scrape of /metrics: the agent's families, then the process's."""
-    return exposition.render([*metric_families(status.snapshot()), *process_metric_families()])
+def render_metrics(status: AgentStatus, *, rule_series: bool = True) -> bytes:
+    """One scrape of /metrics: the agent's families, then the process's; `rule_series` False leaves out the
+    per-rule families (the node-address scrape listener, unless opted in)."""
+    return exposition.render([*metric_families(status.snapshot(), rule_series=rule_series),
+                              *process_metric_families()])
 
 
-def metric_families(s: Snapshot) -> Iterator[MetricFamily]:
+def metric_families(s: Snapshot, *, rule_series: bool = True) -> Iterator[MetricFamily]:
     yield exposition.counter("ipmasq_syncs_total", "Reconcile passes, by result.",
                              (({"result": result}, count) for result, count in sorted(s.syncs.items())))
     yield exposition.histogram("ipmasq_sync_duration_seconds", "Duration of one reconcile pass.", DURATION_BUCKETS,
@@ -280,13 +303,21 @@ def metric_families(s: Snapshot) -> Iterator[MetricFamily]:
                            [] if s.foreign_masquerade_rules is None else [({}, s.foreign_masquerade_rules)])
     yield exposition.gauge("ipmasq_resync_interval_seconds", "The resync interval of the enforced config: the "
                            "longest the kernel can differ from it unnoticed.", s.resync_interval)
-    yield exposition.counter("ipmasq_rule_packets_total", "Packets through a config rule (the kernel's counters "
-                             "of its rules, summed), as the last pass read them; a rewrite of the rule resets it.",
-                             (({"rule": c.rule, "family": f"ipv{c.family.value}"}, c.packets)
-                              for c in s.rule_counters))
-    yield exposition.counter("ipmasq_rule_bytes_total", "Bytes through a config rule (the kernel's counters of its "
-                             "rules, summed), as the last pass read them; a rewrite of the rule resets it.",
-                             (({"rule": c.rule, "family": f"ipv{c.family.value}"}, c.bytes) for c in s.rule_counters))
+    if rule_series:
+        yield exposition.counter("ipmasq_rule_packets_total", "Packets through a config rule (the kernel's counters "
+                                 "of its rules, summed), as the last pass read them; a rewrite of the rule resets it.",
+                                 (({"rule": c.rule, "family": f"ipv{c.family.value}"}, c.packets)
+                                  for c in s.rule_counters))
+        yield exposition.counter("ipmasq_rule_bytes_total", "Bytes through a config rule (the kernel's counters of "
+                                 "its rules, summed), as the last pass read them; a rewrite of the rule resets it.",
+                                 (({"rule": c.rule, "family": f"ipv{c.family.value}"}, c.bytes)
+                                  for c in s.rule_counters))
+    yield exposition.gauge("ipmasq_node_trust_verified", "The summary Lease's holder: 1 while the node-trust "
+                           "admission policy and its binding are in force, 0 while the nodes' statuses are "
+                           "unverified; absent on other agents.",
+                           [] if s.node_trust_verified is None else [({}, int(s.node_trust_verified))])
+    yield exposition.counter("ipmasq_summary_lease_lost_early_total", "Times the summary Lease was taken from this "
+                             "agent before it could have expired (a node that did not wait).", s.lease_lost_early)
     yield exposition.info("ipmasq_build", "The agent's version and backend.",
                           {"version": s.version, "backend": s.backend})
 

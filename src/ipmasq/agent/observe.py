@@ -15,6 +15,11 @@ What it never does: write netfilter (its backend refuses every write, so a bug c
 conntrack, or take the node lock (the writer owns the node). Drift is what it reports, never a reason to be not
 ready: it is not ready only while it cannot read the rules at all, or before a first good config.
 
+An agent of the reference's reading (`--observe=reference` or `gke`) reads fewer keys than ipmasq: its config is
+loaded its way (`reference_reading`), and each key it ignores (masqueradeCIDRs, rules, enableIPv6) is said beside
+the comparison, with what happens to its traffic (PassReport.ignored: the status's ignoredByWriter, an Event),
+never as a mismatch: that agent will not write it on any sync.
+
 A provider's agent that reads more than the ip-masq-agent ConfigMap (AKS's fragments, EKS's aws-node env) is observed
 with its inputs (ipmasq.agent.writerinputs: `load` reads them as that writer does, `compare` is `check --writer`'s
 comparison, `pending` says what is not listed yet).
@@ -32,19 +37,21 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 
 from ipmasq.agent.reconcile import ConfigReport, PassReport, ProbeVerdict, Reconciler, SyncResult
-from ipmasq.backends.base import Fingerprint, Runner, State, take_fingerprint
+from ipmasq.backends.base import Adopt, Fingerprint, Ownership, Runner, State, take_fingerprint
 from ipmasq.backends.iptables import Variant, detect_variant
 from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes
-from ipmasq.diagnose.check import NodeRules, check_node
+from ipmasq.diagnose.check import FindingId, NodeRules, check_node, ignored_findings
 from ipmasq.diagnose.sources import read_node_rules
 from ipmasq.errors import BackendError, ConfigError, IpmasqError, clip, one_line
 from ipmasq.findings import Finding, Severity
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
+from ipmasq.writers import Writer, ignored, reading
 
-__all__ = ["MISMATCH_CHARS", "OBSERVE_POLL_SECONDS", "Observer", "mismatch_line"]
+__all__ = ["MISMATCH_CHARS", "OBSERVE_POLL_SECONDS", "Observer", "ignored_line", "mismatch_line",
+           "reference_reading"]
 
 # How often the rules are looked at (a look is one netlink request and the legacy tables' digest when nothing
 # changed): a change of a node's rules shows in its status within this plus the status write's spread.
@@ -55,13 +62,37 @@ _SHOWN = 2  # findings named in the line; the others counted
 
 
 def mismatch_line(findings: Sequence[Finding]) -> str | None:
-    """The error findings as one line, most telling first (None: the rules enforce the policy)."""
-    errors = [f for f in findings if f.severity is Severity.ERROR]
+    """The error findings as one line, most telling first (None: the rules enforce the policy). A key the writer
+    ignores is not one of them: the writer enforces what it reads (ignored_line says the rest)."""
+    errors = [f for f in findings if f.severity is Severity.ERROR and f.id != FindingId.IGNORED_BY_WRITER]
     if not errors:
         return None
     shown = "; ".join(f"{f.id}: {f.message}" for f in errors[:_SHOWN])
     more = f" (and {len(errors) - _SHOWN} more)" if len(errors) > _SHOWN else ""
     return clip(one_line(shown), MISMATCH_CHARS - len(more) - 1) + more  # clip adds its ellipsis
+
+
+def ignored_line(findings: Sequence[Finding]) -> str | None:
+    """The keys the writer ignores (ignored-by-writer findings) as one line, those that change traffic first (None:
+    it reads every key the config sets)."""
+    found = sorted((f for f in findings if f.id == FindingId.IGNORED_BY_WRITER),
+                   key=lambda f: f.severity is not Severity.ERROR)
+    if not found:
+        return None
+    return clip(one_line("; ".join(f.message for f in found)), MISMATCH_CHARS)
+
+
+def reference_reading(writer: Writer) -> tuple[Callable[[ConfigInput, PolicyOptions], MasqConfig], Compare]:
+    """The loader and comparison for a writer that reads the ip-masq-agent ConfigMap the reference's way (reference,
+    gke) under the flags given: its reading (the keys it ignores left out: the node is compared with what it really
+    writes), check's comparison, and one ignored-by-writer finding per key it ignores."""
+    def load(config_input: ConfigInput, options: PolicyOptions) -> MasqConfig:
+        return reading(writer, config_input, options)
+
+    def compare(policy: Policy, rules: NodeRules, config_input: ConfigInput | None) -> Sequence[Finding]:
+        said = ignored(writer, config_input.files, policy.config, policy.options) if config_input else ()
+        return [*ignored_findings(said), *check_node(policy, rules, writer=writer.called or writer.name).findings]
+    return load, compare
 
 
 class _NeverWrites:
@@ -78,7 +109,7 @@ class _NeverWrites:
     def _refuse(self) -> BackendError:
         return BackendError("observe mode never writes the node's rules")
 
-    def read(self, family: Family) -> State:
+    def read(self, family: Family, *, adopt: Adopt = Adopt.CONFIGURED) -> State:
         raise self._refuse()
 
     def desired(self, policy: Policy, family: Family) -> State:
@@ -87,7 +118,7 @@ class _NeverWrites:
     def apply(self, policy: Policy, family: Family, current: State) -> None:
         raise self._refuse()
 
-    def remove_all(self) -> None:
+    def remove_all(self, *, adopt: Adopt = Adopt.NONE) -> tuple[Ownership, ...]:
         raise self._refuse()
 
     def rule_counters(self, families: Sequence[Family], *, reread: bool) -> dict[str, tuple[int, int]]:
@@ -138,8 +169,11 @@ class Observer:
         self._input: ConfigInput | None = None  # the last good config input
         self._seen: ConfigReport | None = None  # the last config read's report
         self._compared: tuple[Policy, ConfigInput | None, NodeRules] | None = None  # the last comparison's inputs
-        self._quiet: tuple[Policy, Hashable] | None = None  # the policy and fingerprint of the last full read
+        # the policy, input and fingerprint of the last full read (the input too: two inputs the writer reads alike
+        # may differ in what it ignores)
+        self._quiet: tuple[Policy, ConfigInput | None, Hashable] | None = None
         self._mismatch: str | None = None
+        self._ignored: str | None = None  # the keys the writer ignores (a fact of the config, not a mismatch)
         self._error: str | None = None  # the rules could not be read
         self._passes = 0
         self.reads = 0  # full reads of the node's rules (the cost a fingerprint saves)
@@ -178,7 +212,7 @@ class Observer:
         if policy is None:
             return self._report(SyncResult.NO_POLICY)
         fingerprint = take_fingerprint(self.fingerprint, self.log)
-        if fingerprint is None or self._quiet != (policy, fingerprint) or self._error is not None:
+        if fingerprint is None or self._quiet != (policy, self._input, fingerprint) or self._error is not None:
             self._quiet = None
             try:
                 rules = self._read_rules(policy)
@@ -194,13 +228,18 @@ class Observer:
             if (self._compared is None or self._compared[0] is not policy or self._compared[1] != self._input
                     or self._compared[2] != rules):
                 self._compare(policy, rules)
-            self._quiet = (policy, fingerprint) if fingerprint is not None else None
+            self._quiet = (policy, self._input, fingerprint) if fingerprint is not None else None
         self._passes += 1
         return self._report(SyncResult.IN_SYNC if self._mismatch is None else SyncResult.OUT_OF_SYNC)
 
     def _compare(self, policy: Policy, rules: NodeRules) -> None:
         self.comparisons += 1
-        mismatch = mismatch_line(self._compare_rules(policy, rules, self._input))
+        findings = self._compare_rules(policy, rules, self._input)
+        mismatch = mismatch_line(findings)
+        ignored_keys = ignored_line(findings)
+        if ignored_keys != self._ignored and ignored_keys is not None:
+            self.log.warning("observe: %s", ignored_keys)
+        self._ignored = ignored_keys
         if mismatch != self._mismatch:
             if mismatch is None:
                 self.log.info("observe: the rules %s writes in %s enforce the config (policy %s)", self.writer,
@@ -217,4 +256,5 @@ class Observer:
                           writes=(), removed_leftovers=(), leftovers=(),
                           policy_hash=seen.policy_hash if seen else None, objects=(), resync_interval=self.poll,
                           readiness=self.readiness(), config_digest=seen.config_digest if seen else None,
-                          mismatch=self._mismatch if result is SyncResult.OUT_OF_SYNC else None)
+                          mismatch=self._mismatch if result is SyncResult.OUT_OF_SYNC else None,
+                          ignored=self._ignored if result.verified or result is SyncResult.OUT_OF_SYNC else None)

@@ -6,10 +6,14 @@ seen the kernel is left untouched. It performs no I/O of its own beyond the inje
 
 `others` are every place our objects can be that the agent does not write: the other backend, and the other
 iptables variant (a node moved from iptables-legacy to iptables-nft, a changed --iptables-variant). EVERY pass looks
-at each of them (one cheap read: `present()`) and removes what it holds, but only AFTER this backend's objects were
+at each of them (one cheap read: `survey()`) and removes what it holds, but only AFTER this backend's objects were
 applied and verified: make before break, so a switch never leaves the node without rules, even if the agent dies in
 between. While both are installed both hold our rules, so the same policy decides. Anything that stays (a failed
-removal) is named in the PassReport's `leftovers` and keeps the agent not ready.
+removal) is named in the PassReport's `leftovers` and keeps the agent not ready. Only what carries ipmasq's ownership
+marker, and still holds what the marker records ipmasq wrote, is removed (ipmasq.backends.base): a chain another
+program wrote with the reference agent's comments (AKS's agent on iptables while this one uses nftables), or rewrote
+since ipmasq wrote it (its stale marker goes), stays as it is, named once in the log (`kept ...`), and is not a
+leftover. A family the policy does not manage (IPv6 off) loses only what carries the marker, likewise.
 
 An idle pass need not read anything: `fingerprint` (a backends.base.Fingerprint: on a node the kernel's, built by
 `ipmasq agent`; in tests ipmasq.testing.FakeFingerprint) is a cheap kernel fact that changes whenever any NAT rule
@@ -49,10 +53,11 @@ from enum import Enum
 from types import FrameType
 
 from ipmasq.agent.origin import ConfigOrigin
-from ipmasq.backends.base import Backend, Fingerprint, Removable, State, take_fingerprint
+from ipmasq.backends.base import Adopt, Backend, Fingerprint, Removable, State, take_fingerprint
 from ipmasq.config.model import DEFAULT_RESYNC_SECONDS, MasqConfig
 from ipmasq.config.source import ConfigInput, config_digest, config_from_bytes
 from ipmasq.errors import BackendError, ConfigError, IpmasqError, StopRequested, one_line
+from ipmasq.netfilter.iptables import is_marker_rule
 from ipmasq.netfilter.nft import TABLE as NFT_TABLE
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.hash import policy_hash
@@ -201,14 +206,18 @@ class PassReport:
     origin: ConfigOrigin | None = None  # where the enforced content came from (set by the loop, which read it)
     # observe mode (ipmasq.agent.observe): why the node's rules do not enforce the policy, one line (None: they do)
     mismatch: str | None = None
+    # observe mode: the config keys the observed writer ignores and what that does to traffic, one line (None: none);
+    # a fact of the config and the writer, never a mismatch of the node's rules
+    ignored: str | None = None
     # another program keeps rewriting our rules and this agent stopped repairing them (None: no such writer)
     foreign_writer: ForeignWriter | None = None
     foreign_rewrites: int = 0  # how often this pass found our verified rules rewritten by someone else
 
 
 def count_objects(state: State) -> tuple[int, int]:
-    """(rules, set elements) among a backend State's lines (see ipmasq.backends.base.State)."""
-    rules = sum(1 for line in state.objects if line.startswith(("-A ", "rule ")))
+    """(rules, set elements) among a backend State's lines (see ipmasq.backends.base.State); an ownership marker's
+    rule is a record, not a rule (nftables' marker is a set that holds none)."""
+    rules = sum(1 for line in state.objects if line.startswith(("-A ", "rule ")) and not is_marker_rule(line))
     elements = sum(1 for line in state.objects if line.startswith("element "))
     return rules, elements
 
@@ -287,6 +296,7 @@ class Reconciler:
         self._objects: tuple[ObjectCount, ...] = ()  # counted from _enforced's desired States
         self.others = tuple(others)
         self._leftovers: tuple[str, ...] = ()  # others found holding our objects that could not be removed
+        self._kept: tuple[str, ...] = ()  # the others' unmarked look-alikes, as last logged (once per change)
         self.options = options
         self.log = log
         self.policy: Policy | None = None  # the last good policy, enforced even while the config is bad
@@ -530,7 +540,8 @@ class Reconciler:
             if family in policy.families:
                 continue
             try:
-                current = self.backend.read(family)
+                # only what carries our marker: the chain of the same name another program writes there stays
+                current = self.backend.read(family, adopt=Adopt.NONE)
             except BackendError as exc:
                 self.log.debug("IPv%d is not managed and cannot be read: %s", family.value, exc)
                 continue
@@ -538,7 +549,7 @@ class Reconciler:
             if current == want:
                 continue
             self.backend.apply(policy, family, current)
-            if self.backend.read(family) != want:
+            if self.backend.read(family, adopt=Adopt.NONE) != want:
                 raise BackendError(f"our IPv{family.value} objects are still there right after removing them "
                                    "(IPv6 is not managed)")
             write = _family_write(family, current, want)
@@ -588,26 +599,38 @@ class Reconciler:
                           foreign_rewrites=rewrites)
 
     def _remove_others(self) -> tuple[list[str], str | None]:
-        """Look at every other place (one read each) and remove our objects there; (removed, first error).
+        """Look at every other place (one read each) and remove our objects there, by their ownership markers;
+        (removed, first error). What looks like ours without a marker is another program's: named in the log once
+        per change, never removed.
 
         Each place is handled on its own: one that cannot be read or cleaned does not keep the others' objects.
         """
         removed: list[str] = []
         left: list[str] = []
+        kept: list[str] = []
         error: str | None = None
         for other in self.others:
             try:
-                if not other.present():
+                found = other.survey()
+                kept.extend(line for o in found if o.unmarked or o.changed for line in replace(o, owned=()).lines())
+                if not any(o.owned or o.changed for o in found):
                     continue
+                # a changed chain stays, and only its marker goes (it no longer tells the truth)
                 other.remove_all()
             except IpmasqError as exc:
                 left.append(other.name)
                 error = error or f"removing our objects from {other.name}: {exc}"
                 continue
+            if not any(o.owned for o in found):
+                continue
             removed.append(other.name)
             self.log.info("removed the objects of %s (left by an earlier run or another agent; this agent uses %s)",
                           other.name, self.backend.name)
         self._leftovers = tuple(left)
+        if tuple(kept) != self._kept:
+            self._kept = tuple(kept)
+            for line in kept:
+                self.log.info("%s (this agent uses %s and removes only what ipmasq wrote)", line, self.backend.name)
         return removed, error
 
 

@@ -5,10 +5,11 @@ content of the ConfigMap arrives (ipmasq.agent.apiconfig hands it the content wi
 nothing is polled or hashed again here), waits SETTLE_SECONDS for the nodes to say what they did with it, lists the
 IPMasqAgentStatus objects (in pages) and writes the tally's summaries (ipmasq.kube.summary) as Events on the
 ConfigMap, through the agent's one Event writer (ipmasq.kube.events): one Warning "rejected on 998 of 1,000 nodes:
-<line>", one Normal "enforced on 2 of 1,000 nodes". Each Event's name comes from the ConfigMap's uid, the content's
-digest and the reason, so a later tally of the same content (nodes still reporting, or a new holder after a
-takeover) patches the same Event: a bad edit leaves two Events on the ConfigMap at most, however many nodes reject
-it.
+<line>", one Normal "enforced on 2 of 1,000 nodes". Each Event's name comes from the holder, the ConfigMap's uid, the
+content's digest and the reason, so a later tally of the same content (nodes still reporting) patches the same
+Event: a bad edit leaves two Events on the ConfigMap per holder at most, however many nodes reject it. A new holder
+after a takeover writes its own (the node-trust admission policy lets no node patch another's Event); the newest
+is the current tally.
 
 Why in the agent and not in the webhook's Deployment: the summary matters most when a bad edit got past admission,
 which is when the webhook is down or ignored (failurePolicy: Ignore); the agents are there whenever a config reaches
@@ -24,6 +25,13 @@ settled count is published: two tallies in a row that agree. While a fleet start
 minutes and a tally counts only those written so far; a candidate that heard such a count (and keeps it until its
 next ask, minutes later) would spread a thousand nodes' writes as if they were a few hundred, faster than the fixed
 2 s ever did. Until the count settles every agent spreads as for a fleet of unknown size.
+
+What the tally counts is what each node's agent wrote, which only the node-trust admission policy keeps to its own
+node (ipmasq.kube.nodetrust): the holder reads the policy and its binding by name at every renewal of the Lease,
+and while they are not in force every summary says its counts are unverified, and why (the same line as `ipmasq
+status`), and ipmasq_node_trust_verified is 0. A holder that finds the Lease taken before it could expire (the
+policy cannot refuse that: it has no clock) says so once: a warning in its log, a Warning Event on its own Node and
+ipmasq_summary_lease_lost_early_total; the new holder tallies from then on.
 """
 
 from __future__ import annotations
@@ -34,20 +42,22 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from ipmasq.agent.apiconfig import ApiContent
 from ipmasq.agent.apireport import RETRY_INITIAL, RETRY_MAX, FleetSize, retry_wait
 from ipmasq.agent.trouble import Trouble
 from ipmasq.backoff import Backoff
-from ipmasq.errors import ApiError
+from ipmasq.errors import ApiError, clip, one_line
 from ipmasq.kube import objects, paths
 from ipmasq.kube.agentstatus import NodeStatus, status_from_json
 from ipmasq.kube.client import ApiClient, list_items
 from ipmasq.kube.events import EventRecorder, ObjectRef, Occurrence
-from ipmasq.kube.lease import LeaseElector
+from ipmasq.kube.lease import LeaseElector, Lost
+from ipmasq.kube.nodetrust import NodeTrust, read_node_trust
 from ipmasq.kube.summary import Tally, tally
 
-__all__ = ["LEASE_SECONDS", "SummaryWriter", "real_nodes"]
+__all__ = ["LEASE_SECONDS", "SummaryFacts", "SummaryWriter", "real_nodes"]
 
 LEASE_SECONDS = 120  # the holder's record unchanged this long: a candidate takes over
 RENEW_SECONDS = 40.0
@@ -61,6 +71,16 @@ IDLE_WAKE_SECONDS = 1.0  # the holder looks at its stop at least this often (not
 CANDIDATE_WAKE_SECONDS = 5.0  # and a candidate, which has no Lease to give up when it stops
 
 
+class SummaryFacts(Protocol):
+    """What the summary tells the agent's metrics (ipmasq.agent.metrics AgentStatus), from its own thread."""
+
+    def node_trust(self, verified: bool | None) -> None:
+        """Holding the Lease: whether the node-trust policy was in force at the last look (None: not holding)."""
+
+    def lease_lost_early(self) -> None:
+        """The Lease was taken from this holder before it could have expired."""
+
+
 def real_nodes(statuses: list[NodeStatus]) -> list[NodeStatus]:
     """The statuses that speak for a real node: owned by the Node they are named after (see the module's doc)."""
     return [s for s in statuses if s.node and s.owner == s.node]
@@ -69,8 +89,9 @@ def real_nodes(statuses: list[NodeStatus]) -> list[NodeStatus]:
 class SummaryWriter:
     def __init__(self, client: ApiClient, elector: LeaseElector, events: EventRecorder, *, log: logging.Logger,
                  stop: threading.Event, clock: Callable[[], float] = time.monotonic,
-                 fleet: FleetSize | None = None) -> None:
+                 fleet: FleetSize | None = None, facts: SummaryFacts | None = None) -> None:
         self.client, self.elector, self.events = client, elector, events
+        self.facts = facts
         self.log, self.stop, self.clock = log, stop, clock
         self.fleet = fleet if fleet is not None else FleetSize()  # told the size the Lease says, or this tally's
         self.last: Tally | None = None  # the last tally written
@@ -83,6 +104,7 @@ class SummaryWriter:
         self._next_tally: float | None = None
         self._interval = SETTLE_SECONDS
         self._written: dict[str, str] = {}  # Event key -> message written
+        self.trust: NodeTrust | None = None  # holding: the node-trust policy as last read
         self._next_lease = clock() + random.uniform(0.0, FIRST_TRY_SECONDS)
         self._backoff = Backoff(RETRY_INITIAL, RETRY_MAX, jitter=0.5)  # after a failed ask (the reporter's steps)
         self._trouble = Trouble(log, said="fleet summary: %s (the rules are not affected; retrying)",
@@ -150,11 +172,20 @@ class SummaryWriter:
             if self.elector.nodes is not None:
                 self.fleet.heard(self.elector.nodes)
             self._next_lease = now + (RENEW_SECONDS if leading else self._candidate_wait())
+            lost, self.elector.lost = self.elector.lost, None
+            if lost is not None:
+                self._lost(lost)
             if leading and not was:
                 self.log.info("holding Lease %s/%s: this agent tallies the fleet (its summary is an Event on the "
                               "ConfigMap, where there is one: EKS's inputs are a DaemonSet's)",
                               self.elector.namespace, self.elector.name)
                 self._target = None  # tally what is there now: the previous holder may not have
+            if leading:
+                self._look_at_trust(now)
+            elif was:
+                self.trust = None
+                if self.facts is not None:
+                    self.facts.node_trust(None)
         if not self.elector.leading:
             return
         content = self._content
@@ -177,6 +208,40 @@ class SummaryWriter:
         done = (result.pending == 0 and self._settled) or now - self._seen_at >= RETALLY_FOR
         self._next_tally = None if done else now + self._interval
 
+    def _lost(self, lost: Lost) -> None:
+        """Said once per loss: early, a warning, an Event on this node's Node and the counter; else a line."""
+        where = f"{self.elector.namespace}/{self.elector.name}"
+        holder = clip(one_line(lost.holder), 80) if lost.holder else None  # the Lease says it: anyone could write it
+        if not lost.early:
+            self.log.info("no longer holding Lease %s, now held by %s (this agent had not renewed it for %.0f s)",
+                          where, holder or "nobody", lost.since_renewal)
+            return
+        how = f"taken from this agent by {holder}" if holder else "released for this agent by another node"
+        line = (f"Lease {where} {how} {lost.since_renewal:.0f} s after it renewed it, before it could expire "
+                f"({self.elector.duration} s): a node that does not wait for expiry. The fleet's summary goes on "
+                "with the new holder")
+        self.log.warning("%s", line)
+        if self.facts is not None:
+            self.facts.lease_lost_early()
+        node = self.elector.identity
+        self.events.record(Occurrence(ObjectRef("Node", node, uid=node), "Warning", "SummaryLeaseLostEarly", line))
+
+    def _look_at_trust(self, now: float) -> None:
+        """Holding: the node-trust policy read again (two GETs per renewal); a change is said, and the current
+        content tallied again so that its summaries say it."""
+        trust = read_node_trust(self.client)
+        if trust == self.trust:
+            return
+        if not trust.verified:
+            self.log.warning("fleet summary: the nodes' statuses are unverified: %s", trust.why)
+        elif self.trust is not None:
+            self.log.info("fleet summary: the node-trust admission policy is in force again")
+        self.trust = trust
+        if self.facts is not None:
+            self.facts.node_trust(trust.verified)
+        if self._target is not None and self._next_tally is None:
+            self._next_tally = now
+
     def _candidate_wait(self) -> float:
         # not sooner while the fleet's size is unknown: on a new cluster a thousand candidates asking every few
         # seconds were shed with 429 beside their own first lists (measured); the Lease keeps the size across
@@ -186,7 +251,9 @@ class SummaryWriter:
     def _tally(self, digest: str) -> Tally:
         listing = list_items(self.client, paths.statuses(), objects.agent_status, page=PAGE)
         statuses = [status_from_json(item) for item in listing.items]
-        result = tally(digest, real_nodes(statuses))
+        trust = self.trust
+        result = tally(digest, real_nodes(statuses),
+                       unverified=None if trust is None or trust.verified else trust.why)
         before = self._counted if self._counted is not None else self.elector.nodes  # a new holder: the Lease's
         self._counted = result.nodes
         self._settled = result.nodes == before
@@ -200,8 +267,8 @@ class SummaryWriter:
 
     def _write(self, result: Tally, configmap: ObjectRef, digest: str) -> None:
         for summary in result.summaries:
-            # named by the content and the reason, not the message: a later tally of the same content (counts moved
-            # on, or a new holder) patches the same Event
+            # named by the content and the reason (and, in the Event writer, this holder), not the message: a later
+            # tally of the same content (counts moved on) patches the same Event
             key = "\0".join((configmap.uid, digest, summary.reason))
             if self._written.get(key) == summary.message:
                 continue

@@ -2,7 +2,9 @@
 
 What keeps failing (the API server away, a tool that cannot run, a loop error) is logged when it starts and each time
 its one line changes, never once per retry, and its end is logged once: the log of an agent that retried for an hour
-is two lines. Not thread-safe: each thread that retries keeps its own, or reports through `reporter(lock)`.
+is two lines. A reason is written as one line (ipmasq.errors.one_line): it often quotes what a server or a tool said,
+and a newline in it must not forge a second log line. Not thread-safe: each thread that retries keeps its own, or
+reports through `reporter(lock)`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+
+from ipmasq.errors import one_line
 
 __all__ = ["Trouble"]
 
@@ -23,6 +27,7 @@ class Trouble:
 
     def __call__(self, why: str) -> bool:
         """Trouble now: logged when it is news (True)."""
+        why = one_line(why)
         if why == self.current:
             return False
         self.current = why

@@ -28,7 +28,7 @@ from ipmasq.agent.origin import FILE, ConfigOrigin
 from ipmasq.agent.trouble import Trouble
 from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_digest
-from ipmasq.diagnose.check import NodeRules, check_node
+from ipmasq.diagnose.check import NodeRules, check_node, ignored_findings
 from ipmasq.diagnose.eks import check_eks, node_chain
 from ipmasq.errors import ConfigError, NotFound, clip
 from ipmasq.findings import Finding
@@ -44,6 +44,8 @@ from ipmasq.writers import (
     REFERENCE_CONFIGMAP,
     Sources,
     Writer,
+    config_files,
+    ignored,
     intended,
 )
 
@@ -192,7 +194,10 @@ def compare_for(writer: Writer) -> Compare:
 
     def compare(policy: Policy, rules: NodeRules, config_input: ConfigInput | None) -> Sequence[Finding]:
         tables = {family: table for family, table in rules.tables.items() if family in policy.families}
-        return check_node(policy, replace(rules, tables=tables)).findings
+        files = config_files(writer, sources_of(config_input)) if config_input is not None else ()
+        # the keys its fragments set that it ignores (AKS's merger keeps three): said beside, never a mismatch
+        said = ignored_findings(ignored(writer, files, policy.config))
+        return [*said, *check_node(policy, replace(rules, tables=tables), writer=writer.called or writer.name).findings]
     return compare
 
 

@@ -10,15 +10,25 @@
                                                    backends.generation.nftables_generation; tests: a fake tool's
                                                    `generation`); None: unknown, the nftables backend reads back
     Backend     name                               "iptables", "nftables", ...
-                read(family) -> State              our objects as the kernel has them now, normalised
+                read(family, adopt) -> State       our objects as the kernel has them now, normalised
                 desired(policy, family) -> State   the same objects as `policy` wants them
                 apply(policy, family, current)     ONE atomic transaction turning `current` into `desired`
                                                    (including removing stale objects `current` holds)
-                remove_all()                       uninstall: our objects gone, both families; nothing else touched
+                remove_all(adopt)                  uninstall: our objects gone, both families; nothing else touched
                 rule_counters(families, reread)    the config rules' packet and byte counters, by rule name
-    Removable   name, present(), remove_all()      our objects in the other backend or iptables variant, which must not
-                                                   stay once one is chosen (every pass looks with present(), a cheap
+    Removable   name, present(), survey(),         our objects in the other backend or iptables variant, which must not
+                remove_all(adopt)                  stay once one is chosen (every pass looks with survey(), a cheap
                                                    read, and removes them after its own rules are verified)
+
+Ours means written by ipmasq, and that record lives in the kernel beside the objects, per network namespace: an
+ownership marker (a chain `IPMASQ-OWNS-<chain>` in the nat table, a set `ipmasq-owns-this-table` in the nftables
+table, neither ever reached by a packet) written in the same transaction as what it marks, recording the digest of
+what that transaction wrote. A chain or table that looks like ours (the reference agent's comments, our table's name)
+without its marker is another program's (GKE's or AKS's agent writes the very same text), and so is a marked one
+that no longer hashes to its marker's digest (another program rewrote it since ipmasq stopped: the reference agent
+after a migration back); neither is ever removed, and the stale marker goes. `Adopt` says when a read counts one as
+ours anyway: the chain the agent enforces, which its next apply takes over (marker written), and `ipmasq uninstall
+--remove-unmarked`.
 
 The loop (ipmasq.agent) is backend-agnostic: for each family of the policy it does
 ``current = read(f); want = desired(policy, f)``; if ``current != want`` it calls ``apply(policy, f, current)``,
@@ -37,16 +47,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol, TypeVar
 
-from ipmasq.errors import IpmasqError
+from ipmasq.errors import IpmasqError, one_line
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 
 T = TypeVar("T")
 
-__all__ = ["BACKEND_NAMES", "Backend", "Fingerprint", "Generation", "Removable", "Result", "Runner", "State",
-           "take_fingerprint"]
+__all__ = ["BACKEND_NAMES", "Adopt", "Backend", "Fingerprint", "Generation", "Ownership", "Removable", "Result",
+           "Runner", "State", "take_fingerprint"]
 
 # What `--backend` accepts; auto: see ipmasq.backends.choose.
 BACKEND_NAMES: tuple[str, ...] = ("auto", "iptables", "nftables")
@@ -121,19 +132,85 @@ class State:
         return not self.objects
 
 
+class Adopt(Enum):
+    """Which objects that look like ours but lack their ownership marker a read counts as ours."""
+
+    NONE = "none"  # only what carries its marker: every removal (uninstall, the clean-up of the places not used)
+    # also the chain this backend enforces (--masq-chain; nftables: its table), which the next apply takes over with
+    # its marker: a reference agent's chain on migration, an ipmasq 0.2.0 chain written before markers existed
+    CONFIGURED = "configured"
+    ALL = "all"  # everything that looks like ours (`ipmasq uninstall --remove-unmarked`, the operator's word)
+
+
+@dataclass(frozen=True, slots=True)
+class Ownership:
+    """What one place (an iptables variant and family, or nftables) holds that is ours or looks like ours."""
+
+    place: str  # "iptables-nft, ipv4", "nftables"
+    # with their ownership marker, and still what it records: ipmasq's ("IP-MASQ-AGENT", "table inet ip-masq-agent")
+    owned: tuple[str, ...]
+    unmarked: tuple[str, ...]  # ipmasq's comments (our table's name) without the marker: another program's
+    # marked, but their rules changed since ipmasq wrote them (or the marker records nothing): another program's now
+    changed: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.owned or self.unmarked or self.changed)
+
+    def lines(self, *, adopt: Adopt = Adopt.NONE) -> tuple[str, ...]:
+        """What a removal under `adopt` did here: one line for ours (`removed: A, B (place)`) and one per kind of the
+        rest (`kept C (place): no ipmasq ownership marker: another program wrote it`, `kept D (place): its rules
+        changed since ipmasq wrote them: another program writes it now`; with Adopt.ALL they were removed too, and
+        their lines say so). Names are the kernel's: escaped."""
+        out = []
+        if self.owned:
+            out.append(f"removed: {_names(self.owned)} ({self.place})")
+        if self.unmarked and adopt is Adopt.ALL:
+            out.append(f"removed: {_names(self.unmarked)} ({self.place}): no ipmasq ownership marker "
+                       "(--remove-unmarked)")
+        elif self.unmarked:
+            wrote = "it" if len(self.unmarked) == 1 else "them"
+            out.append(f"kept {_names(self.unmarked)} ({self.place}): no ipmasq ownership marker: another "
+                       f"program wrote {wrote}")
+        one = len(self.changed) == 1
+        if self.changed and adopt is Adopt.ALL:
+            out.append(f"removed: {_names(self.changed)} ({self.place}): {'its' if one else 'their'} rules changed "
+                       "since ipmasq wrote them (--remove-unmarked)")
+        elif self.changed:
+            out.append(f"kept {_names(self.changed)} ({self.place}): {'its' if one else 'their'} rules changed since "
+                       f"ipmasq wrote them: another program writes {'it' if one else 'them'} now")
+        return tuple(one_line(line) for line in out)
+
+
+# Names a line quotes (the rest counted): five places of three lines each stay below the 4 KiB termination message
+# `kubectl ipmasq uninstall` reads them from, however many chains another program wrote.
+_NAMED = 5
+
+
+def _names(names: tuple[str, ...]) -> str:
+    shown = ", ".join(names[:_NAMED])
+    return shown + (f" and {len(names) - _NAMED} more" if len(names) > _NAMED else "")
+
+
 class Backend(Protocol):
     """One way of putting the policy into the kernel (see the module docstring for the contract)."""
 
     @property
     def name(self) -> str: ...
 
-    def read(self, family: Family) -> State: ...
+    def read(self, family: Family, *, adopt: Adopt = Adopt.CONFIGURED) -> State:
+        """Our objects in `family`; `adopt`: which unmarked look-alikes count as ours (the agent's own read takes
+        the chain it enforces; a family it does not manage is read with Adopt.NONE)."""
+        ...
 
     def desired(self, policy: Policy, family: Family) -> State: ...
 
     def apply(self, policy: Policy, family: Family, current: State) -> None: ...
 
-    def remove_all(self) -> None: ...
+    def remove_all(self, *, adopt: Adopt = Adopt.NONE) -> tuple[Ownership, ...]:
+        """Our objects gone (with their markers, each place in one transaction), both families, and the stale markers
+        of chains another program rewrote since; what was found, per place that holds anything ours or like ours."""
+        ...
 
     def rule_counters(self, families: Sequence[Family], *, reread: bool) -> dict[str, tuple[int, int]]:
         """The config rules' counters (ipmasq_rule_packets_total), keyed by rule name, summed over the rule's kernel
@@ -148,6 +225,12 @@ class Removable(Protocol):
     @property
     def name(self) -> str: ...
 
-    def present(self) -> bool: ...
+    def present(self) -> bool:
+        """Whether anything here carries our marker and still holds what it records (read-only)."""
+        ...
 
-    def remove_all(self) -> None: ...
+    def survey(self) -> tuple[Ownership, ...]:
+        """What is ours or like ours here, per place (read-only; a place that cannot be read holds nothing)."""
+        ...
+
+    def remove_all(self, *, adopt: Adopt = Adopt.NONE) -> tuple[Ownership, ...]: ...

@@ -15,6 +15,13 @@ The chain's rules depend on which families the policy manages, so a change of --
 `apply` rewrites the whole table whatever the difference, so drift of any kind (table deleted, chain flushed,
 set emptied, a rule added) is repaired by the same atomic transaction.
 
+Ownership: the table carries its marker, the empty set `ipmasq-owns-this-table` (ipmasq.netfilter.nft.MARKER_SET)
+whose comment records the digest of the rest of the table as written (in IPv4's State, so a table without it, or
+with a digest of other content, differs and the next apply, which rewrites the whole table, writes it: an ipmasq
+0.2.0 table is taken over on the first pass, a drift repair records what it wrote). A table `inet ip-masq-agent`
+without it, or whose content no longer hashes to its digest, is another program's: the clean-up of a backend not
+used and `ipmasq uninstall` leave it alone (survey, remove_all; the stale marker goes).
+
 Reading is cheap where it can be: the structure comes from `nft -j -t list ruleset inet`, which does not fetch set
 elements (instant even with 100,000 of them); the elements of a family's set are read with `nft -j list set` only
 when the structure is ours and the kernel cannot vouch for them otherwise. It can when the backend has a Generation
@@ -34,21 +41,28 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ipmasq.backends.base import Generation, Result, Runner, State
+from ipmasq.backends.base import Adopt, Generation, Ownership, Result, Runner, State
 from ipmasq.errors import BackendError, NftParseError
 from ipmasq.netfilter.nft import (
+    MARKER_SET,
     OUR_SET_NAMES,
     RULES_SET_NAMES,
     SET_NAMES,
+    SET_TYPES,
     TABLE,
     TABLE_FAMILY,
     NftSet,
     NftTable,
     delete_script,
-    desired_table,
+    desired_table_and_elements,
     format_elements,
+    is_marked,
+    marked_delete_script,
+    marker_delete_script,
     parse_list_json,
+    recorded_digest,
     replace_script,
+    table_digest,
 )
 from ipmasq.netfilter.nft_set import parse_set_json
 from ipmasq.policy.policy import Policy
@@ -57,12 +71,16 @@ from ipmasq.policy.prefix import Family
 __all__ = ["NFT", "NftablesBackend", "state_from_table"]
 
 NFT = "nft"
+PLACE = "nftables"  # where, in the words `ipmasq uninstall` prints
+OBJECT = f"table {TABLE_FAMILY} {TABLE}"
 # nft exits 1 with this when the object listed does not exist
 _ABSENT = "No such file or directory"
 
 
 def _set_header(s: NftSet) -> str:
-    return f"set {s.name} {{ type {s.type}; flags {', '.join(s.flags)}; }}"
+    flags = f" flags {', '.join(s.flags)};" if s.flags else ""
+    comment = f' comment "{s.comment}";' if s.comment else ""
+    return f"set {s.name} {{ type {s.type};{flags}{comment} }}"
 
 
 def state_from_table(table: NftTable | None, family: Family, *, elements: dict[str, tuple[tuple[int, int], ...]]
@@ -93,7 +111,8 @@ def state_from_table(table: NftTable | None, family: Family, *, elements: dict[s
 
 
 def _in_state(set_name: str, family: Family) -> bool:
-    """Whether a set of our table belongs in this family's State (sets that are not ours go in IPv4's)."""
+    """Whether a set of our table belongs in this family's State (the marker, and sets that are not ours, go in
+    IPv4's)."""
     return set_name in (SET_NAMES[family], RULES_SET_NAMES[family]) or (
         family is Family.V4 and set_name not in OUR_SET_NAMES)
 
@@ -119,8 +138,7 @@ class _Plan:
 
 
 def _plan(policy: Policy) -> _Plan:
-    table = desired_table(policy)
-    formatted = {s.name: format_elements(s.family, s.elements) for s in table.sets}
+    table, formatted = desired_table_and_elements(policy)
     # every family, managed or not: an unmanaged family's State is the shared chain without its set, so a set left
     # from when it was managed (IPv6 switched off) differs and is removed with the rest of the old table
     states = {f: state_from_table(table, f, formatted=formatted) for f in Family}
@@ -185,17 +203,18 @@ class NftablesBackend:
         except NftParseError as exc:
             raise BackendError(f"cannot read nft's listing of set {name}: {exc}", argv=tuple(argv)) from None
 
-    def read(self, family: Family) -> State:
+    def read(self, family: Family, *, adopt: Adopt = Adopt.CONFIGURED) -> State:
         structure = self.read_structure()
         self._counted = _counters_of(structure)
-        if structure is None:
+        if structure is None or (adopt is Adopt.NONE and not is_marked(structure)):
             return State(family, ())
         written = self._still_written()  # taken after the structure: the generation held while it was listed
         if written is not None:
             return state_from_table(structure, family, formatted=written.plan.formatted)
         elements: dict[str, tuple[tuple[int, int], ...]] = {}
         for s in structure.sets:
-            if not _in_state(s.name, family):
+            # the marker's presence is the fact, not what it holds: its elements are not listed (one call saved)
+            if not _in_state(s.name, family) or s.name == MARKER_SET:
                 continue
             full = self._read_set(s.name)
             elements[s.name] = full.elements if full is not None else ()
@@ -236,17 +255,50 @@ class NftablesBackend:
             self._written = written = None
         return written
 
-    def remove_all(self) -> None:
-        self._written = None
-        self._call([self._nft, "-f", "-"], delete_script(), what="removing the nftables table")
-
-    def present(self) -> bool:
-        """Whether our table exists (one terse listing: the elements are not fetched); False without nft."""
+    def survey(self) -> tuple[Ownership, ...]:
+        """Our table, if there is one, by whose it is (one terse listing; a marked table's sets are then listed with
+        their elements, to hash it as its marker's digest was made); nothing without nft."""
         try:
             result = self._run(self._structure_argv(), None)
         except BackendError:
-            return False  # nft is not installed: no table of ours can exist
+            return ()  # nft is not installed: no table of ours can exist
         if result.returncode != 0:
             raise BackendError("reading nftables failed", argv=tuple(self._structure_argv()), stderr=result.stderr,
                                returncode=result.returncode)
-        return self._parse_structure(result) is not None
+        table = self._parse_structure(result)
+        if table is None:
+            return ()
+        if not is_marked(table):
+            return (Ownership(PLACE, (), (OBJECT,)),)
+        return (Ownership(PLACE, (OBJECT,), ()) if self._as_recorded(table) else Ownership(PLACE, (), (), (OBJECT,)),)
+
+    def _as_recorded(self, structure: NftTable) -> bool:
+        """The marked table, its elements listed, hashes to the digest its marker records."""
+        recorded = recorded_digest(structure)
+        if recorded is None or any(s.type not in SET_TYPES.values() for s in structure.sets):
+            return False  # ipmasq writes address sets only: another program's set is a change, never read here
+        formatted: dict[str, Sequence[str]] = {}
+        for s in structure.sets:
+            if s.name != MARKER_SET:
+                full = self._read_set(s.name)
+                formatted[s.name] = format_elements(s.family, full.elements if full is not None else ())
+        return table_digest(structure, formatted=formatted) == recorded
+
+    def remove_all(self, *, adopt: Adopt = Adopt.NONE) -> tuple[Ownership, ...]:
+        """Our table gone with its marker in one transaction that the kernel refuses if the marker is not there; a
+        table without it, or whose content changed since ipmasq wrote it, stays unless `adopt` takes it (the changed
+        one's marker goes: it no longer tells the truth). What was there (before)."""
+        found = self.survey()
+        for ownership in found:
+            self._written = None
+            if ownership.owned:
+                self._call([self._nft, "-f", "-"], marked_delete_script(), what="removing the nftables table")
+            elif adopt is not Adopt.NONE:
+                self._call([self._nft, "-f", "-"], delete_script(), what="removing the nftables table")
+            elif ownership.changed:
+                self._call([self._nft, "-f", "-"], marker_delete_script(), what="removing a stale ownership marker")
+        return found
+
+    def present(self) -> bool:
+        """Whether our table exists with its marker (read-only)."""
+        return any(ownership.owned for ownership in self.survey())

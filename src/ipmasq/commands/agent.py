@@ -82,8 +82,13 @@ def register(subparsers: Any) -> None:
                              "`ipmasq health` queries it from an exec probe); empty: no endpoints")
     parser.add_argument("--prometheus-address", default="", metavar="HOST:PORT",
                         help="also serve /metrics, and only /metrics, here: for Prometheus to scrape the agent from "
-                             "outside the node (the DaemonSet passes the node's own address, $(HOST_IP):9848); "
-                             "default empty: not served")
+                             "outside the node, in either mode (the DaemonSet passes the node's own address, "
+                             "$(HOST_IP):9848; an observer's, 9849); default empty: not served")
+    parser.add_argument("--prometheus-rule-metrics", type=go_bool, default=False, metavar="BOOL",
+                        help="also serve the per-rule series (ipmasq_rule_packets_total, ipmasq_rule_bytes_total, "
+                             "labelled with the config rules' names) on --prometheus-address; default false: the "
+                             "node's address is open to the pod network, and the rules' names and traffic are the "
+                             "config's to tell (the loopback --metrics-address always serves them)")
     parser.add_argument("--lock-file", metavar="PATH",
                         help="the node lock: only the agent holding it writes rules, another one waits (a rolling "
                              f"update); default {DEFAULT_LOCK_DIRECTORY}/agent-netns-<inode>.lock, one per network "
@@ -159,13 +164,12 @@ def run(args: argparse.Namespace) -> int:
     # the endpoints come up first: while this agent waits for the node lock it is alive, and says why not ready
     status = AgentStatus(version=__version__, backend="")
     status.settings = agent_settings(args, settings.config_path)
-    server = _serve_status(status, args.metrics_address, log)
-    scrape = _serve_status(status, args.prometheus_address, log, metrics_only=True, flag="--prometheus-address")
+    listeners = _serve_endpoints(status, args, log)
     signal.signal(signal.SIGTERM, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGINT, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGHUP, lambda *_: wakeup.request_resync())
     try:
-        api_config, reporter = _api(args, log, wakeup)
+        api_config, reporter = _api(args, log, wakeup, facts=status)
         observer: LoopObserver = status if reporter is None else Observers(status, reporter)
         if not wait_for_node_lock(lock, wakeup, log=log, observer=observer, announce=True):
             log.info("agent stopping: it never held the node lock, nothing written")
@@ -179,9 +183,7 @@ def run(args: argparse.Namespace) -> int:
             reporter.narrator.set_backend(backend.name)
         _agent(backend, others, options, settings, runner, log, args, observer, api_config).run(wakeup)
     finally:
-        for listener in (server, scrape):
-            if listener is not None:
-                listener.stop()
+        _stop(listeners)
     return 0
 
 
@@ -190,7 +192,7 @@ def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSet
     """Observe mode (ipmasq.agent.observe): the loop drives an Observer; no node lock, no backend that writes, no
     conntrack; the same endpoints, API features and reports as the enforcing agent. aks and eks: that provider's
     profile and inputs (ipmasq.agent.writerinputs), which only the API server holds."""
-    from ipmasq.agent.observe import OBSERVE_POLL_SECONDS, Observer
+    from ipmasq.agent.observe import OBSERVE_POLL_SECONDS, Observer, reference_reading
     from ipmasq.writers import REFERENCE_CONFIGMAP, WRITERS
 
     if args.flush_conntrack:
@@ -198,10 +200,15 @@ def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSet
     # a provider's agent whose inputs are more than the ip-masq-agent ConfigMap (which the agent follows as when it
     # enforces, with the flags given) and whose truth is a chain (Cilium's is a BPF map): AKS's, EKS's
     profile = WRITERS.get(args.observe)
-    if profile is None or profile.chain is None or (profile.daemonset is None
-                                                    and profile.configmaps == (REFERENCE_CONFIGMAP,)):
-        profile = None
     extra: dict[str, Any] = {}
+    if profile is None or profile.chain is None:
+        profile = None
+    elif profile.daemonset is None and profile.configmaps == (REFERENCE_CONFIGMAP,):
+        # the reference's reading (reference, gke) of the ConfigMap followed as when enforcing, under the flags
+        # given: the keys that agent ignores are said (ignored-by-writer), never compared
+        load, compare = reference_reading(profile)
+        extra = {"load": load, "compare": compare}
+        profile = None
     if profile is not None:
         from ipmasq.agent.writerinputs import compare_for, load_for  # the API's modules: only with the API
 
@@ -220,13 +227,13 @@ def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSet
     status = AgentStatus(version=__version__, backend=observer_pass.backend.name)
     status.settings = agent_settings(args, settings.config_path)
     status.settings["backend"] = observer_pass.backend.name
-    server = _serve_status(status, args.metrics_address, log)
+    listeners = _serve_endpoints(status, args, log)  # an observer is scraped as an enforcing agent is
     signal.signal(signal.SIGTERM, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGINT, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGHUP, lambda *_: wakeup.request_resync())
     try:
         api_config, reporter = _api(args, log, wakeup, mode="observe", writer=args.observe, chain=options.masq_chain,
-                                    inputs=profile)
+                                    inputs=profile, facts=status)
         if profile is not None:
             from ipmasq.agent.writerinputs import WriterInputs
 
@@ -241,8 +248,7 @@ def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSet
                  args.observe, options.masq_chain)
         Agent(observer_pass, settings, log=log, observer=observer, api_config=api_config).run(wakeup)
     finally:
-        if server is not None:
-            server.stop()
+        _stop(listeners)
     return 0
 
 
@@ -272,8 +278,8 @@ def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptio
 
 
 def _api(args: argparse.Namespace, log: logging.Logger, wakeup: Wakeup, *, mode: str = "enforce",
-         writer: str | None = None, chain: str = "",
-         inputs: Writer | None = None) -> tuple[ConfigChooser | None, ApiReporter | None]:
+         writer: str | None = None, chain: str = "", inputs: Writer | None = None,
+         facts: AgentStatus | None = None) -> tuple[ConfigChooser | None, ApiReporter | None]:
     """The API server's part, when there is one: the ConfigMaps followed, and the reporter of Events and status.
 
     Started before the node lock is taken (a waiting agent says so in an Event), but nothing here ever decides
@@ -309,7 +315,7 @@ def _api(args: argparse.Namespace, log: logging.Logger, wakeup: Wakeup, *, mode:
     api_config, reporter = start_api(client, args.node_name, pod=args.pod_name, namespace=namespace, names=names,
                                      key=args.configmap_key, summary_lease=args.summary_lease, log=log,
                                      poke=wakeup.request_look, stop=wakeup.stop, mode=mode, writer=writer,
-                                     chain=chain, inputs=inputs)
+                                     chain=chain, inputs=inputs, facts=facts)
     if inputs is not None:
         log.info("API server %s: following %s's inputs in kube-system (%s); Events and status for node %s",
                  credentials.server, inputs.name, ", ".join(inputs.configmaps) or f"daemonset/{inputs.daemonset}",
@@ -321,11 +327,33 @@ def _api(args: argparse.Namespace, log: logging.Logger, wakeup: Wakeup, *, mode:
     return api_config, reporter
 
 
+def _serve_endpoints(status: AgentStatus, args: argparse.Namespace, log: logging.Logger) -> list[StatusServer]:
+    """Both listeners of a running agent, in either mode: the status port (--metrics-address, the probes') and the
+    scrape port (--prometheus-address, the DaemonSet's declared port `metrics`)."""
+    listeners = []
+    try:
+        for address, metrics_only, flag in ((args.metrics_address, False, "--metrics-address"),
+                                            (args.prometheus_address, True, "--prometheus-address")):
+            server = _serve_status(status, address, log, metrics_only=metrics_only, flag=flag,
+                                   rule_series=metrics_only and args.prometheus_rule_metrics)
+            if server is not None:
+                listeners.append(server)
+    except BaseException:
+        _stop(listeners)  # the one already serving, when the other cannot
+        raise
+    return listeners
+
+
+def _stop(listeners: list[StatusServer]) -> None:
+    for listener in listeners:
+        listener.stop()
+
+
 def _serve_status(status: AgentStatus, address: str, log: logging.Logger, *, metrics_only: bool = False,
-                  flag: str = "--metrics-address") -> StatusServer | None:
+                  flag: str = "--metrics-address", rule_series: bool = False) -> StatusServer | None:
     if not address:
         return None
-    server = StatusServer(status, address, metrics_only=metrics_only, flag=flag)
+    server = StatusServer(status, address, metrics_only=metrics_only, flag=flag, rule_series=rule_series)
     try:
         server.start(wait_if_in_use=True, log=log)
     except IpmasqError as exc:

@@ -7,10 +7,12 @@ through every nat chain the kernel runs at postrouting: on iptables, the nftable
 rules-differ, rule-missing, rule-extra, rule-edited, rule-order (the config's rules, by name, with file:line),
 foreign-masquerade, jump-shadowed (by destination, and where a rule tests them by source, protocol and port),
 stale-chain, unsupported, and live only other-variant-rules. Exit 0
-when no finding is an error, 1 otherwise.
+when no finding is an error, 1 otherwise; 3 live on a machine with no nat rule at all (no node: nothing to compare).
 
 --writer NAME compares with what a provider's agent intends instead (gke, aks, eks, reference, cilium: the chain
-and flags that agent runs with, its inputs read its way from --config and --manifest). eks reads the VPC CNI's
+and flags that agent runs with, its inputs read its way from --config and --manifest: only the keys it reads). A
+key it ignores (ipmasq's masqueradeCIDRs, rules, enableIPv6; AKS's merger and Cilium also drop cidrLimit and
+resyncInterval) is ignored-by-writer, with what happens to that traffic. eks reads the VPC CNI's
 AWS-SNAT-CHAIN-0; cilium reads `cilium-dbg bpf ipmasq list` output given to --from-dump.
 """
 
@@ -22,17 +24,17 @@ from typing import Any
 
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands import common, policy_source
+from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import read_config_file
-from ipmasq.diagnose.check import CheckReport, NodeRules, check_node
+from ipmasq.diagnose.check import CheckReport, NodeRules, check_node, ignored_findings
 from ipmasq.diagnose.cilium import check_cilium_map, is_ipmasq_list, parse_ipmasq_list
 from ipmasq.diagnose.eks import DEFAULT_OUT_INTERFACE, check_eks, node_chain
 from ipmasq.diagnose.leftovers import leftover_findings, read_leftovers
-from ipmasq.diagnose.sources import read_dump_file, read_node_rules, rules_from_dump
+from ipmasq.diagnose.sources import holds_no_nat_rules, read_dump_file, read_node_rules, rules_from_dump
 from ipmasq.diagnose.writer_sources import sources_from_manifests
-from ipmasq.errors import ConfigError, UsageError, one_line
-from ipmasq.findings import Finding
+from ipmasq.errors import ConfigError, NotANode, UsageError, one_line
+from ipmasq.findings import Finding, bounded
 from ipmasq.lint.manifest import configmap_config
-from ipmasq.options import DEFAULT_CHAIN
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
 from ipmasq.writers import (
@@ -43,6 +45,8 @@ from ipmasq.writers import (
     Sources,
     Writer,
     cilium_map_intent,
+    config_files,
+    ignored,
     intended,
 )
 
@@ -123,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
     if args.from_dump:
         rules = _rules_from_dumps(dumps)
     else:
-        rules = read_node_rules(SubprocessRunner(), policy.families, chain=policy.options.masq_chain,
-                                backend=args.backend)
+        rules = _live_node(read_node_rules(SubprocessRunner(), policy.families, chain=policy.options.masq_chain,
+                                           backend=args.backend))
     report = check_node(policy, rules, pod_ranges=pods, local_addresses=local)
     if not args.from_dump:  # our objects in a variant or backend the compared rules are not in
         places = read_leftovers(SubprocessRunner(), policy.options, rules.backend)
@@ -132,12 +136,22 @@ def run(args: argparse.Namespace) -> int:
     return _report(args, report)
 
 
+def _live_node(rules: NodeRules) -> NodeRules:
+    """The live read, unless it found no nat rule at all: then this is no node to check (one line, exit 3)."""
+    if holds_no_nat_rules(rules):
+        raise NotANode("this machine holds no nat rule at all (none of ip-masq-agent, kube-proxy or a CNI, in "
+                       "iptables or nftables): not a Kubernetes node whose pod SNAT is nat rules; run it on a node "
+                       "(kubectl ipmasq check NODE), or check a dump (--from-dump); Cilium's BPF masquerade: "
+                       "--writer cilium")
+    return rules
+
+
 def _report(args: argparse.Namespace, report: CheckReport) -> int:
     if args.output != "text":
         common.print_document(args.output, "CheckReport",
-                              {"ok": report.ok, "findings": [f.as_dict() for f in report.findings]})
+                              {"ok": report.ok, "findings": [f.as_dict() for f in bounded(report.findings)]})
     else:
-        for f in report.findings:
+        for f in bounded(report.findings):
             print(shown(f).as_text())
         print("ok: the node's rules match the config" if report.ok and not report.findings
               else ("ok (warnings only)" if report.ok else "NOT OK"))
@@ -165,12 +179,7 @@ def _writer_sources(args: argparse.Namespace) -> Sources:
 
 def _check_writer(args: argparse.Namespace, writer: Writer, dumps: list[tuple[str, str]]) -> CheckReport:
     """The node's rules (or Cilium's map) against what `writer` intends."""
-    given = [flag for flag, value, default in (("--masq-chain", args.masq_chain, DEFAULT_CHAIN),
-                                               ("--nomasq-all-reserved-ranges", args.nomasq_all_reserved_ranges, False),
-                                               ("--random-fully", args.random_fully, True),
-                                               ("--to-ports", args.to_ports, "")) if value != default]
-    if given:
-        raise UsageError(f"--writer {writer.name} runs with that agent's own flags: drop {', '.join(given)}")
+    common.refuse_policy_flags(args, f"--writer {writer.name}")
     sources = _writer_sources(args)
     pods = common.cidr_flag("--pod-range", args.pod_range)
     local = tuple(common.address_flag("--local-address", t) for t in args.local_address)
@@ -179,30 +188,57 @@ def _check_writer(args: argparse.Namespace, writer: Writer, dumps: list[tuple[st
         if len(listings) != 1 or len(dumps) != 1:
             raise UsageError("--writer cilium: give one --from-dump with `cilium-dbg bpf ipmasq list` output, e.g. "
                              "kubectl -n kube-system exec ds/cilium -- cilium-dbg bpf ipmasq list > map.txt")
-        config = intended(writer, sources)
+        config, said = _writes(writer, sources)
+        if config is None:
+            return CheckReport(tuple(said))
         policy_source.print_config_warnings("check", config)
-        return check_cilium_map(cilium_map_intent(config), parse_ipmasq_list(listings[0][1], listings[0][0]),
-                                map_name=CILIUM_MAP)
+        report = check_cilium_map(cilium_map_intent(config), parse_ipmasq_list(listings[0][1], listings[0][0]),
+                                  map_name=CILIUM_MAP)
+        return CheckReport(tuple(said) + report.findings)
     if any(is_ipmasq_list(text) for _, text in dumps):
         raise UsageError(f"--writer {writer.name}: a `cilium-dbg bpf ipmasq list` listing is Cilium's map: use "
                          "--writer cilium")
     if dumps:
         rules = _rules_from_dumps(dumps)
     else:
-        rules = read_node_rules(SubprocessRunner(), (Family.V4, Family.V6) if writer.name != "eks" else (Family.V4,),
-                                chain=writer.options.masq_chain, backend="iptables")
+        rules = _live_node(read_node_rules(SubprocessRunner(),
+                                           (Family.V4, Family.V6) if writer.name != "eks" else (Family.V4,),
+                                           chain=writer.options.masq_chain, backend="iptables"))
     if rules.backend != "iptables":
         raise UsageError(f"--writer {writer.name}: that agent writes iptables rules: give iptables-save output")
     if writer.name == "eks":
         if not sources.vpc_cidrs:
             chain = node_chain(rules)
             sources = Sources(sources.configmaps, sources.env, tuple(str(p) for p in chain.vpc_cidrs) if chain else ())
-        config = intended(writer, sources)  # its warnings (skipped exclusions) are findings of check_eks
+        config, said = _writes(writer, sources)  # its warnings (skipped exclusions) are findings of check_eks
+        if config is None:
+            return CheckReport(tuple(said))
         local4 = tuple(address for family, address in local if family is Family.V4)
-        return check_eks(Policy(config, writer.options), rules, sources.env, pod_ranges=pods,
-                         local_addresses=local4, out_interface=args.out_interface or DEFAULT_OUT_INTERFACE)
-    config = intended(writer, sources)
+        report = check_eks(Policy(config, writer.options), rules, sources.env, pod_ranges=pods,
+                           local_addresses=local4, out_interface=args.out_interface or DEFAULT_OUT_INTERFACE)
+        return CheckReport(tuple(said) + report.findings)
+    config, said = _writes(writer, sources)
+    if config is None:
+        return CheckReport(tuple(said))
     policy_source.print_config_warnings("check", config)
     policy = Policy(config, writer.options)
     tables = {family: table for family, table in rules.tables.items() if family in policy.families}
-    return check_node(policy, replace(rules, tables=tables), pod_ranges=pods, local_addresses=local)
+    report = check_node(policy, replace(rules, tables=tables), pod_ranges=pods, local_addresses=local,
+                        writer=writer.called or writer.name)
+    return CheckReport(tuple(said) + report.findings)
+
+
+def _writes(writer: Writer, sources: Sources) -> tuple[MasqConfig | None, list[Finding]]:
+    """What `writer` enforces from its inputs (its own reading: the keys it ignores left out, so that the node is
+    compared with what it really writes), and one ignored-by-writer finding per key it ignores. A refusal caused by
+    such a key (enableIPv6 with IPv6 CIDRs, for an agent without --enable-ipv6) is said by those findings alone
+    (config None: nothing to compare the node with)."""
+    files = config_files(writer, sources)
+    try:
+        config = intended(writer, sources)
+    except ConfigError as exc:
+        said = ignored_findings(ignored(writer, files, exc))
+        if any(f.destinations for f in said):
+            return None, said
+        raise
+    return config, ignored_findings(ignored(writer, files, config))

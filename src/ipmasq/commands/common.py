@@ -84,6 +84,17 @@ def add_policy_flags(parser: argparse.ArgumentParser, *, config_help: str | None
                        help="masquerade to these source ports, e.g. 32768-60999,61000-65535")
 
 
+def refuse_policy_flags(args: argparse.Namespace, why: str) -> None:
+    """A provider's profile (--writer) runs with that agent's own flags: any policy flag given is a usage error."""
+    given = [flag for flag, value, default in (("--masq-chain", args.masq_chain, DEFAULT_CHAIN),
+                                               ("--nomasq-all-reserved-ranges", args.nomasq_all_reserved_ranges, False),
+                                               ("--enable-ipv6", args.enable_ipv6, None),
+                                               ("--random-fully", args.random_fully, True),
+                                               ("--to-ports", args.to_ports, "")) if value != default]
+    if given:
+        raise UsageError(f"{why} runs with that agent's own flags: drop {', '.join(given)}")
+
+
 def options_from_args(args: argparse.Namespace) -> PolicyOptions:
     return PolicyOptions(
         masq_chain=check_chain_name(args.masq_chain),

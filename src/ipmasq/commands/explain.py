@@ -10,9 +10,14 @@ from ipmasq.cloudnat import CloudNat, CloudNatMode, follow_path
 from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, print_document
 from ipmasq.commands.policy_source import load_policy
 from ipmasq.config.model import Rule, RuleAction
-from ipmasq.errors import UsageError, clip
+from ipmasq.diagnose.path import PathAnswer, masquerade_path
+from ipmasq.diagnose.sources import read_dump_file
+from ipmasq.errors import UsageError, clip, one_line
+from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import Policy, PolicyVerdict, Reason
 from ipmasq.policy.prefix import parse_address
+from ipmasq.route.facts import Routing
+from ipmasq.route.iproute2 import parse_routing
 
 _REASON_TEXT = {
     Reason.DEFAULT: "in the agent's default non-masquerade list",
@@ -47,6 +52,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME") or None, metavar="NAME",
                         help="the node's name: selects config rules with nodes (default: $NODE_NAME)")
     parser.add_argument("--node-ip", metavar="NODE_IP", help="the node's IP (shown as the source when masqueraded)")
+    parser.add_argument("--routes", metavar="FILE",
+                        help="a routing dump of the node (the output of `{ ip -j -4 rule; ip -j -6 rule; ip -j route "
+                        "show table all; ip -j addr; }`): a masqueraded packet's source is then the address the "
+                        "kernel gives it on the interface its route leaves by (needs --source)")
     nat = parser.add_argument_group("second NAT layer (Cloud NAT behind the node)")
     nat.add_argument("--pod-range", action="append", default=[], metavar="CIDR",
                      help="the secondary range pods take their IPs from (repeatable)")
@@ -86,6 +95,12 @@ def run(args: argparse.Namespace) -> int:
     policy = load_policy(args, "explain")
     source = None if args.source is None else parse_address(args.source)
     cloud_nat = _cloud_nat(args)
+    routing: Routing | None = None
+    if args.routes is not None:
+        if args.source is None:
+            raise UsageError("--routes needs --source: the pod's address is what the node's ip rules test")
+        shown, text = read_dump_file(args.routes, "the output of ip -j rule, ip -j route, ip -j addr")
+        routing = parse_routing(text, shown)
     results = []
     for destination in args.destinations:
         try:
@@ -100,7 +115,11 @@ def run(args: argparse.Namespace) -> int:
                                      protocol=args.protocol, port=args.port)
         if args.node_ip is not None and parse_address(args.node_ip) == (family, address):
             verdict = PolicyVerdict(verdict.destination, verdict.family, False, Reason.LOCAL, None)
-        results.append(_as_dict(verdict, policy, args, cloud_nat))
+        egress = None
+        if routing is not None and verdict.masquerade and verdict.snat_to is None:
+            egress = masquerade_path(routing, Packet.of(destination, source=args.source, protocol=args.protocol,
+                                                        port=args.port))
+        results.append(_as_dict(verdict, policy, args, cloud_nat, egress))
     if args.output != "text":
         print_document(args.output, "ExplainReport", {"results": results})
     else:
@@ -110,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _as_dict(verdict: PolicyVerdict, policy: Policy, args: argparse.Namespace,
-             cloud_nat: CloudNat | None) -> dict[str, Any]:
+             cloud_nat: CloudNat | None, egress: PathAnswer | None = None) -> dict[str, Any]:
     entry = verdict.entry
     chain = policy.options.masq_chain
     matched = None if verdict.matched is None else str(verdict.matched)
@@ -124,7 +143,10 @@ def _as_dict(verdict: PolicyVerdict, policy: Policy, args: argparse.Namespace,
     else:
         target = "MASQUERADE" if entry.masquerade else "RETURN"
         rule = f"-A {chain} -d {entry.prefix} -j {target}"
-    path = follow_path(verdict, pod_ip=args.source, node_ip=args.node_ip, cloud_nat=cloud_nat)
+    node_ip = args.node_ip
+    if egress is not None and node_ip is None:
+        node_ip = egress.source_seen  # the address the kernel gives it on its route's interface
+    path = follow_path(verdict, pod_ip=args.source, node_ip=node_ip, cloud_nat=cloud_nat)
     defined_at = verdict.rule.where() if verdict.rule is not None else None if entry is None else entry.where()
     return {
         "destination": verdict.destination,
@@ -144,6 +166,11 @@ def _as_dict(verdict: PolicyVerdict, policy: Policy, args: argparse.Namespace,
         "rule": rule,
         "defined_at": defined_at,
         "explanation": _REASON_TEXT[verdict.reason],
+        **({} if egress is None else {
+            "egress_interface": egress.out_interface,
+            "route": None if egress.route is None else egress.route.described,
+            "node_address_reason": egress.undecided,
+        }),
     }
 
 
@@ -153,16 +180,25 @@ def _conditional(rule: Rule) -> dict[str, Any]:
             "snat_to": rule.snat_to}
 
 
+_SEEN_TEXT = {"pod": "the pod's IP", "node": "the node's IP"}
+
+
 def _as_text(r: dict[str, Any]) -> str:
     if r["snat_to"] is not None:
         action = f"SNAT to {r['snat_to']}"
     else:
         action = "MASQUERADED to the node IP" if r["masquerade"] else "NOT masqueraded (keeps the pod IP)"
-    seen = f"the destination sees {r['source_seen']}" if not r["dropped"] else f"DROPPED: {r['dropped_because']}"
+    # "pod"/"node": the address was not given (--source, --node-ip); the JSON keeps the word, the sentence names it
+    source = _SEEN_TEXT.get(r["source_seen"], r["source_seen"])
+    seen = f"the destination sees {source}" if not r["dropped"] else f"DROPPED: {r['dropped_because']}"
+    if r.get("egress_interface"):
+        seen += f" (leaving by {one_line(r['egress_interface'])}, {one_line(str(r['route']))})"
+    elif r.get("node_address_reason"):
+        seen += f" (the node's address not known: {one_line(r['node_address_reason'])})"
     if r["rule_name"] is not None:
         matched = f" Rule {r['rule_name']} ({r['defined_at']}) matched {r['matched']}."
     else:
-        matched = f" matched {r['matched']} ({r['defined_at']})" if r["matched"] else ""
+        matched = f" Matched {r['matched']} ({r['defined_at']})." if r["matched"] else ""
     text = f"{r['destination']}: {action}; {seen}.{matched} Why: {r['explanation']}."
     if r["depends_on"]:
         earlier = "; ".join(f"rule {c['rule_name']} ({c['defined_at']}): "

@@ -9,13 +9,14 @@ import sys
 from typing import Any
 
 from ipmasq.commands import common
-from ipmasq.errors import UsageError
+from ipmasq.errors import UsageError, clip, one_line
 
 BACKENDS = ("iptables", "nftables")
 FLEET_SCENARIO = "fleet-rollout"
 
 
 def register(subparsers: Any) -> None:
+    from ipmasq.lab.routed import ROUTED_SCENARIOS
     from ipmasq.lab.scenarios import SCENARIOS
 
     parser: argparse.ArgumentParser = subparsers.add_parser(
@@ -26,7 +27,9 @@ def register(subparsers: Any) -> None:
         f"Scenarios: {', '.join(SCENARIOS)}. {FLEET_SCENARIO} (not part of all) builds four nodes in two pools "
         "with the agent on each and a real Prometheus scraping them (needs prometheus installed): a config rollout "
         "read from ipmasq_enforced_config_info, a node whose rules keep being deleted, a node given an invalid "
-        "config, with the seconds each node took and the alerts each one raised.",
+        "config, with the seconds each node took and the alerts each one raised. Nodes whose routing decides the "
+        f"source (not part of all, each in namespaces of its own): {', '.join(ROUTED_SCENARIOS)}; each probe shows "
+        "the source the scenario expects, the one the peer saw, and which route, rule or mark decided.",
     )
     parser.add_argument("--scenario", default="all", metavar="NAME", help="a scenario name, or all (default)")
     parser.add_argument("--backend", choices=BACKENDS, default=None,
@@ -47,6 +50,11 @@ def register(subparsers: Any) -> None:
                         help="with --kubernetes: build what is not cached yet (binaries, pause image, base, the "
                         "agent's image, the Prometheus the lab scrapes the agents with), say what and how long, and "
                         "stop there")
+    parser.add_argument("--dump-facts", metavar="DIR",
+                        help=f"with a routed scenario ({', '.join(ROUTED_SCENARIOS)}): write each phase's node facts "
+                        "to DIR/SCENARIO/phase-N (routing.json: ip -j rule, route and addr; iptables.save, "
+                        "ip6tables.save; ruleset.json: nft -j list ruleset) and its probes (probes.json), to run the "
+                        "path model on them offline")
     parser.add_argument("--source", metavar="DIR",
                         help="with --kubernetes: the ipmasq checkout whose Dockerfile and deploy/ are used "
                         "(default: the one this ipmasq runs from, else the current directory)")
@@ -55,12 +63,16 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ipmasq.lab.netns import Network, cleanup_stale, new_prefix
+    from ipmasq.lab.routed import ROUTED_SCENARIOS
     from ipmasq.lab.run import ScenarioResult, run_scenario
     from ipmasq.lab.scenarios import SCENARIOS
     from ipmasq.lab.topology import build_lab
 
-    if args.scenario != "all" and args.scenario not in SCENARIOS and args.scenario != FLEET_SCENARIO:
-        raise UsageError(f"unknown scenario {args.scenario!r} (known: {', '.join(SCENARIOS)}, {FLEET_SCENARIO}, all)")
+    known = (*SCENARIOS, FLEET_SCENARIO, *ROUTED_SCENARIOS)
+    if args.scenario != "all" and args.scenario not in known:
+        raise UsageError(f"unknown scenario {one_line(clip(repr(args.scenario)))} (known: {', '.join(known)}, all)")
+    if args.dump_facts is not None and args.scenario not in ROUTED_SCENARIOS:
+        raise UsageError(f"--dump-facts is for a routed scenario: {', '.join(ROUTED_SCENARIOS)}")
     if os.geteuid() != 0:
         raise UsageError("the lab creates network namespaces: run it as root")
     if (args.down or args.prepare) and not args.kubernetes:
@@ -74,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         return run_kubernetes_lab(args, print_scenario=_print_scenario)
     if args.scenario == FLEET_SCENARIO:
         return _run_fleet(args)
+    if args.scenario in ROUTED_SCENARIOS:
+        if args.kubernetes or args.keep:
+            raise UsageError(f"{args.scenario} runs in the namespace lab, and takes its namespaces down after it")
+        return _run_routed(args)
     chosen = list(SCENARIOS.values()) if args.scenario == "all" else [SCENARIOS[args.scenario]]
     # Ctrl-C raises KeyboardInterrupt; make SIGTERM (a killed job, a CI timeout) unwind the same way, so the
     # finally below always deletes the namespaces and stops the agent and the probe servers
@@ -129,6 +145,52 @@ def _print_scenario(result: Any) -> None:
     if result.error:
         print(f"!! {result.error}")
     print()
+
+
+def _run_routed(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ipmasq.lab.netns import cleanup_stale
+    from ipmasq.lab.routed import ROUTED_SCENARIOS, run_routed
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    cleanup_stale()
+    facts = Path(args.dump_facts) if args.dump_facts is not None else None
+    result = run_routed(ROUTED_SCENARIOS[args.scenario], backend=args.backend or "iptables", facts=facts)
+    if args.output != "text":
+        common.print_document(args.output, "LabReport", {"ok": result.ok, "scenarios": [
+            {"name": result.name, "summary": result.summary, "ok": result.ok, "error": result.error,
+             "phases": [{"name": p.name, "ok": p.ok, "probes": [o.as_dict() for o in p.probes]}
+                        for p in result.phases]}]})
+        return 0 if result.ok else 1
+    print(f"== {result.name}\n   {result.summary}")
+    for phase in result.phases:
+        print(f"-- {phase.name}")
+        print(f"   {'FROM POD':<15} {'DESTINATION':<19} {'EXPECTED SOURCE':<16} {'PEER SAW':<15} {'TRACE SAYS':<15} "
+              f"{'OK':<8} WHY")
+        for probe in phase.probes:
+            expected = "|".join(source for _, source in probe.hops) if probe.hops else _show(probe.expected_source)
+            print(f"   {probe.pod_ip:<15} {probe.target:<19} {expected:<16} {_show(probe.seen_source):<15} "
+                  f"{_traced(probe):<15} {'ok' if probe.ok else 'MISMATCH':<8} {probe.why}")
+            if not probe.trace_ok:
+                print(f"   {'':<15} trace: {one_line(str(probe.traced.reason or probe.traced.interface))}")
+    if result.error:
+        print(f"!! {one_line(result.error)}")
+    if facts is not None:
+        print(f"\nnode facts and probes: {facts / result.name}/phase-N")
+    print(f"\n{'every peer saw the expected source, as trace predicted' if result.ok else 'SOME PROBES DIFFER'}")
+    return 0 if result.ok else 1
+
+
+def _traced(probe: Any) -> str:
+    """trace's prediction in a word: the source, "one of" a multipath route's, dropped, or that it cannot say."""
+    traced = probe.traced
+    if traced.source is not None:
+        return str(traced.source)
+    if traced.hops:
+        return "one of " + "|".join(_show(source) for _, source in traced.hops)
+    return "dropped" if (traced.reason or "").startswith("dropped") else "CANNOT DECIDE"
 
 
 def _run_fleet(args: argparse.Namespace) -> int:

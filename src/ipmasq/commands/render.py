@@ -2,7 +2,9 @@
 
 Print exactly the payload the agent would apply on a node that has none of our rules yet (iptables-restore text
 including the POSTROUTING jump, or the nft script that replaces our table `inet ip-masq-agent`, every family at
-once). Needs no root.
+once). The iptables text is the reference agent's, byte for byte; the agent's own transaction also declares the
+chain's ownership marker (`:IPMASQ-OWNS-<chain> - [0:0]`) and writes its one rule, the digest of what it wrote. Needs
+no root.
 """
 
 from __future__ import annotations

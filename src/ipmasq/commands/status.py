@@ -4,9 +4,11 @@ Per node: the agent's pod, ready, the enforced policy hash, whether that is the 
 (enforce: the agent writes the rules; observe: another program does, and the agent checks them), where the config
 came from (api or file), drift repairs, and why not current. Exit 0 when every node named (every node when none is)
 enforces the current config, in either mode; 1 when any does not (or the API cannot tell, or a named node does not
-exist); 2 on a usage error; 3 when the API server cannot be asked (no kubeconfig, no
-answer). Every string the API gave is printed through ipmasq.errors.one_line: a status object,
-a pod or a ConfigMap name cannot move the cursor, set a title or forge a row.
+exist), or when the rows are unverified: the node-trust admission policy or its binding is not installed (or
+cannot be read), so any agent's token could have written any row (ipmasq.kube.nodetrust; every row is marked so
+and one line says why); 2 on a usage error; 3 when the API server cannot be asked (no kubeconfig, no answer).
+Every string the API gave is printed through ipmasq.errors.one_line: a status object, a pod or a ConfigMap name
+cannot move the cursor, set a title or forge a row.
 """
 
 from __future__ import annotations
@@ -14,16 +16,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ipmasq.errors import ApiError, NotFound, UsageError, one_line
+from ipmasq.errors import ApiError, Forbidden, NotFound, UsageError, one_line
 from ipmasq.kube import objects, paths
 from ipmasq.kube.agentstatus import status_from_json
 from ipmasq.kube.configmaps import configmap_state
 from ipmasq.kube.fleet import FleetView, WriterContent, fleet_view
 from ipmasq.kube.kubeconfig import load as load_kubeconfig
+from ipmasq.kube.nodetrust import read_node_trust
+from ipmasq.ownership import without_others_pods
 
 __all__ = ["register", "run"]
 
-# the agent's pods: the shipped DaemonSet's, and observe mode's beside a provider's agent (deploy/overlays/observe)
+# the agent's pods: the shipped DaemonSet's, and observe mode's beside a provider's agent (deploy/overlays/observe);
+# a provider's agent of the same label (GKE's) is told apart by its DaemonSet (ipmasq.ownership)
 AGENT_SELECTOR = "k8s-app in (ip-masq-agent,ipmasq-observer)"
 PAGE = 500  # objects per list request (an agent pod or a status object: a few KiB each)
 NODE_PAGE = 200  # a Node is larger (its images, addresses, conditions: 5-15 KiB)
@@ -35,7 +40,9 @@ def register(subparsers: Any) -> None:
         description="Ask the API server, for every node (or the NODEs named): the agent's pod, ready, the policy "
         "hash it enforces and whether that is the ConfigMap's current content, the mode (enforce, or observe: "
         "another program writes the rules), where its config came from, drift repairs, why not current. Exit 1 "
-        "when any of those nodes does not enforce the current config.")
+        "when any of those nodes does not enforce the current config, or when the rows are unverified (the "
+        "node-trust admission policy ip-masq-agent-own-node or its binding is not installed: any agent's token "
+        "could have written any node's row).")
     parser.add_argument("nodes", nargs="*", metavar="NODE", help="only these nodes (default: every node)")
     add_status_flags(parser)
     parser.set_defaults(func=run)
@@ -69,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         print_document(args.output, "StatusReport", view.as_json())
     else:
         print(render_table(view))
-    return 0 if view.all_current else 1
+    return 0 if view.ok else 1
 
 
 def _gather(client: Any, args: argparse.Namespace) -> FleetView:
@@ -98,10 +105,17 @@ def _gather(client: Any, args: argparse.Namespace) -> FleetView:
     written = statuses()
     pods = list_items(client, paths.pods(namespace), objects.pod, query={"labelSelector": AGENT_SELECTOR},
                       page=PAGE).items
+    if pods:  # the label is also GKE's own agent's: its pods are never shown as a node's ipmasq agent
+        try:
+            daemonsets = list_items(client, paths.daemonsets(namespace), objects.kube_object, page=PAGE).items
+        except (Forbidden, NotFound):  # who may not list DaemonSets sees every pod of the label, as before
+            daemonsets = []
+        pods = without_others_pods(daemonsets, pods)
     nodes = list_items(client, paths.nodes(), objects.node, page=NODE_PAGE).items
     names = [meta["name"] for meta in (n.get("metadata") for n in nodes)
              if isinstance(meta, dict) and isinstance(meta.get("name"), str)]
-    return fleet_view(configmaps, written, pods, names, only=only, writers=_writer_contents(client, written))
+    return fleet_view(configmaps, written, pods, names, only=only, writers=_writer_contents(client, written),
+                      trust=read_node_trust(client))
 
 
 def _writer_contents(client: Any, statuses: list[Any]) -> list[WriterContent]:
@@ -143,11 +157,13 @@ def render_table(view: FleetView) -> str:
         if status is not None:
             mode = status.mode if status.mode != "observe" else f"observe ({status.writer or '?'}, {status.chain})"
         last = f"(last rejected: {status.last_rejection})" if status and status.last_rejection else ""
+        if status is not None and status.ignored and not row.why:  # current, and yet a key the writer ignores
+            last = f"(ignored by {status.writer or 'the writer'}: {status.ignored})"
         table.append(tuple(one_line(cell) for cell in (
             row.node, row.pod or "-",
             "yes" if status is not None and status.ready and row.pod_ready else "no",
             (status.policy_hash or "-")[:12] if status else "-",
-            "yes" if row.current else "NO",
+            ("yes" if row.current else "NO") + ("" if row.verified else " (unverified)"),
             mode,
             status.config_source if status else "-",
             str(status.drift_repairs) if status else "-",
@@ -157,7 +173,8 @@ def render_table(view: FleetView) -> str:
     for r in table:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=False)) + "  " + r[-1])
     current = sum(row.current for row in view.rows)
-    lines.append(f"{current} of {len(view.rows)} nodes enforce the current config")
+    lines.append(f"{current} of {len(view.rows)} nodes enforce the current config"
+                 + ("" if view.trust.verified else f", UNVERIFIED: {one_line(view.trust.why)}"))
     if view.ignored:
         lines.append(f"({view.ignored} status object{'s' if view.ignored > 1 else ''} named after no node of the "
                      "cluster ignored)")

@@ -10,7 +10,7 @@ import gc
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -139,10 +139,12 @@ def _too_large(source: str, size: int | None) -> ConfigError:
     return InputUnreadable(f"{shown}, too large: a config is at most 1 MiB (what a ConfigMap holds)", source=source)
 
 
-def config_from_bytes(config_input: ConfigInput, options: PolicyOptions) -> MasqConfig:
-    """Pure: bytes of the files -> a validated config (raises ConfigError)."""
+def config_from_bytes(config_input: ConfigInput, options: PolicyOptions, *,
+                      honoured: Collection[str] | None = None) -> MasqConfig:
+    """Pure: bytes of the files -> a validated config (raises ConfigError). `honoured`: only these keys are read,
+    as a provider's agent reads them (ipmasq.writers); None: all of ipmasq's."""
     with paused_gc():
-        return _config_from_bytes(config_input, options)
+        return _config_from_bytes(config_input, options, honoured)
 
 
 @contextmanager
@@ -157,7 +159,8 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _config_from_bytes(config_input: ConfigInput, options: PolicyOptions) -> MasqConfig:
+def _config_from_bytes(config_input: ConfigInput, options: PolicyOptions,
+                       honoured: Collection[str] | None) -> MasqConfig:
     settings: list[FileSettings] = []
     for source, data in config_input.files:
         doc = parse_document(data, source)
@@ -165,7 +168,7 @@ def _config_from_bytes(config_input: ConfigInput, options: PolicyOptions) -> Mas
             continue  # an empty file means defaults, as in the reference
         # IPv6 CIDRs refused at once only when the flag said no; else merge_settings checks them against the
         # files' enableIPv6 (any file may set it)
-        settings.append(settings_from_document(doc, enable_ipv6=options.enable_ipv6 is not False))
+        settings.append(settings_from_document(doc, enable_ipv6=options.enable_ipv6 is not False, honoured=honoured))
     config = merge_settings(settings, all_reserved=options.nomasq_all_reserved_ranges, enable_ipv6=options.enable_ipv6)
     check_rules_with_flags(config, options)
     return config

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -72,9 +72,12 @@ class FileSettings:
     warnings: list[str] = field(default_factory=list)
 
 
-def settings_from_document(doc: Document, *, enable_ipv6: bool) -> FileSettings:
+def settings_from_document(doc: Document, *, enable_ipv6: bool,
+                           honoured: Collection[str] | None = None) -> FileSettings:
     """One file's settings; `enable_ipv6` False refuses IPv6 CIDRs here (the flag said no), True accepts them (the
-    flag said yes, or the files' enableIPv6 decides once merged: merge_settings checks)."""
+    flag said yes, or the files' enableIPv6 decides once merged: merge_settings checks). `honoured`: the keys read
+    (a provider's agent reads fewer than ipmasq: ipmasq.writers); the others are skipped unchecked, as that agent
+    skips them (None: every known key)."""
     settings = FileSettings(doc.source)
     seen: dict[str, Field] = {}
     for f in doc.fields:
@@ -82,6 +85,8 @@ def settings_from_document(doc: Document, *, enable_ipv6: bool) -> FileSettings:
         if canonical is None:
             settings.warnings.append(f"{doc.source}:{f.line}: unknown key {clip(f.key)!r} ignored")
             continue
+        if honoured is not None and canonical not in honoured:
+            continue  # the writer's own finding (ignored-by-writer) says what that does
         if canonical in seen:
             settings.warnings.append(
                 f"{doc.source}:{f.line}: {f.key!r} repeats {seen[canonical].key!r} (line {seen[canonical].line}); "

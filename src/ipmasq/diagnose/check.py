@@ -34,9 +34,11 @@ from ipmasq.netfilter.iptables import (
     RULE_COMMENT_PREFIX,
     NatTable,
     canonical,
+    chain_ownership,
     chain_rules,
     config_rule_lines,
     jump_rule,
+    marker_chain,
     our_chains,
     parse_rule,
     rule_target,
@@ -56,9 +58,10 @@ from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix, parse_cidr
 from ipmasq.policy.ranges import Span, append_span, subtract, to_prefixes, union, union_of_prefixes
+from ipmasq.writers import Ignored
 
-__all__ = ["CheckReport", "FindingId", "NodeRules", "check_iptables", "check_nft", "check_node", "semantic_findings",
-           "tracer_beside"]
+__all__ = ["CheckReport", "FindingId", "NodeRules", "check_iptables", "check_nft", "check_node",
+           "ignored_findings", "semantic_findings", "tracer_beside"]
 
 # How many destinations a message quotes before "and N more" (the JSON field has them all).
 _QUOTED = 6
@@ -79,6 +82,7 @@ class FindingId(StrEnum):
     RULE_EXTRA = "rule-extra"  # lines of a rule (by its comment) the config does not have
     RULE_EDITED = "rule-edited"  # a config rule whose lines on the node differ from what it renders to
     RULE_ORDER = "rule-order"  # the config rules in another order, or not ahead of the CIDR entries
+    IGNORED_BY_WRITER = "ignored-by-writer"  # a key the provider's agent does not read (ipmasq's extensions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +140,11 @@ def _is_catch_all_only(rules: list[str]) -> bool:
 
 
 def check_iptables(policy: Policy, table: NatTable, family: Family, *, pod_ranges: tuple[Prefix, ...] = (),
-                   local_addresses: tuple[int, ...] = (), beside: NftTracer | None = None) -> CheckReport:
+                   local_addresses: tuple[int, ...] = (), beside: NftTracer | None = None,
+                   writer: str | None = None) -> CheckReport:
     """`beside`: the node's nftables nat chains, walked with iptables' nat POSTROUTING by the semantic pass (the
-    kernel runs both: a masquerade in either decides)."""
+    kernel runs both: a masquerade in either decides). `writer`: how a message names the provider's agent whose
+    flags the policy's options are (`check --writer`: no flag of check's changes them), None for the user's own."""
     chain = policy.options.masq_chain
     findings: list[Finding] = []
     ours = our_chains(table, chain)
@@ -155,8 +161,10 @@ def check_iptables(policy: Policy, table: NatTable, family: Family, *, pod_range
             f"this node uses chain {live[0]}, not {chain}: pass --masq-chain={live[0]} (and the agent's other flags, "
             "e.g. --nomasq-all-reserved-ranges on GKE) to compare its rules with the config",
             f"ipmasq check --masq-chain={live[0]} ... ; nothing on the node needs to change for this"),))
-    for name in stale:
-        findings.append(_stale(name, postrouting, chain))
+    if stale:
+        ownership = chain_ownership(table, chain, taken=chain)  # the checked chain is not stale: not hashed
+        findings.extend(_stale(name, postrouting, chain, owned=name in ownership.owned,
+                               changed=name in ownership.changed) for name in stale)
     if not chain_present:
         hint = ("is the agent running on this node? `kubectl -n kube-system get pods -l k8s-app=ip-masq-agent` "
                 "and its logs")
@@ -177,22 +185,35 @@ def check_iptables(policy: Policy, table: NatTable, family: Family, *, pod_range
             f"iptables -t nat -A POSTROUTING -m comment --comment \"...\" -m addrtype ! --dst-type LOCAL -j {chain}",
             rule=want_jump))
     if chain_present:
-        findings.extend(_compare_chain(policy, table, family, chain))
+        findings.extend(_compare_chain(policy, table, family, chain, writer))
     if chain_present and jump_present:
         findings.extend(_semantic(policy, table, family, set(ours), pod_ranges, local_addresses, beside))
     return CheckReport(tuple(findings))
 
 
-def _stale(name: str, postrouting: list[str], chain: str) -> Finding:
+def _stale(name: str, postrouting: list[str], chain: str, *, owned: bool, changed: bool) -> Finding:
+    """`owned`: ipmasq's ownership marker is beside it and records its rules, so ipmasq wrote it and its agent
+    removes it; `changed`: the marker records other rules (another program rewrote it since); without one another
+    program may have written it (GKE's, AKS's or the reference agent's chain carries the same comments)."""
     jumps = [r for r in postrouting if parse_rule(r).target == name]
     live = bool(jumps)
     where = "and POSTROUTING still jumps to it" if live else "(no jump reaches it)"
+    marker = marker_chain(name)
+    if owned:
+        whose = (f"; iptables -t nat -F {marker}; iptables -t nat -X {marker} (ipmasq's agent removes it, and its "
+                 "marker, on its next sync)")
+    elif changed:
+        whose = (" (its rules changed since ipmasq wrote them, as its ownership marker records them: another program "
+                 "writes it now, and ipmasq's agent never removes it, only the stale marker)")
+    else:
+        whose = (" (no ipmasq ownership marker beside it: ipmasq's agent never removes it; another program may still "
+                 "write it)")
     return Finding(
         FindingId.STALE_CHAIN, Severity.ERROR if live else Severity.WARNING,
         f"an ip-masq-agent chain {name} is left beside {chain} {where}",
         f"if the agent now runs with --masq-chain={chain}, remove the old one: "
         + (f"iptables -t nat -D {jumps[0][3:]}; " if live else "")
-        + f"iptables -t nat -F {name}; iptables -t nat -X {name} (the agent's next sync does it too)",
+        + f"iptables -t nat -F {name}; iptables -t nat -X {name}" + whose,
         rule=jumps[0] if live else None)
 
 
@@ -266,7 +287,8 @@ def _compare_config_rules(config_rules: list[tuple[Rule, list[str]]], want: list
     return findings, rest_want, rest_have
 
 
-def _compare_chain(policy: Policy, table: NatTable, family: Family, chain: str) -> list[Finding]:
+def _compare_chain(policy: Policy, table: NatTable, family: Family, chain: str,
+                   writer: str | None = None) -> list[Finding]:
     want = [canonical(r) for r in chain_rules(policy, family).rules]
     have = table.rules_of(chain)
     if have == want:
@@ -279,8 +301,8 @@ def _compare_chain(policy: Policy, table: NatTable, family: Family, chain: str) 
         rule_findings, want, have = _compare_config_rules(config_rules, want, have, _short, chain)
         if have == want:
             return rule_findings
-        return rule_findings + _compare_rest(chain, want, have)
-    return _compare_rest(chain, want, have)
+        return rule_findings + _compare_rest(chain, want, have, writer)
+    return _compare_rest(chain, want, have, writer)
 
 
 def _not_applied(chain: str, want: list[str]) -> list[Finding]:
@@ -293,7 +315,19 @@ def _not_applied(chain: str, want: list[str]) -> list[Finding]:
         missing=tuple(_short(r) for r in want[:-1]))]
 
 
-def _compare_rest(chain: str, want: list[str], have: list[str]) -> list[Finding]:
+def _random_fully_hint(want: list[str], writer: str | None) -> str:
+    """What to do about a chain that differs only in --random-fully: a provider's agent decides it by its own
+    version and flags (check's --random-fully is refused beside --writer); the user's agent by the flag given."""
+    if writer is not None:
+        return (f"nothing to do: the agent behind {writer} sets --random-fully by its own version and flags (the "
+                "reference before v2.10 never wrote it), and it only spreads source ports: every destination sees the "
+                "same address")
+    if any("--random-fully" in r for r in want):
+        return "pass --random-fully=false if the agent runs without it; otherwise its next sync fixes it"
+    return "drop --random-fully=false (the default is true) if the agent runs with it; otherwise its next sync fixes it"
+
+
+def _compare_rest(chain: str, want: list[str], have: list[str], writer: str | None = None) -> list[Finding]:
     if _is_catch_all_only(have):
         return _not_applied(chain, want)
     missing = [r for r in want if r not in have]
@@ -302,7 +336,7 @@ def _compare_rest(chain: str, want: list[str], have: list[str]) -> list[Finding]
         # the reference before v2.10 never wrote --random-fully, and it only spreads source ports: same outcome
         return [Finding(FindingId.RULES_DIFFER, Severity.WARNING,
                         f"{chain} differs from the config only in MASQUERADE's --random-fully",
-                        "pass --random-fully=false if the agent runs without it; otherwise its next sync fixes it",
+                        _random_fully_hint(want, writer),
                         missing=tuple(_short(r) for r in missing), extra=tuple(_short(r) for r in extra))]
     if not missing and not extra:
         message = f"{chain} holds the config's rules in a different order (the first match decides)"
@@ -382,6 +416,13 @@ class _Space:
         self.rich_spans = merged
         self.plain = _Traffic(pod_ranges, None, None, None)
         self.classes = self._classes(family, pod_ranges, config_sources, source_points, protocols, ports)
+        # how messages name each class's protocol: by its name, and the class of every protocol no rule names
+        # (traced as one number, _OTHER_PROTOCOL) as what it stands for
+        named = sorted(_protocol_words(str(n)) for n in protocols)
+        self.protocol_words = {str(n): _protocol_words(str(n)) for n in protocols}
+        if protocols:
+            self.protocol_words[_protocol_name(_other_protocol(protocols))] = (
+                "protocols other than " + ", ".join(named))
 
     def is_rich(self, destination: int) -> bool:
         i = bisect_right(self.rich_starts, destination) - 1
@@ -410,7 +451,7 @@ class _Space:
             source_classes.append(((), None))
         protocol_classes: list[tuple[str | None, list[Span | None]]] = [(None, [None])]
         if protocols:
-            other = next(n for n in range(253, 0, -1) if n not in protocols)  # a protocol no rule names
+            other = _other_protocol(protocols)
             port_cuts = sorted(p for p in ports | {0} if p <= 65535)
             port_spans: list[Span | None] = [(a, b - 1) for a, b in zip(port_cuts, [*port_cuts[1:], 65536],
                                                                          strict=True)]
@@ -418,6 +459,25 @@ class _Space:
                                 for n in sorted(protocols | {other})]
         return [_Traffic(prefixes, first, protocol, span) for prefixes, first in source_classes
                 for protocol, spans in protocol_classes for span in spans]
+
+
+def _other_protocol(named: set[int]) -> int:
+    """The number traced for every protocol no rule names: IANA's 253 ("use for experimentation and testing"), which
+    no real traffic carries, unless a rule names that too."""
+    return next(n for n in range(253, 0, -1) if n not in named)
+
+
+# IANA's keywords for the protocols a nat rule is likely to name (the config's own names are kept as they are)
+_IANA_PROTOCOLS = {1: "icmp", 2: "igmp", 4: "ipip", 6: "tcp", 17: "udp", 33: "dccp", 41: "ipv6", 47: "gre",
+                   50: "esp", 51: "ah", 58: "icmpv6", 89: "ospf", 103: "pim", 112: "vrrp", 132: "sctp", 136: "udplite",
+                   253: "experimental protocol 253", 254: "experimental protocol 254"}
+
+
+def _protocol_words(protocol: str) -> str:
+    """A class's protocol as a message names it: the config's name, IANA's keyword, else "protocol N"."""
+    if not protocol.isdigit():
+        return protocol
+    return _IANA_PROTOCOLS.get(int(protocol), f"protocol {protocol}")
 
 
 def _protocol_name(number: int) -> str:
@@ -538,7 +598,8 @@ def _semantic_walk(policy: Policy, tracer: _Walker, family: Family, ours: set[st
             else:
                 union.append((first, last))
         prefixes = [str(p) for first, last in union for p in to_prefixes(family, first, last)]
-        findings.append(_semantic_finding(key, prefixes, _describe(by_traffic, family, all_sources),
+        findings.append(_semantic_finding(key, prefixes, _describe(by_traffic, family, all_sources,
+                                                                   space.protocol_words),
                                           reasons.get(key.rule, ""), policy, tuple(shadowed.get(key, {}).values())))
     return findings
 
@@ -554,7 +615,8 @@ def _sources_text(sources: set[tuple[Prefix, ...]], all_sources: set[tuple[Prefi
     return " from all but " + ", ".join(outside)
 
 
-def _describe(by_traffic: dict[_Traffic, list[Span]], family: Family, all_sources: set[tuple[Prefix, ...]]) -> str:
+def _describe(by_traffic: dict[_Traffic, list[Span]], family: Family, all_sources: set[tuple[Prefix, ...]],
+              protocol_words: Mapping[str, str]) -> str:
     """The destinations and the traffic to them, exactly: "10.1.0.0/16 (tcp port 443); 34.0.0.0/8 (udp port 53)".
     Classes with the same destinations read as one; sources are named only when not all of them are concerned,
     adjacent port classes as one range."""
@@ -576,7 +638,7 @@ def _describe(by_traffic: dict[_Traffic, list[Span]], family: Family, all_source
                 merged.append((protocol, ports, source_text))
         texts = []
         for protocol, ports, source_text in merged:
-            words = [] if protocol is None else [protocol if protocol in _CONFIG_PROTOCOLS else f"protocol {protocol}"]
+            words = [] if protocol is None else [protocol_words.get(protocol) or _protocol_words(protocol)]
             if ports is not None:
                 words.append(f"port {ports[0]}" if ports[0] == ports[1] else f"ports {ports[0]}-{ports[1]}")
             text = (" ".join(words) + source_text).strip()
@@ -769,6 +831,13 @@ def _compare_rules_set(name: str, family: Family, want: NftTable, table: NftTabl
         missing=tuple(missing), extra=tuple(extra))]
 
 
+def ignored_findings(ignored: Iterable[Ignored]) -> list[Finding]:
+    """One finding per key the writer does not read: an error when pod traffic is treated otherwise than the key
+    says (never rules-differ: the writer will not write it, on any sync), a warning when nothing changes."""
+    return [Finding(FindingId.IGNORED_BY_WRITER, Severity.ERROR if item.changes_traffic else Severity.WARNING,
+                    item.message(), item.hint(), destinations=item.changed) for item in ignored]
+
+
 def tracer_beside(rules: NodeRules) -> tuple[NftTracer | None, list[Finding]]:
     """The nftables nat chains beside iptables' (kube-proxy's nftables mode, others), walked with them; a listing the
     tracer cannot read is a warning, and the comparison goes on without them."""
@@ -783,8 +852,9 @@ def tracer_beside(rules: NodeRules) -> tuple[NftTracer | None, list[Finding]]:
 
 
 def check_node(policy: Policy, rules: NodeRules, *, pod_ranges: tuple[Prefix, ...] = (),
-               local_addresses: tuple[tuple[Family, int], ...] = ()) -> CheckReport:
-    """Every family the rules hold (iptables), or our nftables table, against the policy."""
+               local_addresses: tuple[tuple[Family, int], ...] = (), writer: str | None = None) -> CheckReport:
+    """Every family the rules hold (iptables), or our nftables table, against the policy. `writer`: the provider's
+    agent whose flags the policy's options are (check_iptables)."""
     if rules.backend == "nftables":
         return check_nft(policy, rules.nft, ruleset=rules.nft_ruleset, pod_ranges=pod_ranges,
                          local_addresses=local_addresses, iptables=rules.tables)
@@ -792,5 +862,5 @@ def check_node(policy: Policy, rules: NodeRules, *, pod_ranges: tuple[Prefix, ..
     for family, table in rules.tables.items():
         local = tuple(address for f, address in local_addresses if f is family)
         findings.extend(check_iptables(policy, table, family, pod_ranges=pod_ranges, local_addresses=local,
-                                       beside=beside).findings)
+                                       beside=beside, writer=writer).findings)
     return CheckReport(tuple(findings))

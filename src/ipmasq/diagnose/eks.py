@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from ipmasq.diagnose.check import CheckReport, FindingId, NodeRules, semantic_findings, tracer_beside
 from ipmasq.errors import clip
-from ipmasq.findings import Finding, Severity
+from ipmasq.findings import Finding, Severity, named
 from ipmasq.netfilter.aws_snat import CHAIN, AwsSnatChain, read_aws_snat_chain
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix
@@ -74,12 +74,12 @@ def _structure(chain: AwsSnatChain | None, env: Mapping[str, str]) -> list[Findi
     extra = [str(p) for p in chain.exclusions if p not in set(kept)]
     if missing:
         findings.append(Finding(FindingId.CONFIG_NOT_APPLIED, Severity.ERROR,
-                                f"aws-node's {ENV_EXCLUDE_SNAT_CIDRS} excludes {', '.join(missing)} from SNAT, but "
+                                f"aws-node's {ENV_EXCLUDE_SNAT_CIDRS} excludes {named(missing)} from SNAT, but "
                                 f"{CHAIN} has no RETURN for it: that traffic is SNATed to the node", _RESTART,
                                 missing=tuple(missing)))
     if extra:
         findings.append(Finding(FindingId.RULES_DIFFER, Severity.ERROR,
-                                f"{CHAIN} excludes {', '.join(extra)} from SNAT, which aws-node's "
+                                f"{CHAIN} excludes {named(extra)} from SNAT, which aws-node's "
                                 f"{ENV_EXCLUDE_SNAT_CIDRS} does not list (an older env): that traffic keeps the pod's "
                                 "address", _RESTART, extra=tuple(extra)))
     if chain.snat_to is None:

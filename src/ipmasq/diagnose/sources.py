@@ -24,8 +24,9 @@ from ipmasq.netfilter.iptables import NatTable, our_chains, parse_save, save_lin
 from ipmasq.netfilter.nft import NftTable, parse_list_json
 from ipmasq.policy.prefix import Family
 
-__all__ = ["MAX_DUMP_BYTES", "MAX_DUMP_LINE", "family_of_dump", "iptables_nft_families", "parse_save_dump",
-           "read_dump_file", "read_iptables_nft_beside", "read_live_rules", "read_nat_save", "rules_from_dump"]
+__all__ = ["MAX_DUMP_BYTES", "MAX_DUMP_LINE", "family_of_dump", "holds_no_nat_rules", "iptables_nft_families",
+           "parse_save_dump", "read_dump_file", "read_iptables_nft_beside", "read_live_rules", "read_nat_save",
+           "rules_from_dump"]
 
 
 # The nat table of a node with kube-proxy in iptables mode and ten thousand services is ~20 MB of iptables-save:
@@ -39,26 +40,26 @@ _CONTROL_BYTES = re.compile(_CONTROL.pattern.encode())
 _BUILTIN_NAT_CHAINS = frozenset({"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"})
 
 
-def read_dump_file(path: str) -> tuple[str, str]:
+def read_dump_file(path: str, expected: str = "iptables-save or nft -j output") -> tuple[str, str]:
     """(path shown in messages, text); `-` is stdin. At most MAX_DUMP_BYTES, never blocking on a FIFO nobody
-    writes to; a pipe (`--from-dump <(iptables-save -t nat)`) reads as a file does."""
+    writes to; a pipe (`--from-dump <(iptables-save -t nat)`) reads as a file does. `expected`: what the file
+    should hold, as refusals say it."""
     if path == "-":
         stdin = sys.stdin.buffer.fileno()
         _refuse_too_large(os.fstat(stdin), "<stdin>")  # `< big-file` is refused unread, as the file itself is
-        return "<stdin>", _decoded(read_bounded(stdin, "<stdin>"), "<stdin>")
+        return "<stdin>", _decoded(read_bounded(stdin, "<stdin>"), "<stdin>", expected)
     try:
         fd, status, first = open_input(path)
     except OSError as exc:
         raise IpmasqError(f"{path}: {exc.strerror}") from None
     except NotAFile as exc:
-        raise IpmasqError(f"{path}: {exc}, not a dump file: not read (expected iptables-save or nft -j output)") \
-            from None
+        raise IpmasqError(f"{path}: {exc}, not a dump file: not read (expected {expected})") from None
     except NoWriter:
-        raise IpmasqError(f"{path}: a FIFO that no process writes to: nothing to read (expected iptables-save or "
-                          "nft -j output)") from None
+        raise IpmasqError(f"{path}: a FIFO that no process writes to: nothing to read (expected {expected})") \
+            from None
     try:
         _refuse_too_large(status, path)
-        return path, _decoded(read_bounded(fd, path, first), path)
+        return path, _decoded(read_bounded(fd, path, first), path, expected)
     except OSError as exc:
         raise IpmasqError(f"{path}: {exc.strerror}") from None
     finally:
@@ -86,17 +87,17 @@ def _too_large(shown: str, size: int | None) -> IpmasqError:
     return IpmasqError(f"{shown}: {told}, too large: a dump of the nat table is at most {MAX_DUMP_BYTES >> 20} MiB")
 
 
-def _decoded(data: bytearray, shown: str) -> str:
+def _decoded(data: bytearray, shown: str, expected: str = "iptables-save or nft -j output") -> str:
     # before decoding, which would hold the text a second time: a 50 MB file of zeros costs its bytes only
     control = _CONTROL_BYTES.search(data)
     if control is not None:
-        raise _control_error(shown, data.count(b"\n", 0, control.start()) + 1, chr(control.group()[0]))
+        raise _control_error(shown, data.count(b"\n", 0, control.start()) + 1, chr(control.group()[0]), expected)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise IpmasqError(f"{shown}:{line}: not a text file (byte {exc.start} is no UTF-8; expected iptables-save or "
-                          "nft -j output)") from None
+        raise IpmasqError(f"{shown}:{line}: not a text file (byte {exc.start} is no UTF-8; expected {expected})") \
+            from None
 
 
 def family_of_dump(table: NatTable) -> Family:
@@ -179,8 +180,30 @@ def read_node_rules(run: Runner, families: tuple[Family, ...], *, chain: str, ba
     return rules
 
 
-def parse_save_dump(text: str, path: str) -> NatTable:
-    """The nat table of an iptables-save dump; errors name the file (and the line).
+def holds_no_nat_rules(rules: NodeRules) -> bool:
+    """Whether a live read found no nat rule at all: no iptables nat rule (of the variant read, every family), not
+    our nftables table, and no rule in any nftables table with a nat chain. Every Kubernetes node whose pod SNAT is
+    done by nat rules holds some (the agent's, kube-proxy's KUBE-POSTROUTING, the CNI's): without any, `check` is
+    not on such a node (a workstation, a container's own namespace) or the node's SNAT is in BPF (Cilium)."""
+    if rules.nft is not None or any(table.rules for table in rules.tables.values()):
+        return False
+    if rules.nft_ruleset is None:
+        return True
+    try:
+        listing = json.loads(rules.nft_ruleset)
+    except ValueError:
+        return False  # unreadable here: not evidence of an empty node
+    items = listing.get("nftables") if isinstance(listing, dict) else None
+    objects = [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+    nat_tables = {(c.get("family"), c.get("table")) for item in objects
+                  if isinstance(c := item.get("chain"), dict) and c.get("type") == "nat"}
+    return not any(isinstance(r := item.get("rule"), dict) and (r.get("family"), r.get("table")) in nat_tables
+                   for item in objects)
+
+
+def parse_save_dump(text: str, path: str, *, nat_required: bool = True) -> NatTable:
+    """The nat table of an iptables-save dump; errors name the file (and the line). `nat_required` False: a dump
+    without a nat table (a node whose nat rules are all nftables') is an empty table, not an error.
 
     A dump is read from a file someone may have edited, cut short or confused with another: what iptables-save
     cannot print (an nft listing, control characters, an endless line, a *nat table without COMMIT, rules of an
@@ -188,24 +211,36 @@ def parse_save_dump(text: str, path: str) -> NatTable:
     """
     if text.lstrip().startswith("{"):
         raise IpmasqError(f"{path}: an nft -j listing: this reads iptables-save output (check reads both)")
+    nft_text = _NFT_TEXT_TABLE.search(text[:_NFT_TEXT_LOOK])
+    if nft_text is not None:
+        raise IpmasqError(f"{path}:{_line_of(text, nft_text.start())}: an `nft list ruleset` text listing "
+                          f"({clip(nft_text.group().strip())}): give its JSON form, `nft -j list ruleset > "
+                          "ruleset.json`, or iptables-save output")
     _check_dump_text(text, path)
     try:
         table = parse_save(text)
     except RuleParseError as exc:
         raise RuleParseError(one_line(f"{path}: {exc}")) from None
     if not table.chains and not table.rules:
+        if not nat_required:
+            return table
         raise IpmasqError(f"{path}: no *nat table found (expected iptables-save or nft -j list ruleset output)")
     _check_chains(text, table, path)
     return table
 
 
-def _control_error(shown: str, line: int, char: str) -> IpmasqError:
-    return IpmasqError(f"{shown}:{line}: control character {char!r} (U+{ord(char):04X}): not iptables-save or nft -j "
-                       "output")
+def _control_error(shown: str, line: int, char: str, expected: str = "iptables-save or nft -j output") -> IpmasqError:
+    return IpmasqError(f"{shown}:{line}: control character {char!r} (U+{ord(char):04X}): not {expected}")
 
 
 def _line_of(text: str, position: int) -> int:
     return text.count("\n", 0, position) + 1
+
+
+# `nft list ruleset` prints `table FAMILY NAME {` at a line's start; iptables-save never does. Looked for in the first
+# 64 KiB: a text listing starts with a table (its comments and blank lines aside)
+_NFT_TEXT_TABLE = re.compile(r"^[ \t]*table[ \t]+(?:ip|ip6|inet|arp|bridge|netdev)[ \t]+\S+[ \t]*\{", re.MULTILINE)
+_NFT_TEXT_LOOK = 1 << 16
 
 
 def _check_dump_text(text: str, path: str) -> None:

@@ -36,7 +36,10 @@ __all__ = [
     "Step",
     "TraceResult",
     "Tracer",
+    "apply_mark",
+    "condition_holds",
     "is_local",
+    "match_holds",
     "port_test_ranges",
     "tests_ports",
     "trace",
@@ -636,3 +639,9 @@ def _apply_mark(rule: IptablesRule, mark: int) -> int:
     if option == "--xor-mark":
         return mark ^ number
     raise Undecidable(f"MARK {option} is not understood")
+
+
+# the mangle walk (ipmasq.diagnose.mangle) tests a rule's conditions and matches with the nat walk's own tests
+condition_holds = _condition
+match_holds = _match
+apply_mark = _apply_mark

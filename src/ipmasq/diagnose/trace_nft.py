@@ -34,7 +34,7 @@ from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.prefix import Family, format_address, parse_address, parse_cidr
 from ipmasq.policy.ranges import Span, union
 
-__all__ = ["NftTracer"]
+__all__ = ["NftTracer", "chain_name"]
 
 _PORT_PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132, "udplite": 136, "dccp": 33}
 _NAMES = {**PROTOCOL_NUMBERS, "dccp": 33, "gre": 47, "esp": 50, "ah": 51}
@@ -62,6 +62,9 @@ def _chain_name(key: tuple[str, str, str]) -> str:
     return " ".join(key)
 
 
+chain_name = _chain_name
+
+
 class NftTracer:
     """A parsed `nft -j list ruleset`, ready to trace many packets."""
 
@@ -75,12 +78,15 @@ class NftTracer:
             raise NftTraceError(f"not an nft -j listing: {clip(str(exc))}") from None
         self.chains: dict[tuple[str, str, str], list[_Rule]] = {}
         self._sets: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._maps: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._set_cache: dict[tuple[tuple[str, str, str], Family | None], list[Span]] = {}
         bases: list[_Base] = []
+        prerouting: list[_Base] = []
+        nat_prerouting: list[_Base] = []
         for number, item in enumerate(items, start=1):
             try:
                 kind, body = next(iter(item.items()))
-                if kind in ("chain", "rule", "set"):
+                if kind in ("chain", "rule", "set", "map"):
                     family, table = str(body["family"]), str(body["table"])
                 if kind == "chain":
                     key = (family, table, str(body["name"]))
@@ -89,17 +95,32 @@ class NftTracer:
                         priority = body.get("prio", 0)
                         bases.append(_Base(priority if isinstance(priority, int) else 0, number, key,
                                            str(body.get("policy", "accept"))))
+                    elif body.get("type") == "filter" and body.get("hook") == "prerouting" and family in _FAMILIES:
+                        priority = body.get("prio", 0)
+                        prerouting.append(_Base(priority if isinstance(priority, int) else 0, number, key,
+                                                str(body.get("policy", "accept"))))
+                    elif body.get("type") == "nat" and body.get("hook") == "prerouting" and family in _FAMILIES:
+                        priority = body.get("prio", 0)
+                        nat_prerouting.append(_Base(priority if isinstance(priority, int) else 0, number, key,
+                                                    str(body.get("policy", "accept"))))
                 elif kind == "rule":
                     key = (family, table, str(body["chain"]))
                     rules = self.chains.setdefault(key, [])
                     rules.append(self._rule(body, key, len(rules) + 1))
                 elif kind == "set":
                     self._sets[(family, table, str(body["name"]))] = body
+                elif kind == "map":
+                    self._maps[(family, table, str(body["name"]))] = body
             except (AttributeError, KeyError, TypeError, StopIteration) as exc:
                 raise NftTraceError(f"object {number} of the nft listing has an unexpected shape "
                                     f"({type(exc).__name__}: {clip(str(exc))})") from None
         # equal priorities run newest hook first, which the listing does not show: walk_hooks walks them each alone
         self.bases = sorted(bases, key=lambda b: (b.priority, b.order))
+        # the filter chains at prerouting, which mark packets before the routing decision (ipmasq.diagnose.mangle)
+        self.prerouting = sorted(prerouting, key=lambda b: (b.priority, b.order))
+        # the nat chains at prerouting, which a connection's first packet meets before the routing decision too:
+        # a mark set there (AWS VPC CNI's CONNMARK, kube-proxy's masquerade mark) routes it
+        self.nat_prerouting = sorted(nat_prerouting, key=lambda b: (b.priority, b.order))
 
     @staticmethod
     def _rule(body: dict[str, Any], key: tuple[str, str, str], position: int) -> _Rule:
@@ -220,6 +241,11 @@ class NftTracer:
             raise undecidable
         return ("continue", None), mark
 
+    def match(self, body: Any, packet: Packet, mark: int, table: tuple[str, str]) -> bool:
+        """One `match` statement of a rule of `table` against the packet with `mark` (Undecidable: it cannot be
+        told); the mangle walk evaluates the matches of prerouting chains with it."""
+        return self._match(body, packet, mark, table)
+
     def _match(self, body: Any, packet: Packet, mark: int, table: tuple[str, str]) -> bool:
         if not isinstance(body, dict):
             raise Undecidable(f"cannot read match {clip(json.dumps(body))}")
@@ -300,6 +326,59 @@ class NftTracer:
         if field.startswith("meta mark & "):
             return _contains(self._spans(right, "number", family, table), mark & int(field.rsplit(" ", 1)[1]))
         raise Undecidable(f"match on {field} is not understood by trace")
+
+    def map_verdict(self, key: Any, data: Any, packet: Packet, mark: int, table: tuple[str, str]) -> Any:
+        """A `vmap` statement (`ip daddr . meta l4proto . th dport vmap @firewall-ips`, kube-proxy's): the verdict
+        of the map element the packet's key matches, None when none does (the rule goes on); Undecidable when
+        the key or an element cannot be read."""
+        if isinstance(data, str) and data.startswith("@"):
+            body = self._maps.get((table[0], table[1], data[1:]))
+            if body is None:
+                raise Undecidable(f"map {data} is not in the listing")
+            elements = body.get("elem", [])
+        elif isinstance(data, dict) and isinstance(data.get("set"), list):
+            elements = data["set"]
+        else:
+            raise Undecidable(f"vmap {clip(json.dumps(data))} is not understood by trace")
+        if not isinstance(elements, list):
+            raise Undecidable(f"map {data} holds no list of elements")
+        if not elements:
+            return None  # an empty map (kube-proxy's, with no such Service): no verdict
+        fields = key.get("concat") if isinstance(key, dict) and "concat" in key else [key]
+        if not isinstance(fields, list):
+            raise Undecidable(f"cannot read the vmap's key {clip(json.dumps(key))}")
+        # a field the packet leaves unknown (no --port) decides nothing while another field of every element
+        # surely misses (a destination no Service has): only an element whose known fields all match needs it
+        values: list[tuple[str, int | None] | Undecidable] = []
+        for f in fields:
+            try:
+                values.append(_concat_value(_field(f), packet, mark))
+            except Undecidable as exc:
+                values.append(exc)
+        if any(not isinstance(v, Undecidable) and v[1] is None for v in values):
+            return None  # a field of the other family: nft's implicit dependency fails
+        for element in elements:
+            if not isinstance(element, list) or len(element) != 2:
+                raise Undecidable(f"cannot read map element {clip(json.dumps(element))} of {data}")
+            element_key, verdict = element
+            if isinstance(element_key, dict) and isinstance(element_key.get("elem"), dict):
+                element_key = element_key["elem"].get("val")
+            parts = element_key.get("concat") if isinstance(element_key, dict) and "concat" in element_key \
+                else [element_key]
+            if not isinstance(parts, list) or len(parts) != len(values):
+                raise Undecidable(f"cannot read map element {clip(json.dumps(element))} of {data}")
+            unknown: Undecidable | None = None
+            for part, known in zip(parts, values, strict=True):
+                if isinstance(known, Undecidable):
+                    unknown = unknown or known
+                elif known[1] is not None and not _contains(union(list(_element(part, known[0], packet.family))),
+                                                            known[1]):
+                    break
+            else:
+                if unknown is not None:
+                    raise unknown
+                return verdict
+        return None
 
     def _concat(self, fields: Any, right: Any, packet: Packet, mark: int, table: tuple[str, str]) -> bool:
         """`ip saddr . ip daddr . meta l4proto . th dport @set` (kube-proxy's hairpin connections): the packet's

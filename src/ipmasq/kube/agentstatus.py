@@ -16,6 +16,7 @@ from ipmasq.errors import Conflict, Forbidden, NotFound
 from ipmasq.kube import paths
 from ipmasq.kube.client import ApiClient
 from ipmasq.kube.paths import GROUP, KIND, VERSION
+from ipmasq.ownership import labels
 
 __all__ = ["NodeStatus", "StatusWriter", "status_from_json"]
 
@@ -48,6 +49,8 @@ class NodeStatus:
     chain: str = ""
     # observe mode: why the node's rules do not enforce the config of config_digest, one line (None: they do)
     mismatch: str | None = None
+    # observe mode: the config keys the writer ignores, and what that does to traffic (not a mismatch), one line
+    ignored: str | None = None
     # read back only: the Node named by the object's ownerReferences (the agent sets it when it can read the Node)
     owner: str | None = None
 
@@ -68,6 +71,7 @@ class NodeStatus:
             "driftRepairs": self.drift_repairs, "foreignMasqueradeRules": self.foreign_masquerade_rules,
             "updateTime": self.updated,
             "mode": self.mode, "writer": self.writer, "chain": self.chain or None, "mismatch": self.mismatch,
+            "ignoredByWriter": self.ignored,
         }
 
 
@@ -106,7 +110,13 @@ def status_from_json(obj: Mapping[str, Any]) -> NodeStatus:
         last_rejection=text("lastRejection"), last_rejection_time=text("lastRejectionTime"),
         drift_repairs=number("driftRepairs") or 0, foreign_masquerade_rules=number("foreignMasqueradeRules"),
         updated=text("updateTime") or "", rejected_digest=text("rejectedDigest"), mode=text("mode") or "enforce",
-        writer=text("writer"), chain=text("chain") or "", mismatch=text("mismatch"), owner=_owner(meta))
+        writer=text("writer"), chain=text("chain") or "", mismatch=text("mismatch"), ignored=text("ignoredByWriter"),
+        owner=_owner(meta))
+
+
+# ipmasq's labels (ipmasq.ownership): given at creation, and by the first patch of an object an earlier release made
+# without them (an upgrade adopts it)
+LABELS = labels()
 
 
 class StatusWriter:
@@ -129,15 +139,15 @@ class StatusWriter:
         self._create(body)
 
     def _create(self, body: dict[str, Any]) -> None:
-        metadata: dict[str, Any] = {"name": self.node, "labels": {"app.kubernetes.io/name": "ipmasq"}}
+        metadata: dict[str, Any] = {"name": self.node, "labels": dict(LABELS)}
         owner = self._node_owner()
         if owner is not None:
             metadata["ownerReferences"] = [owner]
         try:
             self.client.create(paths.statuses(), {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
                                                "metadata": metadata, **body})
-        except Conflict:  # written before this agent started (its predecessor, or before a restart)
-            self.client.patch(paths.statuses(self.node), body)
+        except Conflict:  # written before this agent started (its predecessor, an earlier release, a restart)
+            self.client.patch(paths.statuses(self.node), {"metadata": {"labels": dict(LABELS)}, **body})
         self._exists = True
 
     def _node_owner(self) -> dict[str, Any] | None:

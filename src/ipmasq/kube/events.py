@@ -8,10 +8,17 @@ by the agent's reporter thread, never by its loop; what the ConfigMap shows is t
 (ipmasq.agent.summary), written here too (`state`: one Event per key whose message is kept current). This is the one
 place Events are written; every message is made one line (ipmasq.errors.one_line: it quotes what API objects and
 configs say) and clipped.
+
+What the node-trust admission policy (deploy/base/admission-policy.yaml) lets an agent's token write, and so what
+this writer writes: Events about its own Node or a ConfigMap, that say who wrote them (reportingComponent, and
+reportingInstance and source.host the node), messages of at most MESSAGE_CHARS characters, and patches of its own
+Events only (every Event name here includes the node's name, so no two nodes ever write the same Event, not even
+the fleet's summary after the Lease changed hands).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -21,13 +28,14 @@ from typing import Any, Literal
 from ipmasq.errors import Conflict, NotFound, clip, one_line
 from ipmasq.kube import paths
 from ipmasq.kube.client import ApiClient
+from ipmasq.ownership import labels
 from ipmasq.sha256 import sha256
 
 __all__ = ["REPEAT_WRITE_SECONDS", "EventRecorder", "ObjectRef", "Occurrence", "event_object", "timestamp"]
 
 REPEAT_WRITE_SECONDS = 300.0
 REMEMBERED = 256  # occurrences whose Event this agent remembers (older ones are found again by name)
-MESSAGE_CHARS = 1000
+MESSAGE_CHARS = 1024  # what the admission policy lets an agent write (as events.k8s.io's limit on a note)
 
 
 def timestamp(seconds: float | None = None) -> str:
@@ -77,6 +85,8 @@ class EventRecorder:
         self.component, self.host = component, host
         self.clock = clock
         self._written: OrderedDict[Occurrence, _Recorded] = OrderedDict()
+        # the reporter's thread and the summary's (a Lease lost early, said on the Node) both record
+        self._lock = threading.RLock()
 
     def event_name(self, occurrence: Occurrence) -> str:
         key = "\0".join((self.host, occurrence.target.kind, occurrence.target.namespace, occurrence.target.name,
@@ -89,6 +99,10 @@ class EventRecorder:
 
     def record(self, occurrence: Occurrence) -> None:
         """Write the occurrence (or count a repeat); raises ApiError when the API refuses or cannot be reached."""
+        with self._lock:
+            self._record(occurrence)
+
+    def _record(self, occurrence: Occurrence) -> None:
         known = self._written.get(occurrence)
         now = self.clock()
         if known is not None:
@@ -110,8 +124,9 @@ class EventRecorder:
 
     def state(self, occurrence: Occurrence, key: str) -> None:
         """Say the occurrence as the one Event named by `key` (and its target): created, or its message patched when
-        it exists already (an earlier tally of the same content, by this agent or another). Raises ApiError."""
-        name = f"{occurrence.target.name}.{sha256(key.encode()).hexdigest()[:16]}"
+        it exists already (an earlier tally of the same content by this agent: a new holder of the Lease writes its
+        own, the policy lets no node patch another's Event). Raises ApiError."""
+        name = f"{occurrence.target.name}.{sha256(chr(0).join((self.host, key)).encode()).hexdigest()[:16]}"
         path = self._path(occurrence)
         fresh = self._event(occurrence, name)
         try:
@@ -125,10 +140,11 @@ class EventRecorder:
 
     def flush(self) -> None:
         """Write the repeats held back by the rate limit whose time has come."""
-        now = self.clock()
-        for occurrence, known in list(self._written.items()):
-            if known.unwritten and now - known.written_at >= REPEAT_WRITE_SECONDS:
-                self._write_count(occurrence, known)
+        with self._lock:
+            now = self.clock()
+            for occurrence, known in list(self._written.items()):
+                if known.unwritten and now - known.written_at >= REPEAT_WRITE_SECONDS:
+                    self._write_count(occurrence, known)
 
     def _write_count(self, occurrence: Occurrence, known: _Recorded) -> None:
         count = known.count + known.unwritten
@@ -137,7 +153,7 @@ class EventRecorder:
                               {"count": count, "lastTimestamp": timestamp()})
         except NotFound:  # expired (Events live an hour): a new one
             self._written.pop(occurrence, None)
-            self.record(occurrence)
+            self._record(occurrence)
             return
         known.count, known.unwritten, known.written_at = count, 0, self.clock()
 
@@ -158,10 +174,10 @@ def event_object(occurrence: Occurrence, name: str, namespace: str, *, component
     now = timestamp()
     return {
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels()},
         "involvedObject": occurrence.target.as_json(),
         "type": occurrence.type, "reason": occurrence.reason,
-        "message": clip(one_line(occurrence.message), MESSAGE_CHARS),
+        "message": clip(one_line(occurrence.message), MESSAGE_CHARS - 1),  # the ellipsis is one more
         "source": {"component": component, "host": host},
         "reportingComponent": component, "reportingInstance": host,
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,

@@ -11,6 +11,10 @@ caller as the observer reads them), never with the ip-masq-agent ConfigMap, whic
 Rows are the cluster's Nodes, and a node's status is the object named after it (never what an object's body claims
 of itself): an object for a node that does not exist is counted aside, never a row, so that no object anyone can
 write makes a node look current or adds one. `only` limits the rows to the nodes named.
+
+What a row says is what the node's agent wrote, and only the node-trust admission policy keeps another node's token
+from writing it (ipmasq.kube.nodetrust): the caller reads whether it is in force, and where it is not every row is
+marked unverified and the view says why (`ok` is then False, whatever the rows say).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 from ipmasq.config.source import config_digest
 from ipmasq.kube.agentstatus import NodeStatus, status_from_json
 from ipmasq.kube.configmaps import ConfigMapState
+from ipmasq.kube.nodetrust import TRUSTED, NodeTrust
 
 __all__ = ["FleetView", "NodeRow", "WriterContent", "fleet_view"]
 
@@ -49,16 +54,19 @@ class NodeRow:
     current: bool  # enforces the ConfigMap's current content, verified in its kernel
     why: str  # one line: why not current ("" when current)
     exists: bool = True  # the node exists (False: named on the command line, no such Node)
+    verified: bool = True  # only this node's agent could have written its status (the node-trust policy holds)
 
     def as_json(self) -> dict[str, Any]:
         status = self.status
         return {
             "node": self.node, "pod": self.pod, "pod_ready": self.pod_ready, "current": self.current, "why": self.why,
+            "verified": self.verified,
             "ready": status.ready if status else None, "policy_hash": status.policy_hash if status else None,
             "config_source": status.config_source if status else None,
             "backend": status.backend if status else None,
             "mode": status.mode if status else None, "writer": status.writer if status else None,
             "chain": (status.chain or None) if status else None, "mismatch": status.mismatch if status else None,
+            "ignored_by_writer": status.ignored if status else None,
             "last_rejection": status.last_rejection if status else None,
             "drift_repairs": status.drift_repairs if status else None,
             "updated": status.updated if status else None,
@@ -72,16 +80,22 @@ class FleetView:
     rows: tuple[NodeRow, ...]
     ignored: int = 0  # status objects named after no node of the cluster (not rows)
     writers: tuple[WriterContent, ...] = ()  # the providers' own inputs the observers among the rows compare with
+    trust: NodeTrust = TRUSTED  # whether the rows can be believed (the node-trust policy in force)
 
     @property
     def all_current(self) -> bool:
         return bool(self.rows) and all(row.current for row in self.rows)
 
+    @property
+    def ok(self) -> bool:
+        """Every node enforces the current config, and the rows saying so were written by their own nodes."""
+        return self.all_current and self.trust.verified
+
     def as_json(self) -> dict[str, Any]:
         return {
             "configmaps": [{"namespace": c.namespace, "name": c.name, "exists": c.exists,
                             "resource_version": c.resource_version} for c in self.configmaps],
-            "config_digest": self.digest, "all_current": self.all_current,
+            "config_digest": self.digest, "all_current": self.all_current, "node_trust": self.trust.as_json(),
             "nodes": [row.as_json() for row in self.rows], "ignored_status_objects": self.ignored,
             "writer_inputs": [w.as_json() for w in self.writers],
         }
@@ -134,7 +148,7 @@ def _why(status: NodeStatus | None, pod: Mapping[str, object] | None, pod_ready:
 
 def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[Mapping[str, Any]],
                pods: Sequence[Mapping[str, object]], nodes: Sequence[str], *, only: Sequence[str] = (),
-               writers: Sequence[WriterContent] = ()) -> FleetView:
+               writers: Sequence[WriterContent] = (), trust: NodeTrust = TRUSTED) -> FleetView:
     digest = config_digest(tuple(c.content for c in sorted(configmaps, key=lambda c: c.name)
                                  if c.exists and c.content is not None))
     by_node = {s.node: s for s in (status_from_json(obj) for obj in statuses) if s.node}
@@ -156,6 +170,7 @@ def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[Mapping[
         pod_name = metadata.get("name") if isinstance(metadata, dict) else None
         pod_ready = _pod_ready(pod) if pod else False
         why = _why(status, pod, pod_ready, digest, {w.writer: w for w in writers})
-        rows.append(NodeRow(node, pod_name if isinstance(pod_name, str) else None, pod_ready, status, not why, why))
+        rows.append(NodeRow(node, pod_name if isinstance(pod_name, str) else None, pod_ready, status, not why, why,
+                            verified=trust.verified))
     return FleetView(tuple(configmaps), digest, tuple(rows), ignored=len(set(by_node) - known),
-                     writers=tuple(writers))
+                     writers=tuple(writers), trust=trust)

@@ -10,19 +10,28 @@ leaseDurationSeconds longer than their own (say 2147483647, patched in by hand o
 theirs, so a holder that stopped renewing is replaced after `duration` whatever the Lease claims; and the fleet's size
 the holder publishes on it (NODES_ANNOTATION: the nodes it counted, read by every candidate to spread its status
 writes, ipmasq.agent.apireport) is read only as up to seven ASCII digits.
+
+Where the node-trust admission policy is installed (deploy/base/admission-policy.yaml) no node's token names another
+as the holder, releases another's hold or drops the duration; what it cannot refuse, having no clock, is a candidate
+taking the Lease before it expired. The holder notices at its next renewal: an honest candidate takes over at least
+`duration` after the record it last saw changed, which is no earlier than this holder's last renewal, so a Lease
+found held by another sooner than that after the renewal was taken early (`Lost.early`). The caller says so once
+(ipmasq.agent.summary); this candidate goes on asking as any other.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from ipmasq.errors import Conflict, NotFound
+from ipmasq.errors import Conflict, Forbidden, NotFound
 from ipmasq.kube import paths
 from ipmasq.kube.client import ApiClient
+from ipmasq.ownership import labels
 
-__all__ = ["NODES_ANNOTATION", "LeaseElector", "microtime"]
+__all__ = ["NODES_ANNOTATION", "LeaseElector", "Lost", "microtime"]
 
 NODES_ANNOTATION = "ipmasq.dev/nodes"
 
@@ -31,6 +40,15 @@ def microtime(seconds: float | None = None) -> str:
     """A Lease's MicroTime: RFC 3339 in UTC with microseconds."""
     now = time.time() if seconds is None else seconds
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """This candidate held the Lease and found it held by another (or by nobody: released by another)."""
+
+    holder: str | None  # who holds it now
+    since_renewal: float  # seconds from this holder's last renewal (as sent) to finding it lost
+    early: bool  # before it could have expired: taken (or released) by a node that did not wait
 
 
 class LeaseElector:
@@ -46,6 +64,8 @@ class LeaseElector:
         self._observed_at = 0.0
         self.nodes: int | None = None  # the fleet's size as the Lease last said it (NODES_ANNOTATION)
         self.publish: int | None = None  # holding: the fleet's size to say on the Lease at the next renewal
+        self.lost: Lost | None = None  # set when this holder found the Lease held by another; the caller clears it
+        self._renewed_at: float | None = None  # clock when the last write that held it was sent
 
     @property
     def path(self) -> str:
@@ -59,21 +79,30 @@ class LeaseElector:
         """One attempt (one request when renewing, at most two otherwise); True when this candidate holds it now.
 
         Raises ApiError when the API cannot be asked (the caller retries later)."""
+        held = self.leading and self._renewed_at is not None
         if self.leading and self._version is not None:
             try:  # renew blind, on the version held: a 409 means someone else wrote it, so read it again
                 renewal = self._spec(renew_only=True)
-                return self._took(self.client.patch(paths.leases(self.namespace, self.name), renewal))
-            except (Conflict, NotFound):
+                sent = self.clock()
+                if self._took(self.client.patch(paths.leases(self.namespace, self.name), renewal)):
+                    self._renewed_at = sent
+                    return True
+            except (Conflict, NotFound, Forbidden):  # Forbidden: the node-trust policy, on a Lease now another's
                 self.holder, self._version = None, None
         try:
             lease = self.client.get(paths.leases(self.namespace, self.name))
         except NotFound:
+            sent = self.clock()
             try:
-                return self._took(self.client.create(self.path, {
+                took = self._took(self.client.create(self.path, {
                     "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec()["spec"]}))
+                    "metadata": {"name": self.name, "namespace": self.namespace, "labels": labels()},
+                    "spec": self._spec()["spec"]}))
             except Conflict:
                 return False  # created by another candidate meanwhile
+            if took:
+                self._renewed_at = sent
+            return took
         self._heard(lease)
         spec = lease.get("spec") if isinstance(lease.get("spec"), dict) else {}
         assert isinstance(spec, dict)
@@ -83,6 +112,10 @@ class LeaseElector:
         if record != self._observed:
             self._observed, self._observed_at = record, now
         self.holder = holder if isinstance(holder, str) else None
+        if held and self.holder != self.identity and self._renewed_at is not None:
+            since = now - self._renewed_at
+            self.lost = Lost(self.holder, since, early=since < self.duration)
+            self._renewed_at = None
         version = (lease.get("metadata") or {}).get("resourceVersion")
         duration = spec.get("leaseDurationSeconds")
         # never longer than this candidate's own duration: no Lease is held for ever by what it claims
@@ -94,10 +127,14 @@ class LeaseElector:
         transitions = (before if isinstance(before, int) else 0) + (holder is not None and holder != self.identity)
         body = self._spec(transitions=transitions, renew_only=holder == self.identity)
         body.setdefault("metadata", {})["resourceVersion"] = version
+        sent = self.clock()
         try:
-            return self._took(self.client.patch(paths.leases(self.namespace, self.name), body))
+            took = self._took(self.client.patch(paths.leases(self.namespace, self.name), body))
         except Conflict:
             return False  # another candidate took it first
+        if took:
+            self._renewed_at = sent
+        return took
 
     def release(self) -> None:
         """Give the Lease up (stopping): the next candidate to look takes it at once."""
@@ -105,7 +142,7 @@ class LeaseElector:
             return
         self.client.patch(paths.leases(self.namespace, self.name),
                           {"metadata": {"resourceVersion": self._version}, "spec": {"holderIdentity": None}})
-        self.holder, self._version = None, None
+        self.holder, self._version, self._renewed_at = None, None, None
 
     def _spec(self, *, transitions: int = 0, renew_only: bool = False) -> dict[str, Any]:
         spec: dict[str, Any] = {"renewTime": self.now()}

@@ -8,8 +8,9 @@ typed; a field of the wrong type is ApiMalformed, one line naming the call and t
 name are kept as they are and not looked at (what a later version of ipmasq writes, what Kubernetes adds).
 
 Shapes: ObjectMeta and ListMeta, ConfigMap, Status, Lease, Node, Pod (what `ipmasq status` reads of the agents'
-pods), AgentStatusObject (the IPMasqAgentStatus object the CRD in deploy/base defines), Event, and a list of any
-of them (`list_of`: what ipmasq.kube.client.list_items pages through).
+pods), AgentStatusObject (the IPMasqAgentStatus object the CRD in deploy/base defines), Event, and KubeObject: an
+object of any kind by its metadata alone, with what says whose it is (labels, annotations, ownerReferences), which
+`kubectl ipmasq uninstall` lists (ipmasq.ownership reads the rest of it, each field's type checked there).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from typing import Any, NotRequired, TypedDict, cast
 
 from ipmasq.errors import ApiMalformed, clip, one_line
 
-__all__ = ["AgentStatusObject", "Check", "ConfigMap", "ConfigMapSeen", "Event", "EventSource", "Lease", "LeaseSpec",
-           "ListMeta", "Node", "ObjectMeta", "ObjectReference", "Pod", "PodCondition", "PodSpec", "PodStatus", "Status",
-           "agent_status", "configmap", "event", "lease", "list_meta", "node", "object_meta", "pod", "status"]
+__all__ = ["AgentStatusObject", "Check", "ConfigMap", "ConfigMapSeen", "Event", "EventSource", "KubeObject",
+           "KubeObjectMeta", "Lease", "LeaseSpec", "ListMeta", "Node", "NodeObjectStatus", "ObjectMeta",
+           "ObjectReference", "OwnerReference", "Pod", "PodSpec", "PodStatus", "Status", "StatusCondition",
+           "agent_status", "configmap", "event", "kube_object", "lease", "list_meta", "node", "object_meta", "pod",
+           "status"]
 
 Check = Callable[[Any, str], Any]  # (value, where) -> the value, checked; ApiMalformed when it is not
 
@@ -64,21 +67,30 @@ class Lease(TypedDict):
     spec: NotRequired[LeaseSpec]
 
 
+class StatusCondition(TypedDict):
+    """One of an object's status.conditions (a Pod's Ready, a Node's Ready)."""
+
+    type: str
+    status: str
+
+
+class NodeObjectStatus(TypedDict, total=False):
+    """A Node's status as the API server holds it (ipmasq.kube.agentstatus.NodeStatus is the agent's report)."""
+
+    conditions: list[StatusCondition]
+
+
 class Node(TypedDict):
     metadata: ObjectMeta
+    status: NotRequired[NodeObjectStatus]
 
 
 class PodSpec(TypedDict, total=False):
     nodeName: str
 
 
-class PodCondition(TypedDict):
-    type: str
-    status: str
-
-
 class PodStatus(TypedDict, total=False):
-    conditions: list[PodCondition]
+    conditions: list[StatusCondition]
 
 
 class Pod(TypedDict):
@@ -117,6 +129,7 @@ class AgentStatusObject(TypedDict):
     writer: NotRequired[str]
     chain: NotRequired[str]
     mismatch: NotRequired[str]
+    ignoredByWriter: NotRequired[str]
 
 
 class ObjectReference(TypedDict, total=False):
@@ -144,6 +157,30 @@ class Event(TypedDict):
     source: NotRequired[EventSource]
     reportingComponent: NotRequired[str]
     reportingInstance: NotRequired[str]
+
+
+class OwnerReference(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+
+
+class KubeObjectMeta(TypedDict):
+    name: str
+    namespace: NotRequired[str]
+    uid: NotRequired[str]
+    resourceVersion: NotRequired[str]
+    labels: NotRequired[dict[str, str]]
+    annotations: NotRequired[dict[str, str]]
+    ownerReferences: NotRequired[list[OwnerReference]]
+
+
+class KubeObject(TypedDict):
+    """An object of any kind: its metadata checked, the rest (spec, rules, subjects...) left to its reader."""
+
+    metadata: KubeObjectMeta
 
 
 # ---- the checks ------------------------------------------------------------------------------------------------
@@ -216,11 +253,10 @@ _STATUS = _shape({"kind": _text, "code": _integer, "reason": _text, "message": _
 _LEASE = _shape({"metadata": _OBJECT_META,
                  "spec": _shape({"holderIdentity": _text, "leaseDurationSeconds": _integer, "acquireTime": _text,
                                  "renewTime": _text, "leaseTransitions": _integer})}, required=("metadata",))
-_NODE = _shape({"metadata": _OBJECT_META}, required=("metadata",))
+_CONDITIONS = _list(_shape({"type": _text, "status": _text}, required=("type", "status")))
+_NODE = _shape({"metadata": _OBJECT_META, "status": _shape({"conditions": _CONDITIONS})}, required=("metadata",))
 _POD = _shape({"metadata": _OBJECT_META, "spec": _shape({"nodeName": _text}),
-               "status": _shape({"conditions": _list(_shape({"type": _text, "status": _text},
-                                                            required=("type", "status")))})},
-              required=("metadata",))
+               "status": _shape({"conditions": _CONDITIONS})}, required=("metadata",))
 _AGENT_STATUS = _shape({
     "metadata": _OBJECT_META, "nodeName": _text, "agentPod": _text, "version": _text, "backend": _text,
     "ready": _boolean, "reason": _text, "policyHash": _text, "hash": _text, "configDigest": _text,
@@ -228,7 +264,12 @@ _AGENT_STATUS = _shape({
     "configMaps": _list(_shape({"name": _text, "resourceVersion": _text}, required=("name", "resourceVersion"))),
     "lastRejection": _text, "lastRejectionTime": _text, "rejectedDigest": _text, "driftRepairs": _integer,
     "foreignMasqueradeRules": _integer, "updateTime": _text, "mode": _text, "writer": _text, "chain": _text,
-    "mismatch": _text}, required=("metadata",))
+    "mismatch": _text, "ignoredByWriter": _text}, required=("metadata",))
+_KUBE_OBJECT = _shape({"metadata": _shape({
+    "name": _text, "namespace": _text, "uid": _text, "resourceVersion": _text, "labels": _strings,
+    "annotations": _strings,
+    "ownerReferences": _list(_shape({"apiVersion": _text, "kind": _text, "name": _text, "uid": _text,
+                                     "controller": _boolean}))}, required=("name",))}, required=("metadata",))
 _REFERENCE = _shape({"kind": _text, "name": _text, "namespace": _text, "uid": _text, "apiVersion": _text})
 _EVENT = _shape({"metadata": _OBJECT_META, "involvedObject": _REFERENCE, "type": _text, "reason": _text,
                  "message": _text, "count": _integer, "firstTimestamp": _text, "lastTimestamp": _text,
@@ -270,3 +311,7 @@ def agent_status(value: object, where: str) -> AgentStatusObject:
 
 def event(value: object, where: str) -> Event:
     return cast(Event, _EVENT(value, where))
+
+
+def kube_object(value: object, where: str) -> KubeObject:
+    return cast(KubeObject, _KUBE_OBJECT(value, where))

@@ -8,7 +8,8 @@ very content; else it has not said yet. Every line quoted from a status object i
 (ipmasq.errors.one_line): a status is written by an agent, and read here as anything could have written it. The
 summaries are what one elected agent writes on the ConfigMap (ipmasq.agent.summary): "rejected on 998 of 1,000
 nodes: <the line>" as one Warning, "enforced on 2 of 1,000 nodes" as one Normal Event, however many nodes there are.
-Each node's own reason stays on its status object and its Node's Events.
+Each node's own reason stays on its status object and its Node's Events. Where the node-trust admission policy is
+not in force (ipmasq.kube.nodetrust), every summary says right after its counts that they are unverified, and why.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from typing import Literal
 
 from ipmasq.errors import clip, one_line
 from ipmasq.kube.agentstatus import NodeStatus
+from ipmasq.kube.events import MESSAGE_CHARS
 
-__all__ = ["MESSAGE_CHARS", "Summary", "Tally", "tally"]
+__all__ = ["Summary", "Tally", "tally"]
 
-MESSAGE_CHARS = 1000  # what an Event's message holds here (the API server's own limit is 1 KiB for some fields)
 REASONS_SHOWN = 3  # distinct rejection lines named; the others are counted
 
 
@@ -52,8 +53,10 @@ def _nodes(count: int) -> str:
     return f"{count:,} node" + ("" if count == 1 else "s")
 
 
-def tally(digest: str, statuses: Sequence[NodeStatus]) -> Tally:
-    """The fleet's verdicts on the content with this config_digest, and what to say of them."""
+def tally(digest: str, statuses: Sequence[NodeStatus], *, unverified: str | None = None) -> Tally:
+    """The fleet's verdicts on the content with this config_digest, and what to say of them; `unverified`: why the
+    statuses cannot be believed (said in every summary), None when they can."""
+    qualifier = f" (unverified: {one_line(unverified)})" if unverified else ""
     total = len(statuses)
     compared = [s for s in statuses if s.config_digest == digest]
     applied = [s for s in compared if s.mismatch is None]
@@ -63,9 +66,9 @@ def tally(digest: str, statuses: Sequence[NodeStatus]) -> Tally:
     pending = total - len(compared) - len(rejected)
     summaries: list[Summary] = []
     if wrong:
-        summaries.append(_not_enforced(wrong, total, len(applied), pending))
+        summaries.append(_not_enforced(wrong, total, len(applied), pending, qualifier))
     if rejected:
-        message = (f"rejected on {len(rejected):,} of {_nodes(total)}: "
+        message = (f"rejected on {len(rejected):,} of {_nodes(total)}{qualifier}: "
                    + _reasons([s.last_rejection or "" for s in rejected], len(applied), pending)
                    + ". They keep their last good config; each node's reason is on its status (kubectl get ipmasq "
                    "-o wide) and its Node's Events")
@@ -76,8 +79,8 @@ def tally(digest: str, statuses: Sequence[NodeStatus]) -> Tally:
         policy = (f"policy {next(iter(hashes))}" if len(hashes) == 1
                   else f"{len(hashes)} policies (config rules for some nodes)")
         tail = f" ({pending:,} not reported yet)" if pending else ""
-        summaries.append(Summary("Normal", "ConfigApplied",
-                                 f"enforced on {len(applied):,} of {_nodes(total)}: {policy}{tail}"))
+        summaries.append(Summary("Normal", "ConfigApplied", clip(
+            f"enforced on {len(applied):,} of {_nodes(total)}{qualifier}: {policy}{tail}", MESSAGE_CHARS - 1)))
     return Tally(total, len(applied), len(rejected), tuple(summaries), not_enforced=len(wrong))
 
 
@@ -94,10 +97,10 @@ def _reasons(lines: Sequence[str], applied: int, pending: int) -> str:
     return "; ".join(shown) + (f" ({tail})" if tail else "")
 
 
-def _not_enforced(wrong: Sequence[NodeStatus], total: int, applied: int, pending: int) -> Summary:
+def _not_enforced(wrong: Sequence[NodeStatus], total: int, applied: int, pending: int, qualifier: str) -> Summary:
     """Observe mode: the nodes whose rules, written by another program, do not enforce the content."""
     writers = Counter(f"{one_line(s.writer or 'another agent')} in {one_line(s.chain or '?')}" for s in wrong)
-    message = (f"not enforced on {len(wrong):,} of {_nodes(total)} (observed: the rules of "
+    message = (f"not enforced on {len(wrong):,} of {_nodes(total)}{qualifier} (observed: the rules of "
                + ", ".join(writer for writer, _count in writers.most_common(REASONS_SHOWN)) + "): "
                + _reasons([s.mismatch or "" for s in wrong], applied, pending)
                + ". Each node's reason is on its status (kubectl get ipmasq -o wide)")

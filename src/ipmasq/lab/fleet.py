@@ -36,6 +36,7 @@ from ipmasq.lab.netns import Namespace, Network, stop_process
 from ipmasq.lab.prometheus import FiredAlert, PrometheusServer, ScrapeTarget
 from ipmasq.lab.scenarios import GKE_FLAGS, GKE_OPTIONS, policy_for
 from ipmasq.lab.topology import OPEN_PORT
+from ipmasq.lab.wait import until
 from ipmasq.policy.hash import config_hash, policy_hash
 
 __all__ = ["FLEET", "FleetLab", "FleetNode", "FleetResult", "NodeReport", "build_fleet", "run_fleet_rollout"]
@@ -323,17 +324,22 @@ class _Watch:
     def until(self, what: str, condition: Callable[[], bool], *, timeout: float,
               between: Callable[[], None] | None = None) -> float:
         """Poll until `condition()` holds; seconds it took. The agents must stay up meanwhile."""
-        start = time.monotonic()
-        while not condition():
-            for name, proc in self.lab.agents.items():
-                if proc.poll() is not None:
-                    raise FleetError(f"the agent on {name} exited with {proc.returncode} while waiting for {what} "
-                                     f"(log: {self.lab.workdir}/agent-{name}.log)")
-            if time.monotonic() - start > timeout:
-                raise FleetError(f"{what}: not within {timeout:.0f} s")
+        def holds() -> bool:
+            if condition():
+                return True
             if between is not None:
                 between()
-            time.sleep(POLL_SECONDS)
+            return False
+
+        def exited() -> str | None:
+            for name, proc in self.lab.agents.items():
+                if proc.poll() is not None:
+                    return (f"the agent on {name} exited with {proc.returncode} "
+                            f"(log: {self.lab.workdir}/agent-{name}.log)")
+            return None
+
+        start = time.monotonic()
+        until(holds, what, timeout=timeout, interval=POLL_SECONDS, gone=exited, error=FleetError)
         return time.monotonic() - start
 
 

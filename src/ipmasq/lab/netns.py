@@ -74,11 +74,13 @@ class Network:
         return self.namespaces[role]
 
     def link(
-        self, a: Namespace, a_addresses: Sequence[str], b: Namespace, b_addresses: Sequence[str]
+        self, a: Namespace, a_addresses: Sequence[str], b: Namespace, b_addresses: Sequence[str], *,
+        names: tuple[str | None, str | None] = (None, None),
     ) -> tuple[str, str]:
-        """A veth pair between two of our namespaces; returns the interface names (a side, b side)."""
+        """A veth pair between two of our namespaces; returns the interface names (a side, b side): vNa and vNb
+        unless `names` gives one (a node's eth1, rules that name it)."""
         self._links += 1
-        a_if, b_if = f"v{self._links}a", f"v{self._links}b"
+        a_if, b_if = names[0] or f"v{self._links}a", names[1] or f"v{self._links}b"
         tmp_a, tmp_b = f"{self.prefix[-6:]}{self._links}a", f"{self.prefix[-6:]}{self._links}b"
         # created directly inside the namespaces: the veth never exists in the machine's own namespace
         _ip("-n", a.name, "link", "add", tmp_a, "type", "veth", "peer", "name", tmp_b, "netns", b.name)

@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -27,6 +26,7 @@ from typing import Any
 
 from ipmasq.errors import PrometheusError
 from ipmasq.lab.netns import Namespace, stop_process
+from ipmasq.lab.wait import until
 from ipmasq.monitoring import JOB, rule_group
 
 __all__ = ["PORT", "FiredAlert", "PrometheusServer", "ScrapeTarget", "alert_rule_groups",
@@ -91,9 +91,11 @@ class PrometheusServer:
         return f"http://{self.address}:{PORT}"
 
     def start(self, targets: Sequence[ScrapeTarget], *, for_seconds: float,
-              scrape_configs: list[dict[str, Any]] | None = None, binary: str | None = None) -> None:
+              scrape_configs: list[dict[str, Any]] | None = None, binary: str | None = None,
+              rule_groups: list[dict[str, Any]] | None = None) -> None:
         """Scrape `targets` (static), or the jobs `scrape_configs` instead (the Kubernetes lab's service
-        discovery, with `binary`: a Prometheus built with it, which Debian's is not)."""
+        discovery, with `binary`: a Prometheus built with it, which Debian's is not); evaluate the fleet's alert rules
+        with every `for:` shortened to `for_seconds`, or `rule_groups` instead."""
         binary = binary or shutil.which("prometheus")
         if binary is None:
             raise PrometheusError("prometheus is not installed (Debian: apt-get install prometheus)")
@@ -101,7 +103,8 @@ class PrometheusServer:
         rules_file = os.path.join(self.workdir, "rules.yml")
         config_file = os.path.join(self.workdir, "prometheus.yml")
         with open(rules_file, "w") as fh:
-            json.dump({"groups": alert_rule_groups(for_seconds)}, fh, indent=1)
+            json.dump({"groups": alert_rule_groups(for_seconds) if rule_groups is None else rule_groups}, fh,
+                      indent=1)
         with open(config_file, "w") as fh:
             config = prometheus_config(targets, rules_file)
             if scrape_configs is not None:
@@ -115,13 +118,10 @@ class PrometheusServer:
         log.close()
         self._relay = self.namespace.popen([sys.executable, "-m", "ipmasq.lab.prometheus", "relay", self.base_url],
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + START_TIMEOUT
-        while "Ready" not in self._get_raw("/-/ready"):
-            if self._server.poll() is not None:
-                raise PrometheusError(f"prometheus exited with {self._server.returncode} (log: {self.log_path})")
-            if time.monotonic() > deadline:
-                raise PrometheusError(f"prometheus was not ready within {START_TIMEOUT:.0f} s (log: {self.log_path})")
-            time.sleep(0.1)
+        server = self._server
+        until(lambda: "Ready" in self._get_raw("/-/ready"), f"prometheus ready (log: {self.log_path})",
+              timeout=START_TIMEOUT, error=PrometheusError,
+              gone=lambda: None if server.poll() is None else f"prometheus exited with {server.returncode}")
 
     @property
     def processes(self) -> list[subprocess.Popen[str]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 
 from ipmasq.backends.base import Backend
@@ -20,6 +19,7 @@ from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import NamespaceRunner, stop_process
 from ipmasq.lab.scenarios import NO_RULES, Phase, PhaseResult, Scenario, policy_for, run_phase
 from ipmasq.lab.topology import Lab
+from ipmasq.lab.wait import until
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
@@ -64,11 +64,13 @@ class NodeAgent:
     def uninstall(self, options: PolicyOptions) -> None:
         self.lab.node.run([sys.executable, "-m", "ipmasq", "uninstall", f"--masq-chain={options.masq_chain}"])
 
-    def kernel(self) -> Backend:
+    def kernel(self, families: tuple[Family, ...] | None = None) -> Backend:
+        """The node's rules as the agent's backend reads them; `families`: those to read (default: the flags')."""
         runner = NamespaceRunner(self.lab.node)
         if self.backend == "iptables":
             # the lab's node is created with the default iptables (nft variant); the agent detects the same
-            return IptablesBackend(runner, chain=self._chain(), variant=Variant.NFT, families=self._families())
+            return IptablesBackend(runner, chain=self._chain(), variant=Variant.NFT,
+                                   families=families or self._families())
         return NftablesBackend(runner)
 
     def _chain(self) -> str:
@@ -81,17 +83,11 @@ class NodeAgent:
         return (Family.V4, Family.V6) if "--enable-ipv6" in self.flags else (Family.V4,)
 
     def wait_synced(self, policy: Policy, *, timeout: float = SYNC_TIMEOUT) -> None:
-        kernel = self.kernel()
-        deadline = time.monotonic() + timeout
-        while True:
-            if all(kernel.read(f) == kernel.desired(policy, f) for f in policy.families):
-                return
-            if time.monotonic() > deadline:
-                raise LabError(f"the node's rules did not reach the config within {timeout:.0f} s "
-                               f"(agent log: {self.log_path})")
-            if self.proc is not None and self.proc.poll() is not None:
-                raise LabError(f"the agent exited with {self.proc.returncode} (log: {self.log_path})")
-            time.sleep(0.05)
+        kernel = self.kernel(policy.families)  # a config's enableIPv6 counts as the flag does
+        proc = self.proc
+        until(lambda: all(kernel.read(f) == kernel.desired(policy, f) for f in policy.families),
+              f"the node's rules reaching the config (agent log: {self.log_path})", timeout=timeout, interval=0.05,
+              gone=lambda: None if proc is None or proc.poll() is None else f"the agent exited with {proc.returncode}")
 
     def wait_empty(self, policy: Policy) -> None:
         kernel = self.kernel()

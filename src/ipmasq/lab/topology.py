@@ -7,6 +7,7 @@
              │         VPN host 10.11.0.5 in 10.11.0.0/24 (VPN in 10/8) -- all behind firewalls admitting only
              │         the node range 10.128.0.0/9 on port 443 (80 and 8080 admit anyone) --, and a VPC VM
              │         10.130.0.6 that admits anyone
+             │         (IPv6: fd00:130::6 inside the VPC's fd00::/8, 2001:db8:30::110 outside it; any source)
              ├─ partner: 192.168.77.10, whose own iptables firewall admits only the egress address 10.142.15.204
              │         on port 443 and resets everyone else (it remembers whom it refused: xt_recent)
              └─ cloudnat (translates the configured source ranges to 35.199.0.71, drops other private sources)
@@ -23,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -33,7 +33,7 @@ from ipmasq.lab.netns import Namespace, Network
 
 __all__ = [
     "ADDR", "OPEN_PORT", "PLAIN_PORT", "STRICT_PORT", "Lab", "Probe", "ProbeClient", "ProbeResult", "admits",
-    "build_lab", "build_world",
+    "build_lab", "build_world", "start_probe_server",
 ]
 
 
@@ -55,6 +55,13 @@ class _Addresses:
     internet: str = "34.120.0.10"
     nat_ip: str = "35.199.0.71"
     partner: str = "192.168.77.10"  # a partner's endpoint over the VPN, behind the partner's own firewall
+    # IPv6 (the dual-stack Kubernetes lab): the VPC's node subnet and pod ranges in fd00::/8, one peer inside it and
+    # one outside, in the documentation range (not the internet: it stays out of Cloud NAT's way)
+    node_range6: str = "fd00:142::/64"
+    router6: str = "fd00:142::1"
+    pod_range6: str = "fd00:44::/48"
+    vpc_vm6: str = "fd00:130::6"
+    outside6: str = "2001:db8:30::110"
 
 
 ADDR = _Addresses()
@@ -192,7 +199,8 @@ class Lab:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def _start_server(lab: Lab, role: str, port: int, allow: list[str]) -> None:
+def start_probe_server(lab: Lab, role: str, port: int, allow: list[str]) -> None:
+    """A probe server in the namespace of `role` on `port` (every address), its log read by Lab.probe."""
     log = os.path.join(lab.workdir, f"{role}-{port}.log")
     argv = [sys.executable, "-m", "ipmasq.lab.probe", "serve", str(port), "--log", log]
     for a in allow:
@@ -246,13 +254,18 @@ def build_world(lab: Lab, router: Namespace, *, anyip_peers: bool = False) -> No
     for ns in (router, cloudnat):
         ns.sysctl("net.ipv4.ip_forward", "1")
         ns.sysctl("net.ipv4.conf.all.rp_filter", "0")
-    net.link(router, ["10.250.0.1/30"], peers, ["10.250.0.2/30"])
+    router.sysctl("net.ipv6.conf.all.forwarding", "1")
+    net.link(router, ["10.250.0.1/30", "fd00:250::1/64"], peers, ["10.250.0.2/30", "fd00:250::2/64"])
     net.link(router, ["10.250.1.1/30"], cloudnat, ["10.250.1.2/30"])
     net.link(router, ["10.250.2.1/30"], partner, ["10.250.2.2/30"])
     cloudnat_if, _ = net.link(cloudnat, ["34.120.0.1/24", f"{ADDR.nat_ip}/32"], internet,
                                         [f"{ADDR.internet}/24"])
     cloudnat.run(["ip", "link", "set", cloudnat_if, "name", "inet"])  # rules below name the interface
     peers.run(["ip", "route", "add", "default", "via", "10.250.0.1"])
+    peers.run(["ip", "-6", "route", "add", "default", "via", "fd00:250::1"])
+    for address in (ADDR.vpc_vm6, ADDR.outside6):  # IPv6 peers admit anyone: they say what source they saw
+        peers.run(["ip", "addr", "add", f"{address}/128", "dev", "lo"])
+        router.run(["ip", "-6", "route", "add", f"{address}/128", "via", "fd00:250::2"])
     partner.run(["ip", "addr", "add", f"{ADDR.partner}/32", "dev", "lo"])
     partner.run(["ip", "route", "add", "default", "via", "10.250.2.1"])
     router.run(["ip", "route", "add", f"{ADDR.partner}/32", "via", "10.250.2.2"])
@@ -270,19 +283,11 @@ def build_world(lab: Lab, router: Namespace, *, anyip_peers: bool = False) -> No
             peers.run(["ip", "addr", "add", f"{address}/32", "dev", "lo"])
             router.run(["ip", "route", "add", f"{address}/32", "via", "10.250.0.2"])
         router.run(["ip", "route", "add", "default", "via", "10.250.1.2"])
-    _start_server(lab, "peers", STRICT_PORT, [ADDR.firewall_allows])
-    _start_server(lab, "peers", OPEN_PORT, [])
-    _start_server(lab, "peers", PLAIN_PORT, [])
-    _start_server(lab, "partner", STRICT_PORT, [])
-    _start_server(lab, "internet", OPEN_PORT, [])
+    start_probe_server(lab, "peers", STRICT_PORT, [ADDR.firewall_allows])
+    start_probe_server(lab, "peers", OPEN_PORT, [])
+    start_probe_server(lab, "peers", PLAIN_PORT, [])
+    start_probe_server(lab, "partner", STRICT_PORT, [])
+    start_probe_server(lab, "internet", OPEN_PORT, [])
     lab.set_cloud_nat(CloudNatMode.ALL_IP_RANGES)
 
-
-def wait_until(condition: object, *, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if callable(condition) and condition():
-            return True
-        time.sleep(interval)
-    return False
 

@@ -41,7 +41,7 @@ from ipmasq.lint.rules import lint_rules
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.budget import WorkBudget
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix
+from ipmasq.policy.prefix import Family, Prefix, parse_cidr
 from ipmasq.policy.ranges import cut_points, to_prefixes
 
 __all__ = ["Expectations", "Placement", "is_indentation_problem", "lint_config"]
@@ -160,6 +160,7 @@ def lint_config(text: str, *, source: str, placement: Placement | None = None,
     lists, good_fields = _check_fields(linter, doc, seen) if doc is not None else ({}, [])
     _check_settings(linter, seen)
     _check_overlaps(linter, lists)
+    _check_default_conflicts(linter, seen, lists)
     _check_limit(linter, seen, lists)
     policy = _lenient_policy(doc, good_fields, lists, linter.options)
     if policy is not None and expect is not None:
@@ -396,13 +397,30 @@ def _check_overlaps(linter: _Linter, lists: dict[str, list[tuple[Entry, Document
         stack.append((prefix, key, entry))
 
 
+def _default_prefixes(options: PolicyOptions) -> list[str]:
+    return list(DEFAULT_NON_MASQUERADE + (RESERVED_NON_MASQUERADE if options.nomasq_all_reserved_ranges else ()))
+
+
+def _check_default_conflicts(linter: _Linter, seen: dict[str, Field],
+                             lists: dict[str, list[tuple[Entry, DocumentNode]]]) -> None:
+    """Without nonMasqueradeCIDRs the agent's built-in list is the non-masquerade list, and a masqueradeCIDRs entry
+    equal to one of its prefixes makes the agent refuse the whole config, as when both lists of the file hold it."""
+    if "nonMasqueradeCIDRs" in seen:
+        return
+    defaults = {parse_cidr(text) for text in _default_prefixes(linter.options)}
+    for entry, node in lists.get("masqueradeCIDRs", []):
+        if entry.prefix in defaults:
+            linter.add("conflicting-cidr", Severity.ERROR,
+                       f"{entry.prefix} is listed in masqueradeCIDRs and is one of the built-in nonMasqueradeCIDRs "
+                       "(this file sets none, so the agent's defaults apply): the agent refuses the config",
+                       node.line, node.column)
+
+
 def _check_limit(linter: _Linter, seen: dict[str, Field], lists: dict[str, list[tuple[Entry, DocumentNode]]]) -> None:
     non_masq_field = seen.get("nonMasqueradeCIDRs")
     if non_masq_field is None:
         # absent: the agent's defaults count
-        defaults = DEFAULT_NON_MASQUERADE + (RESERVED_NON_MASQUERADE if linter.options.nomasq_all_reserved_ranges
-                                             else ())
-        non_masq = len(defaults)
+        non_masq = len(_default_prefixes(linter.options))
     else:
         non_masq = len(non_masq_field.value.value) if non_masq_field.value.kind == "list" else 0
     masq_field = seen.get("masqueradeCIDRs")

@@ -22,7 +22,8 @@ from ipmasq.lint.hints import lint_finding
 from ipmasq.lint.text import scan_lookalikes
 from ipmasq.options import PolicyOptions
 
-__all__ = ["AGENT_CONFIGMAP", "AGENT_NAMESPACE", "configmap_config", "lint_source", "nothing_to_lint"]
+__all__ = ["AGENT_CONFIGMAP", "AGENT_NAMESPACE", "configmap_config", "holds_agent_configmap", "lint_source",
+           "nothing_to_lint"]
 
 AGENT_CONFIGMAP = "ip-masq-agent"
 AGENT_NAMESPACE = "kube-system"
@@ -57,8 +58,9 @@ def nothing_to_lint(directory: str, *, others: int) -> Finding:
     """The finding for a directory holding no config file: `lint DIR` reads it as the agent reads --config DIR."""
     held = f"it holds {others} other entr{'y' if others == 1 else 'ies'}" if others else "it is empty"
     return lint_finding(directory, None, None, "no-config-file", Severity.ERROR,
-                        f"no {CONFIG_PREFIX}* file in this directory ({held}), so nothing was linted; as its config "
-                        "directory, the agent would run with its built-in defaults")
+                        f"no {CONFIG_PREFIX}* file in this directory ({held}) and no manifest under it holds the "
+                        "ip-masq-agent ConfigMap, so nothing was linted; as its config directory, the agent would run "
+                        "with its built-in defaults")
 
 
 def _lint_text(text: str, source: str, options: PolicyOptions, expect: Expectations) -> list[Finding]:
@@ -80,6 +82,22 @@ def _lint_text(text: str, source: str, options: PolicyOptions, expect: Expectati
     if not any(_is_object(_plain(d)) for d in documents):
         return lint_config(text, source=source, options=options, expect=expect, whole_file=True)
     return _lint_manifests(documents, text, source, options, expect)
+
+
+def holds_agent_configmap(data: bytes) -> bool:
+    """Whether a manifest file (of a directory of manifests) is one lint reads: it holds an ip-masq-agent
+    ConfigMap (named so, or holding the agent's keys), or it does not parse as YAML but names the agent (a broken
+    ConfigMap is linted, never skipped)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return b"masq" in data.lower()
+    try:
+        documents = compose_yaml(text, "<manifest>")
+    except (yaml.YAMLError, ConfigError, RecursionError):
+        return "masq" in text.lower()
+    return any(_scalar((_get(obj, "kind") or (None, None))[1]) == "ConfigMap" and _is_candidate(obj)
+               for d in documents for obj in _objects(d))
 
 
 def configmap_config(text: str) -> str | None:

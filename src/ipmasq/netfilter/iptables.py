@@ -3,10 +3,20 @@
 Rendering follows the reference agent byte for byte (comment first, as its restore input has it); parsing
 reads both that and iptables-save's order, and `canonical` turns either into iptables-save's form so that
 the agent, `check` and the tests compare rules as the kernel prints them.
+
+Which chains ipmasq wrote, and what it wrote there, is recorded in the kernel, beside them: a chain named after the
+one it owns (`marker_chain`: `IPMASQ-OWNS-IP-MASQ-AGENT`), written in the same transaction, never jumped to, so that
+the owned chain's rules and its POSTROUTING jump stay the reference agent's text. It holds one rule that no packet
+reaches (`marker_rule`), whose comment carries the sha256 of the chain's jumps and rules as ipmasq wrote them
+(`chain_digest`). `chain_ownership` reads that record: a chain with the reference agent's comments and no marker is
+another program's (GKE's, AKS's agent), and so is a marked one whose rules no longer hash to what its marker records
+(another program rewrote it since: the reference agent, after ipmasq's DaemonSet went without an uninstall); neither
+is ever removed.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 from collections.abc import Iterable, Iterator
@@ -15,36 +25,47 @@ from dataclasses import dataclass
 from ipmasq.config.model import Entry, Rule, RuleAction
 from ipmasq.errors import RuleParseError
 from ipmasq.netfilter.lines import iter_lines
-from ipmasq.options import PolicyOptions
+from ipmasq.options import MARKER_CHAIN_PREFIX, PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
+from ipmasq.sha256 import sha256, sha256_of_lines
 
 __all__ = [
+    "DIGEST_COMMENT",
     "EXCEPTION_COMMENT",
     "MASQ_COMMENT",
     "NON_MASQ_COMMENT",
     "OUR_COMMENT",
     "RULE_COMMENT_PREFIX",
+    "ChainOwnership",
     "ChainRules",
     "Condition",
     "IptablesRule",
     "Match",
     "NatTable",
     "canonical",
+    "chain_digest",
+    "chain_ownership",
     "chain_rules",
     "config_rule_lines",
     "count_foreign_nat",
     "count_rules",
+    "is_marker",
+    "is_marker_rule",
     "is_our_jump",
     "jump_comment",
     "jump_rule",
+    "marker_chain",
+    "marker_rule",
     "our_chains",
     "parse_rule",
     "parse_save",
+    "recorded_digest",
     "render_restore",
     "rule_comment",
     "rule_target",
     "save_lines",
+    "written_digest",
 ]
 
 NON_MASQ_COMMENT = "ip-masq-agent: local traffic is not subject to MASQUERADE"
@@ -166,15 +187,30 @@ def _entry_rules(chain: str, entry: Entry, options: PolicyOptions) -> list[str]:
     return [f"-A {chain} -m comment --comment {_quote(NON_MASQ_COMMENT)} -d {entry.prefix} -j RETURN"]
 
 
-def render_restore(policy: Policy, family: Family, *, with_jump: bool = True) -> str:
-    """The whole iptables-restore --noflush payload: declaring the chain flushes it in the same transaction."""
+def render_restore(policy: Policy, family: Family, *, with_jump: bool = True, with_marker: bool = False) -> str:
+    """The whole iptables-restore --noflush payload: declaring the chain flushes it in the same transaction.
+
+    Without `with_marker` it is the reference agent's text byte for byte; with it, the agent's: the same lines, the
+    chain's ownership marker declared right after the chain (created, or flushed if it exists) and its one rule,
+    the digest of what the agent writes, last."""
     rules = chain_rules(policy, family)
     lines = ["*nat", f":{rules.chain} - [0:0]"]
+    if with_marker:
+        lines.append(f":{marker_chain(rules.chain)} - [0:0]")
     if with_jump:
         lines.append(jump_rule(rules.chain))
     lines.extend(rules.rules)
+    if with_marker:
+        lines.append(marker_rule(rules.chain, written_digest(rules)))
     lines.append("COMMIT")
     return "\n".join(lines) + "\n"
+
+
+def written_digest(rules: ChainRules) -> str:
+    """What the marker records of a chain the agent writes: chain_digest of its jump and rules as the kernel will list
+    them (canonical)."""
+    return chain_digest(rules.chain, (canonical(jump_rule(rules.chain)),), (canonical(r) for r in rules.rules),
+                        count=len(rules.rules))
 
 
 # --- parsing ------------------------------------------------------------------------------------------------
@@ -247,7 +283,9 @@ def canonical(line: str) -> str:
 
 
 def _canonical(line: str) -> str:
-    tokens = [_ALIASES.get(t, t) for t in _tokens(line)]
+    raw = _tokens(line)
+    # long options to their short form, but never a comment's text (`--comment "--protocol"` stays that word)
+    tokens = [t if i and raw[i - 1] == "--comment" else _ALIASES.get(t, t) for i, t in enumerate(raw)]
     if len(tokens) < 2 or tokens[0] != "-A":
         raise RuleParseError(f"not a rule (-A CHAIN ...): {line!r}")
     chain = tokens[1]
@@ -341,17 +379,24 @@ def parse_save(text: str | Iterable[str], table: str = "nat") -> NatTable:
 
 def count_rules(text: str, *, table: str | None = None, foreign_only: bool = False) -> int:
     """Rule lines of a dump (of one table, or all), without parsing them; `foreign_only`: not ours (ours carry an
-    ip-masq-agent comment). Cheap enough to look at every table of a busy node."""
+    ip-masq-agent comment, or are an ownership marker's rule). Cheap enough to look at every table of a busy node."""
     return sum(1 for _, name, line in save_lines(text)
                if line.startswith("-") and (table is None or name == table)
-               and not (foreign_only and f'"{OUR_COMMENT}' in line))
+               and not (foreign_only and (f'"{OUR_COMMENT}' in line or is_marker_rule(line))))
+
+
+# kube-proxy's one MASQUERADE (iptables mode): KUBE-POSTROUTING returns unless the packet carries its 0x4000 mark, so
+# it masquerades only the Service traffic kube-proxy marked, never plain pod egress (every kube-proxy node has it)
+_KUBE_PROXY_MASQUERADE = ('-A KUBE-POSTROUTING ', '--comment "kubernetes service traffic requiring SNAT"')
 
 
 def count_foreign_nat(text: str | Iterable[str]) -> int:
-    """Rules of a dump's nat table, not ours, that masquerade or SNAT (they may override what our chain decides)."""
+    """Rules of a dump's nat table, not ours, that masquerade or SNAT (they may override what our chain decides);
+    kube-proxy's Service masquerade aside."""
     return sum(1 for _, name, line in save_lines(text)
                if name == "nat" and line.startswith("-A ") and f'"{OUR_COMMENT}' not in line
-               and (" -j MASQUERADE" in line or " -j SNAT" in line))
+               and (" -j MASQUERADE" in line or " -j SNAT" in line)
+               and not (line.startswith(_KUBE_PROXY_MASQUERADE[0]) and _KUBE_PROXY_MASQUERADE[1] in line))
 
 
 # --- which objects are ours ---------------------------------------------------------------------------------
@@ -378,6 +423,113 @@ def our_chains(table: NatTable, chain: str) -> list[str]:
             found.add(rule.split(" ", 2)[1])
     found.discard("POSTROUTING")
     return sorted(found, key=lambda name: (name != chain, name))
+
+
+# --- which chains ipmasq wrote: the ownership markers ---------------------------------------------------------
+
+CHAIN_NAME_MAX = 28  # iptables' longest chain name
+# A chain name of up to this many characters is kept whole in its marker's name (at most 27 characters); a longer
+# one is abbreviated and hashed into exactly CHAIN_NAME_MAX, so the two forms can never name the same marker.
+_MARKER_WHOLE = CHAIN_NAME_MAX - len(MARKER_CHAIN_PREFIX) - 1
+_MARKER_KEPT = 7  # characters of a long name kept before its hash, so that `iptables-save` still hints at it
+_MARKER_HASH = CHAIN_NAME_MAX - len(MARKER_CHAIN_PREFIX) - _MARKER_KEPT - 1  # hex digits of the hash: 8
+_BUILTIN_CHAINS = frozenset({"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"})
+
+
+def marker_chain(chain: str) -> str:
+    """The name of `chain`'s ownership marker: IPMASQ-OWNS-<chain>, or for a chain of more than 15 characters
+    IPMASQ-OWNS-<its first 7>-<8 hex digits of its sha256> (iptables takes chain names of 28 characters at most)."""
+    if len(chain) <= _MARKER_WHOLE:
+        return MARKER_CHAIN_PREFIX + chain
+    digest = sha256(chain.encode()).hexdigest()[:_MARKER_HASH]
+    return f"{MARKER_CHAIN_PREFIX}{chain[:_MARKER_KEPT]}-{digest}"
+
+
+def is_marker(name: str) -> bool:
+    """A chain of ipmasq's ownership record (no other program names chains so; --masq-chain may not)."""
+    return name.startswith(MARKER_CHAIN_PREFIX)
+
+
+# The marker's one rule: never reached (no rule jumps to the marker), its comment the record. Not the reference
+# agent's comment prefix (`ip-masq-agent: `), so the marker is never taken for a chain of ip-masq-agent's text.
+DIGEST_COMMENT = "ipmasq wrote sha256:"  # nftables: the marker set's comment, the same way
+_RECORDED = re.compile(r'-A (\S+) -m comment --comment "' + re.escape(DIGEST_COMMENT) + r'([0-9a-f]{64})" -j RETURN\Z')
+_MARKER_RULE = f"-A {MARKER_CHAIN_PREFIX}"
+# bytes a canonical rule takes at the least: a rough size of a chain, for sha256 to pick OpenSSL for a large one
+_RULE_BYTES = 64
+
+
+def chain_digest(chain: str, jumps: Iterable[str], rules: Iterable[str], *, count: int = 0) -> str:
+    """What a marker records: the sha256 of the chain's POSTROUTING jumps (those carrying our jump comment), its
+    declaration and its rules, in order, as iptables-save prints them without counters (canonical), one a line.
+    `count`: about how many rules (only to pick the faster sha256 for a large chain; the digest is the same)."""
+    return sha256_of_lines(itertools.chain(jumps, (f":{chain}",), rules), expected_bytes=count * _RULE_BYTES)
+
+
+def is_marker_rule(line: str) -> bool:
+    """A rule line of an ownership marker: ipmasq's record, never a rule that decides a packet."""
+    return line.startswith(_MARKER_RULE)
+
+
+def marker_rule(chain: str, digest: str) -> str:
+    """The marker's one rule (restore syntax, which is also iptables-save's), recording `digest` (chain_digest)."""
+    return f'-A {marker_chain(chain)} -m comment --comment "{DIGEST_COMMENT}{digest}" -j RETURN'
+
+
+def recorded_digest(marker: str, rules: list[str]) -> str | None:
+    """The digest a marker records: its rules must be exactly the one marker_rule; None for anything else (an empty
+    marker of an earlier development build, a marker someone edited): it vouches for no content."""
+    if len(rules) != 1:
+        return None
+    found = _RECORDED.match(rules[0])
+    return found.group(2) if found is not None and found.group(1) == marker else None
+
+
+@dataclass(frozen=True, slots=True)
+class ChainOwnership:
+    """Who wrote the chains of one nat table that are, or look like, ipmasq's (all read from the table itself)."""
+
+    owned: tuple[str, ...]  # marked, and their rules still what the marker records: ipmasq's (the configured first)
+    unmarked: tuple[str, ...]  # chains with the reference agent's comments and no marker: another program's
+    markers: tuple[str, ...]  # every marker chain in the table, sorted
+    orphans: tuple[str, ...]  # markers whose chain is gone (a chain deleted by hand): ipmasq's, nothing else's
+    # marked, but their jumps and rules no longer hash to what the marker records (or it records nothing): ipmasq
+    # wrote them once, another program has rewritten them since; their markers no longer tell the truth
+    changed: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.owned or self.unmarked or self.markers)
+
+
+def chain_ownership(table: NatTable, chain: str, *, taken: str | None = None) -> ChainOwnership:
+    """Which of the table's chains ipmasq wrote: a marked chain is ipmasq's while its jumps and rules hash to the
+    digest its marker records (chain_digest); a marked chain that no longer does is `changed`, another program's
+    now; a chain found by the reference agent's comments (our_chains: `chain` when it exists, chains under an earlier
+    name) without its marker is not ipmasq's, until an agent enforcing it takes it over (writes its marker).
+    `taken`: a chain the caller takes over whatever it holds (the agent's own): owned when marked, never hashed."""
+    markers = sorted(name for name in table.chains if is_marker(name))
+    present = set(markers)
+    marked = {name for name in table.chains
+              if not is_marker(name) and name not in _BUILTIN_CHAINS and marker_chain(name) in present}
+    changed = {name for name in marked if name != taken and not _as_recorded(table, name)}
+    commented = our_chains(table, chain)
+    owned = sorted(marked - changed, key=lambda name: (name != chain, name))
+    unmarked = tuple(name for name in commented if name not in marked)
+    orphans = tuple(sorted(present - {marker_chain(name) for name in marked}))
+    return ChainOwnership(tuple(owned), unmarked, tuple(markers), orphans,
+                          tuple(sorted(changed, key=lambda name: (name != chain, name))))
+
+
+def _as_recorded(table: NatTable, name: str) -> bool:
+    """The marked chain's jumps and rules hash to the digest its marker records."""
+    marker = marker_chain(name)
+    recorded = recorded_digest(marker, table.rules_of(marker))
+    if recorded is None:
+        return False
+    jumps = [r for r in table.rules if is_our_jump(r) and rule_target(r) == name]
+    rules = table.rules_of(name)
+    return chain_digest(name, jumps, rules, count=len(rules)) == recorded
 
 
 # --- structured rules (for check and trace) -----------------------------------------------------------------

@@ -13,6 +13,15 @@ masquerade and snat end it; preserve is `accept`, which ends our table's decisio
 would (a `return` there would fall back to the set lookups and the masquerade); a packet that no rule matches
 returns from the jump to the lookups. A config without rules renders exactly as before.
 
+The table carries its ownership marker: an empty set `ipmasq-owns-this-table`, defined in the same transaction as
+every other object of the table, whose comment records the digest of the rest of the table as written
+(table_digest: its sets with their elements, its chains with their rules; nft 1.0.6's JSON listing, which the agent
+reads, shows a set's comment, even the terse listing, but not a table's). A table `inet ip-masq-agent` without it is
+another program's, and so is a marked one that no longer hashes to the digest it records: `ipmasq uninstall` and the
+agent's clean-up of the backend it does not use leave it alone (and take the stale marker away), and remove a
+marked one with a transaction that deletes the marker first, so that the kernel itself refuses it when the marker is
+gone (marked_delete_script).
+
 Rules are kept as text in the form `nft list` prints them (our canonical form, like iptables-save's for the
 iptables backend); `rule_from_json` reads the kernel's JSON into that form (its inverse, for the stateful fake, is
 in ipmasq.testing). Only our own dialect is read: anything else becomes an "unrecognised" rule that never equals a
@@ -22,22 +31,31 @@ desired one, so the agent repairs it and `check` shows it.
 from __future__ import annotations
 
 import json
+import re
 import socket
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ipmasq.config.model import Rule, RuleAction
 from ipmasq.errors import NftParseError, clip
-from ipmasq.netfilter.iptables import MASQ_COMMENT, NON_MASQ_COMMENT, RULE_COMMENT_PREFIX, rule_comment
+from ipmasq.netfilter.iptables import (
+    DIGEST_COMMENT,
+    MASQ_COMMENT,
+    NON_MASQ_COMMENT,
+    RULE_COMMENT_PREFIX,
+    rule_comment,
+)
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, Prefix
 from ipmasq.policy.ranges import union_of_prefixes
+from ipmasq.sha256 import sha256_of_lines
 
 __all__ = [
     "CHAIN",
     "LOCAL_COMMENT",
+    "MARKER_SET",
     "OUR_SET_NAMES",
     "RULES_CHAIN",
     "RULES_JUMP_COMMENT",
@@ -53,14 +71,20 @@ __all__ = [
     "count_foreign_nat",
     "delete_script",
     "desired_table",
+    "desired_table_and_elements",
     "format_element",
     "format_elements",
+    "is_marked",
+    "marked_delete_script",
+    "marker_delete_script",
     "parse_address_element",
     "parse_list_json",
+    "recorded_digest",
     "render_definition",
     "render_script",
     "replace_script",
     "rule_from_json",
+    "table_digest",
 ]
 
 TABLE_FAMILY = "inet"
@@ -70,8 +94,10 @@ SRCNAT_PRIORITY = 100  # nft's "srcnat" keyword; the JSON listing prints the num
 SET_NAMES = {Family.V4: "nomasq_v4", Family.V6: "nomasq_v6"}
 RULES_CHAIN = "config-rules"  # the config's rules, entered from CHAIN for the destinations they name
 RULES_SET_NAMES = {Family.V4: "rules_dst_v4", Family.V6: "rules_dst_v6"}  # every rule destination, per family
-OUR_SET_NAMES = frozenset({*SET_NAMES.values(), *RULES_SET_NAMES.values()})
+OUR_SET_NAMES = frozenset({*SET_NAMES.values(), *RULES_SET_NAMES.values()})  # the families' sets
 SET_TYPES = {Family.V4: "ipv4_addr", Family.V6: "ipv6_addr"}
+# ipmasq's ownership marker: an empty set no rule looks up (a type is required; the set is never matched)
+MARKER_SET = "ipmasq-owns-this-table"
 LOCAL_COMMENT = "ip-masq-agent: local destinations are not subject to MASQUERADE"
 V6_UNMANAGED_COMMENT = "ip-masq-agent: IPv6 is not managed without --enable-ipv6"
 RULES_JUMP_COMMENT = "ip-masq-agent: the config's rules decide first for the destinations they name"
@@ -86,6 +112,7 @@ class NftSet:
     type: str
     flags: tuple[str, ...]
     elements: tuple[tuple[int, int], ...]  # sorted, disjoint inclusive ranges of addresses as integers
+    comment: str = ""  # the marker's records the table's digest; none of our other sets has one
 
     @property
     def family(self) -> Family:
@@ -119,6 +146,45 @@ class NftTable:
 
     def chain_named(self, name: str) -> NftChain | None:
         return next((c for c in self.chains if c.name == name), None)
+
+
+def is_marked(table: NftTable) -> bool:
+    """The table carries ipmasq's ownership marker: ipmasq wrote it (whether it still holds what ipmasq wrote there:
+    recorded_digest against table_digest)."""
+    return table.set_named(MARKER_SET) is not None
+
+
+_RECORDED = re.compile(re.escape(DIGEST_COMMENT) + r"([0-9a-f]{64})\Z")
+# bytes an element takes at the least as text: a rough size of a set, for sha256 to pick OpenSSL for a large one
+_ELEMENT_BYTES = 8
+
+
+def recorded_digest(table: NftTable) -> str | None:
+    """The digest the table's marker records; None without a marker, or for one that records none (an empty marker
+    of an earlier development build, a comment someone changed): it vouches for no content."""
+    marker = table.set_named(MARKER_SET)
+    found = None if marker is None else _RECORDED.match(marker.comment)
+    return None if found is None else found.group(1)
+
+
+def table_digest(table: NftTable, *, formatted: Mapping[str, Sequence[str]] | None = None) -> str:
+    """What the marker records: the sha256 of the table's every object but the marker, as normalised here (each set
+    with its type, flags, comment and elements as text; each chain with its hook and its rules as `nft list` prints
+    them), one a line. `formatted`: the sets' elements as text, when the caller has them (format_elements)."""
+    count = sum(len(s.elements) for s in table.sets)
+    return sha256_of_lines(_digest_lines(table, formatted), expected_bytes=count * _ELEMENT_BYTES)
+
+
+def _digest_lines(table: NftTable, formatted: Mapping[str, Sequence[str]] | None) -> Iterator[str]:
+    for s in table.sets:
+        if s.name == MARKER_SET:
+            continue
+        yield f'set {s.name} type {s.type} flags {",".join(s.flags)} comment "{s.comment}"'
+        texts = formatted[s.name] if formatted is not None else format_elements(s.family, s.elements)
+        yield from (f"element {s.name} {text}" for text in texts)
+    for c in table.chains:
+        yield f"chain {c.name} type {c.type} hook {c.hook} priority {c.priority} policy {c.policy}"
+        yield from (f"rule {c.name} {rule}" for rule in c.rules)
 
 
 # --- desired state ----------------------------------------------------------------------------------------------
@@ -188,7 +254,21 @@ def _port_set(ports: tuple[tuple[int, int], ...]) -> str:
 
 
 def desired_table(policy: Policy) -> NftTable:
-    """Our whole table for a policy (every family it manages)."""
+    """Our whole table for a policy (every family it manages), with its marker recording its digest."""
+    return desired_table_and_elements(policy)[0]
+
+
+def desired_table_and_elements(policy: Policy) -> tuple[NftTable, dict[str, list[str]]]:
+    """desired_table, and each set's elements as text (format_elements, by set name): made once for the digest, and
+    kept for the script (100,000 elements are formatted once)."""
+    table = _unmarked_table(policy)
+    formatted = {s.name: format_elements(s.family, s.elements) for s in table.sets}
+    marker = NftSet(MARKER_SET, SET_TYPES[Family.V4], (), (), DIGEST_COMMENT + table_digest(table, formatted=formatted))
+    formatted[MARKER_SET] = []
+    return replace(table, sets=tuple(sorted((*table.sets, marker), key=lambda s: s.name))), formatted
+
+
+def _unmarked_table(policy: Policy) -> NftTable:
     families = policy.families
     sets = tuple(
         NftSet(SET_NAMES[f], SET_TYPES[f], ("interval",), tuple(policy.non_masquerade_ranges(f))) for f in families
@@ -276,6 +356,8 @@ def render_definition(table: NftTable, *, formatted: Mapping[str, Sequence[str]]
         out.append(f"\t\ttype {s.type}")
         if s.flags:
             out.append(f"\t\tflags {', '.join(s.flags)}")
+        if s.comment:
+            out.append(f'\t\tcomment "{s.comment}"')
         if s.elements:  # "elements = { }" is a syntax error
             texts = formatted[s.name] if formatted is not None else format_elements(s.family, s.elements)
             out.append("\t\telements = { " + ",\n\t\t\t".join(texts) + " }")
@@ -307,6 +389,18 @@ def replace_script(table: NftTable, *, formatted: Mapping[str, Sequence[str]] | 
 def delete_script() -> str:
     """Remove our table if it exists, in one transaction (nft 1.0.6 has no `destroy`)."""
     return f"table {TABLE_FAMILY} {TABLE}\ndelete table {TABLE_FAMILY} {TABLE}\n"
+
+
+def marker_delete_script() -> str:
+    """Remove only the table's ownership marker (one that no longer tells the truth), in one transaction that the
+    kernel refuses when it is not there."""
+    return f"delete set {TABLE_FAMILY} {TABLE} {MARKER_SET}\n"
+
+
+def marked_delete_script() -> str:
+    """Remove our table only if it carries its ownership marker, in one transaction: deleting the marker first makes
+    the kernel refuse the whole transaction when it is not there (the table stays exactly as it is)."""
+    return f"delete set {TABLE_FAMILY} {TABLE} {MARKER_SET}\ndelete table {TABLE_FAMILY} {TABLE}\n"
 
 
 # --- parsing `nft -j list table` ----------------------------------------------------------------------------------
@@ -416,11 +510,14 @@ def _table_from_items(items: list[Any], *, table: str, family: str, table_listed
         if kind == "set":
             set_type = str(body.get("type"))
             elements = _elements(body.get("elem", []), Family.V6 if set_type == "ipv6_addr" else Family.V4)
-            flags = body.get("flags", ())
+            flags = body.get("flags", [])
             flags = [flags] if isinstance(flags, str) else flags
             if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
                 raise NftParseError(f"set flags are not a list of words: {_shown(flags)}")
-            sets.append(NftSet(_name(body, "name"), set_type, tuple(flags), elements))
+            comment = body.get("comment", "")
+            if not isinstance(comment, str):
+                raise NftParseError(f"a set's comment is not text: {_shown(comment)}")
+            sets.append(NftSet(_name(body, "name"), set_type, tuple(flags), elements, comment))
         elif kind == "chain":
             chains[_name(body, "name")] = body
             rules.setdefault(body["name"], [])
@@ -612,14 +709,16 @@ def rule_counter(rule: dict[str, Any]) -> tuple[str, int, int] | None:
 
 def count_foreign_nat(ruleset_text: str) -> int:
     """Rules in `nft list ruleset` text, outside our table, that masquerade or SNAT. iptables-nft's own tables are
-    left out: the iptables reading counts those rules in iptables' terms."""
+    left out: the iptables reading counts those rules in iptables' terms; so is kube-proxy's table (nftables mode),
+    whose masquerades take only the Service traffic it marked and its hairpin connections, never plain pod egress."""
     count = 0
     table = ""
     for raw in ruleset_text.splitlines():
         line = raw.strip()
         if line.startswith("table "):
             table = line.removesuffix("{").strip()
-        elif table not in (f"table {TABLE_FAMILY} {TABLE}", "table ip nat", "table ip6 nat") and (
+        elif table not in (f"table {TABLE_FAMILY} {TABLE}", "table ip nat", "table ip6 nat", "table ip kube-proxy",
+                           "table ip6 kube-proxy") and (
                 line.endswith(" masquerade") or " masquerade " in line or " snat " in line or line.startswith("snat ")):
             count += 1
     return count

@@ -76,7 +76,7 @@ def _set(body: dict[str, Any], name: str) -> NftSet:
                 raise NftParseError(f"set {name} holds an element we cannot read: {clip(repr(element))}") from exc
     if any(ranges[i][0] <= ranges[i - 1][1] for i in range(1, len(ranges))):
         ranges.sort()  # nft lists interval sets in order; sort only when it did not
-    flags = body.get("flags", ())
+    flags = body.get("flags", [])
     flags = [flags] if isinstance(flags, str) else flags
     if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
         raise NftParseError(f"set flags are not a list of words: {clip(repr(flags))}")

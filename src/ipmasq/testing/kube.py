@@ -1,17 +1,19 @@
 """FakeKubeClient: the API seam in memory, for fast unit tests of what the agent asks of the API server.
 
-It keeps objects by path and answers as the API server does for what the agent uses: create (409 when the name is
-taken), get (404), a JSON merge patch (409 when it carries a resourceVersion that is not the object's), a list by
-`metadata.name` field selector with a resourceVersion, a list of a collection in pages (limit, continue), and watches
-fed by the test (each watch's query kept in `watch_queries`). `refuse` makes the next calls on a path fail with the
-given ApiError. The proof that the real client and the real API server agree is in the Kubernetes lab's tests, never
-here.
+It keeps objects by path and answers as the API server does for what ipmasq uses: create (409 when the name is
+taken; a name made from metadata.generateName), get (404), delete (404), a JSON merge patch (409 when it carries a
+resourceVersion that is not the object's), a list by `metadata.name` field selector with a resourceVersion, a list of
+a collection in pages (limit, continue) filtered by a labelSelector (equality and set-based, as Kubernetes parses
+one), a namespaced kind listed across every namespace (`/apis/apps/v1/daemonsets`), and watches fed by the test (each
+watch's query kept in `watch_queries`). `refuse` makes the next calls on a path fail with the given ApiError. The proof
+that the real client and the real API server agree is in the Kubernetes lab's tests, never here.
 """
 
 from __future__ import annotations
 
 import copy
 import queue
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -19,6 +21,37 @@ from ipmasq.errors import ApiError, Conflict, NotFound
 from ipmasq.kube.client import WatchEvent
 
 __all__ = ["FakeKubeClient"]
+
+
+def _holds(requirement: str, labels: Mapping[str, str]) -> bool:
+    """One requirement of a label selector: `k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`."""
+    text = requirement.strip()
+    found = re.fullmatch(r"(\S+?)\s+(in|notin)\s+\(([^)]*)\)", text)
+    if found:
+        values = {v.strip() for v in found.group(3).split(",")}
+        return (labels.get(found.group(1)) in values) == (found.group(2) == "in")
+    for op in ("!=", "==", "="):
+        if op in text:
+            key, value = (part.strip() for part in text.split(op, 1))
+            return (labels.get(key) == value) == (op != "!=")
+    return text[1:] not in labels if text.startswith("!") else text in labels
+
+
+def _selected(selector: str, obj: Mapping[str, Any]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    requirements = re.split(r",(?![^(]*\))", selector) if selector.strip() else []
+    return all(_holds(r, labels) for r in requirements)
+
+
+def _in_collection(key: str, path: str) -> bool:
+    """Whether the object at `key` is a member of the collection `path`: its own namespace's, or every namespace's
+    (`/apis/apps/v1/daemonsets` holds `/apis/apps/v1/namespaces/x/daemonsets/y`)."""
+    parent = key.rpartition("/")[0]
+    if parent == path:
+        return True
+    head, _, plural = path.rpartition("/")
+    found = re.fullmatch(re.escape(head) + r"/namespaces/[^/]+/" + re.escape(plural), parent)
+    return found is not None
 
 
 def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
@@ -40,6 +73,7 @@ class FakeKubeClient:
         self.refusals: dict[str, list[ApiError]] = {}
         self.watch_events: queue.Queue[WatchEvent | ApiError | None] = queue.Queue()
         self.watch_queries: list[dict[str, str]] = []
+        self.generated = 0
 
     def refuse(self, path: str, *errors: ApiError) -> None:
         self.refusals.setdefault(path, []).extend(errors)
@@ -62,8 +96,10 @@ class FakeKubeClient:
             return {"items": [copy.deepcopy(found)] if found else [],
                     "metadata": {"resourceVersion": str(self.version)}}
         if path not in self.objects:
-            members = sorted(key for key in self.objects if key.rpartition("/")[0] == path)
-            if not members:
+            selector = (query or {}).get("labelSelector", "")
+            members = sorted(key for key in self.objects
+                             if _in_collection(key, path) and _selected(selector, self.objects[key]))
+            if not members and not any(_in_collection(key, path) for key in self.objects):
                 raise NotFound(404, f"{path} not found", verb="GET", path=path)
             start = int((query or {}).get("continue") or 0)
             limit = int((query or {}).get("limit") or len(members))
@@ -74,6 +110,10 @@ class FakeKubeClient:
 
     def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self._check("POST", path)
+        body = copy.deepcopy(dict(body))
+        if "name" not in body["metadata"]:  # generateName: the API server adds five characters of its own
+            self.generated += 1
+            body["metadata"]["name"] = f"{body['metadata']['generateName']}{self.generated:05d}"
         full = f"{path}/{body['metadata']['name']}"
         if full in self.objects:
             raise Conflict(409, "already exists", verb="POST", path=path)
@@ -93,6 +133,12 @@ class FakeKubeClient:
         obj = _merge(self.objects[path], body)
         self._bump(obj)
         return copy.deepcopy(obj)
+
+    def delete(self, path: str) -> dict[str, Any]:
+        self._check("DELETE", path)
+        if path not in self.objects:
+            raise NotFound(404, f"{path} not found", verb="DELETE", path=path)
+        return self.objects.pop(path)
 
     def put(self, path: str, obj: dict[str, Any]) -> None:
         """The test writes an object (as kubectl apply would)."""

@@ -2,9 +2,10 @@
 (our dialect only, refusing anything else as nft would refuse a syntax error), keeps the tables, and answers the
 listings the backend reads with the JSON the real nft prints (the kernel tests prove the two identical).
 
-Supported: `nft -f -` (atomic: a failing script changes nothing), `nft -j [-t] list ruleset [FAMILY]`,
-`nft -j list table|set ...`, `nft -j list chains`, and the drift an operator might cause: `nft delete table`,
-`nft flush chain|set`, `nft add rule`.
+Supported: `nft -f -` (atomic: a failing script changes nothing; `delete set` of a set that is not there fails it, as
+the kernel does, which is what makes ipmasq's removal conditional on its ownership marker), `nft -j [-t] list ruleset
+[FAMILY]`, `nft -j list table|set ...`, `nft -j list chains`, and the drift an operator might cause: `nft delete
+table|set`, `nft flush chain|set`, `nft add rule`.
 """
 
 from __future__ import annotations
@@ -72,6 +73,11 @@ class FakeNft(FakeRunner):
             key = (command.family, command.table)
             if command.verb == "add":
                 tables.setdefault(key, NftTable((), ()))
+            elif command.verb == "delete set":
+                table = tables.get(key)
+                if table is None or table.set_named(command.name) is None:
+                    return Result(1, "", f"{_ABSENT}\ndelete set {command.family} {command.table} {command.name}\n")
+                tables[key] = replace(table, sets=tuple(x for x in table.sets if x.name != command.name))
             elif command.verb == "delete":
                 if key not in tables:
                     return Result(1, "", f"{_ABSENT}\ndelete table {command.family} {command.table}\n")
@@ -137,6 +143,10 @@ class FakeNft(FakeRunner):
             return Result(1, "", f"{_ABSENT}\n")
         if (verb, kind) == ("delete", "table"):
             del self.tables[key]
+        elif (verb, kind) == ("delete", "set") and len(args) == 5:
+            if table.set_named(args[4]) is None:
+                return Result(1, "", f"{_ABSENT}\n")
+            self.tables[key] = replace(table, sets=tuple(x for x in table.sets if x.name != args[4]))
         elif (verb, kind) == ("flush", "chain") and len(args) == 5:
             chain = table.chain_named(args[4])
             if chain is None:
@@ -277,10 +287,11 @@ def rule_to_json(text: str) -> dict[str, Any]:
 class ScriptCommand:
     """One top-level command of an `nft -f` script in our dialect."""
 
-    verb: str  # "add" (table NAME without a body), "delete", or "define" (table NAME { ... })
+    verb: str  # "add" (table NAME without a body), "delete", "delete set", or "define" (table NAME { ... })
     family: str
     table: str
     definition: NftTable | None = None
+    name: str = ""  # the set of "delete set"
 
 
 def _parse_element(family: Family, text: str) -> tuple[int, int]:
@@ -321,6 +332,9 @@ def parse_script(text: str) -> list[ScriptCommand]:
         if words[:1] == ["delete"] and len(words) == 4 and words[1] == "table":
             commands.append(ScriptCommand("delete", words[2], words[3]))
             i += 1
+        elif words[:2] == ["delete", "set"] and len(words) == 5:
+            commands.append(ScriptCommand("delete set", words[2], words[3], name=words[4]))
+            i += 1
         elif words[:1] == ["table"] and len(words) == 3:
             commands.append(ScriptCommand("add", words[1], words[2]))
             i += 1
@@ -360,12 +374,15 @@ def parse_script(text: str) -> list[ScriptCommand]:
 def _parse_set_body(name: str, body: list[str]) -> NftSet:
     set_type = ""
     flags: tuple[str, ...] = ()
+    comment = ""
     element_text: str | None = None
     for index, line in enumerate(body):
         if line.startswith("type "):
             set_type = line[5:].strip()
         elif line.startswith("flags "):
             flags = tuple(f.strip() for f in line[6:].split(","))
+        elif line.startswith('comment "') and line.endswith('"') and '"' not in line[9:-1]:
+            comment = line[9:-1]
         elif line.startswith("elements = {"):
             element_text = " ".join(body[index:])
             break
@@ -386,7 +403,7 @@ def _parse_set_body(name: str, body: list[str]) -> NftSet:
                 raise NftParseError(f"set {name}: conflicting intervals specified")
         if "interval" not in flags and any(a != b for a, b in elements):
             raise NftParseError(f"set {name}: ranges need flags interval")
-    return NftSet(name, set_type, flags, tuple(elements))
+    return NftSet(name, set_type, flags, tuple(elements), comment)
 
 
 def _parse_chain_body(name: str, body: list[str]) -> NftChain:
@@ -423,6 +440,8 @@ def list_json(table: NftTable, *, terse: bool = False) -> list[dict[str, Any]]:
         body: dict[str, Any] = {"family": TABLE_FAMILY, "name": s.name, "table": TABLE, "type": s.type}
         if s.flags:
             body["flags"] = list(s.flags)
+        if s.comment:  # listed even by a terse listing
+            body["comment"] = s.comment
         if s.elements and not terse:
             body["elem"] = [_element_json(s.family, a, b) for a, b in s.elements]
         out.append({"set": body})

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ipmasq.errors import CertificateError
+from ipmasq.ownership import labels
 from ipmasq.webhook.certificate import CertificateSet, issue, needs_renewal, service_names, still_valid
 from ipmasq.webhook.kube import Api, ApiError, Conflict
 
@@ -90,7 +91,7 @@ class CertificateKeeper:
 
     def _secret(self, made: CertificateSet, resource_version: str | None = None) -> dict[str, Any]:
         metadata: dict[str, Any] = {"name": self.settings.secret, "namespace": self.settings.namespace,
-                                    "labels": {"app.kubernetes.io/name": "ipmasq-webhook"}}
+                                    "labels": labels("webhook", name="ipmasq-webhook")}
         if resource_version is not None:
             metadata["resourceVersion"] = resource_version
         return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls", "metadata": metadata,

@@ -1,25 +1,21 @@
 """AdmissionReview over HTTPS: asyncio's server, TLS through ssl's memory BIOs and HTTP/1.1 through h11 (the parser
 the rest of ipmasq uses), a thin, bounded layer around review.respond.
 
-Each part is a public, documented API (asyncio's Protocol and create_server, ssl.SSLContext.wrap_bio, h11's
-Connection), so what this module bounds it bounds itself, not through another server's private classes: uvicorn's
-public API gives no deadline for a request's head or for a pipelined request, no say over a TLS connection's
-buffers, and no count of connections from their accept.
+Each part is a public, documented API (asyncio's Protocol and connect_accepted_socket, ssl.SSLContext.wrap_bio,
+h11's Connection), so what this module bounds it bounds itself, not through another server's private classes.
 
-What it does, because a hostile peer on the pod network can reach the port as well as the API server can:
-- one deadline for every request, head, body and decision (REQUEST_SECONDS from its first byte, not per read),
-  pipelined or not: a peer that trickles a byte every few seconds is cut off then, and so is a request that waited
-  behind another in the same connection; a handshake has HANDSHAKE_SECONDS from the accept, an idle connection
-  between requests KEEP_ALIVE_SECONDS;
-- a connection limit that slow peers cannot exhaust: connections count from their accept, and at MAX_CONNECTIONS
-  a new one closes one that is not waiting for its decision, the one that got least far (nothing sent, then a
-  handshake under way, then secure but never answered), the first to get that far of those, so an ordinary review
-  still gets in;
-- TLS records read 16 KiB at a time into the connection's own small buffers (asyncio's TLS keeps 256 KiB per
-  connection until a garbage collection);
-- the body read whole before a decision slot is taken (a slow upload never holds one), bounded by MAX_BODY_BYTES
-  whether framed by Content-Length or chunked (both at once is refused, as RFC 9112 says a server may: a proxy and
-  this server could read two different bodies), and by BODY_BUDGET_BYTES for all bodies held at once;
+Which connections it holds and for how long is decided by ipmasq.webhook.connections (a pure table, its clock the
+server's): the deadlines (a whole first request within HANDSHAKE_SECONDS of the accept, the keep-alive grace only for
+a connection that has been answered, a request and its decision within REQUEST_SECONDS of its first byte), the
+connection budget shared between source addresses (a connection refused at its accept is closed there, before any
+TLS), room made at the heaviest source, and the request bodies' budget. This module does what it says, and:
+- sockets read into one buffer for all, their bytes given to ssl's memory BIOs 2 KiB at a time and read back 16
+  KiB at a time (asyncio's TLS keeps 256 KiB per connection until a garbage collection); TLS state made at a
+  connection's first byte, HTTP state at a request's and dropped between requests, so a connection held costs ssl's
+  own state and little more (a flood of connections that say nothing costs the accept alone);
+- a request head of at most MAX_HEAD_BYTES; the body read whole before a decision slot is taken (a slow upload never
+  holds one), bounded by MAX_BODY_BYTES whether framed by Content-Length or chunked (both at once is refused, as RFC
+  9112 says a server may: a proxy and this server could read two different bodies);
 - `workers` decisions at once, run in threads off the event loop, and as many again for small bodies (an ordinary
   review is a few KiB: reviews of thousands of rules never queue it), bodies over 1 MiB one at a time, and a body
   with more JSON values than a ConfigMap's review has refused before json.loads builds them (MAX_JSON_VALUES,
@@ -27,8 +23,7 @@ What it does, because a hostile peer on the pod network can reach the port as we
   ISOLATED_SMALL_BODY_BYTES whose checks stay under HANDOFF_STEPS, and every other in a process of its own, one at
   a time (ipmasq.webhook.worker): a decision in a thread holds the GIL, and took the event loop's turns from the
   ordinary reviews;
-- new connections accepted ACCEPT_BATCH at a time, the open ones served between batches, and nothing made for a
-  connection (TLS, HTTP) before its first byte: a flood of connections that say nothing costs the accept alone;
+- new connections accepted ACCEPT_BATCH at a time, the open ones served between batches;
 - a decision abandoned when its connection goes (or its deadline passes): one not begun is never begun, one under
   way stops at the next step of its work budget (ipmasq.policy.budget), and nothing is logged for a peer that left;
 - a decision's log line written, then its answer (a log line that cannot be written is said on stderr, and never
@@ -43,12 +38,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ipaddress
 import json
 import os
 import re
 import resource
 import socket
 import ssl
+import struct
 import sys
 import threading
 import time
@@ -60,31 +57,43 @@ import h11
 
 from ipmasq.errors import Abandoned, DecisionFault, ReviewError, WebhookServerError, WorkOutgrown, one_line
 from ipmasq.policy.budget import AbandonSignal
+from ipmasq.webhook.connections import (
+    BODY_BUDGET_BYTES,
+    HANDSHAKE_SECONDS,
+    KEEP_ALIVE_SECONDS,
+    MAX_CONNECTIONS,
+    REQUEST_SECONDS,
+    ConnectionLimits,
+    ConnectionTable,
+    Held,
+)
 from ipmasq.webhook.review import AdmissionVerdict
 from ipmasq.webhook.worker import DecisionWorker
 
-__all__ = ["BACKLOG", "MAX_BODY_BYTES", "MAX_CONNECTIONS", "REQUEST_SECONDS", "VALIDATE_PATH", "WebhookServer",
-           "serve", "wait_listening"]
+__all__ = ["BACKLOG", "BODY_BUDGET_BYTES", "HANDSHAKE_SECONDS", "KEEP_ALIVE_SECONDS", "MAX_BODY_BYTES",
+           "MAX_CONNECTIONS", "REQUEST_SECONDS", "VALIDATE_PATH", "WebhookServer", "serve", "wait_listening"]
 
 VALIDATE_PATH = "/validate"
 # An AdmissionReview of an UPDATE carries the object and the old object, each at most 1 MiB of data that JSON may
 # write six bytes a character ("<" is \u003c in Go's encoding): 16 MiB holds the worst a ConfigMap can be.
 MAX_BODY_BYTES = 16 << 20
-# All request bodies held at once (read, or waiting for their decision): two of the largest and room for the rest.
-BODY_BUDGET_BYTES = 48 << 20
-REQUEST_SECONDS = 10.0  # the whole request from its first byte: the API server gives a review at most 30 s
-HANDSHAKE_SECONDS = 5.0  # a TLS handshake from the connection's accept
 TLS_READ_BYTES = 16 * 1024  # a TLS record's plaintext at most
-KEEP_ALIVE_SECONDS = 30.0  # an idle connection between reviews (the API server keeps them for reuse)
-MAX_CONNECTIONS = 128
+READ_BYTES = 64 * 1024  # a socket read at most
+TLS_FEED_BYTES = 2 * 1024  # given to ssl at once (see _Connection.data_received)
 BACKLOG = 1024
 # New connections accepted each time the event loop finds the listener ready, before it turns to the connections it
 # has: asyncio's create_server takes up to its backlog (1,024) at once, and under a flood the connections made of
 # such a batch held the loop for hundreds of ms while kept-alive clients (the API server) waited for their answers.
-# What is not taken waits in the listen queue (BACKLOG).
+# What is not taken waits in the listen queue (BACKLOG). Connections refused at their accept (their source holds
+# its share) cost an accept and a close: up to REFUSED_BATCH of those besides.
 ACCEPT_BATCH = 16
+REFUSED_BATCH = 64
 _ACCEPT_RETRY_SECONDS = 1.0  # out of descriptors or memory: accepting pauses this long (as asyncio's own server)
-MAX_HEAD_BYTES = 64 * 1024
+# A request line and its headers: the API server's are a few hundred bytes. Small, because every held connection
+# may buffer this much.
+MAX_HEAD_BYTES = 8 * 1024
+# How often the connections' deadlines are looked at: a deadline is kept to within this
+TICK_SECONDS = 0.25
 GRACE_SECONDS = 10.0  # a shutdown waits this long for the requests in flight
 # json.loads builds a Python object of 30 to 60 bytes for every value, whatever its text: 16 MiB of "[1.5,1.5,..."
 # would be 4 million floats, 150 MiB. Outside its strings, a JSON text has a comma, a colon, a bracket or a brace for
@@ -108,8 +117,9 @@ SMALL_BODY_BYTES = 64 * 1024
 # decided in the decision process (ipmasq.webhook.worker), where it cannot take the event loop's turns
 ISOLATED_SMALL_BODY_BYTES = 16 * 1024
 HANDOFF_STEPS = 20_000
-LINGER_SECONDS = 2.0  # a closed connection's peer may still send this long (its bytes are dropped unread)
 _WRITE_HIGH_BYTES = 256 * 1024  # answers a peer does not read: past this, its requests are not read either
+_LIMITS = ConnectionLimits()
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: a refused connection is reset, leaving no TIME_WAIT here
 
 
 class Respond(Protocol):
@@ -122,33 +132,32 @@ class Respond(Protocol):
 _Answer = tuple[int, bytes, str, "str | None"]  # status, payload, content type, the line to log (None: none)
 
 
-class _Connection(asyncio.Protocol):
-    """One accepted connection: TLS in memory BIOs, h11 for HTTP/1.1, one request at a time, each with its deadline.
+class _Connection(asyncio.BufferedProtocol):
+    """One accepted connection: TLS in memory BIOs, h11 for HTTP/1.1, one request at a time. Its place and its
+    deadlines are its `held` entry in the server's table.
 
     Every callback runs on the event loop; the decision runs in a thread of the server's executor, and learns that
     its connection is gone through `abandoned`."""
 
-    def __init__(self, server: WebhookServer) -> None:
+    __slots__ = ("abandoned", "body", "body_bytes", "closing", "decision", "early", "handshaking", "held", "http",
+                 "in_request", "incoming", "outgoing", "reading", "request", "server", "tls", "transport", "writable")
+
+    def __init__(self, server: WebhookServer, held: Held[_Connection]) -> None:
         self.server = server
-        self.loop = asyncio.get_running_loop()
+        self.held = held
+        held.owner = self
         self.transport: asyncio.Transport | None = None
-        # TLS's and HTTP's state are made at the first byte (`tls` set; nothing reads the others before): a
-        # flood's connections, opened and dropped without a word, cost the accept alone (with them, about 0.1 ms
-        # more of the event loop per connection)
-        self.incoming: ssl.MemoryBIO
-        self.outgoing: ssl.MemoryBIO
-        self.http: h11.Connection
+        # TLS's state is made at the first byte (`tls` set; nothing reads the BIOs before), HTTP's at a request's
+        # first byte, and dropped between requests: a connection held costs little more than ssl's own state
+        self.incoming: ssl.MemoryBIO | None = None
+        self.outgoing: ssl.MemoryBIO | None = None
         self.tls: ssl.SSLObject | None = None
+        self.http: h11.Connection | None = None
         self.handshaking = True
-        self.heard = False  # a byte has come
-        self.served = 0  # requests answered: one that has been is an ordinary client, evicted last
-        self.level = 0  # progress() as the server last filed it
-        self.timer: asyncio.TimerHandle | None = None
-        self.in_request = False  # a request's first byte has come: its deadline runs
+        self.in_request = False  # a request's first byte has come
         self.request: h11.Request | None = None
         self.body: bytearray | None = None  # the body of a review being read
         self.body_bytes = 0  # of any request, for MAX_BODY_BYTES
-        self.held = 0  # of the server's BODY_BUDGET_BYTES
         self.decision: asyncio.Task[None] | None = None
         self.early = 0  # bytes come while a decision is made (a pipelined request)
         self.abandoned: threading.Event | None = None  # made with its first decision (60 us a connection)
@@ -161,56 +170,72 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        if self.held.gone or self.closing:  # closed to make room, or at its deadline, before its transport was made
+            self.closing = True
+            transport.abort()
+            return
         transport.set_write_buffer_limits(high=_WRITE_HIGH_BYTES)
-        self.server.admit(self)
-        self._arm(HANDSHAKE_SECONDS)
+        self.server.opened(self)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.server.read_buffer  # one for every connection: what comes is taken whole at once, below
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self.server.read_buffer[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
         if self.closing:
             return
         if self.tls is None:  # the first byte: the handshake begins, with the context current now
+            try:
+                context = self.server.tls_context()
+            except WebhookServerError:
+                self.abort()
+                return
             self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
             try:
-                self.tls = self.server.tls_context().wrap_bio(self.incoming, self.outgoing, server_side=True)
-            except (WebhookServerError, ssl.SSLError):
+                self.tls = context.wrap_bio(self.incoming, self.outgoing, server_side=True)
+            except ssl.SSLError:
                 self.abort()
                 return
-            self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
-            self.heard = True
-            self.server.advanced(self)
-        self.incoming.write(data)
-        if self.handshaking:
-            try:
-                self.tls.do_handshake()
-            except ssl.SSLWantReadError:
-                self._flush()
-                return
-            except (ssl.SSLError, OSError):  # not TLS (a port scan, a plain-text probe), or one we do not speak
-                self._flush()  # the alert, for a client that wants to know
-                self.abort()
-                return
-            self.handshaking = False
-            self.server.advanced(self)
-            self._arm(KEEP_ALIVE_SECONDS)
+        assert self.incoming is not None and self.tls is not None
         plain = bytearray()
         ended = False
-        while True:
-            try:
-                chunk = self.tls.read(TLS_READ_BYTES)
-            except ssl.SSLWantReadError:
+        # given to ssl a piece at a time: its memory BIO keeps the room of the largest write it had, and a peer that
+        # leaves a TLS record unfinished kept 16 KiB more that way for as long as its connection
+        for start in range(0, len(data), TLS_FEED_BYTES):
+            self.incoming.write(data[start:start + TLS_FEED_BYTES])
+            if self.handshaking:
+                try:
+                    self.tls.do_handshake()
+                except ssl.SSLWantReadError:
+                    continue
+                except (ssl.SSLError, OSError):  # not TLS (a port scan, a plain-text probe), or one we do not speak
+                    self._flush()  # the alert, for a client that wants to know
+                    self.abort()
+                    return
+                self.handshaking = False  # its deadline is still the one from the accept: a whole request within it
+            while True:
+                try:
+                    chunk = self.tls.read(TLS_READ_BYTES)
+                except ssl.SSLWantReadError:
+                    break
+                except ssl.SSLZeroReturnError:  # the peer's close_notify
+                    ended = True
+                    break
+                except (ssl.SSLError, OSError):
+                    self.abort()
+                    return
+                if not chunk:
+                    ended = True
+                    break
+                plain += chunk
+            if ended:
                 break
-            except ssl.SSLZeroReturnError:  # the peer's close_notify
-                ended = True
-                break
-            except (ssl.SSLError, OSError):
-                self.abort()
-                return
-            if not chunk:
-                ended = True
-                break
-            plain += chunk
-        self._flush()  # TLS 1.3 writes its session tickets after the handshake, on the first read
+        self._flush()  # the handshake's; TLS 1.3 writes its session tickets after the handshake, on the first read
         if plain:
+            if self.http is None:
+                self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
             if not self.in_request and self.decision is None:
                 self._begin_request()
             self.http.receive_data(bytes(plain))
@@ -219,12 +244,12 @@ class _Connection(asyncio.Protocol):
                 if self.early > MAX_HEAD_BYTES:
                     self._pause()
         if ended:
-            self.http.receive_data(b"")
+            self._peer_ended()
         self._process()
 
     def eof_received(self) -> bool:
         if not self.closing and not self.handshaking:
-            self.http.receive_data(b"")
+            self._peer_ended()
             self._process()
         return False  # the transport closes itself
 
@@ -234,9 +259,7 @@ class _Connection(asyncio.Protocol):
             self.abandoned.set()  # a decision under way stops at its next step; one not begun never begins
         if self.decision is not None:
             self.decision.cancel()
-        self._disarm()
-        self._release()
-        self.server.forget(self)
+        self.server.closed(self)
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -250,32 +273,37 @@ class _Connection(asyncio.Protocol):
 
     # ---- the server's view ------------------------------------------------------------------------------------
 
-    def progress(self) -> int:
-        """How far it has got: 0 nothing received, 1 in its handshake, 2 secure, 3 a request answered."""
-        return 3 if self.served else 2 if not self.handshaking else 1 if self.heard else 0
-
-    def waiting(self) -> bool:
-        """Whether it may be closed to make room: handshaking, reading a request, or idle between them."""
-        return self.decision is None
-
-    def evict(self) -> None:
-        self.abort()
-
     def stop(self) -> None:
         """A shutdown: a connection between requests is dropped at once, one in a request finishes it."""
         if not self.in_request and self.decision is None:
             self.abort()
 
+    def expire(self) -> None:
+        """Its deadline came, or its place was given to another: it ends, and its decision with it."""
+        if self.abandoned is not None:
+            self.abandoned.set()
+        if self.decision is not None:
+            self.decision.cancel()
+            self.decision = None
+        self.abort()
+
     def abort(self) -> None:
+        self.closing = True
         if self.transport is not None:
-            self.closing = True
             self.transport.abort()
 
     # ---- HTTP -------------------------------------------------------------------------------------------------
 
+    def _peer_ended(self) -> None:
+        """The peer's close_notify or its FIN: the end of its requests."""
+        if self.http is None:  # between requests, nothing said: closed at once
+            self._close()
+        else:
+            self.http.receive_data(b"")
+
     def _process(self) -> None:
         """Handle h11's events until it needs more bytes, a decision is under way, or the connection ends."""
-        while not self.closing and self.decision is None and self.writable:
+        while not self.closing and self.decision is None and self.writable and self.http is not None:
             try:
                 event = self.http.next_event()
             except h11.RemoteProtocolError as exc:
@@ -318,15 +346,15 @@ class _Connection(asyncio.Protocol):
             return
         if self.body is None:
             return  # the body of a request answered 404: counted, not kept
-        if not self.server.hold(len(data)):
+        if not self.server.hold(self, len(data)):
             self._refuse(503, "too many large reviews at once")
             return
-        self.held += len(data)
         self.body += data
 
     def _complete(self) -> None:
         request = self.request
         assert request is not None
+        self.server.table.complete(self.held, self.server.clock())
         if request.method in (b"GET", b"HEAD") and _path(request.target) in (b"/healthz", b"/readyz"):
             self._answer(200, b"ok\n", "text/plain")
         elif self.body is None:
@@ -338,7 +366,7 @@ class _Connection(asyncio.Protocol):
             self.early = 0
             if self.abandoned is None:
                 self.abandoned = threading.Event()
-            self.decision = self.loop.create_task(self._decide(body, self.abandoned))
+            self.decision = self.server.loop().create_task(self._decide(body, self.abandoned))
 
     async def _decide(self, body: bytearray, abandoned: threading.Event) -> None:
         started = time.monotonic()
@@ -351,7 +379,7 @@ class _Connection(asyncio.Protocol):
             answer = 500, b"the review could not be decided\n", "text/plain", None
         finally:
             del body
-            self._release()
+            self.server.table.release(self.held)
         self.decision = None
         if answer is None or self.closing:
             return
@@ -361,44 +389,46 @@ class _Connection(asyncio.Protocol):
         self._answer(status, payload, content_type)
 
     def _answer(self, status: int, payload: bytes, content_type: str, *, close: bool = False) -> None:
-        request = self.request
+        request, http = self.request, self.http
+        assert http is not None
         headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(payload)).encode())]
         if close:
             headers.append((b"connection", b"close"))
         try:
-            data = self.http.send(h11.Response(status_code=status, headers=headers))
+            data = http.send(h11.Response(status_code=status, headers=headers))
             if request is None or request.method != b"HEAD":
-                data += self.http.send(h11.Data(data=payload))
-            data += self.http.send(h11.EndOfMessage())
+                data += http.send(h11.Data(data=payload))
+            data += http.send(h11.EndOfMessage())
         except h11.LocalProtocolError:
             self.abort()  # nothing more can be said on this connection
             return
-        self._write(data or b"")
-        self.served += 1
-        if self.served == 1:
-            self.server.advanced(self)
-        if close or self.http.our_state is h11.MUST_CLOSE or self.http.their_state is not h11.DONE:
+        if close or http.our_state is h11.MUST_CLOSE or http.their_state is not h11.DONE:
+            self._write(data or b"")
             self._close()
             return
-        self.http.start_next_cycle()
+        http.start_next_cycle()
         self.request = None
-        self.in_request = False
+        more, ended = http.trailing_data
+        # answered: the keep-alive grace, or a pipelined request's deadline from now (not from whenever more bytes
+        # come); told to the table before the peer can see its answer
+        self.server.table.answered(self.held, self.server.clock(), pipelined=bool(more))
+        self.in_request = bool(more)
+        self._write(data or b"")
         self._resume()
-        if self.http.trailing_data[0]:
-            self._begin_request()  # pipelined: its deadline from now, not from whenever more bytes come
-        else:
-            self._arm(KEEP_ALIVE_SECONDS)
-        self.loop.call_soon(self._process)
+        if not more and not ended:
+            self.http = None  # made again at the next request's first byte
+            return
+        self.server.loop().call_soon(self._process)
 
     def _refuse(self, status: int, why: str) -> None:
-        if self.http.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+        if self.http is not None and self.http.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             self._answer(status, f"{why}\n".encode(), "text/plain", close=True)
         else:
             self._close()
 
     def _begin_request(self) -> None:
         self.in_request = True
-        self._arm(REQUEST_SECONDS)
+        self.server.table.began(self.held, self.server.clock())
 
     # ---- TLS and the transport ----------------------------------------------------------------------------------
 
@@ -413,6 +443,7 @@ class _Connection(asyncio.Protocol):
         self._flush()
 
     def _flush(self) -> None:
+        assert self.outgoing is not None
         data = self.outgoing.read()
         if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
@@ -431,7 +462,7 @@ class _Connection(asyncio.Protocol):
         self._resume_for_linger()
         if self.transport.can_write_eof():
             self.transport.write_eof()
-            self._arm(LINGER_SECONDS)  # then _expired aborts; the peer's close ends it sooner
+            self.server.table.closing(self.held, self.server.clock())  # aborted then; the peer's close ends it sooner
         else:
             self.transport.close()
 
@@ -450,38 +481,17 @@ class _Connection(asyncio.Protocol):
             self.reading = True
             self.transport.resume_reading()
 
-    def _arm(self, seconds: float) -> None:
-        self._disarm()
-        self.timer = self.loop.call_later(seconds, self._expired)
-
-    def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _expired(self) -> None:
-        """The handshake, the request or the idle time is over: the connection ends, and its decision with it."""
-        self.timer = None
-        if self.abandoned is not None:
-            self.abandoned.set()
-        if self.decision is not None:
-            self.decision.cancel()
-            self.decision = None
-        self.abort()
-
-    def _release(self) -> None:
-        if self.held:
-            self.server.release(self.held)
-            self.held = 0
-
 
 class WebhookServer:
     """The webhook's HTTPS server: bound (and listening) when made, serving from serve() until shutdown()."""
 
     def __init__(self, address: tuple[str, int], respond: Respond, *, workers: int = 2, isolated: bool = False,
-                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> None:
+                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+                 limits: ConnectionLimits = _LIMITS, clock: Callable[[], float] = time.monotonic) -> None:
         """`isolated`: the reviews that take real work are decided in a process of their own (see
-        ipmasq.webhook.worker), which `respond` must then be picklable for (review.respond, or a partial of it)."""
+        ipmasq.webhook.worker), which `respond` must then be picklable for (review.respond, or a partial of it).
+        `limits` and `clock`: the connections' budget and deadlines, and the clock they are kept by (a test's may
+        stand still)."""
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         try:
             self._listener = socket.create_server(address, family=family, backlog=BACKLOG)
@@ -508,14 +518,16 @@ class WebhookServer:
         self._decisions = asyncio.Semaphore(workers)
         self._small_decisions = asyncio.Semaphore(workers)
         self._large = asyncio.Lock()
-        self._held_bytes = 0  # request bodies held now (changed on the event loop only)
-        self._connections: dict[_Connection, None] = {}  # open ones, oldest first
+        self.clock = clock
+        # what every connection's socket is read into (asyncio's own reads allocate 256 KiB each time, and the
+        # heap kept the pieces: a held connection cost a third more)
+        self.read_buffer = memoryview(bytearray(READ_BYTES))
+        # which connections are held, and until when (changed on the event loop only)
+        self.table: ConnectionTable[_Connection] = ConnectionTable(limits)
+        self.refused = 0  # connections refused at their accept (their source held its share)
+        self._open: dict[_Connection, None] = {}  # with a transport, for a shutdown
         self._accepting = True
         self._connecting: set[asyncio.Task[None]] = set()  # accepted, their transport being made
-        # the same, by how far they got (_Connection.progress), each in the order it got there: who makes room
-        # is found in the first few of the lowest level, not by a look at all MAX_CONNECTIONS (that look, at every
-        # accept past the limit, was a third of the event loop's time under a flood of new connections)
-        self._levels: tuple[dict[_Connection, None], ...] = ({}, {}, {}, {})
 
     # ---- the certificate ------------------------------------------------------------------------------------
 
@@ -557,27 +569,30 @@ class WebhookServer:
         loop.set_exception_handler(self._loop_error)
         self._listener.setblocking(False)
         loop.add_reader(self._listener.fileno(), self._accept)
+        loop.call_later(TICK_SECONDS, self._tick)
         self.accepting.set()
         try:
             await self._stop.wait()
         finally:
-            self._accepting = False
+            self._accepting = False  # and no more ticks
             loop.remove_reader(self._listener.fileno())  # no new connections
-            for connection in list(self._connections):
+            for connection in list(self._open):
                 connection.stop()
             deadline = loop.time() + GRACE_SECONDS
-            while self._connections and loop.time() < deadline:
+            while self._open and loop.time() < deadline:
                 await asyncio.sleep(0.05)  # the requests in flight finish (bounded by GRACE_SECONDS)
-            for connection in list(self._connections):
+            for connection in list(self._open):
                 connection.abort()
 
     def _accept(self) -> None:
         """The listener is ready: up to ACCEPT_BATCH new connections, each made a transport and a _Connection by
-        asyncio (connect_accepted_socket), the connections already open served between batches."""
+        asyncio (connect_accepted_socket), the connections already open served between batches; and up to
+        REFUSED_BATCH refused (the table's say: their source holds its share), closed at once."""
         loop = asyncio.get_running_loop()
-        for _ in range(ACCEPT_BATCH):
+        admitted = refused = 0
+        while admitted < ACCEPT_BATCH and refused < REFUSED_BATCH:
             try:
-                sock, _peer = self._listener.accept()
+                sock, peer = self._listener.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as exc:  # EMFILE, ENFILE, ENOBUFS, ENOMEM: pause, or this callback spins
@@ -585,7 +600,17 @@ class WebhookServer:
                 loop.remove_reader(self._listener.fileno())
                 loop.call_later(_ACCEPT_RETRY_SECONDS, self._resume_accepting)
                 return
-            task = loop.create_task(self._connect(sock))
+            held, closed = self.table.admit(source_address(peer), self.clock())
+            self._end(closed)
+            if held is None:
+                refused += 1
+                self.refused += 1
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+                sock.close()
+                continue
+            admitted += 1
+            task = loop.create_task(self._connect(sock, held))
             self._connecting.add(task)  # asyncio keeps only a weak reference to a task
             task.add_done_callback(self._connecting.discard)
 
@@ -593,11 +618,24 @@ class WebhookServer:
         if self._accepting:
             asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept)
 
-    async def _connect(self, sock: socket.socket) -> None:
+    async def _connect(self, sock: socket.socket, held: Held[_Connection]) -> None:
         try:
-            await asyncio.get_running_loop().connect_accepted_socket(lambda: _Connection(self), sock)
+            await asyncio.get_running_loop().connect_accepted_socket(lambda: _Connection(self, held), sock)
         except OSError:  # the peer already gone (its reset before the transport was made)
             sock.close()
+            self.table.forget(held)
+
+    def _tick(self) -> None:
+        """The connections whose deadline came are closed; again in TICK_SECONDS."""
+        self._end(self.table.expired(self.clock()))
+        if self._accepting:
+            asyncio.get_running_loop().call_later(TICK_SECONDS, self._tick)
+
+    @staticmethod
+    def _end(held: list[Held[_Connection]]) -> None:
+        for entry in held:
+            if entry.owner is not None:
+                entry.owner.expire()
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """What asyncio would log with a traceback (a callback that raised): one line. The connection concerned is
@@ -630,41 +668,25 @@ class WebhookServer:
 
     # ---- what the connections share (on the event loop) ---------------------------------------------------
 
-    def admit(self, connection: _Connection) -> None:
-        """Count a connection from its accept; past MAX_CONNECTIONS close one that may be closed: the one that has
-        got least far, the first to get there of those. A flood of new connections that say nothing (1,400 a
-        second) then closes its own, not an ordinary client's in its handshake, nor the API server's kept between
-        reviews: evicted by age alone, those failed 10-50% of ordinary reviews."""
-        self._connections[connection] = None
-        connection.level = 0
-        self._levels[0][connection] = None
-        if len(self._connections) <= MAX_CONNECTIONS:
-            return
-        victim = next((c for level in self._levels for c in level if c is not connection and c.waiting()), None)
-        if victim is not None:
-            self.forget(victim)
-            victim.evict()
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None
+        return self._loop
 
-    def advanced(self, connection: _Connection) -> None:
-        """`connection` got further (its first byte, its handshake done, its first answer)."""
-        if connection not in self._connections:
-            return  # already closed, or made room for another
-        self._levels[connection.level].pop(connection, None)
-        connection.level = connection.progress()
-        self._levels[connection.level][connection] = None
+    def opened(self, connection: _Connection) -> None:
+        self._open[connection] = None
 
-    def forget(self, connection: _Connection) -> None:
-        self._connections.pop(connection, None)
-        self._levels[connection.level].pop(connection, None)
+    def closed(self, connection: _Connection) -> None:
+        self._open.pop(connection, None)
+        self.table.forget(connection.held)
+        # a stale deadline keeps the table's entry until its time (30 s at most): not the connection's TLS state
+        connection.held.owner = None
 
-    def hold(self, size: int) -> bool:
-        if self._held_bytes + size > BODY_BUDGET_BYTES:
-            return False
-        self._held_bytes += size
-        return True
-
-    def release(self, size: int) -> None:
-        self._held_bytes -= size
+    def hold(self, connection: _Connection, size: int) -> bool:
+        """Whether `size` more bytes of `connection`'s body fit the bodies' budget (room made at the source holding
+        most, see ipmasq.webhook.connections)."""
+        fits, closed = self.table.hold(connection.held, size)
+        self._end(closed)
+        return fits
 
     async def decide(self, body: bytearray, started: float, abandoned: threading.Event) -> _Answer | None:
         """The answer to a review's body, from a decision thread once a slot is free, or from the decision process
@@ -741,6 +763,22 @@ def decision(respond: Respond, body: bytearray, started: float, abandoned: Aband
             logged = f"{'admitted' if verdict.allowed else 'denied'} a review (its log line failed: " \
                      f"{one_line(repr(exc))[:120]})"
     return 200, payload, "application/json", logged
+
+
+def source_address(peer: Any) -> str:
+    """Whom a connection counts against: its peer's IPv4 address (also when a dual-stack listener gives it mapped
+    into IPv6), or its IPv6 address's /64: one host holds a whole /64 (SLAAC, a node's pod range), and counting its
+    addresses one by one would give it as many shares as it cares to use."""
+    address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+    try:
+        parsed = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:
+        return address
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
+        return str(parsed.ipv4_mapped)
+    if isinstance(parsed, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((int(parsed) >> 64 << 64, 64)))
+    return str(parsed)
 
 
 def _path(target: bytes) -> bytes:

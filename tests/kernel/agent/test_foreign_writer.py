@@ -12,8 +12,9 @@ from pathlib import Path
 
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import Network, stop_process
+from tests.eventually import eventually
 from tests.kernel.agent.test_metrics import ADDRESS, health, scrape
-from tests.kernel.agent_harness import AWS_DB, NODE, POD, agent, ours, wait_until, world
+from tests.kernel.agent_harness import AWS_DB, NODE, POD, agent, more_passes, ours, world
 
 RESYNC = 0.2  # seconds: the agent's passes, so that the whole scene takes seconds
 GKE = ("--masq-chain=IP-MASQ", "--nomasq-all-reserved-ranges", "--random-fully=false", "--backend=iptables",
@@ -37,12 +38,12 @@ def test_the_agent_stops_fighting_a_foreign_writer_and_resumes_when_it_is_gone(n
     rules.write_text(STAND_IN_RULES)
     with world(net) as w, agent(w.node, tmp_path / "agent.log", f"--config={config_dir}/ip-masq-agent",
                                 *GKE) as running:
-        assert wait_until(lambda: "-A IP-MASQ -d 10.0.0.0/8" in w.nat(), 30), running.log
+        eventually(lambda: "-A IP-MASQ -d 10.0.0.0/8" in w.nat(), lambda: f"the config written\n{running.log}")
         good = ours(w.nat(), "IP-MASQ")
         assert w.seen(AWS_DB) == NODE
         stand_in = w.node.popen(["sh", "-c", STAND_IN.format(rules=rules)])
         try:
-            assert wait_until(lambda: running.lines("ForeignWriter"), 30), running.log
+            eventually(lambda: running.lines("ForeignWriter"), lambda: f"the other writer detected\n{running.log}")
             detected, since = len(running.lines("applied IPv4")), time.monotonic()
             assert "IP-MASQ" in running.lines("ForeignWriter")[0]
             ready = health(w.node)
@@ -57,7 +58,7 @@ def test_the_agent_stops_fighting_a_foreign_writer_and_resumes_when_it_is_gone(n
             # no flapping: over many passes only the trial repairs after each quiet spell, which doubles: the k-th
             # comes FIRST_QUIET * (2**k - 1) after the detection at the earliest (one more for the detection seen
             # late); fighting would be a repair every pass
-            assert not wait_until(lambda: False, 4.0)
+            more_passes(w.node, round(4.0 / RESYNC), address=ADDRESS)
             repairs = len(running.lines("applied IPv4")) - detected
             elapsed = time.monotonic() - since
             assert repairs <= math.ceil(math.log2(elapsed / FIRST_QUIET + 1)) + 1, running.log
@@ -66,11 +67,11 @@ def test_the_agent_stops_fighting_a_foreign_writer_and_resumes_when_it_is_gone(n
         finally:
             stop_process(stand_in)
         # the stand-in is gone: the agent repairs once its quiet spell ends, and stays in sync
-        assert wait_until(lambda: ours(w.nat(), "IP-MASQ") == good and health(w.node).returncode == 0, 30), \
-            running.log
+        eventually(lambda: ours(w.nat(), "IP-MASQ") == good and health(w.node).returncode == 0,
+                   lambda: f"repaired and ready once the other writer is gone\n{running.log}")
         assert running.lines("other writer of our rules is gone")
         assert w.seen(AWS_DB) == NODE
         assert "ipmasq_foreign_writer{chain=IP-MASQ}" not in scrape(w.node)
         settled = len(running.lines("applied IPv4"))
-        assert not wait_until(lambda: False, 10 * RESYNC)
+        more_passes(w.node, 10, address=ADDRESS)
         assert len(running.lines("applied IPv4")) == settled

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from ipmasq.lab.netns import Namespace, Network
-from tests.kernel.agent_harness import AWS_DB, NODE, ONPREM, POD, agent, wait_until, world
+from tests.eventually import eventually
+from tests.kernel.agent_harness import AWS_DB, NODE, ONPREM, POD, agent, world
 from tests.kernel.flavors import FLAVORS, Flavor
 
 # 10.0.0.0/8 holds the on-prem peer, so its probes show the pod address; the two good configs differ on the AWS
@@ -31,7 +32,6 @@ GOOD = ("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 200ms\n",
         "nonMasqueradeCIDRs: [10.0.0.0/8, 172.30.0.0/16]\nresyncInterval: 200ms\n")
 AWS_SEES = (NODE, POD)  # what the AWS peer sees under each good config
 PEAK_LIMIT_KIB = 64 * 1024  # the agent's VmHWM; it idles near 20 MiB
-WAIT = 20.0  # seconds for any condition: generous, the machine is shared
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
 
@@ -141,7 +141,7 @@ def test_hostile_config_files_keep_the_last_good_rules_and_the_agent_alive(net: 
     with world(net) as w, agent(w.node, tmp_path / "agent.log", f"--config={path}", flavor.flag) as running:
         pid = running.proc.pid
         assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[2:4] == [b"ipmasq", b"agent"]
-        assert wait_until(lambda: health(w.node)[0], WAIT), running.log
+        eventually(lambda: health(w.node)[0], lambda: f"ready\n{running.log}")
         enforced = 0
         good = flavor.ours(w.node)
         assert w.seen(ONPREM) == POD and w.seen(AWS_DB) == AWS_SEES[enforced]
@@ -153,7 +153,7 @@ def test_hostile_config_files_keep_the_last_good_rules_and_the_agent_alive(net: 
                 ok, why = health(w.node)
                 return not ok and why.startswith("not ready: config error: ") and reason in why
 
-            assert wait_until(refused, WAIT), f"{case.name}: {health(w.node)[1]}\n{running.log}"
+            eventually(refused, lambda name=case.name: f"{name} refused: {health(w.node)[1]}\n{running.log}")
             assert running.proc.poll() is None, f"{case.name}: the agent exited\n{running.log}"
             assert health(w.node, "--live")[0], case.name  # a bad config is no reason to restart the agent
 
@@ -166,7 +166,7 @@ def test_hostile_config_files_keep_the_last_good_rules_and_the_agent_alive(net: 
             def repaired(before: int = applied, want: list[str] = good) -> bool:
                 return len(running.lines("applied IPv4")) > before and flavor.ours(w.node) == want
 
-            assert wait_until(repaired, WAIT), f"{case.name}: drift not repaired\n{running.log}"
+            eventually(repaired, lambda name=case.name: f"{name}: the drift repaired\n{running.log}")
             assert refused(), f"{case.name}: the repair made it ready"
             assert w.seen(ONPREM) == POD, case.name
             assert w.seen(AWS_DB) == AWS_SEES[enforced], case.name
@@ -177,7 +177,9 @@ def test_hostile_config_files_keep_the_last_good_rules_and_the_agent_alive(net: 
             # the next good config, a change: applied, and ready again
             enforced = 1 - enforced
             replace(path, _text(GOOD[enforced].encode()))
-            assert wait_until(lambda: health(w.node)[0], WAIT), f"{case.name}: {health(w.node)[1]}\n{running.log}"
+            eventually(lambda: health(w.node)[0],
+                       lambda name=case.name: f"{name}: ready with the next good config: {health(w.node)[1]}\n"
+                                              f"{running.log}")
             assert w.seen(AWS_DB) == AWS_SEES[enforced], case.name
             assert w.seen(ONPREM) == POD, case.name
             good = flavor.ours(w.node)

@@ -14,7 +14,11 @@ from pathlib import Path
 
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import Namespace, Network, stop_process
-from tests.kernel.agent_harness import AWS_DB, NODE, ONPREM, POD, PORT, AgentProcess, agent, wait_until, world
+from ipmasq.netfilter.iptables import render_restore
+from ipmasq.policy.prefix import Family
+from tests.configs import policy_of
+from tests.eventually import eventually
+from tests.kernel.agent_harness import AWS_DB, NODE, ONPREM, POD, PORT, AgentProcess, agent, more_passes, world
 from tests.kernel.flavors import nft_table
 
 GOOGLE_DNS = "8.8.8.8"  # a public destination on the peer: masqueraded by default, kept by the fixed config
@@ -28,8 +32,9 @@ def ours_in(node: Namespace, tool: str) -> list[str]:
 
 
 def plant(node: Namespace, config: Path, variant: str = "legacy") -> None:
-    """What an agent of one variant left: render's rules, restored into iptables-VARIANT."""
-    rules = node.run([sys.executable, "-m", "ipmasq", "render", "--backend", "iptables", f"--config={config}"]).stdout
+    """What an agent of one variant left: its transaction (render's rules and the chain's ownership marker),
+    restored into iptables-VARIANT."""
+    rules = render_restore(policy_of(config.read_text()), Family.V4, with_marker=True)
     node.run([f"iptables-{variant}-restore", "--noflush"], stdin=rules)
 
 
@@ -52,15 +57,17 @@ def test_a_node_moved_to_the_nft_variant_loses_the_legacy_chain(net: Network, tm
         assert check.returncode == 1 and "other-variant-rules" in check.stdout, check.stdout
         with agent(w.node, tmp_path / "agent.log", f"--config={new}", "--backend=iptables",
                    "--iptables-variant=nft") as running:
-            assert wait_until(lambda: not ours_in(w.node, "iptables-legacy-save"), 30), running.log
+            eventually(lambda: not ours_in(w.node, "iptables-legacy-save"),
+                       lambda: f"the legacy chain removed\n{running.log}")
             assert any("8.8.8.0/24" in line for line in ours_in(w.node, "iptables-nft-save"))
             assert w.seen(GOOGLE_DNS) == POD and w.seen(AWS_DB) == NODE and w.seen(ONPREM) == POD
-            assert wait_until(lambda: health(w.node)[0] == 0, 30), health(w.node)
+            eventually(lambda: health(w.node)[0] == 0, lambda: f"ready\n{health(w.node)}")
             check = w.node.run([sys.executable, "-m", "ipmasq", "check", f"--config={new}"], check=False)
             assert "other-variant-rules" not in check.stdout, check.stdout
             # an old agent of the legacy variant writes its chain again: the next pass removes it again
             plant(w.node, old)
-            assert wait_until(lambda: not ours_in(w.node, "iptables-legacy-save"), 30), running.log
+            eventually(lambda: not ours_in(w.node, "iptables-legacy-save"),
+                       lambda: f"the planted legacy chain removed again\n{running.log}")
             assert w.seen(GOOGLE_DNS) == POD
             assert len(running.lines("removed the objects of iptables (legacy)")) == 2
             assert not running.lines("ERROR")
@@ -150,14 +157,15 @@ def test_two_agents_overlapping_never_fight_and_the_second_takes_over(net: Netwo
     with world(net) as w:
         w.peer.run(["ip", "addr", "add", f"{GOOGLE_DNS}/32", "dev", "lo"])
         with agent(w.node, tmp_path / "old.log", path, "--backend=nftables") as old:
-            assert wait_until(lambda: old.lines("applied IPv4"), 30), old.log
+            eventually(lambda: old.lines("applied IPv4"), lambda: f"the old agent's first write\n{old.log}")
             log = (tmp_path / "new.log").open("w")
             proc = w.node.popen([sys.executable, "-m", "ipmasq", "agent", path, "--backend=iptables",
                                  "--metrics-address=127.0.0.1:9848"], stdout=log, stderr=subprocess.STDOUT)
             new = AgentProcess(proc, tmp_path / "new.log")
             try:
-                assert wait_until(lambda: new.lines("waiting for the node lock"), 30), new.log
-                assert wait_until(lambda: health(w.node, "127.0.0.1:9848")[0] == 1, 30)
+                eventually(lambda: new.lines("waiting for the node lock"),
+                           lambda: f"the new agent waiting for the node lock\n{new.log}")
+                eventually(lambda: health(w.node, "127.0.0.1:9848")[0] == 1, "the new agent not ready")
                 _, why = health(w.node, "127.0.0.1:9848")
                 assert "waiting for the node lock held by pid" in why, why
                 live = w.node.run([sys.executable, "-m", "ipmasq", "health", "--live", "--address=127.0.0.1:9848"],
@@ -165,23 +173,25 @@ def test_two_agents_overlapping_never_fight_and_the_second_takes_over(net: Netwo
                 assert live.returncode == 0, live.stdout
                 # a config change while both run: only the holder writes it
                 publish(str(config_dir), NEW)
-                assert wait_until(lambda: len(old.lines("applied IPv4")) == 2, 30), old.log
+                eventually(lambda: len(old.lines("applied IPv4")) == 2,
+                           lambda: f"the change written by the old agent\n{old.log}")
                 assert w.seen(GOOGLE_DNS) == POD
                 assert not ours_in(w.node, "iptables-save") and not new.lines("applied")
                 handles = nft_table(w.node, handles=True)
-                wait_until(lambda: False, 0.3)  # a few of the old agent's resyncs: nobody rewrites anything
+                more_passes(w.node, 3)  # three of the old agent's resyncs: nobody rewrites anything
                 assert nft_table(w.node, handles=True) == handles
                 old.stop()  # the rolling update ends the old pod: its table stays (SIGTERM keeps rules) ...
                 # ... until the new agent, which takes the lock at once, removes it: its log says it found it there
-                assert wait_until(lambda: new.lines("removed the objects of nftables"), 30), new.log
+                eventually(lambda: new.lines("removed the objects of nftables"),
+                           lambda: f"the new agent removing the old agent's table\n{new.log}")
                 assert not nft_table(w.node) and ours_in(w.node, "iptables-save")
                 assert w.seen(GOOGLE_DNS) == POD and w.seen(AWS_DB) == NODE
-                assert wait_until(lambda: health(w.node, "127.0.0.1:9848")[0] == 0, 30)
+                eventually(lambda: health(w.node, "127.0.0.1:9848")[0] == 0, "the new agent ready")
                 # the new agent owns the node now: a later change is its to write
                 publish(str(config_dir), OLD)
                 # the kernel changes before the agent logs it: wait for both
-                assert wait_until(lambda: w.seen(GOOGLE_DNS) == NODE and len(new.lines("applied IPv4")) == 2,
-                                  3), new.log
+                eventually(lambda: w.seen(GOOGLE_DNS) == NODE and len(new.lines("applied IPv4")) == 2,
+                           lambda: f"the new agent's write, in the kernel and its log\n{new.log}")
                 took, applied = new.lines("took the node lock"), new.lines("applied IPv4")
                 assert len(took) == 1 and len(applied) == 2
                 assert new.log.index(took[0]) < new.log.index(applied[0])  # nothing written before the lock

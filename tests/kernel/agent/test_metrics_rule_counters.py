@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from ipmasq.lab.netns import Network
+from tests.eventually import eventually
 from tests.kernel.agent.test_metrics import scrape
-from tests.kernel.agent_harness import AWS_DB, NODE, ONPREM, POD, agent, wait_until, world
+from tests.kernel.agent_harness import AWS_DB, NODE, ONPREM, POD, agent, world
 from tests.kernel.flavors import FLAVORS, Flavor
 
 CONFIG = f"""\
@@ -36,13 +37,14 @@ def test_traffic_through_a_rule_raises_its_counter(net: Network, tmp_path: Path,
     config.write_text(CONFIG)
     with world(net) as w, agent(w.node, tmp_path / "agent.log", f"--config={config}", flavor.flag,
                                 f"--lock-file={tmp_path / 'agent.lock'}") as running:
-        assert wait_until(lambda: PACKETS in scrape(w.node), 30), running.log
+        eventually(lambda: PACKETS in scrape(w.node), lambda: f"the rule's packet counter served\n{running.log}")
         assert scrape(w.node)[PACKETS] == 0 and scrape(w.node)[IDLE] == 0
         # three connections to one of the rule's destinations, two to the other: one kernel rule each (iptables)
         for destination in (AWS_DB, AWS_DB, AWS_DB, ONPREM, ONPREM):
             assert w.seen(destination) == NODE, running.log  # the rule masqueraded it (10/8 alone would not)
         # read by the next pass (resync every 1s), never by the scrape itself
-        assert wait_until(lambda: scrape(w.node)[PACKETS] == 5, 30), (scrape(w.node), running.log)
+        eventually(lambda: scrape(w.node)[PACKETS] == 5,
+                   lambda: f"five packets counted\n{(scrape(w.node), running.log)}")
         samples = scrape(w.node)
         assert samples[BYTES] >= 5 * 40  # each first packet (a SYN) is at least 40 bytes
         assert samples[IDLE] == 0

@@ -16,8 +16,9 @@ from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import Network
 from ipmasq.testing.writers import aws_snat_rules, ip_masq_agent_rules
 from tests.conftest import ROOT
+from tests.eventually import eventually
 from tests.kernel.agent.test_metrics import get, scrape
-from tests.kernel.agent_harness import AWS_DB, NODE, ONPREM, POD, World, agent, wait_until, world
+from tests.kernel.agent_harness import AWS_DB, NODE, ONPREM, POD, World, agent, world
 
 GKE_FLAGS = ("--masq-chain", "IP-MASQ", "--nomasq-all-reserved-ranges", "--random-fully=false")
 GKE_DEFAULT = (ROOT / "tests" / "dumps" / "gke-1.14-aws-vpn.save").read_text()  # what GKE's agent writes
@@ -49,11 +50,12 @@ def test_the_observer_reports_a_config_the_writers_rules_miss_and_writes_nothing
         publish(directory, "")
         with agent(w.node, tmp_path / "agent.log", "--observe", "gke", *GKE_FLAGS, "--config",
                    f"{directory}/ip-masq-agent", "--api", "off") as observer:
-            assert wait_until(lambda: _passes(w.node, "in-sync") >= 1, 20), observer.log
+            eventually(lambda: _passes(w.node, "in-sync") >= 1,
+                       lambda: f"an in-sync pass of the observer\n{observer.log}")
             assert get(w.node, "/readyz")[0] == 200
             # the ConfigMap changes, the writer's rules do not: out of sync, still ready, nothing written
             publish(directory, TEN)
-            assert wait_until(lambda: _passes(w.node, "out-of-sync") >= 1, 20), observer.log
+            eventually(lambda: _passes(w.node, "out-of-sync") >= 1, lambda: f"an out-of-sync pass\n{observer.log}")
             code, body = get(w.node, "/readyz")
             assert code == 200 and "observing" in body, body
             assert observer.lines("do not enforce the config") and "172.16.0.0/12" in observer.log
@@ -62,7 +64,7 @@ def test_the_observer_reports_a_config_the_writers_rules_miss_and_writes_nothing
             w.node.run(["iptables", "-t", "nat", "-F", "IP-MASQ"])
             w.node.run(["iptables-restore", "--noflush"], stdin=_rendered(Path(directory) / "ip-masq-agent"))
             in_sync = _passes(w.node, "in-sync")
-            assert wait_until(lambda: _passes(w.node, "in-sync") > in_sync + 1, 20), observer.log
+            eventually(lambda: _passes(w.node, "in-sync") > in_sync + 1, lambda: f"in sync again\n{observer.log}")
             assert observer.lines("enforce the config (policy")
             assert w.seen(AWS_DB) == NODE  # the writer's new rules masquerade it, as the config says
             assert "observe mode" in observer.log and not observer.lines("took the node lock")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ipmasq.lab.netns import Namespace, Network
+from tests.eventually import eventually
 from tests.kernel.agent_harness import (
     AWS_DB,
     NODE,
@@ -21,7 +22,6 @@ from tests.kernel.agent_harness import (
     POD6,
     PORT,
     agent,
-    wait_until,
     world,
 )
 from tests.kernel.flavors import FLAVORS, Flavor, nft_table, save
@@ -68,7 +68,7 @@ def test_enable_ipv6_from_the_config_installs_then_removes_ipv6(net: Network, tm
         w.node.run(FOREIGN6)
         with agent(w.node, tmp_path / "agent.log", f"--config={config}", flavor.flag,
                    f"--lock-file={tmp_path / 'agent.lock'}") as running:
-            assert wait_until(lambda: "rule far-v6" in flavor.dump(w.node, 6), 30), running.log
+            eventually(lambda: "rule far-v6" in flavor.dump(w.node, 6), lambda: f"the IPv6 rule written\n{running.log}")
             assert ipv6_objects(flavor, w.node), running.log
             # IPv6 from the config alone: the rule (ahead of the list, which preserves 2001:db8:ff::/48) and the
             # list's catch-all both masquerade
@@ -79,7 +79,8 @@ def test_enable_ipv6_from_the_config_installs_then_removes_ipv6(net: Network, tm
                 assert w.seen(destination) == expected, running.log
 
             config.write_text(OFF)  # a reload switches IPv6 off: our IPv6 objects go, nobody else's
-            assert wait_until(lambda: not ipv6_objects(flavor, w.node), 10), (running.log, flavor.dump(w.node, 30))
+            eventually(lambda: not ipv6_objects(flavor, w.node),
+                       lambda: f"our IPv6 objects removed\n{(running.log, flavor.dump(w.node, 6))}")
             assert "not-ours-v6" in save(w.node, 6)
             answer = explained(config, PEER6_FAR, POD6)
             assert answer["source_seen"] == POD6, answer

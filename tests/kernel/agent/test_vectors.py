@@ -1,4 +1,6 @@
-"""Every reference vector, applied by `ipmasq agent --once` to a real kernel, reads back as the reference left it."""
+"""Every reference vector, applied by `ipmasq agent --once` to a real kernel, reads back as the reference left it:
+the same chain, jump and rules byte for byte, and beside them one object the reference never writes, the chain's
+ownership marker (an empty chain no rule jumps to)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ipmasq.lab.netns import Network
+from ipmasq.netfilter.iptables import marker_chain
 from tests.conftest import PYTHON, VECTORS
 
 CASES = sorted((VECTORS / "cases").iterdir())
@@ -29,7 +32,14 @@ def run_once(net: Network, config: str, flags: tuple[str, ...]) -> tuple[int, st
     node = net.add("node")
     result = node.run([PYTHON, "-m", "ipmasq", "agent", "--once", "--backend=iptables", f"--config={config}",
                        *flags], check=False)
-    return result.returncode, result.stderr, saved(node.run(["iptables-save", "-t", "nat"]).stdout)
+    lines = saved(node.run(["iptables-save", "-t", "nat"]).stdout)
+    chain = next((flag.split("=", 1)[1] for flag in flags if flag.startswith("--masq-chain=")), "IP-MASQ-AGENT")
+    marker = marker_chain(chain)
+    if result.returncode == 0:
+        # written with the chain, in the same transaction: the marker and its one rule
+        assert lines.count(f":{marker} - [0:0]") == 1, lines
+        assert sum(line.startswith(f"-A {marker} ") for line in lines) == 1, lines
+    return result.returncode, result.stderr, [line for line in lines if marker not in line]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda p: p.name)

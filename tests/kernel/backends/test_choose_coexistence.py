@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ipmasq.lab.netns import Namespace, Network
-from tests.kernel.agent_harness import AWS_DB, NODE, ONPREM, POD, agent, wait_until, world
+from tests.eventually import eventually
+from tests.kernel.agent_harness import AWS_DB, NODE, ONPREM, POD, agent, more_passes, world
 from tests.kernel.flavors import FLAVORS, Flavor, nft_table, save
 
 KUBE_PROXY_NFT = (
@@ -57,8 +58,8 @@ def test_kube_proxy_objects_stay_byte_for_byte(net: Network, tmp_path: Path, bac
         before = kube_objects(w.node)
         assert "kube-proxy" in before[0] and len(before[1]) == 5
         with agent(w.node, tmp_path / "agent.log", f"--config={config}", f"--backend={backend}") as running:
-            assert wait_until(lambda: "applied IPv4" in running.log), running.log
-            wait_until(lambda: False, 0.6)  # a few resyncs
+            eventually(lambda: "applied IPv4" in running.log, lambda: f"the config written\n{running.log}")
+            more_passes(w.node, 3)  # a few resyncs
             assert kube_objects(w.node) == before
             assert w.seen(AWS_DB) == NODE  # masqueraded by us
             assert w.seen(ONPREM) == POD  # inside 10.0.0.0/8: kube-proxy's rules do not masquerade unmarked packets

@@ -93,3 +93,25 @@ def test_eks_profile_reads_aws_snat_chain_live(net: Network, tmp_path: Path) -> 
         path.write_text(path.read_text() + "        - {name: AWS_VPC_K8S_CNI_EXTERNALSNAT, value: 'true'}\n")
         code, errors, out = check(w, "--writer", "eks", "--manifest", str(path))
         assert code == 1 and "EXTERNALSNAT=true" in out, out
+
+
+def test_a_key_gke_ignores_is_said_with_what_the_peer_really_sees(net: Network, tmp_path: Path) -> None:
+    # masqueradeCIDRs is ipmasq's own: GKE's agent writes the chain of nonMasqueradeCIDRs alone, and the on-prem
+    # host inside 10/8 keeps seeing the pod's address; check says that (ignored-by-writer), not rules-differ
+    config = tmp_path / "cm.yaml"
+    config.write_text(configmap("ip-masq-agent", "config",
+                                "nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.2.1.0/24]\n"))
+    with world(net) as w:
+        w.node.run(["iptables-restore", "--noflush"], stdin=ip_masq_agent_rules("IP-MASQ", ("10.0.0.0/8",),
+                                                                                 random_fully=True))
+        code, errors, out = check(w, "--writer", "gke", "--config", str(config))
+        assert code == 1 and errors == {"ignored-by-writer"}, out
+        assert "10.2.1.0/24 stays un-masqueraded" in out and "next sync" not in out, out
+        assert w.seen(ONPREM) == POD and w.seen(AWS_DB) == NODE
+
+
+def test_a_machine_with_no_nat_rule_is_not_a_node(net: Network) -> None:
+    with world(net) as w:
+        out = w.node.run([sys.executable, "-m", "ipmasq", "check"], check=False)
+        assert out.returncode == 3 and out.stdout == "", out
+        assert out.stderr.count("\n") == 1 and "holds no nat rule at all" in out.stderr, out.stderr

@@ -40,6 +40,9 @@ def test_the_agent_on_nftables_beside_kube_proxys_iptables_mode(net: Network, tm
     config = tmp_path / "ip-masq-agent"
     config.write_text(CONFIG)
     node = net.add("node")
+    # a node has a way out: trace reads its routes, and a namespace without one would drop every packet
+    net.link(node, ["10.142.0.2/24"], net.add("uplink"), ["10.142.0.254/24"])
+    node.run(["ip", "route", "add", "default", "via", "10.142.0.254"])
     node.run(["iptables-nft-restore"], stdin=FIXTURE.read_text())
     node.run(["nft", "-f", "-"], stdin=render_script(policy))
     listed = node.run(["nft", "-j", "list", "table", "ip", "nat"]).stdout

@@ -6,7 +6,6 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -21,6 +20,7 @@ from ipmasq.kube.agentstatus import StatusWriter, status_from_json
 from ipmasq.kube.events import EventRecorder
 from ipmasq.policy.prefix import Family
 from ipmasq.testing.kube import FakeKubeClient
+from tests.eventually import eventually
 
 READY = ProbeVerdict(True, "ready: the kernel matches the current config")
 
@@ -96,15 +96,6 @@ def started_reporter(client: FakeKubeClient, teller: Narrator, stop: threading.E
     return reporter
 
 
-def wait_written(client: FakeKubeClient, condition: Callable[[], bool]) -> None:
-    """Until the reporter's thread has written what `condition` looks for in the fake (10 s at most)."""
-    deadline = time.monotonic() + 10
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(client.calls)
-        time.sleep(0.02)
-
-
 def test_the_reporter_writes_events_and_status_and_catches_up_after_the_api_returns() -> None:
     client = FakeKubeClient()
     client.refuse("/api/v1/namespaces/default/events", ApiUnreachable("connection refused"))
@@ -112,8 +103,8 @@ def test_the_reporter_writes_events_and_status_and_catches_up_after_the_api_retu
     teller = narrator()
     reporter = started_reporter(client, teller, stop)
     reporter.reconciled(applied(exists=False), 0.01)  # hands over and returns: the writing is the thread's
-    wait_written(client, lambda: paths.statuses("node-a") in client.objects
-                 and any("/events/" in p for p in client.objects))
+    eventually(lambda: paths.statuses("node-a") in client.objects and any("/events/" in p for p in client.objects),
+               lambda: f"the status and an Event written; calls: {client.calls}")
     stop.set()
     written = client.objects[paths.statuses("node-a")]
     assert written["metadata"]["ownerReferences"][0]["uid"] == "node-uid"
@@ -126,14 +117,16 @@ def test_a_config_change_costs_one_status_write_not_one_per_report() -> None:
     reporter = started_reporter(client, narrator(), stop)
     try:
         reporter.reconciled(applied(), 0.01)
-        wait_written(client, lambda: paths.statuses("node-a") in client.objects)
+        eventually(lambda: paths.statuses("node-a") in client.objects,
+                   lambda: f"the status written; calls: {client.calls}")
         client.calls.clear()
         # a new config: seen (not ready: not applied yet), then its pass (ready); the writer waits for the second
         changed = ConfigReport(changed=True, config_error=None, policy_hash="a" * 64, resync_interval=60.0,
                                readiness=ProbeVerdict(False, "not ready: the current config is not applied yet"))
         reporter.observed(changed)
         reporter.reconciled(applied("b" * 64), 0.01)
-        wait_written(client, lambda: client.objects[paths.statuses("node-a")]["policyHash"] == "b" * 64)
+        eventually(lambda: client.objects[paths.statuses("node-a")]["policyHash"] == "b" * 64,
+                   lambda: f"the new policy's hash written; calls: {client.calls}")
         assert client.calls == [("PATCH", paths.statuses("node-a"))]
     finally:
         stop.set()
@@ -174,7 +167,8 @@ def test_a_status_write_refused_by_priority_and_fairness_is_asked_again_at_the_s
     reporter = started_reporter(client, narrator(), stop)
     try:
         reporter.reconciled(applied(), 0.01)
-        wait_written(client, lambda: paths.statuses("node-a") in client.objects)
+        eventually(lambda: paths.statuses("node-a") in client.objects,
+                   lambda: f"the status written; calls: {client.calls}")
     finally:
         stop.set()
     gaps = [later - earlier for earlier, later in itertools.pairwise(asked)]
@@ -204,6 +198,22 @@ def test_an_observed_mismatch_is_in_the_status_and_one_node_event_escaped() -> N
         .occurrences == ()  # once per change
     back = teller.reconciled(applied(result=SyncResult.IN_SYNC))
     assert back.status is not None and back.status.enforces and back.status.mode == "observe"
+
+
+def test_a_key_the_writer_ignores_is_in_the_status_and_one_event_and_the_node_still_enforces() -> None:
+    teller = Narrator("node-a", pod=None, version="0.1.0", backend="iptables-nft", now=lambda: "t",
+                      mode="observe", writer="gke", chain="IP-MASQ")
+    line = "GKE's managed agent ignores masqueradeCIDRs: 10.11.0.0/24 stays un-masqueraded\x1b[2K"
+    note = teller.reconciled(replace(applied(result=SyncResult.IN_SYNC), ignored=line))
+    assert note.status is not None and note.status.enforces and note.status.mismatch is None
+    assert note.status.ignored == "GKE's managed agent ignores masqueradeCIDRs: 10.11.0.0/24 stays un-masqueraded" \
+        "\\x1b[2K"
+    assert status_from_json(note.status.as_json() | {"metadata": {"name": "node-a"}}).ignored == note.status.ignored
+    (said,) = note.occurrences
+    assert said.reason == "IgnoredByWriter" and said.type == "Warning" and "\x1b" not in said.message
+    assert teller.reconciled(replace(applied(result=SyncResult.IN_SYNC), ignored=line)).occurrences == ()
+    cleared = teller.reconciled(applied(result=SyncResult.IN_SYNC))
+    assert cleared.status is not None and cleared.status.ignored is None
 
 
 def test_another_writer_rewriting_our_rules_is_one_event_per_episode_escaped() -> None:

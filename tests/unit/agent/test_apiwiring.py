@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import pytest
 
 from ipmasq.agent import summary
 from ipmasq.agent.apiwiring import start_api
 from ipmasq.testing.kube import FakeKubeClient
+from tests.eventually import eventually
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/ip-masq-agent"
 
@@ -26,11 +26,9 @@ def test_following_reporting_and_standing_for_the_summary_lease(monkeypatch: pyt
                                      names=["ip-masq-agent"], key="config", summary_lease="ip-masq-agent",
                                      log=logging.getLogger("test"), poke=lambda: pokes.append(1), stop=stop)
     try:
-        deadline = time.monotonic() + 10
-        while api_config.digest() is None or client.objects[LEASE]["spec"].get("holderIdentity") != "node-a":
-            if time.monotonic() > deadline:
-                raise AssertionError(client.calls)
-            time.sleep(0.02)
+        eventually(lambda: api_config.digest() is not None
+                   and client.objects[LEASE]["spec"].get("holderIdentity") == "node-a",
+                   lambda: f"the ConfigMap followed and the summary Lease held; calls: {client.calls}")
         assert pokes and reporter.narrator.status.node == "node-a"
     finally:
         stop.set()

@@ -56,3 +56,37 @@ def test_an_address_in_use_names_the_flag(caplog: pytest.LogCaptureFixture) -> N
         third.stop()
     finally:
         first.stop()
+
+
+def test_per_rule_series_are_on_the_node_address_only_when_opted_in_and_always_on_loopback() -> None:
+    """The rule names (`rule="to-the-payroll-db"`) and their traffic: the config's to tell, not the pod network's."""
+    from ipmasq.agent.reconcile import Reconciler
+    from ipmasq.backends.iptables import IptablesBackend, Variant
+    from ipmasq.options import PolicyOptions
+    from ipmasq.testing import FakeIptables
+    from tests.configs import agent_config
+
+    status = AgentStatus(version="test", backend="iptables")
+    rec = Reconciler(IptablesBackend(FakeIptables(), chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(),
+                     log=logging.getLogger("test.health"), fingerprint=lambda: "unchanged")
+    rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\nrules:\n  - name: to-the-payroll-db\n"
+                             "    destinations: [172.30.0.0/16]\n    action: preserve\n"))
+    status.reconciled(rec.reconcile(), 0.001)
+
+    def served(server: StatusServer) -> str:
+        server.start()
+        try:
+            answer = exchange(server.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        finally:
+            server.stop()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK")
+        return body.decode()
+
+    scrape = served(StatusServer(status, "127.0.0.1:0", metrics_only=True, flag="--prometheus-address"))
+    assert "to-the-payroll-db" not in scrape and "ipmasq_rule_" not in scrape and "ipmasq_ready" in scrape
+    opted_in = served(StatusServer(status, "127.0.0.1:0", metrics_only=True, flag="--prometheus-address",
+                                   rule_series=True))
+    loopback = served(StatusServer(status, "127.0.0.1:0"))
+    for text in (opted_in, loopback):
+        assert 'ipmasq_rule_packets_total{family="ipv4",rule="to-the-payroll-db"}' in text

@@ -23,6 +23,7 @@ from ipmasq.policy.hash import policy_hash
 from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeIptables
 from tests.configs import agent_config
+from tests.eventually import eventually
 
 LOG = logging.getLogger("test.agent")
 FOREIGN = (
@@ -206,17 +207,6 @@ def test_variant_choice_follows_iptables_wrappers() -> None:
     assert choose_variant(legacy_dump=hint, nft_dump=many) is Variant.LEGACY
 
 
-def _wait_for(condition: object, timeout: float = 30.0) -> bool:
-    """True as soon as `condition()` holds; False after `timeout`, a hang guard, never a speed bound (a loaded CI
-    machine stretched 0.5 s waits here)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if callable(condition) and condition():
-            return True
-        time.sleep(0.005)
-    return False
-
-
 @pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "polling"])
 def test_loop_follows_kubelet_updates_and_stops_promptly(fake: FakeIptables, tmp_path: Path, inotify: bool,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
@@ -233,14 +223,14 @@ def test_loop_follows_kubelet_updates_and_stops_promptly(fake: FakeIptables, tmp
     thread = threading.Thread(target=agent.run, args=(wakeup,))
     thread.start()
     try:
-        assert _wait_for(lambda: len(ours(fake)) == 3 if "IP-MASQ-AGENT" in fake.table().chains else False)
+        eventually(lambda: "IP-MASQ-AGENT" in fake.table().chains and len(ours(fake)) == 3, "the config installed")
         publish(str(config_dir), "nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10]\nresyncInterval: 60s\n")
-        assert _wait_for(lambda: any("100.64.0.0/10" in r for r in ours(fake)))
+        eventually(lambda: any("100.64.0.0/10" in r for r in ours(fake)), "the update enforced")
         fake.table().chains["IP-MASQ-AGENT"] = []
         wakeup.request_resync()  # SIGHUP
-        assert _wait_for(lambda: len(ours(fake)) == 4)
+        eventually(lambda: len(ours(fake)) == 4, "the flushed chain repaired")
         publish(str(config_dir), None)  # the ConfigMap disappears: defaults
-        assert _wait_for(lambda: any("172.16.0.0/12" in r for r in ours(fake)))
+        eventually(lambda: any("172.16.0.0/12" in r for r in ours(fake)), "the defaults enforced")
     finally:
         wakeup.request_stop()
         thread.join(30)  # a condition wait, not a speed bound: the next resync is 60 s away, only the stop ends it
@@ -266,9 +256,9 @@ def test_loop_resyncs_on_timer_and_backs_off(fake: FakeIptables, tmp_path: Path)
     thread = threading.Thread(target=agent.run, args=(wakeup,))
     thread.start()
     try:
-        assert _wait_for(lambda: "IP-MASQ-AGENT" in fake.table().chains and rec.ready)
+        eventually(lambda: "IP-MASQ-AGENT" in fake.table().chains and rec.ready, "installed and ready")
         first = len(starts)
-        assert _wait_for(lambda: len(starts) >= first + 4)
+        eventually(lambda: len(starts) >= first + 4, "four more passes")
         idle = starts[first:first + 4]
         reads = [later[1] - earlier[1] for earlier, later in itertools.pairwise(idle)]
         # an idle resync only reads: each family's nat table once (IPv6 too, for objects of ours left there)
@@ -279,9 +269,10 @@ def test_loop_resyncs_on_timer_and_backs_off(fake: FakeIptables, tmp_path: Path)
         assert min(gaps) >= 0.09  # the 100ms timer paces them: load can only stretch a gap, never shorten it
         fake.lock_busy = True
         del fake.table().chains["POSTROUTING"][-1]
-        assert _wait_for(lambda: not rec.ready)
+        eventually(lambda: not rec.ready, "not ready while the lock is busy")
         fake.lock_busy = False
-        assert _wait_for(lambda: rec.ready and any("IP-MASQ" in r for r in fake.table().rules("POSTROUTING")))
+        eventually(lambda: rec.ready and any("IP-MASQ" in r for r in fake.table().rules("POSTROUTING")),
+                   "the jump back and ready")
     finally:
         wakeup.request_stop()
         thread.join(5)
@@ -313,10 +304,11 @@ def test_each_pass_hands_out_its_facts_as_one_value(fake: FakeIptables) -> None:
     assert seen.readiness == ProbeVerdict(False, "not ready: the current config is not applied yet")
     assert rec.policy is not None and seen.policy_hash == policy_hash(rec.policy)
     installed = rec.reconcile()
-    # the chain, its jump, link-local RETURN, 10/8 RETURN, MASQUERADE; counted as rules: all but the chain
+    # the chain, its jump, link-local RETURN, 10/8 RETURN, MASQUERADE, the chain's ownership marker and its record;
+    # counted as rules: all but the two chains and the marker's record
     assert installed == dataclasses.replace(
         installed, result=SyncResult.APPLIED, config_error=None, backend_error=None, drift_repair=False,
-        writes=(FamilyWrite(Family.V4, added=5, removed=0, installed=True),), removed_leftovers=(),
+        writes=(FamilyWrite(Family.V4, added=7, removed=0, installed=True),), removed_leftovers=(),
         policy_hash=seen.policy_hash, objects=(ObjectCount(Family.V4, rules=4, set_elements=0),),
         resync_interval=20.0, readiness=ProbeVerdict(True, "ready: the kernel matches the current config"))
     assert rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 20s\n")).changed is False

@@ -10,8 +10,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from ipmasq.agent.loop import Agent, LoopSettings, Wakeup, wait_for_node_lock
 from ipmasq.agent.metrics import READINESS_GRACE_SECONDS, AgentStatus
 from ipmasq.agent.nodelock import NodeLock, default_lock_path
 from ipmasq.agent.reconcile import Reconciler
+from ipmasq.backends.base import Adopt
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.diagnose.leftovers import OTHER_VARIANT_RULES, leftover_findings, read_leftovers
 from ipmasq.errors import IpmasqError
@@ -32,18 +31,10 @@ from ipmasq.testing import FakeIptables
 from tests.clock import Clock
 from tests.configs import agent_config
 from tests.conftest import PYTHON
+from tests.eventually import eventually
 from tests.unit.backends.test_choose_switch import Node, iptables_pass
 
 LOG = logging.getLogger("test.agent.transitions")
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return bool(condition())
 
 
 def test_readiness_goes_stale_when_no_pass_completes() -> None:
@@ -77,10 +68,10 @@ class Flaky:
     def name(self) -> str:
         return self.inner.name
 
-    def read(self, family: Family) -> object:
+    def read(self, family: Family, *, adopt: Adopt = Adopt.CONFIGURED) -> object:
         if not self.healed.is_set():
             raise KeyError("a field no parser expected")
-        return self.inner.read(family)
+        return self.inner.read(family, adopt=adopt)
 
     def desired(self, policy: Policy, family: Family) -> object:
         return self.inner.desired(policy, family)
@@ -88,8 +79,8 @@ class Flaky:
     def apply(self, policy: Policy, family: Family, current: object) -> None:
         self.inner.apply(policy, family, current)  # type: ignore[arg-type]
 
-    def remove_all(self) -> None:
-        self.inner.remove_all()
+    def remove_all(self, *, adopt: Adopt = Adopt.NONE) -> object:
+        return self.inner.remove_all(adopt=adopt)
 
 
 def test_an_unexpected_exception_never_ends_the_loop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -105,15 +96,15 @@ def test_an_unexpected_exception_never_ends_the_loop(tmp_path: Path, caplog: pyt
     with caplog.at_level(logging.INFO):
         thread.start()
         try:
-            assert wait_until(lambda: status.snapshot().loop_errors >= 4)  # retried with backoff, counted each time
+            eventually(lambda: status.snapshot().loop_errors >= 4, "four errors, retried with backoff, each counted")
             assert thread.is_alive() and status.liveness().ok
             ready = status.readiness()
             assert not ready.ok and ready.why == ("not ready: unexpected error in the agent loop: KeyError: 'a field "
                                                   "no parser expected'")
             assert not status.snapshot().ready
             flaky.healed.set()
-            assert wait_until(lambda: status.snapshot().syncs["applied"] == 1)
-            assert wait_until(lambda: status.readiness().ok)
+            eventually(lambda: status.snapshot().syncs["applied"] == 1, "one pass applied once healed")
+            eventually(lambda: status.readiness().ok, "ready once healed")
         finally:
             wakeup.request_stop()
             thread.join(5)
@@ -132,6 +123,9 @@ def test_a_second_agent_waits_for_the_node_lock_and_takes_over(tmp_path: Path,
     first = NodeLock(path)
     assert first.try_acquire() and first.held
     second = NodeLock(path)
+    polls: list[int | None] = []  # each time the waiting agent looked for the holder: once per poll
+    holder = second.holder
+    second.holder = lambda: polls.append(holder()) or polls[-1]  # type: ignore[method-assign]
     status = AgentStatus(version="9.9", backend="")
     wakeup = Wakeup()
     got: list[bool] = []
@@ -139,11 +133,11 @@ def test_a_second_agent_waits_for_the_node_lock_and_takes_over(tmp_path: Path,
         thread = threading.Thread(target=lambda: got.append(wait_for_node_lock(second, wakeup, log=LOG,
                                                                               observer=status, poll=0.01)))
         thread.start()
-        assert wait_until(lambda: "waiting" in status.readiness().why)
+        eventually(lambda: "waiting" in status.readiness().why, "not ready: waiting for the node lock")
         ready = status.readiness()
         assert not ready.ok and ready.why.startswith(f"not ready: waiting for the node lock held by pid {os.getpid()}")
         assert status.liveness().ok
-        time.sleep(0.1)  # many polls: logged once
+        eventually(lambda: len(polls) >= 10, "ten polls of the held lock")  # many polls: logged once
         first.close()  # the first agent exits
         thread.join(5)
     assert got == [True] and second.held
@@ -202,7 +196,7 @@ def test_a_metrics_port_in_use_is_retried_until_free(caplog: pytest.LogCaptureFi
         try:
             assert not server.serving
             held.close()  # the old agent exits
-            assert wait_until(lambda: server.serving, 5)
+            eventually(lambda: server.serving, "the freed port bound")
             answer = query(address, "/healthz")
             assert answer.ok and answer.why.startswith("alive")
         finally:

@@ -31,6 +31,7 @@ from ipmasq.testing import FakeIptables
 from tests.clock import Clock
 from tests.configs import agent_config
 from tests.conftest import PYTHON
+from tests.eventually import eventually
 
 LOG = logging.getLogger("test.agent.metrics")
 
@@ -178,9 +179,7 @@ def test_the_real_loop_feeds_the_observer(fake: FakeIptables, tmp_path: Path) ->
     thread = threading.Thread(target=agent.run, args=(wakeup,))
     thread.start()
     try:
-        deadline = time.monotonic() + 5
-        while status.snapshot().syncs["in-sync"] < 5 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(lambda: status.snapshot().syncs["in-sync"] >= 5, "five idle passes")
         snap = status.snapshot()
         assert snap.syncs["applied"] == 1 and snap.syncs["in-sync"] >= 5
         assert snap.config_reloads == 1 and status.readiness().ok and status.liveness().ok
@@ -250,6 +249,7 @@ def test_every_family_has_its_type_and_help(fake: FakeIptables) -> None:
         "ipmasq_enforced_config_info": "gauge", "ipmasq_resync_interval_seconds": "gauge",
         "ipmasq_foreign_masquerade_rules": "gauge",
         "ipmasq_rule_packets": "counter", "ipmasq_rule_bytes": "counter",
+        "ipmasq_node_trust_verified": "gauge", "ipmasq_summary_lease_lost_early": "counter",
         "ipmasq_build_info": "gauge",
         "process_virtual_memory_bytes": "gauge", "process_resident_memory_bytes": "gauge",
         "process_start_time_seconds": "gauge", "process_cpu_seconds": "counter", "process_open_fds": "gauge",

@@ -90,7 +90,7 @@ table ip nat {
 		counter masquerade
 	}
 }
-table ip kube-proxy {
+table ip cni-nat {
 	chain nat-postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
 		meta mark 0x4000 masquerade fully-random
@@ -105,7 +105,22 @@ def test_foreign_nat_rules_are_counted_ours_and_iptables_nft_tables_aside() -> N
     from ipmasq.netfilter.nft import count_foreign_nat as count_nft
 
     assert count_iptables(KUBENET_SAVE) == 2  # kubenet's MASQUERADE and the hand-written SNAT; not ours, not filter
-    assert count_nft(NFT_RULESET) == 2  # kube-proxy's masquerade and snat; not our table, not iptables-nft's nat
+    assert count_nft(NFT_RULESET) == 2  # a CNI's masquerade and snat; not our table, not iptables-nft's nat
+
+
+def test_kube_proxys_service_masquerade_is_not_foreign() -> None:
+    """Every kube-proxy node has it, and it takes only the Service traffic kube-proxy marked: counting it made
+    IpMasqAgentForeignMasquerade fire on every healthy node."""
+    from ipmasq.netfilter.iptables import count_foreign_nat as count_iptables
+    from ipmasq.netfilter.nft import count_foreign_nat as count_nft
+    from tests.conftest import ROOT
+
+    dumps = ROOT / "tests" / "dumps"
+    assert count_iptables((dumps / "kube-proxy-iptables-nat.save").read_text()) == 0
+    assert count_nft((dumps / "kube-proxy-nftables.nft").read_text()) == 0
+    # the same MASQUERADE in another chain is counted
+    assert count_iptables("*nat\n-A POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" "
+                          "-j MASQUERADE\nCOMMIT\n") == 1
 
 
 def test_foreign_masquerade_metric_follows_the_counter() -> None:

@@ -141,3 +141,31 @@ def test_the_live_read_runs_only_readers_and_finds_the_writers_chain_in_its_vari
     watcher.observe(config("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
     assert watcher.reconcile().result is SyncResult.OUT_OF_SYNC
     assert ran and all(argv[0].endswith("-save") or argv[:3] == ("nft", "-j", "list") for argv in ran), ran
+
+
+def test_a_key_gkes_agent_ignores_is_said_beside_never_a_mismatch() -> None:
+    from ipmasq.agent.observe import reference_reading
+    from ipmasq.writers import WRITERS
+
+    load, compare = reference_reading(WRITERS["gke"])
+    gke_writes = "\n".join(line for line in GKE_DEFAULT.splitlines() if "172.16.0.0/12" not in line) + "\n"
+    node = Node(gke_writes)
+    watcher = Observer(GKE, runner=None, log=LOG, writer="gke", fingerprint=lambda: node.generation,  # type: ignore[arg-type]
+                       read_rules=node.read, load=load, compare=compare)
+    # GKE's agent reads nonMasqueradeCIDRs and writes exactly that chain; masqueradeCIDRs is ipmasq's own
+    text = ("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16, 100.64.0.0/10, 192.0.0.0/24, 192.0.2.0/24, "
+            "192.88.99.0/24, 198.18.0.0/15, 198.51.100.0/24, 203.0.113.0/24, 240.0.0.0/4]\n"
+            "masqueradeCIDRs: [10.11.0.0/24]\n")
+    watcher.observe(config(text))
+    report = watcher.reconcile()
+    assert report.result is SyncResult.IN_SYNC and report.mismatch is None, report.mismatch
+    assert report.ignored == ("GKE's managed agent ignores masqueradeCIDRs (configmap/ip-masq-agent[config]:2): "
+                              "10.11.0.0/24 stays un-masqueraded; enforce with ipmasq to use it")
+    # without the key, nothing is said; a real difference stays a mismatch, the ignored key beside it
+    watcher.observe(config(text.replace("masqueradeCIDRs: [10.11.0.0/24]\n", "")))
+    assert watcher.reconcile().ignored is None
+    watcher.observe(config(text.replace("10.0.0.0/8, ", "")))
+    report = watcher.reconcile()
+    assert report.result is SyncResult.OUT_OF_SYNC and report.mismatch is not None
+    assert report.mismatch.startswith("rules-differ") and "ignores" not in report.mismatch
+    assert report.ignored is not None and "10.11.0.0/24" in report.ignored

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 from ipmasq.agent.reconcile import FOREIGN_RECOUNT_PASSES, Reconciler, SyncResult
@@ -154,16 +153,21 @@ def test_sigterm_while_parsing_a_large_config_exits_at_once(tmp_path: Path) -> N
         from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
         from ipmasq.agent.reconcile import Reconciler
         from ipmasq.backends.iptables import IptablesBackend, Variant
+        from ipmasq.config.source import config_from_bytes
         from ipmasq.options import PolicyOptions
 
         def no_kernel(argv, stdin=None):
             raise AssertionError("the backend was called")
 
+        def load(config_input, options):  # the agent's loader, saying when it begins
+            print("parsing", flush=True)
+            return config_from_bytes(config_input, options)
+
         logging.basicConfig(stream=sys.stderr, level=logging.INFO)
         wakeup = Wakeup()
         signal.signal(signal.SIGTERM, lambda *_: wakeup.request_stop())
         rec = Reconciler(IptablesBackend(no_kernel, chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(),
-                         log=logging.getLogger("agent"))
+                         log=logging.getLogger("agent"), load=load)
         agent = Agent(rec, LoopSettings(config_path={str(config)!r}, use_inotify=False), log=logging.getLogger("agent"))
         print("looping", flush=True)
         agent.run(wakeup)
@@ -174,7 +178,7 @@ def test_sigterm_while_parsing_a_large_config_exits_at_once(tmp_path: Path) -> N
                             env=env)
     assert proc.stdout is not None
     assert proc.stdout.readline() == "looping\n"
-    time.sleep(0.3)  # the parse of 100,000 CIDRs takes over a second: well inside it
+    assert proc.stdout.readline() == "parsing\n"  # the parse of 100,000 CIDRs has begun (it takes over a second)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)  # a condition wait, not a bound on speed
     assert "config loaded" not in err, "the signal came after the parse: the test proves nothing"

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,6 +20,7 @@ from ipmasq.agent import responder
 from ipmasq.agent.health import StatusServer, query
 from ipmasq.agent.metrics import AgentStatus
 from ipmasq.agent.responder import Request, Responder, Response, listen, parse_request_head
+from tests.eventually import eventually
 
 # Whether a client holds the loop is asked by order, not by speed (a loaded machine makes any probe slow): the
 # client's own deadline is set to HELD_SECONDS, and a probe must be answered long before it, while that client is
@@ -69,13 +71,14 @@ def read_until_closed(sock: socket.socket, limit: int = 1 << 24) -> bytes:
     return b"".join(chunks)
 
 
-def wait_until(condition: Callable[[], bool], failure: str, timeout: float = 30.0) -> None:
-    """A condition wait with a generous timeout (it bounds a hang, not a speed)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(failure)
-        time.sleep(0.01)
+def not_yet_accepted(port: int) -> int:
+    """How many connections to the listener on 127.0.0.1:`port` wait in its accept queue (a LISTEN socket's rx_queue
+    in /proc/net/tcp)."""
+    for line in Path("/proc/self/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == f"0100007F:{port:04X}" and fields[3] == "0A":
+            return int(fields[4].split(":")[1], 16)
+    raise AssertionError(f"no listener on 127.0.0.1:{port}")
 
 
 def serve(handle: Callable[[str], Response]) -> Iterator[Running]:
@@ -327,7 +330,7 @@ def test_silent_connections_are_closed_without_an_answer(running: Running, monke
     monkeypatch.setattr(responder, "REQUEST_SECONDS", 3.0)  # room to see it held, however busy the machine
     with running.connect() as sock:
         sock.settimeout(30)
-        wait_until(lambda: len(running.responder.connections) == 1, "the connection is not in the server's table")
+        eventually(lambda: len(running.responder.connections) == 1, "the connection in the server's table")
         assert read_until_closed(sock) == b""  # closed, nothing said: it never asked anything
         assert not running.responder.connections  # held until its time was up, then dropped from the table
 
@@ -364,8 +367,8 @@ def test_many_partial_heads_hold_at_most_max_connections_heads(running: Running,
         assert len(held) <= responder.MAX_CONNECTIONS
         assert max(held) <= responder.MAX_HEAD_BYTES + responder.RECV_BYTES
         # none cut off meanwhile: the last ones accepted have their bytes read soon after the probe's answer
-        wait_until(lambda: running.in_state("head", began=True) >= responder.MAX_CONNECTIONS - 2,
-                   f"{running.in_state('head', began=True)} heads held, of {responder.MAX_CONNECTIONS}")
+        eventually(lambda: running.in_state("head", began=True) >= responder.MAX_CONNECTIONS - 2,
+                   lambda: f"heads held: {running.in_state('head', began=True)}, of {responder.MAX_CONNECTIONS}")
     finally:
         for sock in socks:
             sock.close()
@@ -391,14 +394,14 @@ def test_a_client_that_never_reads_its_answer_is_dropped(running: Running, monke
             return False
 
         sock.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
-        wait_until(writing, "the answer's write never began")
+        eventually(writing, "the answer's write begun")
         for _ in range(3):
             running.probe()
             # a loop held by the stalled send answers only once RESPONSE_SECONDS has dropped it: here the write is
             # still under way after the probe's answer
             assert writing()
         # a condition wait (the client never reads, so only the server's RESPONSE_SECONDS can end the write)
-        wait_until(lambda: not writing(), "the stalled write was never dropped")
+        eventually(lambda: not writing(), "the stalled write dropped")
         received = read_until_closed(sock)
     assert len(received) < 32 << 20  # cut off: it never got the whole answer
 
@@ -417,7 +420,7 @@ def test_stop_returns_at_once_with_connections_open() -> None:
     server.start()
     socks = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(5)]
     try:
-        time.sleep(0.1)
+        eventually(lambda: not_yet_accepted(server.port) == 0, "the server holding all five connections")
         stopper = threading.Thread(target=server.stop)
         stopper.start()
         stopper.join(30)  # a condition wait: the clients keep their connections open and never send a thing

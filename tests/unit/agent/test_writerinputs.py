@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -34,6 +32,7 @@ from ipmasq.policy.prefix import Family
 from ipmasq.testing.kube import FakeKubeClient
 from ipmasq.testing.writers import aws_snat_rules, ip_masq_agent_rules
 from ipmasq.writers import WRITERS
+from tests.eventually import eventually
 
 LOG = logging.getLogger("test")
 USER, RECONCILED = "azure-ip-masq-agent-config", "azure-ip-masq-agent-config-reconciled"
@@ -47,14 +46,6 @@ def aws_node(*env: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": {"namespace": "kube-system", "uid": "ds-uid"},
             "spec": {"template": {"spec": {"containers": [
                 {"name": "aws-vpc-cni-init"}, {"name": "aws-node", "image": "x", "env": list(env)}]}}}}
-
-
-def wait(condition: Callable[[], object]) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 class Node:
@@ -147,7 +138,7 @@ def test_aks_s_two_configmaps_are_followed_whole_and_merged_as_aks_merges_them()
     assert watcher.reconcile().result is SyncResult.NO_POLICY
     inputs.start()
     try:
-        wait(lambda: inputs.pending() is None and pokes)
+        eventually(lambda: inputs.pending() is None and pokes, "every input listed, the loop poked")
         read, origin = inputs.choose(ConfigInput(()))
         assert origin.source == "api" and origin.exists and dict(origin.configmaps).keys() == {USER, RECONCILED}
         assert {q["fieldSelector"] for q in client.watch_queries} == {f"metadata.name={USER}",
@@ -227,7 +218,7 @@ def test_the_aws_node_daemonset_is_followed_by_name() -> None:
     inputs = WriterInputs(client, WRITERS["eks"], log=LOG, poke=lambda: None, stop=stop)
     inputs.start()
     try:
-        wait(lambda: inputs.pending() is None)
+        eventually(lambda: inputs.pending() is None, "every input listed")
     finally:
         stop.set()
         client.watch_events.put(None)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
+
+from tests.eventually import eventually
 
 
 def sleeper(marks: Path) -> str:
@@ -20,10 +21,10 @@ def sleeper(marks: Path) -> str:
 def cancel_once_asleep(marks: Path, cancel: threading.Event, timeout: float = 30.0) -> threading.Thread:
     """Set `cancel` once the sleeper has marked that it sleeps (a condition wait: `timeout` bounds a hang only)."""
     def watch() -> None:
-        deadline = time.monotonic() + timeout
-        while not marks.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        cancel.set()
+        try:
+            eventually(marks.exists, "the sleeper's first mark", timeout=timeout)
+        finally:
+            cancel.set()  # asleep, or never: a test that waits on the runner must not hang either way
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread

@@ -8,6 +8,7 @@ import pytest
 from ipmasq.backends.base import Result
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.errors import BackendError
+from ipmasq.netfilter.nft import MARKER_SET
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family
@@ -76,7 +77,7 @@ def test_policy_changes_and_disabling_ipv6_remove_the_ipv6_set(fake: FakeNft) ->
     assert reconcile(backend, policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n")) == 1
     assert reconcile(backend, policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n", V4)) == 1
     (table,) = fake.tables.values()
-    assert [s.name for s in table.sets] == ["nomasq_v4"]
+    assert [s.name for s in table.sets] == [MARKER_SET, "nomasq_v4"]
 
 
 def test_foreign_tables_are_left_alone(fake: FakeNft) -> None:

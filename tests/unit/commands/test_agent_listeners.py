@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
+import socket
 
 import pytest
 
 from ipmasq.agent.metrics import AgentStatus
-from ipmasq.commands.agent import _serve_status
+from ipmasq.commands.agent import _serve_endpoints, _serve_status
 from ipmasq.errors import IpmasqError, UsageError
 
 NOT_HERE = "192.0.2.1:9848"  # TEST-NET-1: never an address of this machine
@@ -40,3 +42,33 @@ def test_the_scrape_listener_serves_on_the_address_given() -> None:
                            metrics_only=True, flag="--prometheus-address")
     assert server is not None and server.serving and server.what == "/metrics"
     server.stop()
+
+
+def _args(**given: str) -> argparse.Namespace:
+    return argparse.Namespace(**{"metrics_address": "", "prometheus_address": "", "prometheus_rule_metrics": False,
+                                 **given})
+
+
+def test_both_listeners_serve_in_either_mode_from_one_place() -> None:
+    """Enforcing and observing agents start their endpoints through one helper: the status port and the scrape port."""
+    listeners = _serve_endpoints(AgentStatus(version="t", backend="b"),
+                                 _args(metrics_address="127.0.0.1:0", prometheus_address="127.0.0.1:0"),
+                                 logging.getLogger("test-agent"))
+    try:
+        assert [server.what for server in listeners] == ["/metrics, /healthz and /readyz", "/metrics"]
+        assert all(server.serving for server in listeners)
+    finally:
+        for server in listeners:
+            server.stop()
+
+
+def test_a_malformed_scrape_address_stops_the_status_listener_already_started() -> None:
+    with socket.socket() as probe:  # a port free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(UsageError):
+        _serve_endpoints(AgentStatus(version="t", backend="b"),
+                         _args(metrics_address=f"127.0.0.1:{port}", prometheus_address="no-port"),
+                         logging.getLogger("test-agent"))
+    with socket.socket() as client, pytest.raises(ConnectionRefusedError):  # the status port was closed again
+        client.connect(("127.0.0.1", port))

@@ -125,3 +125,13 @@ def test_node_name_comes_from_the_environment(capsys: pytest.CaptureFixture[str]
 def test_bad_packet_flags_are_usage_errors(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     assert main(["explain", "10.1.2.100", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_without_the_addresses_the_answer_is_still_a_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "10.1.2.3", "8.8.8.8"]) == 0
+    kept, masqueraded = capsys.readouterr().out.splitlines()
+    assert kept == ("10.1.2.3: NOT masqueraded (keeps the pod IP); the destination sees the pod's IP. Matched "
+                    "10.0.0.0/8 (built-in). Why: in the agent's default non-masquerade list.")
+    assert masqueraded.startswith("8.8.8.8: MASQUERADED to the node IP; the destination sees the node's IP. Why:")
+    assert main(["explain", "10.1.2.3", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"][0]["source_seen"] == "pod"  # the JSON keeps its word

@@ -17,7 +17,7 @@ from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
 from ipmasq.diagnose.sources import family_of_dump
 from ipmasq.diagnose.trace import Tracer, trace
 from ipmasq.findings import Finding, Severity
-from ipmasq.netfilter.iptables import parse_save, render_restore
+from ipmasq.netfilter.iptables import NatTable, chain_digest, marker_chain, marker_rule, parse_save, render_restore
 from ipmasq.netfilter.nft import desired_table, parse_list_json
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
@@ -98,7 +98,33 @@ def test_renamed_chain_is_stale() -> None:
     found = _ids("renamed-chain.save", policy_of(TEN, REFERENCE_2_9))
     assert set(found) == {FindingId.STALE_CHAIN}
     assert found[FindingId.STALE_CHAIN].severity is Severity.ERROR
+    # no ownership marker beside it: another program may write it, and ipmasq's agent never removes it
+    assert "ipmasq's agent never removes it" in found[FindingId.STALE_CHAIN].hint
 
+
+def _marked_as_written(text: str, chain: str) -> str:
+    """`text` with `chain`'s ownership marker recording the chain as the dump holds it (ipmasq wrote it so)."""
+    table = parse_save(text)
+    jumps = [r for r in table.rules_of("POSTROUTING") if r.endswith(f" -j {chain}")]
+    digest = chain_digest(chain, jumps, table.rules_of(chain))
+    return text.replace("COMMIT", f":{marker_chain(chain)} - [0:0]\n{marker_rule(chain, digest)}\nCOMMIT")
+
+
+def test_a_stale_chain_with_ipmasqs_marker_is_one_the_agent_removes() -> None:
+    text = _marked_as_written((DUMPS / "renamed-chain.save").read_text(), "IP-MASQ")
+    report = check_iptables(policy_of(TEN, REFERENCE_2_9), parse_save(text), Family.V4)
+    (stale,) = [f for f in report.findings if f.id == FindingId.STALE_CHAIN]
+    assert "iptables -t nat -F IPMASQ-OWNS-IP-MASQ; iptables -t nat -X IPMASQ-OWNS-IP-MASQ" in stale.hint
+    assert "on its next sync" in stale.hint
+
+
+def test_a_stale_chain_rewritten_since_ipmasq_wrote_it_is_one_the_agent_keeps() -> None:
+    text = _marked_as_written((DUMPS / "renamed-chain.save").read_text(), "IP-MASQ")
+    text = text.replace("-A IP-MASQ -d 10.0.0.0/8 ", "-A IP-MASQ -d 10.0.0.0/9 ")  # another agent's CIDRs now
+    report = check_iptables(policy_of(TEN, REFERENCE_2_9), parse_save(text), Family.V4)
+    (stale,) = [f for f in report.findings if f.id == FindingId.STALE_CHAIN]
+    assert "its rules changed since ipmasq wrote them" in stale.hint and "never removes it" in stale.hint
+    assert "on its next sync" not in stale.hint
 
 
 def test_a_node_running_another_chain_name_is_not_told_to_delete_it() -> None:
@@ -155,6 +181,14 @@ def test_random_fully_only_is_a_warning() -> None:
         '-m addrtype ! --dst-type LOCAL -j MASQUERADE\n', ""))
     report = check_iptables(policy, table, Family.V4)
     assert report.ok and [(f.id, f.severity) for f in report.findings] == [(FindingId.RULES_DIFFER, Severity.WARNING)]
+    # the fix names the flag in the direction the node differs, and none beside a provider's agent (its own flags)
+    assert "pass --random-fully=false" in report.findings[0].hint
+    with_it = check_iptables(policy_of(TEN, PolicyOptions(random_fully=False)), NatTable(
+        table.chains, [r.replace("-j MASQUERADE", "-j MASQUERADE --random-fully") for r in table.rules]), Family.V4)
+    assert [f.id for f in with_it.findings] == [FindingId.RULES_DIFFER]
+    assert "drop --random-fully=false" in with_it.findings[0].hint
+    provider = check_iptables(policy, table, Family.V4, writer="GKE's managed agent")
+    assert provider.findings[0].hint.startswith("nothing to do: the agent behind GKE's managed agent")
 
 
 def test_family_of_dump() -> None:
@@ -423,3 +457,16 @@ def test_trace_cli_names_the_rule_and_the_source_seen(tmp_path: Path, capsys: py
     assert main(["trace", "8.8.8.8", "--source", "10.44.0.1", "--protocol", "icmp", "--dump", str(dump),
                  "--local-address", NODE]) == 0
     assert f"the destination sees {NODE}; decided by: IP-MASQ-AGENT:" in capsys.readouterr().out
+
+
+def test_the_traffic_no_rule_names_a_protocol_of_is_said_as_such_and_others_by_name() -> None:
+    head = (":PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n"
+            ":IP-MASQ-AGENT - [0:0]\n")
+    ours = render_restore(policy_of("", PolicyOptions()), Family.V4).split("\n", 2)[2].rsplit("COMMIT", 1)[0]
+    cases = (("tcp", "protocols other than tcp"), ("47", "protocols other than gre"))
+    for foreign, said in ((f"-A POSTROUTING -d 10.0.0.0/8 -p {proto} -j RETURN\n", words) for proto, words in cases):
+        text = "*nat\n" + head + foreign + "-A POSTROUTING -d 10.0.0.0/8 -j MASQUERADE\n" + ours + "COMMIT\n"
+        report = check_iptables(policy_of("", PolicyOptions()), parse_save(text), Family.V4)
+        (finding,) = report.findings
+        assert finding.id is FindingId.FOREIGN_MASQUERADE and f"10.0.0.0/8 ({said})" in finding.message, finding
+        assert "253" not in finding.message

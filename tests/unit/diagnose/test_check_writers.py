@@ -4,6 +4,7 @@ list`) against what that provider's agent intends, on dumps of the formats those
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -179,4 +180,69 @@ def test_cli_gke_writer_uses_its_chain_and_flags(capsys: pytest.CaptureFixture[s
     assert main(["check", "--writer", "gke", "--from-dump", str(DUMPS / "gke-1.14-aws-vpn.save")]) == 0
     out = capsys.readouterr().out
     assert "IP-MASQ-AGENT" not in out and "only in MASQUERADE's --random-fully" in out
+    # the advice is one a user of --writer can follow: no flag that --writer refuses (it runs with GKE's own flags)
+    assert "nothing to do: the agent behind GKE's managed agent sets --random-fully" in out
+    assert "--random-fully=" not in out and "pass --" not in out
     assert main(["check", "--writer", "reference", "--from-dump", str(DUMPS / "gke-1.14-aws-vpn.save")]) == 1
+
+
+def test_a_mebibyte_of_junk_in_aws_nodes_env_is_a_screenful(capsys: pytest.CaptureFixture[str],
+                                                            tmp_path: Path) -> None:
+    """Output bounded by what a person reads: each finding list names the first few and counts the rest (before,
+    this input printed 381,441 lines, 46 MB; docs/measurements.md)."""
+    from tests.hostile.generated import aws_node_with_junk_env
+
+    manifest = tmp_path / "aws-node.yaml"
+    manifest.write_bytes(aws_node_with_junk_env())
+    argv = ["check", "--writer", "eks", "--from-dump", str(DUMPS / "eks-vpc-cni.save"), "--manifest", str(manifest)]
+    assert main(argv) == 1
+    text = capsys.readouterr().out
+    assert len(text.splitlines()) <= 40 and len(text.encode()) <= 8192, (len(text.splitlines()), len(text))
+    assert re.search(r"and \d{3},\d{3} more warnings \[unsupported\] like the above, not shown", text)
+    assert main([*argv, "-o", "json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    skipped = [f for f in document["findings"] if f["id"] == "unsupported"]
+    assert len(skipped) == 6 and skipped[-1]["omitted"] > 150_000
+
+
+def test_a_hundred_thousand_exclusions_the_chain_lacks_are_named_six_and_counted(capsys: pytest.CaptureFixture[str],
+                                                                                tmp_path: Path) -> None:
+    cidrs = ",".join(f"10.{i // 256 % 256}.{i % 256}.{i // 65536}/32" for i in range(100_000))
+    manifest = (DUMPS / "eks-aws-node.yaml").read_text().replace('"10.8.0.0/16,192.168.0.0/16,10.9.0.0/16 "',
+                                                                   f'"{cidrs}"')
+    (tmp_path / "aws-node.yaml").write_text(manifest)
+    assert main(["check", "--writer", "eks", "--from-dump", str(DUMPS / "eks-vpc-cni.save"), "--manifest",
+                 str(tmp_path / "aws-node.yaml")]) == 1
+    text = capsys.readouterr().out
+    line = next(line for line in text.splitlines() if "has no RETURN for it" in line)
+    assert "and 99,994 more from SNAT" in line and len(line) < 400
+
+
+def test_cli_a_key_gkes_agent_ignores_is_ignored_by_writer_never_a_promised_rewrite(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from ipmasq.testing.writers import ip_masq_agent_rules
+
+    # what GKE's agent writes from the how-to's example: nonMasqueradeCIDRs alone (masqueradeCIDRs is ipmasq's)
+    written = ip_masq_agent_rules("IP-MASQ", ("10.0.0.0/8",), random_fully=True)
+    dump = tmp_path / "node.save"
+    dump.write_text("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n"
+                    ":POSTROUTING ACCEPT [0:0]\n" + written.split("\n", 1)[1])
+    example = str(ROOT / "deploy" / "examples" / "vpn-range-inside-10-8.yaml")
+    assert main(["check", "--writer", "gke", "--from-dump", str(dump), "--config", example]) == 1
+    out = capsys.readouterr().out
+    assert "rules-differ" not in out and "next sync" not in out
+    assert out.startswith("ERROR ignored-by-writer: GKE's managed agent ignores masqueradeCIDRs "
+                          "(configmap/ip-masq-agent[config]:12): 10.11.0.0/24 stays un-masqueraded; enforce with "
+                          "ipmasq to use it\n")
+    # a real difference is still rules-differ (with the rewrite the agent really does), beside the ignored key
+    config = tmp_path / "config"
+    config.write_text("nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]\nmasqueradeCIDRs: [10.11.0.0/24]\n")
+    assert main(["check", "--writer", "gke", "--from-dump", str(dump), "--config", str(config), "-o", "json"]) == 1
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert [f["id"] for f in findings] == ["ignored-by-writer", "rules-differ"]
+    assert findings[1]["missing"] == ["-d 172.16.0.0/12 -j RETURN"]
+    # an agent without --enable-ipv6 refuses a config with IPv6 CIDRs: said as what the key it ignores does
+    config.write_text("nonMasqueradeCIDRs: [10.0.0.0/8, fd00::/8]\nenableIPv6: true\n")
+    assert main(["check", "--writer", "gke", "--from-dump", str(dump), "--config", str(config), "-o", "json"]) == 1
+    (refused,) = json.loads(capsys.readouterr().out)["findings"]
+    assert refused["id"] == "ignored-by-writer" and "refuses the whole config" in refused["message"]

@@ -8,7 +8,6 @@ import socket
 import ssl
 import subprocess
 import threading
-import time
 import tracemalloc
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -21,6 +20,7 @@ from ipmasq.kube import client as client_module
 from ipmasq.kube import objects
 from ipmasq.kube.client import MAX_ANSWER_BYTES, KubeClient, RetryGate, list_items
 from ipmasq.kube.credentials import Credentials, ExecPlugin
+from tests.eventually import eventually
 
 Script = Callable[[ssl.SSLSocket, bytes], None]  # the connection and the request head it read
 
@@ -108,15 +108,6 @@ class FrozenClock:
         self.now += seconds
 
 
-def wait_for(condition: Callable[[], object], failure: str, timeout: float = 30.0) -> None:
-    """A condition wait with a generous timeout (it bounds a hang, not a speed)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(failure)
-        time.sleep(0.01)
-
-
 def answer(status: int, body: bytes = b"{}", extra: str = "") -> Script:
     def send(sock: ssl.SSLSocket, _head: bytes) -> None:
         sock.sendall(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
@@ -148,7 +139,7 @@ def test_a_server_that_trickles_a_byte_at_a_time_fails_the_call_within_its_deadl
         with pytest.raises(ApiUnreachable, match=r"in time|not HTTP"):
             api(hostile, certificate, timeout=1.0).get("/api/v1/nodes")
         # the client hung up while the server was still trickling: one second's deadline, not the server's pace
-        wait_for(unsent.__len__, "the server never saw the client go away")
+        eventually(unsent.__len__, "the server seeing the client go away")
         assert unsent[0] > 0
 
 
@@ -206,7 +197,7 @@ def test_a_watch_ends_on_the_clients_own_deadline(hostile, certificate, monkeypa
     events = list(api(hostile, certificate).watch("/api/v1/configmaps", query={}, timeout_seconds=1))
     assert events == []
     # the watch ended while the server still kept the stream open: the client's deadline ended it, not the server
-    wait_for(unsent.__len__, "the server never saw the client go away")
+    eventually(unsent.__len__, "the server seeing the client go away")
     assert unsent[0] > 0
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import base64
 import threading
-import time
 
 from ipmasq.errors import ApiUnreachable, Forbidden, Gone
 from ipmasq.kube.client import WatchEvent
 from ipmasq.kube.configmaps import ConfigMapFollower, ConfigMapState, configmap_state
 from ipmasq.testing.kube import FakeKubeClient
+from tests.eventually import eventually
 
 PATH = "/api/v1/namespaces/kube-system/configmaps"
 
@@ -43,40 +43,32 @@ def _follow(client: FakeKubeClient) -> Followed:
     return follower, seen, troubles, stop
 
 
-def _wait(condition: object, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
-
-
 def test_list_then_watch_then_relist_on_gone_and_recover_after_trouble() -> None:
     client = FakeKubeClient()
     client.put(f"{PATH}/ip-masq-agent", configmap("a"))
     _follower, seen, troubles, stop = _follow(client)
     try:
-        _wait(lambda: len(seen) == 1)
+        eventually(lambda: len(seen) == 1, "the first state")
         assert seen[0].content == b"a"
         client.watch_events.put(WatchEvent("MODIFIED", configmap("b", "9")))
-        _wait(lambda: len(seen) == 2)
+        eventually(lambda: len(seen) == 2, "a second state")
         assert seen[1].content == b"b"
         client.watch_events.put(WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "12"}}))
         client.watch_events.put(WatchEvent("DELETED", configmap("b", "13")))
-        _wait(lambda: len(seen) == 3)
+        eventually(lambda: len(seen) == 3, "a third state")
         assert not seen[2].exists
         client.put(f"{PATH}/ip-masq-agent", configmap("c"))
         client.watch_events.put(Gone(410, "too old resource version"))  # relist at once
-        _wait(lambda: len(seen) == 4)
+        eventually(lambda: len(seen) == 4, "a fourth state")
         assert seen[3].content == b"c"
         assert troubles == []
         client.refuse(PATH, Forbidden(403, "configmaps is forbidden"))
         client.watch_events.put(ApiUnreachable("watch: the stream broke"))
-        _wait(lambda: len(troubles) >= 1)
+        eventually(lambda: len(troubles) >= 1, "a trouble reported")
         assert "stream broke" in str(troubles[0])
-        _wait(lambda: len(troubles) >= 2, timeout=10)  # the resumed watch was refused: another backoff
+        eventually(lambda: len(troubles) >= 2, "a second trouble")  # the resumed watch was refused: another backoff
         client.watch_events.put(WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "20"}}))
-        _wait(lambda: None in troubles, timeout=10)  # a later watch worked
+        eventually(lambda: None in troubles, "the trouble's end")  # a later watch worked
         assert any(t is not None and "forbidden" in t for t in troubles)
     finally:
         stop.set()
@@ -90,22 +82,22 @@ def test_after_trouble_the_watch_resumes_from_the_last_version_seen_without_a_li
     client.put(f"{PATH}/ip-masq-agent", configmap("a"))
     follower, seen, troubles, stop = _follow(client)
     try:
-        _wait(lambda: len(seen) == 1)
+        eventually(lambda: len(seen) == 1, "the first state")
         client.watch_events.put(WatchEvent("MODIFIED", configmap("b", "150")))
         client.watch_events.put(WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "160"}}))
-        _wait(lambda: follower.resource_version == "160")
+        eventually(lambda: follower.resource_version == "160", "resourceVersion 160 seen")
         client.watch_events.put(ApiUnreachable("watch: the stream broke"))  # the API server restarting
-        _wait(lambda: len(client.watch_queries) == 2, timeout=10)
+        eventually(lambda: len(client.watch_queries) == 2, "a second watch")
         assert client.watch_queries[1]["resourceVersion"] == "160"
         assert [verb for verb, _ in client.calls].count("GET") == 1 and follower.relists == 0
         client.watch_events.put(WatchEvent("MODIFIED", configmap("c", "170")))
-        _wait(lambda: len(seen) == 3 and troubles[-1:] == [None])
+        eventually(lambda: len(seen) == 3 and troubles[-1:] == [None], "a third state, trouble over")
         lists: list[dict[str, str]] = []
         real_get = client.get
         client.get = lambda path, query=None: lists.append(dict(query or {})) or real_get(  # type: ignore[method-assign]
             path, query=query)
         client.watch_events.put(Gone(410, "too old resource version"))  # only a 410 makes it list again
-        _wait(lambda: follower.relists == 1 and len(lists) == 1)
+        eventually(lambda: follower.relists == 1 and len(lists) == 1, "one relist")
         # from the server's cache, not older than what was seen (after a restart the cache starts newer)
         assert lists[0] == {"fieldSelector": "metadata.name=ip-masq-agent", "resourceVersion": "170",
                             "resourceVersionMatch": "NotOlderThan"}
@@ -134,7 +126,7 @@ def test_the_wait_after_trouble_is_drawn_from_zero_to_the_backoff(monkeypatch: o
     ConfigMapFollower(client, "kube-system", "backoff-test", "config", on_change=seen.append,
                       on_trouble=lambda _why: None, stop=stop).start()
     try:
-        _wait(lambda: len(seen) == 1)
+        eventually(lambda: len(seen) == 1, "the first state")
     finally:
         stop.set()
         client.watch_events.put(None)
@@ -166,7 +158,8 @@ def test_a_server_answering_every_watch_with_410_gets_lists_spaced_by_the_growin
                                  on_trouble=lambda _why: None, stop=stop)
     follower.start()
     try:
-        _wait(lambda: follower.relists == 5 and len([p for p in drawn if p[0] == 0.0]) >= 5)
+        eventually(lambda: follower.relists == 5 and len([p for p in drawn if p[0] == 0.0]) >= 5,
+                   "five relists, each after a wait drawn from zero")
     finally:
         stop.set()
         client.watch_events.put(None)

@@ -70,7 +70,8 @@ def test_status_lists_in_pages_so_five_thousand_nodes_stay_within_the_clients_bo
         name = f"node-{i:04d}"
         client.put(f"/api/v1/nodes/{name}", {"metadata": {"name": name}})
         client.put(paths.statuses(name), status(name, CURRENT))
-        client.put(f"/api/v1/namespaces/kube-system/pods/agent-{i:04d}", {**pod(name), "metadata": {"name": name}})
+        client.put(f"/api/v1/namespaces/kube-system/pods/agent-{i:04d}",
+                   {**pod(name), "metadata": {"name": name, "labels": {"k8s-app": "ip-masq-agent"}}})
     args = argparse.Namespace(namespace="kube-system", configmaps="ip-masq-agent", configmap_key="config")
     view = command._gather(client, args)
     assert len(view.rows) == 1234 and view.all_current
@@ -129,7 +130,8 @@ def test_observers_of_a_provider_with_inputs_of_its_own_are_compared_with_those_
     env = b'{"AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS": "192.168.0.0/16"}'
     for name in ("n1", "n2"):
         client.put(paths.nodes(name), {"metadata": {"name": name}})
-        client.put(f"/api/v1/namespaces/kube-system/pods/observer-{name}", {**pod(name), "metadata": {"name": name}})
+        client.put(f"/api/v1/namespaces/kube-system/pods/observer-{name}",
+                   {**pod(name), "metadata": {"name": name, "labels": {"k8s-app": "ipmasq-observer"}}})
         client.put(paths.statuses(name), {**status(name, env), "mode": "observe", "writer": "eks",
                                           "chain": "AWS-SNAT-CHAIN-0"})
     args = argparse.Namespace(namespace="kube-system", configmaps="ip-masq-agent", configmap_key="config")
@@ -162,3 +164,109 @@ def test_the_agent_pod_a_status_names_is_its_row_when_an_observer_runs_beside_an
     named = {**status("n1", CURRENT), "agentPod": "ipmasq-observer-1", "mode": "observe"}
     (row,) = fleet_view([CONFIGMAP], [named], [other, observer], ["n1"]).rows
     assert row.pod == "ipmasq-observer-1" and row.current
+
+
+def test_without_the_node_trust_policy_every_row_is_unverified_and_one_line_says_why() -> None:
+    from ipmasq.kube.nodetrust import NodeTrust
+
+    why = "the admission policy ip-masq-agent-own-node is not installed: any agent's token can write any node's status"
+    view = fleet_view([CONFIGMAP], [status("n1", CURRENT), status("n2", b"old")], [pod("n1"), pod("n2")],
+                      ["n1", "n2"], trust=NodeTrust(False, why))
+    assert [row.verified for row in view.rows] == [False, False] and not view.ok
+    lines = render_table(view).splitlines()
+    assert [line.split()[4:6] for line in lines[2:4]] == [["yes", "(unverified)"], ["NO", "(unverified)"]]
+    assert lines[-1] == f"1 of 2 nodes enforce the current config, UNVERIFIED: {why}"
+    document = view.as_json()
+    assert document["node_trust"] == {"verified": False, "why": why}
+    assert [row["verified"] for row in document["nodes"]] == [False, False]
+
+
+def test_a_node_forging_anothers_status_without_the_policy_no_longer_turns_status_green() -> None:
+    """The attack, against the fake API server: node n2's agent is behind, n1's token rewrites n2's status object
+    to say it is current. Without the policy `status` says the rows are unverified and exits 1; with the shipped policy
+    and binding installed the same rows are verified (the policy is what refuses the forgery: the lab's test)."""
+    import argparse
+
+    import yaml
+
+    from ipmasq.commands import status as command
+    from ipmasq.kube import paths
+    from ipmasq.kube.nodetrust import POLICY
+    from ipmasq.testing.kube import FakeKubeClient
+    from tests.conftest import ROOT
+
+    client = FakeKubeClient()
+    client.put(paths.configmaps("kube-system", "ip-masq-agent"),
+               {"metadata": {"name": "ip-masq-agent"}, "data": {"config": CURRENT.decode()}})
+    for name, content in (("n1", CURRENT), ("n2", b"old")):
+        client.put(paths.nodes(name), {"metadata": {"name": name}})
+        client.put(paths.statuses(name), status(name, content))
+        client.put(f"/api/v1/namespaces/kube-system/pods/agent-{name}",
+                   {**pod(name), "metadata": {"name": f"agent-{name}", "labels": {"k8s-app": "ip-masq-agent"}}})
+    args = argparse.Namespace(namespace="kube-system", configmaps="ip-masq-agent", configmap_key="config")
+    before = command._gather(client, args)
+    assert not before.ok and [row.current for row in before.rows] == [True, False]
+    client.patch(paths.statuses("n2"), {"configDigest": config_digest((CURRENT,))})  # n1's forgery
+    forged = command._gather(client, args)
+    assert forged.all_current and not forged.ok  # every row says current, and is marked unverified
+    assert render_table(forged).splitlines()[-1].startswith("2 of 2 nodes enforce the current config, UNVERIFIED: "
+                                                            "the admission policy ip-masq-agent-own-node is not "
+                                                            "installed")
+    for doc in yaml.safe_load_all((ROOT / "deploy" / "base" / "admission-policy.yaml").read_text()):
+        path = (paths.admission_policies(POLICY) if doc["kind"] == "ValidatingAdmissionPolicy"
+                else paths.admission_policy_bindings(POLICY))
+        client.put(path, doc)
+    assert command._gather(client, args).ok
+
+
+def test_a_key_the_observed_writer_ignores_is_shown_on_a_current_row_never_as_not_current() -> None:
+    ignored = "GKE's managed agent ignores masqueradeCIDRs: 10.11.0.0/24 stays un-masqueraded"
+    observed = {**status("n1", CURRENT), "mode": "observe", "writer": "gke", "chain": "IP-MASQ",
+                "ignoredByWriter": ignored}
+    view = fleet_view([CONFIGMAP], [observed], [pod("n1")], ["n1"])
+    (row,) = view.rows
+    assert row.current and row.why == "" and row.as_json()["ignored_by_writer"] == ignored
+    assert f"(ignored by gke: {ignored})" in render_table(view)
+    assert view.all_current
+
+
+def test_a_providers_pod_of_the_same_label_is_never_a_nodes_ipmasq_agent() -> None:
+    """GKE's managed ip-masq-agent's pods carry k8s-app=ip-masq-agent too: status tells them apart by their
+    DaemonSet (addon-managed: not ipmasq's) and shows the node without an agent pod, not with Google's."""
+    import argparse
+
+    from ipmasq.commands import status as command
+    from ipmasq.testing.kube import FakeKubeClient
+
+    client = FakeKubeClient()
+    client.put("/api/v1/namespaces/kube-system/configmaps/ip-masq-agent",
+               {"metadata": {"name": "ip-masq-agent"}, "data": {"config": CURRENT.decode()}})
+    client.put("/apis/apps/v1/namespaces/kube-system/daemonsets/ip-masq-agent",
+               {"metadata": {"name": "ip-masq-agent", "namespace": "kube-system", "uid": "google-ds",
+                             "labels": {"k8s-app": "ip-masq-agent", "addonmanager.kubernetes.io/mode": "Reconcile"}}})
+    client.put("/apis/apps/v1/namespaces/kube-system/daemonsets/ipmasq-observer",
+               {"metadata": {"name": "ipmasq-observer", "namespace": "kube-system", "uid": "ours-ds",
+                             "labels": {"app.kubernetes.io/part-of": "ipmasq"}}})
+    for node, owner, name in (("n1", "google-ds", "ip-masq-agent-g1"), ("n2", "google-ds", "ip-masq-agent-g2"),
+                              ("n2", "ours-ds", "ipmasq-observer-o2")):
+        client.put(f"/api/v1/nodes/{node}", {"metadata": {"name": node}})
+        client.put(f"/api/v1/namespaces/kube-system/pods/{name}",
+                   {**pod(node), "metadata": {"name": name, "labels": {"k8s-app": name.rsplit("-", 1)[0]},
+                                              "ownerReferences": [{"kind": "DaemonSet", "uid": owner}]}})
+    args = argparse.Namespace(namespace="kube-system", configmaps="ip-masq-agent", configmap_key="config")
+    rows = {row.node: row for row in command._gather(client, args).rows}
+    assert rows["n1"].pod is None
+    assert rows["n2"].pod == "ipmasq-observer-o2"
+
+
+def test_without_others_pods_keeps_what_says_nothing() -> None:
+    from ipmasq.ownership import without_others_pods
+
+    def owned(uid: str) -> dict[str, Any]:
+        return {"metadata": {"name": uid, "ownerReferences": [{"uid": uid}]}}
+
+    daemonsets = [{"metadata": {"name": "a", "uid": "aks", "labels": {"kubernetes.azure.com/managedby": "aks"}}},
+                  {"metadata": {"name": "ip-masq-agent", "uid": "old"}},  # 0.2.0's from a user's registry
+                  "garbage", {"metadata": "garbage"}]
+    pods = [owned("aks"), owned("old"), {"metadata": {"name": "orphan"}}, "garbage"]
+    assert without_others_pods(daemonsets, pods) == [owned("old"), {"metadata": {"name": "orphan"}}, "garbage"]

@@ -90,3 +90,26 @@ def test_the_holder_publishes_the_fleets_size_and_candidates_read_only_digits() 
         client.objects[PATH]["metadata"]["annotations"]["ipmasq.dev/nodes"] = said
         c = LeaseElector(client, "kube-system", "ip-masq-agent", "node-c", duration=120, clock=clock)
         assert not c.try_lead() and c.nodes is None, said
+
+
+def test_a_holder_finds_a_lease_taken_early_or_after_its_duration_and_tells_them_apart() -> None:
+    """An honest candidate takes over no sooner than the duration after the holder's last renewal: found sooner, it
+    was taken early (by a node that did not wait); a renewal the policy refuses (403) is read as lost too."""
+    from ipmasq.errors import Forbidden
+    from ipmasq.kube.lease import Lost
+
+    client, clock = FakeKubeClient(), Clock()
+    client.put(PATH, {"metadata": {"name": "ip-masq-agent"}, "spec": {}})
+    a, _ = candidates(client, clock)
+    assert a.try_lead()
+    clock.now += 40
+    client.patch(PATH, {"spec": {"holderIdentity": "node-x"}})  # taken at once
+    assert not a.try_lead() and a.lost == Lost("node-x", 40.0, early=True)
+    a.lost = None
+    assert not a.try_lead() and a.lost is None  # found once
+    clock.now += 1000
+    assert a.try_lead()  # node-x never renewed: taken back after the duration
+    clock.now += 130  # then it cannot renew for longer than the duration, and another takes over, as it may
+    client.patch(PATH, {"spec": {"holderIdentity": "node-b"}})
+    client.refuse(PATH, Forbidden(403, "ip-masq-agent on node node-a may hold the Lease only for itself"))
+    assert not a.try_lead() and a.lost == Lost("node-b", 130.0, early=False)

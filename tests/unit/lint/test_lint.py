@@ -8,8 +8,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ipmasq.cli import main
+from ipmasq.config.source import ConfigInput, config_from_bytes
+from ipmasq.errors import ConfigError
 from ipmasq.findings import Finding, Severity
 from ipmasq.lint import HINTS, Expectations, lint_config, lint_source
 from ipmasq.lint.manifest import configmap_config
@@ -309,5 +313,29 @@ def test_lint_of_a_directory_without_a_config_file_lints_nothing_and_says_so(
     code = main(["lint", str(empty)])
     captured = capsys.readouterr()
     assert code == 1 and captured.out.startswith(f"{empty}: error [no-config-file] no ip-masq* file in this directory "
-                                                 "(it is empty), so nothing was linted")
+                                                 "(it is empty) and no manifest under it holds the ip-masq-agent "
+                                                 "ConfigMap, so nothing was linted")
     assert captured.err == "1 error(s), 0 warning(s)\n"
+
+
+_LISTED = st.sampled_from(["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "10.11.0.0/16",
+                           "198.18.0.0/15", "203.0.113.0/24", "8.8.8.0/24"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(masquerade=st.lists(_LISTED, max_size=3, unique=True),
+       non_masquerade=st.none() | st.lists(_LISTED, max_size=3, unique=True), all_reserved=st.booleans())
+def test_a_list_config_the_agent_refuses_is_an_error_of_lint(masquerade: list[str], non_masquerade: list[str] | None,
+                                                            all_reserved: bool) -> None:
+    """lint says before apply what the agent would say on the node: a masqueradeCIDRs entry that is one of the
+    built-in nonMasqueradeCIDRs (the file lists none) makes the agent refuse the config, and lint too."""
+    text = f"masqueradeCIDRs: {json.dumps(masquerade)}\n"
+    text += "" if non_masquerade is None else f"nonMasqueradeCIDRs: {json.dumps(non_masquerade)}\n"
+    options = PolicyOptions(nomasq_all_reserved_ranges=all_reserved)
+    try:
+        config_from_bytes(ConfigInput((("c", text.encode()),)), options)
+        refused = False
+    except ConfigError:
+        refused = True
+    errors = [f for f in lint_config(text, source="c", options=options) if f.severity is Severity.ERROR]
+    assert refused == bool(errors), (text, errors)

@@ -21,6 +21,7 @@ from ipmasq.errors import RuleParseError, UsageError
 from ipmasq.netfilter.iptables import _tokens, canonical, chain_rules, parse_save, render_restore
 from ipmasq.netfilter.nft import (
     CHAIN,
+    MARKER_SET,
     RULES_CHAIN,
     RULES_JUMP_COMMENT,
     desired_table,
@@ -259,7 +260,7 @@ def test_nft_rules_sit_in_their_chain_entered_after_local_and_before_the_sets() 
 def test_nft_rules_of_one_family_only_add_that_family_s_set_and_jump() -> None:
     text = "rules:\n  - name: keep\n    destinations: [34.0.0.0/8]\n    action: preserve\n"
     table = desired_table(policy(text))
-    assert [s.name for s in table.sets] == ["nomasq_v4", "nomasq_v6", "rules_dst_v4"]
+    assert [s.name for s in table.sets] == [MARKER_SET, "nomasq_v4", "nomasq_v6", "rules_dst_v4"]
     base = table.chain_named(CHAIN)
     assert base is not None and [r for r in base.rules if "jump" in r] == [
         f'ip daddr @rules_dst_v4 jump config-rules comment "{RULES_JUMP_COMMENT}"']
@@ -268,7 +269,7 @@ def test_nft_rules_of_one_family_only_add_that_family_s_set_and_jump() -> None:
 def test_without_rules_there_is_no_rules_chain_nor_set() -> None:
     table = desired_table(policy("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
     assert [c.name for c in table.chains] == [CHAIN]
-    assert [s.name for s in table.sets] == ["nomasq_v4", "nomasq_v6"]
+    assert [s.name for s in table.sets] == [MARKER_SET, "nomasq_v4", "nomasq_v6"]
     assert not any("jump" in r for r in table.chains[0].rules)
 
 

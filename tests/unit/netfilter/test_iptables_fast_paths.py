@@ -51,7 +51,7 @@ def test_other_rules_take_the_general_path(line: str) -> None:
     assert iptables.canonical(line) == iptables._canonical(line)
 
 
-@pytest.mark.parametrize("comment", ["-o", "-m", "-j", "-d", "--comment"])
+@pytest.mark.parametrize("comment", ["-o", "-m", "-j", "-d", "--comment", "--protocol", "--destination", "--jump"])
 def test_a_comment_that_reads_like_an_option_stays_a_comment(comment: str) -> None:
     rule = iptables.parse_rule(f'-A X -s 10.0.0.0/8 -m comment --comment "{comment}" -j MASQUERADE')
     assert rule.matches == (iptables.Match("comment", ("--comment", comment)),)

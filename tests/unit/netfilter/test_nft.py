@@ -11,12 +11,15 @@ from hypothesis import strategies as st
 
 from ipmasq.errors import NftParseError
 from ipmasq.netfilter.nft import (
+    MARKER_SET,
+    NftSet,
     desired_table,
     format_element,
     format_elements,
     parse_list_json,
     render_script,
     rule_from_json,
+    table_digest,
 )
 from ipmasq.options import PolicyOptions, parse_to_ports
 from ipmasq.policy.policy import Policy
@@ -50,7 +53,9 @@ def test_default_policy_script() -> None:
 def test_exceptions_are_resolved_into_the_set() -> None:
     # the VPN range inside 10/8: the VPN 10.11.0.0/24 inside 10.0.0.0/8 is masqueraded; no rule of its own is needed
     p = policy("nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.11.0.0/24]\n")
-    (nomasq,) = desired_table(p).sets
+    marker, nomasq = desired_table(p).sets
+    # ipmasq's ownership marker: no flags, no elements, the digest of the rest of the table as its comment
+    assert marker == NftSet(MARKER_SET, "ipv4_addr", (), (), f"ipmasq wrote sha256:{table_digest(desired_table(p))}")
     texts = [format_element(Family.V4, a, b) for a, b in nomasq.elements]
     assert texts == ["10.0.0.0-10.10.255.255", "10.11.1.0-10.255.255.255", "169.254.0.0/16"]
     assert all("10.11" not in r for r in desired_table(p).chains[0].rules)

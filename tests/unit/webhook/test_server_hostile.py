@@ -5,28 +5,49 @@ flight."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import ssl
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from ipmasq.webhook import server as server_module
 from ipmasq.webhook.certificate import CertificateSet
+from ipmasq.webhook.connections import ConnectionLimits
 from ipmasq.webhook.review import MAX_CONFIGMAP_DATA, AdmissionVerdict, respond
 from ipmasq.webhook.server import MAX_BODY_BYTES, VALIDATE_PATH, WebhookServer, serve
+from tests.clock import Clock
 from tests.hostile.admission import configmap
 
 HOST = "ipmasq-webhook.kube-system.svc"
 
 
-def tls(server: WebhookServer, certificate: CertificateSet, timeout: float = 10.0) -> ssl.SSLSocket:
+def tls(server: WebhookServer, certificate: CertificateSet, timeout: float = 10.0,
+        source: str = "127.0.0.1") -> ssl.SSLSocket:
+    """A secure connection from `source` (any 127.x address: a source of its own for the connection budget)."""
     context = ssl.create_default_context(cadata=certificate.ca_bundle.decode())
-    sock = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=timeout)
+    sock = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=timeout,
+                                    source_address=(source, 0))
     return context.wrap_socket(sock, server_hostname=HOST)
+
+
+@contextlib.contextmanager
+def limited(certificate: CertificateSet, **limits: float) -> Iterator[WebhookServer]:
+    """A server with these limits whose clock stands still: no connection reaches a deadline while the test runs."""
+    running = WebhookServer(("127.0.0.1", 0), respond, log=lambda line: None, limits=ConnectionLimits(**limits),
+                            clock=Clock())
+    running.use_certificate(certificate.tls_cert, certificate.tls_key)
+    serve(running)
+    try:
+        yield running
+    finally:
+        running.shutdown()
+        running.server_close()
 
 
 def review_body(config: str = "nonMasqueradeCIDRs: [10.0.0.0/8]\n", **request: Any) -> bytes:
@@ -69,46 +90,25 @@ def test_slow_uploads_hold_no_decision_slot(server: WebhookServer, certificate: 
             sock.close()
 
 
-def test_a_request_that_trickles_is_cut_off_at_its_deadline(server: WebhookServer, certificate: CertificateSet,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server_module, "REQUEST_SECONDS", 1.0)
-    with tls(server, certificate) as sock:
-        sock.sendall(f"POST {VALIDATE_PATH} HTTP/1.1\r\n".encode())
-        deadline = time.monotonic() + 30  # a condition wait: the head never ends, so only the server can end this
-        closed = False
-        lines = 0
-        while not closed:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"still open after {lines} header lines")
-            try:
-                sock.sendall(b"X-Slow: 1\r\n")
-                lines += 1
-                sock.settimeout(0.2)
-                if sock.recv(100) == b"":
-                    closed = True
-            except TimeoutError:
-                continue
-            except OSError:
-                closed = True
-        # cut off while still trickling, far short of any size bound: by the deadline alone
-        assert lines >= 1 and lines * len(b"X-Slow: 1\r\n") < server_module.MAX_HEAD_BYTES
-
-
-def test_slow_heads_beyond_the_connection_limit_do_not_lock_out_a_review(
-        server: WebhookServer, certificate: CertificateSet, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 16)
-    slow = []
-    try:
-        for _ in range(70):  # more than the limit, each with a head that is never finished
-            sock = tls(server, certificate)
-            sock.sendall(f"POST {VALIDATE_PATH} HTTP/1.1\r\nHost: {HOST}\r\n".encode())
-            slow.append(sock)
-        status, answer, seconds = ask(server, certificate, review_body())
-        # answered before any slow head's own deadline could have freed a place (the behaviour, not a speed)
-        assert status == 200 and answer["response"]["allowed"] is True and seconds < server_module.REQUEST_SECONDS
-    finally:
-        for sock in slow:
-            sock.close()
+def test_slow_heads_beyond_the_connection_limit_do_not_lock_out_a_review(certificate: CertificateSet) -> None:
+    with limited(certificate, connections=16) as server:
+        slow, refused = [], 0
+        try:
+            for _ in range(70):  # more than the limit, each with a head that is never finished
+                try:
+                    sock = tls(server, certificate, source="127.0.0.2")
+                    sock.sendall(f"POST {VALIDATE_PATH} HTTP/1.1\r\nHost: {HOST}\r\n".encode())
+                except (ConnectionResetError, ssl.SSLError):  # past its share: refused at its accept
+                    refused += 1
+                    continue
+                slow.append(sock)
+            # answered while no deadline could have freed a place (the clock stands still): room was made
+            status, answer, _seconds = ask(server, certificate, review_body())
+            assert status == 200 and answer["response"]["allowed"] is True
+            assert refused >= 70 - 16 and server.refused >= 70 - 16
+        finally:
+            for sock in slow:
+                sock.close()
 
 
 def test_more_data_than_a_configmap_may_hold_is_denied_unparsed(server: WebhookServer,
@@ -208,37 +208,38 @@ def test_the_hostile_corpus_gets_through_the_server_the_decision_respond_gives(
     assert status == 200 and answer["response"]["allowed"] == expected["response"]["allowed"]
 
 
-def test_connections_that_never_start_tls_are_counted_and_evicted(server: WebhookServer, certificate: CertificateSet,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 16)
-    silent = [socket.create_connection(("127.0.0.1", server.server_address[1])) for _ in range(40)]
-    try:
-        status, answer, seconds = ask(server, certificate, review_body())
-        # answered before the silent ones' handshake deadline could have freed a place (the behaviour, not a speed)
-        assert status == 200 and answer["response"]["allowed"] is True and seconds < server_module.HANDSHAKE_SECONDS
-        # the oldest silent ones were closed to make room: the server ended them
-        silent[0].settimeout(5)
-        assert silent[0].recv(1) == b""
-    finally:
-        for sock in silent:
-            sock.close()
+def test_connections_that_never_start_tls_are_counted_and_evicted(certificate: CertificateSet) -> None:
+    with limited(certificate, connections=16) as server:
+        silent = [socket.create_connection(("127.0.0.1", server.server_address[1]), source_address=("127.0.0.2", 0))
+                  for _ in range(16)]
+        try:
+            deadline = time.monotonic() + 30  # a hang guard only
+            while server.table.holding("127.0.0.2") < 16 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            # answered while no deadline could have freed a place (the clock stands still)
+            status, answer, _seconds = ask(server, certificate, review_body())
+            assert status == 200 and answer["response"]["allowed"] is True
+            # the oldest silent one was closed to make room: the server ended it
+            silent[0].settimeout(30)
+            assert silent[0].recv(1) == b""
+        finally:
+            for sock in silent:
+                sock.close()
 
 
-def test_a_queue_of_connections_is_taken_in_batches_and_whole(certificate: CertificateSet,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_queue_of_connections_is_taken_in_batches_and_whole(certificate: CertificateSet) -> None:
     """The listener is read ACCEPT_BATCH connections at a time (the connections already open are served between
     batches), and taking goes on until the queue is empty: 100 silent connections queued before serving, then a
     review behind them, answered, with all 100 counted."""
-    monkeypatch.setattr(server_module, "HANDSHAKE_SECONDS", 60.0)  # none of them leaves on its own meanwhile
     assert server_module.ACCEPT_BATCH < 100
-    running = WebhookServer(("127.0.0.1", 0), respond)
+    running = WebhookServer(("127.0.0.1", 0), respond, clock=Clock())  # none of them leaves on its own meanwhile
     running.use_certificate(certificate.tls_cert, certificate.tls_key)
     queued = [socket.create_connection(running.server_address) for _ in range(100)]
     serve(running)
     try:
         status, answer, _seconds = ask(running, certificate, review_body())
         assert status == 200 and answer["response"]["allowed"] is True
-        assert len(running._connections) >= 100  # every queued one taken before the review's (the queue's order)
+        assert len(running.table) >= 100  # every queued one taken before the review's (the queue's order)
     finally:
         for sock in queued:
             sock.close()

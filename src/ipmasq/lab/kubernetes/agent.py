@@ -27,6 +27,7 @@ from ipmasq.lab.netns import NamespaceRunner
 from ipmasq.lab.scenarios import GKE_FLAGS, NO_RULES, policy_for
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
+from ipmasq.policy.prefix import Family
 
 __all__ = [
     "AGENT_LABEL", "CONFIGMAP", "OBSERVER", "SHIPPED_BACKEND", "agent_pods", "apply_config", "deploy_agent",
@@ -104,15 +105,16 @@ def deploy_agent(cluster: Cluster, shipped: str = "deploy", *, image: str | None
 def deploy_observer(cluster: Cluster, writer: str, flags: tuple[str, ...], *, image: str | None = None,
                     wait: bool = True) -> None:
     """The shipped DaemonSet with the agent in observe mode (`--observe=WRITER` and the writer's policy flags),
-    through a lab overlay of deploy/ that replaces the container's arguments only (its name, label, rights and
-    probes stay the shipped ones, so the lab's helpers find it)."""
+    through a lab overlay of deploy/ that adds them to the container's arguments, as the shipped observe overlays
+    do (its name, label, rights, probes and listeners stay the shipped ones, so the lab's helpers find it)."""
     directory = lab_overlay(cluster, "deploy", image or cluster.artifacts.image)
     kustomization = json.loads((directory / "kustomization.yaml").read_text())
-    args = ["agent", f"--observe={writer}", "--config=/etc/config/ip-masq-agent", f"--backend={SHIPPED_BACKEND}",
-            *flags, "--metrics-address=127.0.0.1:9847"]
+    args = "/spec/template/spec/containers/0/args"
     kustomization["patches"] = [{
         "target": {"group": "apps", "version": "v1", "kind": "DaemonSet", "name": "ip-masq-agent"},
-        "patch": json.dumps([{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args}])}]
+        "patch": json.dumps([{"op": "test", "path": f"{args}/0", "value": "agent"},
+                             {"op": "add", "path": f"{args}/1", "value": f"--observe={writer}"},
+                             *({"op": "add", "path": f"{args}/-", "value": flag} for flag in flags)])}]
     observe = directory.parent / f"observe-{writer}"
     observe.mkdir(exist_ok=True)
     kustomization["resources"] = [os.path.relpath((cluster.source / "deploy").resolve(), observe.resolve())]
@@ -172,20 +174,22 @@ def node_options(options: PolicyOptions, node: NodeSpec) -> PolicyOptions:
     return replace(options, node_name=node.name)
 
 
-def kernel(cluster: Cluster, node: NodeSpec, options: PolicyOptions, backend: str = SHIPPED_BACKEND) -> Backend:
-    """The node's nat rules as the agent's own backend reads them (iptables: Debian's, the nft variant)."""
+def kernel(cluster: Cluster, node: NodeSpec, options: PolicyOptions, backend: str = SHIPPED_BACKEND,
+           families: tuple[Family, ...] | None = None) -> Backend:
+    """The node's nat rules as the agent's own backend reads them (iptables: Debian's, the nft variant); `families`:
+    the ones to read (default: those the options enable, whatever a config says)."""
     runner = NamespaceRunner(cluster.namespace(node))
     if backend == "nftables":
         return NftablesBackend(runner)
     return IptablesBackend(runner, chain=options.masq_chain, variant=Variant.NFT,
-                           families=policy_for(NO_RULES, options).families)
+                           families=families or policy_for(NO_RULES, options).families)
 
 
 def wait_synced(cluster: Cluster, node: NodeSpec, config: str | None, options: PolicyOptions, *,
                 timeout: float = 60.0, backend: str = SHIPPED_BACKEND) -> float:
     """Wait until the node's kernel holds what the agent should write for this config; returns the seconds."""
     policy: Policy = policy_for(config, node_options(options, node))
-    kernel_rules = kernel(cluster, node, options, backend)
+    kernel_rules = kernel(cluster, node, options, backend, policy.families)  # a config's enableIPv6 counts
     started = time.monotonic()
     while True:
         if all(kernel_rules.read(f) == kernel_rules.desired(policy, f) for f in policy.families):

@@ -1,12 +1,19 @@
 """A real Kubernetes cluster inside the lab's namespaces, brought up and down as one unit.
 
-    router (the VPC: a bridge for 10.142.0.0/20, each node's pod range routed to its node, as GKE routes alias
-     │      ranges; the namespace lab's world behind it: peers, partner, Cloud NAT, internet)
-     ├─ control plane 10.142.0.2: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
-     ├─ gke-prod-egress-pool-7f3k 10.142.15.203 (and the spare 10.142.15.204), pods 10.44.14.0/24
-     └─ gke-prod-general-pool-2b9x 10.142.15.210, pods 10.44.15.0/24
+    router (the VPC: a bridge for 10.142.0.0/20 and fd00:142::/64, each node's pod ranges routed to its node, as
+     │      GKE routes alias ranges; the namespace lab's world behind it: peers, partner, Cloud NAT, internet)
+     ├─ control plane 10.142.0.2, fd00:142::2: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+     ├─ gke-prod-egress-pool-7f3k 10.142.15.203 (and the spare 10.142.15.204), fd00:142::203;
+     │     pods 10.44.14.0/24, fd00:44:0:14::/64
+     └─ gke-prod-general-pool-2b9x 10.142.15.210, fd00:142::210; pods 10.44.15.0/24, fd00:44:0:15::/64
          each node: containerd, kubelet, kube-proxy (the egress pool's in iptables mode, the general pool's in
          nftables mode), a CNI bridge for its pods
+
+The cluster is dual-stack, IPv4 first, as users run one: every pod has an address of each family (the CNI bridge's
+host-local ranges for both), every Node two InternalIPs and two podCIDRs, Services may ask for both families
+(--service-cluster-ip-range has two ranges), kube-proxy programs both (its clusterCIDR has two ranges). The node
+pod ranges are fixed, as GKE's alias ranges are, so the controller manager allocates none: the lab writes each
+Node's podCIDRs once it has registered.
 
 The API server enforces Pod Security `baseline` cluster-wide (an AdmissionConfiguration, as a hardened cluster
 does); kube-system carries the labels the README tells users to set for the agent (PRIVILEGED_NAMESPACE_LABELS).
@@ -62,6 +69,8 @@ INSTANCE = _instance()
 API_PORT = 16443 + 10 * int(INSTANCE or 0)  # on the machine's loopback: kubectl's way in
 CONTROL_PLANE = "10.142.0.2"
 SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_CIDR6 = "fd00:96::/112"
+CONTROL_PLANE6 = "fd00:142::2"
 KUBERNETES_SERVICE = "10.96.0.1"
 # not the namespace lab's prefix: its stale-namespace sweep must not take a kept cluster
 NETNS_PREFIX = f"kl{INSTANCE}"
@@ -91,6 +100,8 @@ class NodeSpec:
     role: str  # the network namespace's role (kl-ROLE)
     address: str
     pod_cidr: str
+    address6: str
+    pod_cidr6: str
     extra_addresses: tuple[str, ...] = ()
     proxy_mode: str = "iptables"  # kube-proxy's mode on the node: iptables or nftables
 
@@ -98,13 +109,18 @@ class NodeSpec:
     def pod_gateway(self) -> str:
         return self.pod_cidr.rsplit(".", 1)[0] + ".1"
 
+    @property
+    def pod_gateway6(self) -> str:
+        return self.pod_cidr6.split("/", 1)[0] + "1"  # fd00:44:0:14:: -> fd00:44:0:14::1
+
 
 NODES = (
     # the egress pool's node also holds the spare address the partner's firewall admits
-    NodeSpec("gke-prod-egress-pool-7f3k", "egress-pool", "node1", ADDR.node, "10.44.14.0/24", (ADDR.spare_node,)),
+    NodeSpec("gke-prod-egress-pool-7f3k", "egress-pool", "node1", ADDR.node, "10.44.14.0/24", "fd00:142::203",
+             "fd00:44:0:14::/64", (ADDR.spare_node,)),
     # kube-proxy in nftables mode here (GA since 1.33, the planned default): the agent beside either mode
     NodeSpec("gke-prod-general-pool-2b9x", "general-pool", "node2", "10.142.15.210", "10.44.15.0/24",
-             proxy_mode="nftables"),
+             "fd00:142::210", "fd00:44:0:15::/64", proxy_mode="nftables"),
 )
 
 
@@ -340,6 +356,7 @@ class Cluster:
         progress(f"control plane up ({time.monotonic() - started:.0f} s)")
         for node in self.nodes:
             self._node(node)
+        self._pod_cidrs()
         self.wait_nodes_ready()
         progress(f"nodes Ready: {', '.join(n.name for n in self.nodes)} ({time.monotonic() - started:.0f} s)")
         self._probe_pods()
@@ -350,6 +367,7 @@ class Cluster:
         router = net.add("router")
         router.run(["ip", "link", "add", "vpc", "type", "bridge"])
         router.run(["ip", "addr", "add", f"{ADDR.router}/20", "dev", "vpc"])
+        router.run(["ip", "addr", "add", f"{ADDR.router6}/64", "dev", "vpc", "nodad"])
         router.run(["ip", "link", "set", "vpc", "up"])
         self.world = Lab(net, str(self.state / "world"))
         os.makedirs(self.world.workdir)
@@ -360,17 +378,22 @@ class Cluster:
             for server in self.world.servers:
                 _move_to_cgroup(server.pid, "world")
         control_plane = net.add("cp")
-        _, port = net.link(control_plane, [f"{CONTROL_PLANE}/20"], router, [])
+        _, port = net.link(control_plane, [f"{CONTROL_PLANE}/20", f"{CONTROL_PLANE6}/64"], router, [])
         router.run(["ip", "link", "set", port, "master", "vpc"])
         control_plane.run(["ip", "route", "add", "default", "via", ADDR.router])
+        control_plane.run(["ip", "-6", "route", "add", "default", "via", ADDR.router6])
         for node in self.nodes:
             ns = net.add(node.role)
-            _, port = net.link(ns, [f"{node.address}/20", *(f"{a}/20" for a in node.extra_addresses)], router, [])
+            addresses = [f"{node.address}/20", *(f"{a}/20" for a in node.extra_addresses), f"{node.address6}/64"]
+            _, port = net.link(ns, addresses, router, [])
             router.run(["ip", "link", "set", port, "master", "vpc"])
             ns.run(["ip", "route", "add", "default", "via", ADDR.router])
+            ns.run(["ip", "-6", "route", "add", "default", "via", ADDR.router6])
             ns.sysctl("net.ipv4.ip_forward", "1")
             ns.sysctl("net.ipv4.conf.all.rp_filter", "0")
+            ns.sysctl("net.ipv6.conf.all.forwarding", "1")
             router.run(["ip", "route", "add", node.pod_cidr, "via", node.address])
+            router.run(["ip", "-6", "route", "add", node.pod_cidr6, "via", node.address6])
 
     def _credentials(self) -> None:
         """A token per user (admin, kube-proxy, the controllers, each node's kubelet) and each one's kubeconfig."""
@@ -406,7 +429,7 @@ class Cluster:
         self._api_server_argv = [
             *enter, tools.binaries["kube-apiserver"], "--etcd-servers=http://127.0.0.1:2379",
             f"--advertise-address={CONTROL_PLANE}", "--bind-address=0.0.0.0", "--secure-port=6443",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={SERVICE_CIDR},{SERVICE_CIDR6}",
             f"--token-auth-file={pki / 'tokens.csv'}", "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction",
             f"--admission-control-config-file={self._admission_config()}",
@@ -543,7 +566,7 @@ class Cluster:
         self.kubelets[node.name] = self._start(f"{node.name}-kubelet", self.in_node(node, [
             self.artifacts.toolchain.binaries["kubelet"], f"--config={home / 'kubelet.yaml'}",
             f"--kubeconfig={self.state / (node.name + '.kubeconfig')}", f"--root-dir={home / 'kubelet'}",
-            f"--node-ip={node.address}", f"--hostname-override={node.name}",
+            f"--node-ip={node.address},{node.address6}", f"--hostname-override={node.name}",
             f"--node-labels=cloud.google.com/gke-nodepool={node.pool}", "--v=1"]), (node.name, "daemons"))
 
     def start_kube_proxy(self, node: NodeSpec) -> None:
@@ -582,6 +605,18 @@ class Cluster:
             if not _wait(healthy, 60, 0.5):
                 raise ClusterError(f"{node.name}: kubelet did not come back within 60 s")
         self.wait_nodes_ready()
+
+    def _pod_cidrs(self, timeout: float = 60.0) -> None:
+        """Each Node's podCIDRs, both families, once kubelet has registered it (set once: the API refuses a change)."""
+        for node in self.nodes:
+            def registered(name: str = node.name) -> bool:
+                return self.kubectl("get", "node", name, check=False, timeout=10).returncode == 0
+
+            if not _wait(registered, timeout, interval=0.5):
+                raise ClusterError(f"{node.name}: kubelet did not register the Node within {timeout:.0f} s "
+                                   f"(kubelet logs: {self.state / 'logs'})")
+            self.kubectl("patch", "node", node.name, "--type=merge", "-p", json.dumps(
+                {"spec": {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr, node.pod_cidr6]}}))
 
     def wait_nodes_ready(self, timeout: float = 120.0) -> None:
         def ready() -> bool:
@@ -623,6 +658,12 @@ class Cluster:
                 found[pod["spec"]["nodeName"]] = (pod["metadata"]["name"], status["podIP"])
         return found
 
+    def probe_pod_ips(self) -> dict[str, tuple[str, ...]]:
+        """node name -> the Running probe pod's addresses, every family's (status.podIPs: IPv4 first, then IPv6)."""
+        pods = self.kubectl_json("get", "pods", "-n", LAB_NAMESPACE, "-l", f"app={PROBE_DAEMONSET}")
+        return {pod["spec"]["nodeName"]: tuple(p["ip"] for p in pod["status"].get("podIPs", []))
+                for pod in pods["items"] if pod["status"].get("phase") == "Running"}
+
     # ---- what --keep hands over --------------------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
@@ -631,7 +672,8 @@ class Cluster:
         return {
             "kubeconfig": str(self.kubeconfig),
             "nodes": [{"name": n.name, "pool": n.pool, "address": n.address, "pod_cidr": n.pod_cidr,
-                       "netns": self.namespace(n).name} for n in self.nodes],
+                       "address6": n.address6, "pod_cidr6": n.pod_cidr6, "netns": self.namespace(n).name}
+                      for n in self.nodes],
             "pods": [{"namespace": LAB_NAMESPACE, "name": probes[n.name][0], "node": n.name, "ip": probes[n.name][1]}
                      for n in self.nodes if n.name in probes]
             + [{"namespace": "kube-system", "name": p["metadata"]["name"], "node": p["spec"].get("nodeName"),
@@ -675,8 +717,9 @@ def _cni_config(node: NodeSpec, home: Path) -> str:
     return json.dumps({"cniVersion": "0.4.0", "name": "lab", "plugins": [
         {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
          "ipam": {"type": "host-local", "dataDir": str(home / "ipam"),
-                  "ranges": [[{"subnet": node.pod_cidr, "gateway": node.pod_gateway}]],
-                  "routes": [{"dst": "0.0.0.0/0"}]}},
+                  "ranges": [[{"subnet": node.pod_cidr, "gateway": node.pod_gateway}],
+                             [{"subnet": node.pod_cidr6, "gateway": node.pod_gateway6}]],
+                  "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]}},
     ]}, indent=2) + "\n"
 
 
@@ -703,7 +746,8 @@ def _kube_proxy_config(node: NodeSpec, kubeconfig: Path) -> str:
     sync = {"syncPeriod": "30s", "minSyncPeriod": "1s"}
     return json.dumps({
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
-        "clientConnection": {"kubeconfig": str(kubeconfig)}, "mode": node.proxy_mode, "clusterCIDR": ADDR.pod_range,
+        "clientConnection": {"kubeconfig": str(kubeconfig)}, "mode": node.proxy_mode,
+        "clusterCIDR": f"{ADDR.pod_range},{ADDR.pod_range6}",
         "hostnameOverride": node.name, "bindAddress": node.address,
         "metricsBindAddress": "127.0.0.1:10249", "healthzBindAddress": "127.0.0.1:10256",
         # 0: leave the machine-wide conntrack table size and hash alone (kube-proxy would set them for everyone)

@@ -24,7 +24,7 @@ from ipmasq.lab.run import ScenarioResult
 from ipmasq.lab.scenarios import Phase, PhaseResult, Scenario, Vantage, outcome
 from ipmasq.lab.topology import ProbeClient
 
-__all__ = ["run_scenario", "scenario_backend"]
+__all__ = ["BACKENDS", "probe_client", "run_scenario", "scenario_backend"]
 
 BACKENDS = ("iptables", "nftables")
 
@@ -35,7 +35,8 @@ def scenario_backend(index: int) -> str:
     return BACKENDS[index % len(BACKENDS)]
 
 
-def _probe_client(cluster: Cluster, pod: str) -> ProbeClient:
+def probe_client(cluster: Cluster, pod: str) -> ProbeClient:
+    """The probe client run in a real pod (`kubectl exec`), where Lab.probe starts its probes."""
     def run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
         return agent.run_in_pod(cluster, LAB_NAMESPACE, pod, ["python", *argv], timeout=timeout)
     return run
@@ -102,7 +103,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario, *, progress: Callable[[st
             outcomes = []
             for node in nodes:
                 pod, pod_ip = pods[node.name]
-                seen = world.probe(list(phase.probes), client=_probe_client(cluster, pod),
+                seen = world.probe(list(phase.probes), client=probe_client(cluster, pod),
                                    nodes=[cluster.namespace(node)])
                 vantage = Vantage(pod_ip=pod_ip, node_ip=node.address, node_name=node.name)
                 outcomes += [outcome(phase, r, vantage) for r in seen]

@@ -20,10 +20,12 @@ LABEL = "app.kubernetes.io/name=ipmasq-webhook"
 _CANARY = "nonMasqueradeCIDRs:\n  - 10.0.0.0/33\n"
 
 
-def deploy_webhook(cluster: Cluster, *, image: str | None = None, timeout: float = 120.0) -> float:
-    """`kubectl apply -k deploy/webhook`, then wait until the API server's calls reach it; returns the seconds."""
+def deploy_webhook(cluster: Cluster, *, image: str | None = None, timeout: float = 120.0,
+                   shipped: str = SHIPPED) -> float:
+    """`kubectl apply -k deploy/webhook` (or `shipped`: deploy/overlays/gke/webhook, an earlier release's copy), then
+    wait until the API server's calls reach it; returns the seconds."""
     started = time.monotonic()
-    cluster.apply_shipped(lab_overlay(cluster, SHIPPED, image or cluster.artifacts.image))
+    cluster.apply_shipped(lab_overlay(cluster, shipped, image or cluster.artifacts.image))
     wait_webhook_serving(cluster, timeout=timeout)
     return time.monotonic() - started
 

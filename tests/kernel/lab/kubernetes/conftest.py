@@ -44,6 +44,15 @@ def run_ipmasq(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]
     return subprocess.run(list(args), capture_output=True, text=True, env=env, timeout=120)
 
 
+def kubectl_ipmasq(cluster: Cluster, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`kubectl ipmasq ...` as an operator runs it: kubectl finds the plugin on PATH (the package's script)."""
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
+           "PATH": f"{Path(sys.executable).parent}:{os.path.dirname(cluster.artifacts.toolchain.kubectl)}:"
+                   f"{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    return subprocess.run([cluster.artifacts.toolchain.kubectl, "ipmasq", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
 def ipmasq_status(cluster: Cluster, *nodes: str) -> tuple[int, dict[str, Any]]:
     """`ipmasq status -o json [NODE...]`: its exit status and document."""
     result = run_ipmasq(cluster, "ipmasq", "status", "-o", "json", *nodes)

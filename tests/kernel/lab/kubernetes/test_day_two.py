@@ -1,6 +1,7 @@
 """An operator's day two on the real cluster: Prometheus finds every agent by Kubernetes service discovery as
 deploy/monitoring and docs/operations/monitoring.md ship it, an upgrade from the previous release's manifests and a
-rollback under traffic, and `kubectl ipmasq uninstall` leaving nothing on any node or in the API.
+rollback under traffic, and `kubectl ipmasq uninstall` leaving nothing of ipmasq on any node or in the API (beside a
+provider's agent: test_journeys.py).
 
 The figures each test prints ([kubernetes lab] lines) are in docs/measurements.md.
 """
@@ -8,15 +9,10 @@ The figures each test prints ([kubernetes lab] lines) are in docs/measurements.m
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
-import tarfile
-import threading
 import time
 from collections.abc import Iterator
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +24,18 @@ from ipmasq.lab.kubernetes.cluster import CONTROL_PLANE, FAST_SYNC_FREQUENCY, LA
 from ipmasq.lab.kubernetes.webhook import deploy_webhook
 from ipmasq.lab.prometheus import PrometheusServer
 from ipmasq.lab.scenarios import KEEP_10_8, REFERENCE_OPTIONS
-from ipmasq.lab.topology import ADDR, STRICT_PORT
-from ipmasq.monitoring import JOB, scrape_config
-from tests.conftest import ROOT
-from tests.kernel.lab.kubernetes.conftest import module_cluster, progress, wait_until
+from ipmasq.monitoring import JOB, OBSERVER_JOB, scrape_config, scrape_configs
+from tests.kernel.lab.kubernetes.conftest import kubectl_ipmasq, module_cluster, progress, wait_until
+from tests.kernel.lab.kubernetes.upgrade import (
+    PROBE_INTERVAL,
+    PROBES_PER_PHASE,
+    Traffic,
+    phase_report,
+    previous_release_deploy,
+)
 
 pytestmark = pytest.mark.kubernetes
 
-PROBE_INTERVAL = "0.05"  # a connection every 50 ms from every node's probe pod
-PROBES_PER_PHASE = 40  # each node's connections seen after a phase's rollout before the next one starts
 
 
 @pytest.fixture(scope="module")
@@ -154,65 +153,66 @@ def test_prometheus_finds_every_agent_by_kubernetes_discovery(cluster: Cluster) 
         _remove_prometheus_identity(cluster)
 
 
+def _discovering(cluster: Cluster, job: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """A scrape job of ipmasq.monitoring, scraping every second, discovering through the lab's API server."""
+    job.update(scrape_interval="1s", scrape_timeout="1s")
+    job["kubernetes_sd_configs"][0].update(
+        api_server=f"https://{CONTROL_PLANE}:6443",
+        authorization={"credentials_file": str(workdir / "token")},
+        tls_config={"ca_file": str(cluster.state / "pki" / "ca.crt")})
+    return job
+
+
+def test_an_observe_only_cluster_is_scraped_as_observers_and_raises_no_alert_for_a_missing_agent(
+        cluster: Cluster) -> None:
+    """`kubectl apply -k deploy/overlays/observe` (no enforcing agent) and a real Prometheus with both documented
+    scrape jobs: a target per node under job ipmasq-observer, on the node's address and the observer's declared port
+    9849, up; IpMasqAgentAbsent, IpMasqAgentDown and IpMasqObserverDown silent; IpMasqAgentAbsent firing once the
+    observers are gone too."""
+    agent.remove_agent(cluster)
+    agent.deploy_observe_overlay(cluster, "deploy/overlays/observe")
+    binary = prometheus_binary(progress)
+    workdir = cluster.state / "prometheus-observe"
+    _prometheus_identity(cluster, workdir)
+    server = PrometheusServer(cluster.net["cp"], "127.0.0.1", str(workdir))
+    try:
+        started = time.monotonic()
+        server.start((), for_seconds=2, binary=binary,
+                     scrape_configs=[_discovering(cluster, job, workdir) for job in scrape_configs()])
+        want = {node.name: f"{node.address}:9849" for node in cluster.nodes}
+
+        def every_observer_up() -> bool:
+            up = server.query(f'up{{job="{OBSERVER_JOB}"}}')
+            return {s["node"]: (s["instance"], v) for s, v in up} == {n: (a, 1.0) for n, a in want.items()}
+
+        wait_until(every_observer_up, 90, f"a target per node up ({want})")
+        up_seconds = time.monotonic() - started
+        wait_until(lambda: all(v >= 5 for _, v in server.query(f'count_over_time(up{{job="{OBSERVER_JOB}"}}[1m])')),
+                   60, "five scrapes of every observer")
+        assert server.query(f'up{{job="{JOB}"}}') == []  # nothing enforcing is installed, nothing is looked for
+        alerts = server.alerts()
+        assert not [a for a in alerts if a.name in ("IpMasqAgentAbsent", "IpMasqAgentDown", "IpMasqObserverDown")], \
+            alerts
+        for node in cluster.nodes:
+            assert _http_status(cluster, f"http://{node.address}:9849/metrics") == "200"
+            assert _http_status(cluster, f"http://{node.address}:9849/healthz") == "404"
+            assert _http_status(cluster, f"http://{node.address}:9848/metrics") == "refused"  # loopback only
+        progress(f"Prometheus (Kubernetes discovery, both jobs): {len(want)} observer targets up {up_seconds:.1f} s "
+                 f"after it started; alerts on an observe-only cluster: "
+                 f"{sorted({(a.name, a.state) for a in alerts}) or 'none'}")
+        removed = time.monotonic()
+        agent.remove_agent(cluster, daemonset=agent.OBSERVER)
+        wait_until(lambda: any(a.name == "IpMasqAgentAbsent" and a.state == "firing" for a in server.alerts()), 90,
+                   f"IpMasqAgentAbsent firing once the observers are gone: {server.alerts()}")
+        progress(f"IpMasqAgentAbsent firing {time.monotonic() - removed:.1f} s after the observers' DaemonSet was "
+                 "deleted (for: 2s in the test's copy)")
+    finally:
+        server.stop()
+        agent.remove_agent(cluster, daemonset=agent.OBSERVER)
+        _remove_prometheus_identity(cluster)
+
+
 # ---- upgrade and rollback ----------------------------------------------------------------------------------------
-
-def _previous_release_deploy(into: Path) -> tuple[str, Path]:
-    """deploy/ as the previous release shipped it: the newest commit whose src/ipmasq/__init__.py still said that
-    version (found with git: the commit that changed it, then its parent)."""
-    versions = re.findall(r"^## (\d+\.\d+\.\d+) ", (ROOT / "CHANGELOG.md").read_text(), re.MULTILINE)
-    previous = versions[1]
-    changed = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%H", "-S",
-                              f'__version__ = "{previous}"', "--", "src/ipmasq/__init__.py"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    assert changed, f"git history has no commit that changed the version from {previous} (a shallow clone?)"
-    commit = f"{changed}^"
-    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:src/ipmasq/__init__.py"],
-                           capture_output=True, text=True, check=True).stdout
-    assert f'__version__ = "{previous}"' in shown
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "deploy"], capture_output=True,
-                             check=True).stdout
-    into.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    return previous, into / "deploy"
-
-
-class Traffic:
-    """From every node's probe pod, a connection every 50 ms to the peer behind the VPN, each line (the source the
-    peer saw, or FAILED) kept with the time it arrived."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.lines: dict[str, list[tuple[float, str]]] = {node.name: [] for node in cluster.nodes}
-        pods = cluster.probe_pods()
-        self.clients = {node.name: subprocess.Popen(
-            [cluster.artifacts.toolchain.kubectl, f"--kubeconfig={cluster.kubeconfig}", "exec", "-n", LAB_NAMESPACE,
-             pods[node.name][0], "--", "python", "-m", "ipmasq.lab.probe", "repeat", f"{ADDR.aws_db}:{STRICT_PORT}",
-             "--seconds", "900", "--interval", PROBE_INTERVAL, "--timeout", "1"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for node in cluster.nodes}
-        self.readers = [threading.Thread(target=self._read, args=(name, client), daemon=True)
-                        for name, client in self.clients.items()]
-        for reader in self.readers:
-            reader.start()
-
-    def _read(self, name: str, client: subprocess.Popen[str]) -> None:
-        assert client.stdout is not None
-        for line in client.stdout:
-            if line.endswith("\n"):
-                self.lines[name].append((time.monotonic(), line.strip()))
-
-    def count_since(self, since: float) -> int:
-        return min(sum(1 for at, _ in lines if at >= since) for lines in self.lines.values())
-
-    def between(self, name: str, start: float, end: float) -> list[str]:
-        return [line for at, line in self.lines[name] if start <= at < end]
-
-    def stop(self) -> None:
-        for client in self.clients.values():
-            client.kill()
-            client.wait(timeout=30)
-        for reader in self.readers:
-            reader.join(timeout=30)
-
 
 def _agent_templates(cluster: Cluster) -> dict[str, dict[str, Any]]:
     """node -> the running agent container as its pod says (after a rollout: the new template's)."""
@@ -220,12 +220,14 @@ def _agent_templates(cluster: Cluster) -> dict[str, dict[str, Any]]:
 
 
 def test_upgrade_from_the_previous_release_and_back_under_traffic(cluster: Cluster, tmp_path: Path) -> None:
-    """0.1.0's deploy/ (as the release before this one shipped it), then this release's, then 0.1.0's again, each
-    `kubectl apply -k` with the lab's image, while every node's pod connects every 50 ms to the peer behind the VPN
-    that admits only node addresses: every connection succeeds and leaves with its node's address."""
-    previous, old_deploy = _previous_release_deploy(tmp_path / "previous")
+    """The previous release's deploy/ (from the commit CHANGELOG.md names for it), then this release's, then the
+    previous one's again, each `kubectl apply -k` with the lab's image, while every node's pod connects every 50 ms
+    to the peer behind the VPN that admits only node addresses: every connection succeeds and leaves with its node's
+    address."""
+    previous, old_deploy = previous_release_deploy(tmp_path / "previous")
     _fresh_agent(cluster, str(old_deploy))
-    assert not any(c.get("ports") for c in _agent_templates(cluster).values())  # the old template: no scrape port
+    # the ports each release's template declares (0.2.0 added `metrics`): checked after each apply below
+    old_ports = {n: [p.get("name") for p in c.get("ports", [])] for n, c in _agent_templates(cluster).items()}
     traffic = Traffic(cluster)
     phases: dict[str, tuple[float, float]] = {}
     try:
@@ -245,16 +247,11 @@ def test_upgrade_from_the_previous_release_and_back_under_traffic(cluster: Clust
                   f"traffic after the {name}")
             phases[name] = (start, time.monotonic())
             ports = {n: [p.get("name") for p in c.get("ports", [])] for n, c in _agent_templates(cluster).items()}
-            assert all(v == (["metrics"] if shipped == "deploy" else []) for v in ports.values()), ports
+            assert ports == ({n: ["metrics"] for n in ports} if shipped == "deploy" else old_ports), ports
     finally:
         traffic.stop()
     for name, (start, end) in phases.items():
-        probes = wrong = failed = 0
-        for node in cluster.nodes:
-            seen = traffic.between(node.name, start, end)
-            probes += len(seen)
-            failed += sum(1 for s in seen if s == "FAILED")
-            wrong += sum(1 for s in seen if s not in ("FAILED", node.address))
+        probes, wrong, failed = phase_report(cluster, traffic, start, end)
         progress(f"{name} under traffic: {probes} probes ({PROBE_INTERVAL} s apart, {len(cluster.nodes)} nodes, "
                  f"{end - start:.1f} s), {wrong} wrong source address, {failed} failed connections")
         assert probes > 2 * PROBES_PER_PHASE and wrong == 0 and failed == 0, (name, probes, wrong, failed)
@@ -295,15 +292,6 @@ def _ipmasq_in_the_api(cluster: Cluster) -> list[str]:
     return found + [f"api-resource {g}" for g in groups]
 
 
-def _kubectl_ipmasq(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    """`kubectl ipmasq ...` as an operator runs it: kubectl finds the plugin on PATH (the package's script)."""
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
-           "PATH": f"{Path(sys.executable).parent}:{os.path.dirname(cluster.artifacts.toolchain.kubectl)}:"
-                   f"{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    return subprocess.run([cluster.artifacts.toolchain.kubectl, "ipmasq", *args], capture_output=True, text=True,
-                          env=env, timeout=600)
-
-
 @pytest.mark.parametrize("backend", ["iptables", "nftables"])
 def test_kubectl_ipmasq_uninstall_leaves_nothing(cluster: Cluster, backend: str) -> None:
     """The agent on every node (and, on the first run, the webhook): `kubectl ipmasq uninstall --dry-run` changes
@@ -314,24 +302,76 @@ def test_kubectl_ipmasq_uninstall_leaves_nothing(cluster: Cluster, backend: str)
         deploy_webhook(cluster)
     before = {node.name: _ours_on(cluster, node) for node in cluster.nodes}
     assert all(before.values()), before
-    dry = _kubectl_ipmasq(cluster, "uninstall", "--dry-run")
+    dry = kubectl_ipmasq(cluster, "uninstall", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     for node in cluster.nodes:
         assert f"on node {node.name}" in dry.stdout
     assert set(agent.agent_pods(cluster)) == {n.name for n in cluster.nodes}  # the dry run changed nothing
     assert {node.name: _ours_on(cluster, node) for node in cluster.nodes} == before
     started = time.monotonic()
-    result = _kubectl_ipmasq(cluster, "uninstall")
+    result = kubectl_ipmasq(cluster, "uninstall")
     seconds = time.monotonic() - started
     assert result.returncode == 0, result.stdout + result.stderr
     assert not agent.agent_pods(cluster)
-    left = cluster.kubectl_json("get", "pods", "-n", "kube-system", "-l", "app.kubernetes.io/name=ipmasq-uninstall")
+    left = cluster.kubectl_json("get", "pods", "-n", "kube-system", "-l", UNINSTALL_PODS)
     assert not left["items"]
     for node in cluster.nodes:
         assert _ours_on(cluster, node) == [], node.name
     assert _ipmasq_in_the_api(cluster) == []
     assert cluster.kubectl("get", "configmap", agent.CONFIGMAP, "-n", "kube-system", check=False).returncode == 0
-    per_node = [line for line in result.stdout.splitlines() if line.startswith("node ")]
-    assert len(per_node) == len(cluster.nodes) and all("removed: " in line for line in per_node), result.stdout
+    # every line `ipmasq uninstall` printed on a node is relayed, as `node NAME: line`
+    per_node = {node.name: [line.split(": ", 1)[1] for line in result.stdout.splitlines()
+                            if line.startswith(f"node {node.name}: ")] for node in cluster.nodes}
+    assert all(any(line.startswith("removed: ") for line in said) for said in per_node.values()), result.stdout
+    assert ("kept configmap/kube-system/ip-masq-agent: yours: the agents' config (the reference agent reads it "
+            "too)") in result.stdout.splitlines()
     progress(f"kubectl ipmasq uninstall ({backend}{', with the webhook' if backend == 'iptables' else ''}) in "
-             f"{seconds:.1f} s: " + " | ".join(per_node) + f" | {result.stdout.splitlines()[-1]}")
+             f"{seconds:.1f} s: " + " | ".join(f"{n}: {'; '.join(s)}" for n, s in per_node.items())
+             + f" | {result.stdout.splitlines()[-1]}")
+
+
+UNINSTALL_PODS = "app.kubernetes.io/part-of=ipmasq,app.kubernetes.io/component=uninstall"
+
+
+def _node_ready(cluster: Cluster, node: NodeSpec) -> str:
+    item = cluster.kubectl_json("get", "node", node.name)
+    return next((c["status"] for c in item["status"].get("conditions", []) if c["type"] == "Ready"), "")
+
+
+def test_kubectl_ipmasq_uninstall_with_a_node_down_cleans_the_others_and_names_it(cluster: Cluster) -> None:
+    """One node's kubelet stops (its agent keeps running: containerd does not need kubelet): the node turns Ready
+    Unknown, and its agent's pod, once deleted, stays Terminating until that kubelet is back. `kubectl ipmasq
+    uninstall` still cleans every other node and the API, names the node NOT CLEANED (exit 1) and sends no pod
+    there; with the kubelet back, `--all-nodes` cleans it."""
+    _fresh_agent(cluster)
+    down = cluster.nodes[-1]
+    kubelet = cluster.kubelets.pop(down.name)
+    kubelet.terminate()
+    kubelet.wait(30)
+    try:
+        wait_until(lambda: _node_ready(cluster, down) == "Unknown", 120, f"{down.name} Ready Unknown")
+        started = time.monotonic()
+        result = kubectl_ipmasq(cluster, "uninstall")
+        seconds = time.monotonic() - started
+        assert result.returncode == 1, result.stdout + result.stderr
+        lines = result.stdout.splitlines()
+        assert any(line.startswith(f"node {down.name}: NOT CLEANED: the node is not Ready: no pod is sent there")
+                   for line in lines), lines
+        assert lines[-1].endswith(f"rules left on {down.name}"), lines[-1]
+        for node in cluster.nodes:
+            if node is not down:
+                assert _ours_on(cluster, node) == [], node.name
+        assert _ours_on(cluster, down)  # its rules stay, as said
+        assert not cluster.kubectl_json("get", "pods", "-A", "-l", UNINSTALL_PODS)["items"]
+        left = _ipmasq_in_the_api(cluster)
+        assert [found for found in left if not found.startswith("Pod kube-system/ip-masq-agent-")] == [], left
+    finally:
+        cluster.start_kubelet(down)
+        cluster.wait_nodes_ready()
+    wait_until(lambda: not agent.agent_pods(cluster), 120, "the down node's agent pod ended by its kubelet")
+    again = kubectl_ipmasq(cluster, "uninstall", "--all-nodes", "--image", cluster.artifacts.image)
+    assert again.returncode == 0, again.stdout + again.stderr
+    for node in cluster.nodes:
+        assert _ours_on(cluster, node) == [], node.name
+    progress(f"kubectl ipmasq uninstall with {down.name} down in {seconds:.1f} s: "
+             + " | ".join(line for line in lines if line.startswith("node ")))

@@ -109,6 +109,25 @@ def test_a_configmap_the_providers_agent_does_not_apply_is_reported_on_every_nod
     _wait(lambda: ipmasq_status(lab, caught.name)[0] == 0, 30, "ipmasq status NODE: exit 0 for the caught-up node")
     assert ipmasq_status(lab)[0] == 1 and ipmasq_status(lab, behind.name)[0] == 1
     assert pods_ready(lab)
+    # a key GKE's agent ignores (ipmasq's masqueradeCIDRs): the caught-up node's rules are what that agent writes
+    # from it, so the node is in sync, and the key is said beside (status, ipmasq status, one Event), no mismatch
+    vpn = FIX + "masqueradeCIDRs:\n  - 10.11.0.0/24\n"
+    assert _rendered(vpn) != rules  # ipmasq itself would masquerade 10.11.0.0/24: not what the node holds
+    agent.apply_config(lab, vpn)
+    vpn_digest = config_digest((vpn.encode(),))
+    _wait(lambda: statuses.enforcing(vpn_digest)[caught.name] is True, 30, "the caught-up node in sync, key ignored")
+    said = statuses.client.get(paths.statuses(caught.name))
+    assert said.get("mismatch") is None, said
+    assert "GKE's managed agent ignores masqueradeCIDRs" in said["ignoredByWriter"], said
+    assert "10.11.0.0/24 stays un-masqueraded" in said["ignoredByWriter"], said
+    code, view = ipmasq_status(lab, caught.name)
+    (row,) = view["nodes"]
+    assert code == 0 and row["current"] and "10.11.0.0/24 stays un-masqueraded" in row["ignored_by_writer"], view
+    _wait(lambda: "10.11.0.0/24 stays un-masqueraded" in lab.kubectl(
+        "get", "events", "-n", "default", "--field-selector",
+        f"involvedObject.name={caught.name},reason=IgnoredByWriter").stdout, 30, "one IgnoredByWriter Event")
+    assert "(ignored by gke: GKE's managed agent ignores masqueradeCIDRs" in run_ipmasq(
+        lab, "ipmasq", "status", caught.name).stdout
     standin.remove(lab)
     agent.remove_agent(lab)
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from ipmasq.agent.writerinputs import EnvState, input_of
 from ipmasq.config.source import ConfigInput, config_digest
@@ -59,6 +61,29 @@ def lab() -> Iterator[Cluster]:
         yield cluster
 
 
+_SCRAPE = """
+import sys, urllib.request, urllib.error
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=5) as r: print(r.status, b"ipmasq_build_info" in r.read())
+except urllib.error.HTTPError as e: print(e.code, False)
+except OSError: print("refused", False)
+"""
+
+
+def _every_declared_port_scraped(cluster: Cluster, shipped: str) -> None:
+    """Each node's observer, as the overlay runs it, answers /metrics on the node's address at every port its
+    DaemonSet declares, from the control plane's namespace (where the lab's Prometheus runs)."""
+    built = cluster.kubectl("kustomize", str(cluster.source / shipped)).stdout
+    (daemonset,) = [d for d in yaml.safe_load_all(built) if d and d["kind"] == "DaemonSet"]
+    ports = [p["containerPort"] for c in daemonset["spec"]["template"]["spec"]["containers"] for p in c["ports"]]
+    assert ports == [9849]
+    for node in cluster.nodes:
+        for port in ports:
+            url = f"http://{node.address}:{port}/metrics"
+            answer = cluster.net["cp"].run([sys.executable, "-c", _SCRAPE, url], timeout=30).stdout.split()
+            assert answer == ["200", "True"], (url, answer)
+
+
 def _env(exclusions: tuple[str, ...]) -> dict[str, str]:
     return {ENV_EXCLUDE_SNAT_CIDRS: ",".join(exclusions)}
 
@@ -80,6 +105,7 @@ def test_an_aws_node_env_the_cni_has_not_applied_is_reported_on_every_node_and_o
     rules = aws_snat_rules(VPC, EXCLUDED, standin.HOST_IP)
     standin.deploy(lab, rules, name=EKS_DAEMONSET, env=_env(EXCLUDED))
     agent.deploy_observe_overlay(lab, "deploy/overlays/observe/eks")
+    _every_declared_port_scraped(lab, "deploy/overlays/observe/eks")
     statuses = Statuses(lab)
     _wait(lambda: ipmasq_status(lab)[0] == 0, 120, "ipmasq status: every node in sync with aws-node's env")
     view = ipmasq_status(lab)[1]
@@ -149,6 +175,7 @@ def test_a_user_fragment_aks_has_not_merged_in_is_reported_on_every_node_and_one
     _apply_aks(lab, AKS_USER[0])
     standin.deploy(lab, rules, name=AKS_AGENT)
     agent.deploy_observe_overlay(lab, "deploy/overlays/observe/aks")
+    _every_declared_port_scraped(lab, "deploy/overlays/observe/aks")
     statuses = Statuses(lab)
     _wait(lambda: ipmasq_status(lab)[0] == 0, 120, "ipmasq status: every node in sync with AKS's two ConfigMaps")
     view = ipmasq_status(lab)[1]

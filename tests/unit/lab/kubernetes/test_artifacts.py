@@ -3,6 +3,7 @@ lab's configuration files for kubelet, kube-proxy, containerd and CNI."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import tarfile
@@ -119,11 +120,19 @@ def test_node_configuration_files() -> None:
     cni = json.loads(cluster._cni_config(node, Path("/n")))
     bridge = cni["plugins"][0]
     assert bridge["ipMasq"] is False  # the agent decides what is masqueraded, not the CNI plugin
-    assert bridge["ipam"]["ranges"] == [[{"subnet": node.pod_cidr, "gateway": node.pod_gateway}]]
+    # dual-stack: a range of each family, a default route of each, and kube-proxy told both cluster ranges
+    assert bridge["ipam"]["ranges"] == [[{"subnet": node.pod_cidr, "gateway": node.pod_gateway}],
+                                        [{"subnet": node.pod_cidr6, "gateway": node.pod_gateway6}]]
+    assert bridge["ipam"]["routes"] == [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]
+    assert proxy["clusterCIDR"] == "10.44.0.0/14,fd00:44::/48"
+    assert node.pod_gateway6 == "fd00:44:0:14::1"
+    for spec in cluster.NODES:
+        assert ipaddress.IPv6Network(spec.pod_cidr6).subnet_of(ipaddress.IPv6Network("fd00:44::/48"))
+        assert ipaddress.ip_address(spec.address6) in ipaddress.ip_network("fd00:142::/64")
     containerd = tomllib.loads(cluster._containerd_config(Path("/n")))
     runtime = containerd["plugins"]["io.containerd.cri.v1.runtime"]
     assert containerd["version"] == 3 and runtime["restrict_oom_score_adj"] is True
     assert containerd["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == artifacts.PAUSE_IMAGE
     # each node's pod range is its own, inside the lab's pod range, and the egress pool holds the spare address
-    assert len({n.pod_cidr for n in cluster.NODES}) == len(cluster.NODES)
+    assert len({n.pod_cidr for n in cluster.NODES}) == len({n.pod_cidr6 for n in cluster.NODES}) == len(cluster.NODES)
     assert cluster.NODES[0].extra_addresses == ("10.142.15.204",)

@@ -27,3 +27,29 @@ def test_the_chain_and_its_jump_come_from_the_providers_rules() -> None:
 def test_one_chain_only() -> None:
     with pytest.raises(ClusterError, match="one chain"):
         standin.chain_of("*nat\n:A - [0:0]\n:B - [0:0]\nCOMMIT\n")
+
+
+def test_the_providers_agents_carry_exactly_what_their_provider_labels_them_with() -> None:
+    def manifests(agent: standin.StandIn) -> dict[str, dict[str, object]]:
+        made = standin._manifests("img", standin.chain_only(agent.rules), "sh", agent.name, agent.env, agent.labels,
+                                  agent.rules_configmap, agent.service_account)
+        return {str(m["kind"]): m for m in made}
+
+    gke = manifests(standin.GKE)
+    # the collision: ipmasq's drop-in's name, label, account and chain; only the addon manager's label tells
+    assert gke["DaemonSet"]["metadata"] == {"name": "ip-masq-agent", "namespace": "kube-system", "labels": {
+        "k8s-app": "ip-masq-agent", "addonmanager.kubernetes.io/mode": "Reconcile"}}
+    assert gke["ServiceAccount"]["metadata"]["name"] == "ip-masq-agent"
+    assert gke["DaemonSet"]["spec"]["template"]["spec"]["serviceAccountName"] == "ip-masq-agent"
+    assert standin.GKE.chain == "IP-MASQ" and gke["ConfigMap"]["metadata"]["name"] != "ip-masq-agent"
+    aks = manifests(standin.AKS)
+    assert aks["DaemonSet"]["metadata"]["labels"] == {
+        "k8s-app": "azure-ip-masq-agent", "addonmanager.kubernetes.io/mode": "Reconcile",
+        "kubernetes.io/cluster-service": "true", "component": "azure-ip-masq-agent",
+        "kubernetes.azure.com/managedby": "aks"}
+    assert "ServiceAccount" not in aks and standin.AKS.chain == "IP-MASQ-AGENT"
+    assert "--random-fully" not in standin.AKS.rules
+    eks = manifests(standin.EKS)
+    env = eks["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS", "value": "192.168.0.0/16"} in env
+    assert standin.EKS.chain == "AWS-SNAT-CHAIN-0" and eks["ServiceAccount"]["metadata"]["name"] == "aws-node"
