@@ -24,7 +24,7 @@ echo "== pytest"
 # long one is moved to balance: the second group's modules take about as long as the rest of the tests less the
 # first group's).
 lab=tests/kernel/lab/kubernetes
-second_group=("$lab/test_observe.py" "$lab/test_observe_providers.py" "$lab/test_two_writers.py")
+second_group=("$lab/test_journeys.py" "$lab/test_observe.py" "$lab/test_observe_providers.py" "$lab/test_two_writers.py")
 first_skips=()
 for module in "${second_group[@]}"; do first_skips+=("--deselect=$module"); done
 second_skips=()
