@@ -87,7 +87,8 @@ class PathAnswer:
     when `undecided` says why (a field to give, or that the packet is dropped on the node: `delivered` False).
     `mark`: the packet's mark after mangle and nat PREROUTING (the one the routing decision and nat see); `in_interface`
     and `out_interface`: the devices it came in and leaves by; `nexthop`: the route's gateway (or the destination
-    on the link); `route` the routing decision, `nat` the nat POSTROUTING walk (None when the packet never reached
+    on the link); both None for a multipath route whose hops differ in them (the source the same by every hop);
+    `route` the routing decision, `nat` the nat POSTROUTING walk (None when the packet never reached
     it); `outcome` as `trace` speaks it (PRESERVE, MASQUERADE, SNAT, UNDECIDED)."""
 
     packet: Packet
@@ -204,7 +205,18 @@ def path(node: PathFacts, packet: Packet, *, cloud_nat: CloudNat | None = None) 
                               f"of its next hops, and they differ ({listed}); give --out-interface to ask about "
                               "one", decision=decision, mark=mangled.mark)
         notes.append(f"a multipath route: every next hop gives the same answer ({listed})")
-    steps += first.steps
+    out_interface, nexthop = first.out_interface, first.nexthop
+    if len({(a.out_interface, a.nexthop) for a in answers}) > 1:
+        # the source is the same whichever hop the kernel's hash picks, the way out is not: naming the first hop's
+        # device or gateway would be a guess (the kernel picks another for some flows)
+        steps += [step for answer in answers for step in answer.steps]
+        nexthop = None
+        if len({a.out_interface for a in answers}) > 1:
+            out_interface = None
+            notes.append("it leaves by one of " + ", ".join(dict.fromkeys(str(a.out_interface) for a in answers))
+                         + " (give --out-interface to ask about one)")
+    else:
+        steps += first.steps
     seen = first.source_seen
     undecided = first.undecided
     if seen is not None and cloud_nat is not None and is_internet(format_address(packet.family, packet.destination)):
@@ -217,9 +229,9 @@ def path(node: PathFacts, packet: Packet, *, cloud_nat: CloudNat | None = None) 
                                   f"{seen} is not in its source ranges: dropped"))
             return _dropped(marked, steps, notes, f"Cloud NAT is set to {cloud_nat.mode.value}, which does not "
                             f"translate {seen}", decision=decision, mark=mangled.mark, nat=first.nat,
-                            out_interface=first.out_interface)
+                            out_interface=out_interface)
     return PathAnswer(first.packet, tuple(steps), first.outcome, seen, undecided, mangled.mark, in_interface,
-                      first.out_interface, first.nexthop, decision, first.nat, True, first.masquerade_address,
+                      out_interface, nexthop, decision, first.nat, True, first.masquerade_address,
                       tuple(notes + list(first.notes)))
 
 

@@ -4,7 +4,8 @@ fib6_table_lookup), every rule and table it met kept as a step.
 Rules in priority order (equal priorities in the order given, as the kernel keeps them): a rule matches when all
 its selectors do (from, to, fwmark/mask, iif, oif, ipproto, sport, dport, uidrange, tos), `not` inverting the
 whole; its action then decides: `lookup` a table (a route found there ends the lookup unless the rule's
-suppress_prefixlength or suppress_ifgroup refuses it; no route, or a `throw` route, goes on to the next rule),
+suppress_prefixlength or suppress_ifgroup refuses it, which they never do to a blackhole, unreachable or prohibit
+route; no route, or a `throw` route, goes on to the next rule),
 `goto` the first rule of a priority, `nop` nothing, `blackhole`/`unreachable`/`prohibit` end it. In a table the
 longest prefix wins; among routes to one prefix the lowest metric whose next hops are not all dead; a prefix
 whose routes are all dead falls back to a shorter one. A multipath route is "one of" its next hops: the kernel's
@@ -207,7 +208,9 @@ class Fib:
                 steps.append(RouteStep("rule", rule.text, "matched"))
                 steps.append(RouteStep("table", found.text, "throw: next rule"))
                 continue
-            suppressed = self._suppressed(rule, found)
+            # the kernel asks suppress_* only of a lookup that succeeded (fib_rules_lookup: err == 0): a blackhole,
+            # unreachable or prohibit route is the table's answer whatever its prefix length
+            suppressed = None if found.kind in _ERRORS else self._suppressed(rule, found)
             if suppressed is not None:
                 steps.append(RouteStep("rule", rule.text, "matched"))
                 steps.append(RouteStep("table", found.text, f"suppressed ({suppressed}): next rule"))

@@ -115,6 +115,25 @@ def test_multipath_one_of_its_hops() -> None:
     assert chosen.source_seen == "192.168.20.2"  # type: ignore[attr-defined]
 
 
+def test_multipath_across_devices_names_no_one_device_when_the_source_is_the_same() -> None:
+    """The hops agree on the source (the pod's, unmasqueraded) and leave by different devices: the answer gives the
+    source and does not name the first hop's device as the way out (the kernel's hash picks either)."""
+    spread = {"dst": "10.70.0.0/16", "flags": [], "nexthops": [{"gateway": "192.168.10.1", "dev": "eth0"},
+                                                               {"gateway": "192.168.20.1", "dev": "eth1"}]}
+    routing = parse_routing("\n".join(json.dumps(a) for a in (RULES, [*ROUTES, spread], LINKS)), "node.json")
+    node = PathFacts(routing, NODE.nat, NODE.mangle)
+    answer = _ask("10.70.1.1", node=node)
+    assert answer.source_seen == "10.44.0.5" and answer.outcome is Outcome.PRESERVE  # type: ignore[attr-defined]
+    assert answer.out_interface is None and answer.nexthop is None  # type: ignore[attr-defined]
+    assert any("one of eth0, eth1" in n for n in answer.notes)  # type: ignore[attr-defined]
+    left_by = [s.result for s in answer.steps if s.stage == "route"]  # type: ignore[attr-defined]
+    assert [r.split(" via")[0] for r in left_by] == ["leaves by eth0", "leaves by eth1"], left_by
+    # both hops on eth0: the device is known, the gateway is not
+    same = _ask("10.60.1.1")
+    assert same.out_interface == "eth0" and same.nexthop is None  # type: ignore[attr-defined]
+    assert _ask("10.70.1.1", node=node, out_interface="eth1").out_interface == "eth1"  # type: ignore[attr-defined]
+
+
 def test_overrides_and_missing_facts() -> None:
     assert _ask("198.51.100.10", local_addresses=["192.0.2.7"]).source_seen == "192.0.2.7"  # type: ignore[attr-defined]
     no_port = _ask("198.51.100.10", port=None)

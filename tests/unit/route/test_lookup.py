@@ -90,6 +90,19 @@ def test_suppress_prefixlength_zero_refuses_only_the_default_route() -> None:
     assert _lookup(rules, MEASURED_ROUTES, "192.168.20.7").route.table == "main"  # type: ignore[union-attr]
 
 
+def test_suppress_prefixlength_never_refuses_an_error_route() -> None:
+    """The kernel suppresses only a lookup that succeeded: a table's prohibit, blackhole or unreachable default
+    ends the lookup even under `suppress_prefixlength 24` (found against `ip route get`)."""
+    rules = (_rule(0, "local"), _rule(30, "102", suppress_prefixlength=24), _rule(32766, "main"))
+    for kind in ("prohibit", "blackhole", "unreachable"):
+        routes = (*MEASURED_ROUTES, _route("0.0.0.0/0", "102", kind=kind, metric=5))
+        decision = _lookup(rules, routes, "100.64.1.129")
+        assert decision.kind == kind and decision.route is not None and decision.route.table == "102", decision
+    # a unicast route of the same length is still refused, and so the main table decides
+    routes = (*MEASURED_ROUTES, _route("0.0.0.0/0", "102", via="192.168.20.1", dev="eth1"))
+    assert _lookup(rules, routes, "100.64.1.129").route.table == "main"  # type: ignore[union-attr]
+
+
 def test_throw_and_no_route_go_on_errors_end() -> None:
     routes = (*MEASURED_ROUTES, _route("172.30.5.0/24", "100", kind="throw"),
               _route("172.30.6.0/24", "100", kind="unreachable"), _route("172.30.7.0/24", "100", kind="blackhole"),
@@ -176,7 +189,8 @@ def _reference(rules: tuple[IpRule, ...], routes: tuple[Route, ...], flow: Flow)
         route = min((c for c in candidates if c.destination.length == best), key=lambda c: c.metric)
         if route.kind == "throw":
             continue
-        if rule.suppress_prefixlength is not None and route.destination.length <= rule.suppress_prefixlength:
+        if rule.suppress_prefixlength is not None and route.destination.length <= rule.suppress_prefixlength \
+                and route.kind not in ("blackhole", "unreachable", "prohibit"):
             continue
         return route.kind, route
     return "no-route", None
