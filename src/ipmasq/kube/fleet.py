@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ipmasq.config.source import config_digest
+from ipmasq.errors import ApiMalformed
+from ipmasq.kube import objects
 from ipmasq.kube.agentstatus import NodeStatus, status_from_json
 from ipmasq.kube.configmaps import ConfigMapState
 from ipmasq.kube.nodetrust import TRUSTED, NodeTrust
@@ -101,23 +103,32 @@ class FleetView:
         }
 
 
-def _pod_ready(pod: Mapping[str, object]) -> bool:
-    status = pod.get("status")
-    conditions = status.get("conditions") if isinstance(status, dict) else None
-    return any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (conditions if isinstance(conditions, list) else []))
+def _pod_ready(pod: objects.Pod) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
 
 
-def _agent_pod(pods: Sequence[Mapping[str, object]], named: str | None) -> Mapping[str, object] | None:
+def _agent_pod(pods: Sequence[objects.Pod], named: str | None) -> objects.Pod | None:
     """The node's agent pod: the one its status names when there are several (an observer beside an agent)."""
     for pod in pods:
-        metadata = pod.get("metadata")
-        if named is not None and isinstance(metadata, dict) and metadata.get("name") == named:
+        if named is not None and pod["metadata"]["name"] == named:
             return pod
     return pods[0] if pods else None
 
 
-def _why(status: NodeStatus | None, pod: Mapping[str, object] | None, pod_ready: bool, digest: str,
+def _statuses(statuses: Sequence[object]) -> list[NodeStatus]:
+    """The status objects read (objects.agent_status: list_items has checked each already, and checking again returns
+    it as it is); one of another shape, which no list hands over, counts as no status written."""
+    read = []
+    for index, obj in enumerate(statuses):
+        try:
+            read.append(status_from_json(objects.agent_status(obj, f"status object {index}")))
+        except ApiMalformed:
+            continue
+    return read
+
+
+def _why(status: NodeStatus | None, pod: objects.Pod | None, pod_ready: bool, digest: str,
          writers: Mapping[str, WriterContent]) -> str:
     if pod is None:
         return "no agent pod on this node"
@@ -146,18 +157,17 @@ def _why(status: NodeStatus | None, pod: Mapping[str, object] | None, pod_ready:
     return ""
 
 
-def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[Mapping[str, Any]],
-               pods: Sequence[Mapping[str, object]], nodes: Sequence[str], *, only: Sequence[str] = (),
-               writers: Sequence[WriterContent] = (), trust: NodeTrust = TRUSTED) -> FleetView:
+def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[object], pods: Sequence[objects.Pod],
+               nodes: Sequence[str], *, only: Sequence[str] = (), writers: Sequence[WriterContent] = (),
+               trust: NodeTrust = TRUSTED) -> FleetView:
     digest = config_digest(tuple(c.content for c in sorted(configmaps, key=lambda c: c.name)
                                  if c.exists and c.content is not None))
-    by_node = {s.node: s for s in (status_from_json(obj) for obj in statuses) if s.node}
+    by_node = {s.node: s for s in _statuses(statuses) if s.node}
     known = set(nodes)
-    pods_on: dict[str, list[Mapping[str, object]]] = {}
+    pods_on: dict[str, list[objects.Pod]] = {}
     for item in pods:
-        spec = item.get("spec")
-        node_name = spec.get("nodeName") if isinstance(spec, dict) else None
-        if isinstance(node_name, str):
+        node_name = (item.get("spec") or {}).get("nodeName")
+        if node_name is not None:
             pods_on.setdefault(node_name, []).append(item)
     rows = []
     for node in sorted(set(only) if only else known):
@@ -166,11 +176,9 @@ def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[Mapping[
             continue
         status = by_node.get(node)
         pod = _agent_pod(pods_on.get(node, []), status.pod if status is not None else None)
-        metadata = pod.get("metadata") if pod else None
-        pod_name = metadata.get("name") if isinstance(metadata, dict) else None
         pod_ready = _pod_ready(pod) if pod else False
         why = _why(status, pod, pod_ready, digest, {w.writer: w for w in writers})
-        rows.append(NodeRow(node, pod_name if isinstance(pod_name, str) else None, pod_ready, status, not why, why,
+        rows.append(NodeRow(node, pod["metadata"]["name"] if pod else None, pod_ready, status, not why, why,
                             verified=trust.verified))
     return FleetView(tuple(configmaps), digest, tuple(rows), ignored=len(set(by_node) - known),
                      writers=tuple(writers), trust=trust)

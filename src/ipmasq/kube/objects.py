@@ -8,9 +8,12 @@ typed; a field of the wrong type is ApiMalformed, one line naming the call and t
 name are kept as they are and not looked at (what a later version of ipmasq writes, what Kubernetes adds).
 
 Shapes: ObjectMeta and ListMeta, ConfigMap, Status, Lease, Node, Pod (what `ipmasq status` reads of the agents'
-pods), AgentStatusObject (the IPMasqAgentStatus object the CRD in deploy/base defines), Event, and KubeObject: an
-object of any kind by its metadata alone, with what says whose it is (labels, annotations, ownerReferences), which
-`kubectl ipmasq uninstall` lists (ipmasq.ownership reads the rest of it, each field's type checked there).
+pods), DaemonSet (its containers' environment), Secret, WebhookConfiguration (the webhook's caBundle),
+AgentStatusObject (the IPMasqAgentStatus object the CRD in deploy/base defines), Event, KubeObject: an object of any
+kind by its metadata alone, with what says whose it is (labels, annotations, ownerReferences), which `kubectl ipmasq
+uninstall` lists (ipmasq.ownership reads the rest of it, each field's type checked there); VersionedObject (a watch
+event's resourceVersion); and what the webhook is sent: AdmissionReview, its AdmissionRequest and the ConfigMap in
+it (AdmittedConfigMap).
 """
 
 from __future__ import annotations
@@ -20,13 +23,26 @@ from typing import Any, NotRequired, TypedDict, cast
 
 from ipmasq.errors import ApiMalformed, clip, one_line
 
-__all__ = ["AgentStatusObject", "Check", "ConfigMap", "ConfigMapSeen", "Event", "EventSource", "KubeObject",
-           "KubeObjectMeta", "Lease", "LeaseSpec", "ListMeta", "Node", "NodeObjectStatus", "ObjectMeta",
-           "ObjectReference", "OwnerReference", "Pod", "PodSpec", "PodStatus", "Status", "StatusCondition",
-           "agent_status", "configmap", "event", "kube_object", "lease", "list_meta", "node", "object_meta", "pod",
-           "status"]
+__all__ = ["AdmissionRequest", "AdmissionReview", "AdmittedConfigMap", "AdmittedMeta", "AgentStatusObject", "Check",
+           "ConfigMap", "ConfigMapSeen", "Container", "DaemonSet", "DaemonSetSpec", "EnvVar", "EnvVarSource", "Event",
+           "EventSource", "GroupVersionKind", "GroupVersionResource", "KubeObject", "KubeObjectMeta", "Lease",
+           "LeaseSpec", "ListMeta", "Node", "NodeObjectStatus", "ObjectMeta", "ObjectReference", "OwnerReference",
+           "Pod", "PodSpec", "PodStatus", "PodTemplate", "Secret", "ServiceReference", "Status", "StatusCondition",
+           "UserInfo", "Versioned", "VersionedObject", "Webhook", "WebhookClientConfig", "WebhookConfiguration",
+           "admission_review", "admitted_configmap", "agent_status", "configmap", "daemonset", "event", "kube_object",
+           "lease", "list_meta", "node", "object_meta", "pod", "secret", "status", "versioned",
+           "webhook_configuration"]
 
 Check = Callable[[Any, str], Any]  # (value, where) -> the value, checked; ApiMalformed when it is not
+
+
+class OwnerReference(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+    blockOwnerDeletion: bool
 
 
 class ObjectMeta(TypedDict):
@@ -35,6 +51,18 @@ class ObjectMeta(TypedDict):
     uid: NotRequired[str]
     resourceVersion: NotRequired[str]
     labels: NotRequired[dict[str, str]]
+    annotations: NotRequired[dict[str, str]]
+    ownerReferences: NotRequired[list[OwnerReference]]
+
+
+class Versioned(TypedDict, total=False):
+    """What every object of a watch carries, a BOOKMARK's too (which has no name): its resourceVersion."""
+
+    resourceVersion: str
+
+
+class VersionedObject(TypedDict, total=False):
+    metadata: Versioned
 
 
 # the functional form: "continue" is a Python keyword
@@ -85,8 +113,24 @@ class Node(TypedDict):
     status: NotRequired[NodeObjectStatus]
 
 
+class EnvVarSource(TypedDict, total=False):
+    """Where an environment variable's value comes from (a ConfigMap, a Secret, a field): only its presence is read."""
+
+
+class EnvVar(TypedDict):
+    name: str
+    value: NotRequired[str]
+    valueFrom: NotRequired[EnvVarSource]
+
+
+class Container(TypedDict):
+    name: str
+    env: NotRequired[list[EnvVar]]
+
+
 class PodSpec(TypedDict, total=False):
     nodeName: str
+    containers: list[Container]
 
 
 class PodStatus(TypedDict, total=False):
@@ -97,6 +141,49 @@ class Pod(TypedDict):
     metadata: ObjectMeta
     spec: NotRequired[PodSpec]
     status: NotRequired[PodStatus]
+
+
+class PodTemplate(TypedDict, total=False):
+    spec: PodSpec
+
+
+class DaemonSetSpec(TypedDict, total=False):
+    template: PodTemplate
+
+
+class DaemonSet(TypedDict):
+    """What ipmasq reads of a DaemonSet: its pods' containers and their environment (aws-node's SNAT settings)."""
+
+    metadata: ObjectMeta
+    spec: NotRequired[DaemonSetSpec]
+
+
+class Secret(TypedDict):
+    metadata: ObjectMeta
+    type: NotRequired[str]
+    data: NotRequired[dict[str, str]]
+
+
+class ServiceReference(TypedDict, total=False):
+    name: str
+    namespace: str
+
+
+class WebhookClientConfig(TypedDict, total=False):
+    service: ServiceReference
+    caBundle: str
+
+
+class Webhook(TypedDict, total=False):
+    name: str
+    clientConfig: WebhookClientConfig
+
+
+class WebhookConfiguration(TypedDict):
+    """A ValidatingWebhookConfiguration: the webhooks that call a Service, and the CAs each trusts."""
+
+    metadata: ObjectMeta
+    webhooks: NotRequired[list[Webhook]]
 
 
 class ConfigMapSeen(TypedDict):
@@ -159,28 +246,64 @@ class Event(TypedDict):
     reportingInstance: NotRequired[str]
 
 
-class OwnerReference(TypedDict, total=False):
-    apiVersion: str
-    kind: str
-    name: str
-    uid: str
-    controller: bool
-
-
-class KubeObjectMeta(TypedDict):
-    name: str
-    namespace: NotRequired[str]
-    uid: NotRequired[str]
-    resourceVersion: NotRequired[str]
-    labels: NotRequired[dict[str, str]]
-    annotations: NotRequired[dict[str, str]]
-    ownerReferences: NotRequired[list[OwnerReference]]
+KubeObjectMeta = ObjectMeta  # any kind's metadata: what says whose it is is in every ObjectMeta
 
 
 class KubeObject(TypedDict):
     """An object of any kind: its metadata checked, the rest (spec, rules, subjects...) left to its reader."""
 
     metadata: KubeObjectMeta
+
+
+class GroupVersionKind(TypedDict, total=False):
+    group: str
+    version: str
+    kind: str
+
+
+class GroupVersionResource(TypedDict, total=False):
+    group: str
+    version: str
+    resource: str
+
+
+class AdmittedMeta(TypedDict, total=False):
+    """An admitted object's metadata: a CREATE by generateName has no name yet."""
+
+    name: str
+    namespace: str
+
+
+class AdmittedConfigMap(TypedDict, total=False):
+    metadata: AdmittedMeta
+    data: dict[str, str]
+    binaryData: dict[str, str]
+
+
+class UserInfo(TypedDict, total=False):
+    username: str
+
+
+class AdmissionRequest(TypedDict):
+    """An AdmissionReview's request; its object (and oldObject) of any kind, read as a ConfigMap (admitted_configmap)
+    only once the request says it is one."""
+
+    uid: str
+    kind: NotRequired[GroupVersionKind]
+    resource: NotRequired[GroupVersionResource]
+    subResource: NotRequired[str]
+    name: NotRequired[str]
+    namespace: NotRequired[str]
+    operation: NotRequired[str]
+    userInfo: NotRequired[UserInfo]
+    object: NotRequired[object]
+    oldObject: NotRequired[object]
+
+
+class AdmissionReview(TypedDict):
+    apiVersion: str
+    kind: str
+    request: AdmissionRequest
 
 
 # ---- the checks ------------------------------------------------------------------------------------------------
@@ -219,6 +342,11 @@ def _strings(value: object, where: str) -> dict[str, str]:
     return value
 
 
+def _anything(value: object, where: str) -> object:
+    """A member read by a later check of its own (an admitted object, whose kind the request names)."""
+    return value
+
+
 def _list(item: Check) -> Check:
     def check(value: object, where: str) -> list[Any]:
         if not isinstance(value, list):
@@ -245,8 +373,10 @@ def _shape(fields: Mapping[str, Check], required: tuple[str, ...] = ()) -> Check
     return check
 
 
+_OWNERS = _list(_shape({"apiVersion": _text, "kind": _text, "name": _text, "uid": _text, "controller": _boolean,
+                        "blockOwnerDeletion": _boolean}))
 _OBJECT_META = _shape({"name": _text, "namespace": _text, "uid": _text, "resourceVersion": _text,
-                       "labels": _strings}, required=("name",))
+                       "labels": _strings, "annotations": _strings, "ownerReferences": _OWNERS}, required=("name",))
 _LIST_META = _shape({"resourceVersion": _text, "continue": _text})
 _CONFIGMAP = _shape({"metadata": _OBJECT_META, "data": _strings, "binaryData": _strings}, required=("metadata",))
 _STATUS = _shape({"kind": _text, "code": _integer, "reason": _text, "message": _text})
@@ -255,7 +385,10 @@ _LEASE = _shape({"metadata": _OBJECT_META,
                                  "renewTime": _text, "leaseTransitions": _integer})}, required=("metadata",))
 _CONDITIONS = _list(_shape({"type": _text, "status": _text}, required=("type", "status")))
 _NODE = _shape({"metadata": _OBJECT_META, "status": _shape({"conditions": _CONDITIONS})}, required=("metadata",))
-_POD = _shape({"metadata": _OBJECT_META, "spec": _shape({"nodeName": _text}),
+_ENV = _list(_shape({"name": _text, "value": _text, "valueFrom": _shape({})}, required=("name",)))
+_POD_SPEC = _shape({"nodeName": _text,
+                    "containers": _list(_shape({"name": _text, "env": _ENV}, required=("name",)))})
+_POD = _shape({"metadata": _OBJECT_META, "spec": _POD_SPEC,
                "status": _shape({"conditions": _CONDITIONS})}, required=("metadata",))
 _AGENT_STATUS = _shape({
     "metadata": _OBJECT_META, "nodeName": _text, "agentPod": _text, "version": _text, "backend": _text,
@@ -265,11 +398,23 @@ _AGENT_STATUS = _shape({
     "lastRejection": _text, "lastRejectionTime": _text, "rejectedDigest": _text, "driftRepairs": _integer,
     "foreignMasqueradeRules": _integer, "updateTime": _text, "mode": _text, "writer": _text, "chain": _text,
     "mismatch": _text, "ignoredByWriter": _text}, required=("metadata",))
-_KUBE_OBJECT = _shape({"metadata": _shape({
-    "name": _text, "namespace": _text, "uid": _text, "resourceVersion": _text, "labels": _strings,
-    "annotations": _strings,
-    "ownerReferences": _list(_shape({"apiVersion": _text, "kind": _text, "name": _text, "uid": _text,
-                                     "controller": _boolean}))}, required=("name",))}, required=("metadata",))
+_KUBE_OBJECT = _shape({"metadata": _OBJECT_META}, required=("metadata",))
+_VERSIONED = _shape({"metadata": _shape({"resourceVersion": _text})})
+_DAEMONSET = _shape({"metadata": _OBJECT_META, "spec": _shape({"template": _shape({"spec": _POD_SPEC})})},
+                    required=("metadata",))
+_SECRET = _shape({"metadata": _OBJECT_META, "type": _text, "data": _strings}, required=("metadata",))
+_WEBHOOK_CONFIGURATION = _shape({"metadata": _OBJECT_META, "webhooks": _list(_shape({
+    "name": _text, "clientConfig": _shape({"service": _shape({"name": _text, "namespace": _text}),
+                                           "caBundle": _text})}))}, required=("metadata",))
+_ADMISSION_REQUEST = _shape({
+    "uid": _text, "kind": _shape({"group": _text, "version": _text, "kind": _text}),
+    "resource": _shape({"group": _text, "version": _text, "resource": _text}), "subResource": _text,
+    "name": _text, "namespace": _text, "operation": _text, "userInfo": _shape({"username": _text}),
+    "object": _anything, "oldObject": _anything}, required=("uid",))
+_ADMISSION_REVIEW = _shape({"apiVersion": _text, "kind": _text, "request": _ADMISSION_REQUEST},
+                           required=("apiVersion", "kind", "request"))
+_ADMITTED_CONFIGMAP = _shape({"metadata": _shape({"name": _text, "namespace": _text}), "data": _strings,
+                              "binaryData": _strings})
 _REFERENCE = _shape({"kind": _text, "name": _text, "namespace": _text, "uid": _text, "apiVersion": _text})
 _EVENT = _shape({"metadata": _OBJECT_META, "involvedObject": _REFERENCE, "type": _text, "reason": _text,
                  "message": _text, "count": _integer, "firstTimestamp": _text, "lastTimestamp": _text,
@@ -315,3 +460,30 @@ def event(value: object, where: str) -> Event:
 
 def kube_object(value: object, where: str) -> KubeObject:
     return cast(KubeObject, _KUBE_OBJECT(value, where))
+
+
+def versioned(value: object, where: str) -> VersionedObject:
+    """A watch event's object as far as where the watch goes on from (a BOOKMARK carries nothing else)."""
+    return cast(VersionedObject, _VERSIONED(value, where))
+
+
+def daemonset(value: object, where: str) -> DaemonSet:
+    return cast(DaemonSet, _DAEMONSET(value, where))
+
+
+def secret(value: object, where: str) -> Secret:
+    return cast(Secret, _SECRET(value, where))
+
+
+def webhook_configuration(value: object, where: str) -> WebhookConfiguration:
+    return cast(WebhookConfiguration, _WEBHOOK_CONFIGURATION(value, where))
+
+
+def admission_review(value: object, where: str) -> AdmissionReview:
+    """An AdmissionReview as the API server sends it to a webhook (its request's object not looked at yet)."""
+    return cast(AdmissionReview, _ADMISSION_REVIEW(value, where))
+
+
+def admitted_configmap(value: object, where: str) -> AdmittedConfigMap:
+    """The ConfigMap an AdmissionRequest carries (object or oldObject): no name yet when made by generateName."""
+    return cast(AdmittedConfigMap, _ADMITTED_CONFIGMAP(value, where))

@@ -130,7 +130,7 @@ def _ready(node: objects.Node) -> bool:
 def _strays(client: ApiClient) -> list[tuple[str, str, str]]:
     """The bare pods an interrupted `kubectl ipmasq` run left (labelled so, and owned by nothing)."""
     found = []
-    for pod in _listed(client, paths.resource("v1", "pods"), objects.kube_object, {"labelSelector": STRAY_SELECTOR}):
+    for pod in _listed(client, paths.PODS.path(), objects.kube_object, {"labelSelector": STRAY_SELECTOR}):
         meta = pod["metadata"]
         component = (meta.get("labels") or {}).get(COMPONENT, "")
         if not meta.get("ownerReferences") and isinstance(meta.get("namespace"), str) \
