@@ -23,7 +23,8 @@ from typing import Any, NotRequired, TypedDict, cast
 
 from ipmasq.errors import ApiMalformed, clip, one_line
 
-__all__ = ["AdmissionRequest", "AdmissionReview", "AdmittedConfigMap", "AdmittedMeta", "AgentStatusObject", "Check",
+__all__ = ["AdmissionRequest", "AdmissionReview", "AdmittedConfigMap", "AdmittedMeta", "AgentStatusObject",
+           "ByNameMeta", "Check",
            "ConfigMap", "ConfigMapSeen", "Container", "DaemonSet", "DaemonSetSpec", "EnvVar", "EnvVarSource", "Event",
            "EventSource", "GroupVersionKind", "GroupVersionResource", "KubeObject", "KubeObjectMeta", "Lease",
            "LeaseSpec", "ListMeta", "Node", "NodeObjectStatus", "ObjectMeta", "ObjectReference", "OwnerReference",
@@ -69,8 +70,18 @@ class VersionedObject(TypedDict, total=False):
 ListMeta = TypedDict("ListMeta", {"resourceVersion": str, "continue": str}, total=False)
 
 
+class ByNameMeta(TypedDict, total=False):
+    """The metadata of an object read by its name (a GET of its path, a list by metadata.name): the name is the one
+    asked for, and what is read is its uid and resourceVersion."""
+
+    name: str
+    namespace: str
+    uid: str
+    resourceVersion: str
+
+
 class ConfigMap(TypedDict):
-    metadata: ObjectMeta
+    metadata: ByNameMeta
     data: NotRequired[dict[str, str]]
     binaryData: NotRequired[dict[str, str]]
 
@@ -154,7 +165,7 @@ class DaemonSetSpec(TypedDict, total=False):
 class DaemonSet(TypedDict):
     """What ipmasq reads of a DaemonSet: its pods' containers and their environment (aws-node's SNAT settings)."""
 
-    metadata: ObjectMeta
+    metadata: ByNameMeta
     spec: NotRequired[DaemonSetSpec]
 
 
@@ -378,7 +389,8 @@ _OWNERS = _list(_shape({"apiVersion": _text, "kind": _text, "name": _text, "uid"
 _OBJECT_META = _shape({"name": _text, "namespace": _text, "uid": _text, "resourceVersion": _text,
                        "labels": _strings, "annotations": _strings, "ownerReferences": _OWNERS}, required=("name",))
 _LIST_META = _shape({"resourceVersion": _text, "continue": _text})
-_CONFIGMAP = _shape({"metadata": _OBJECT_META, "data": _strings, "binaryData": _strings}, required=("metadata",))
+_BY_NAME_META = _shape({"name": _text, "namespace": _text, "uid": _text, "resourceVersion": _text})
+_CONFIGMAP = _shape({"metadata": _BY_NAME_META, "data": _strings, "binaryData": _strings}, required=("metadata",))
 _STATUS = _shape({"kind": _text, "code": _integer, "reason": _text, "message": _text})
 _LEASE = _shape({"metadata": _OBJECT_META,
                  "spec": _shape({"holderIdentity": _text, "leaseDurationSeconds": _integer, "acquireTime": _text,
@@ -400,7 +412,7 @@ _AGENT_STATUS = _shape({
     "mismatch": _text, "ignoredByWriter": _text}, required=("metadata",))
 _KUBE_OBJECT = _shape({"metadata": _OBJECT_META}, required=("metadata",))
 _VERSIONED = _shape({"metadata": _shape({"resourceVersion": _text})})
-_DAEMONSET = _shape({"metadata": _OBJECT_META, "spec": _shape({"template": _shape({"spec": _POD_SPEC})})},
+_DAEMONSET = _shape({"metadata": _BY_NAME_META, "spec": _shape({"template": _shape({"spec": _POD_SPEC})})},
                     required=("metadata",))
 _SECRET = _shape({"metadata": _OBJECT_META, "type": _text, "data": _strings}, required=("metadata",))
 _WEBHOOK_CONFIGURATION = _shape({"metadata": _OBJECT_META, "webhooks": _list(_shape({
