@@ -29,7 +29,7 @@ __all__ = ["AdmissionRequest", "AdmissionReview", "AdmittedConfigMap", "Admitted
            "EventSource", "GroupVersionKind", "GroupVersionResource", "KubeObject", "KubeObjectMeta", "Lease",
            "LeaseSpec", "ListMeta", "Node", "NodeObjectStatus", "ObjectMeta", "ObjectReference", "OwnerReference",
            "Pod", "PodSpec", "PodStatus", "PodTemplate", "Secret", "ServiceReference", "Status", "StatusCondition",
-           "UserInfo", "Versioned", "VersionedObject", "Webhook", "WebhookClientConfig", "WebhookConfiguration",
+           "Versioned", "VersionedObject", "Webhook", "WebhookClientConfig", "WebhookConfiguration",
            "admission_review", "admitted_configmap", "agent_status", "configmap", "daemonset", "event", "kube_object",
            "lease", "list_meta", "node", "object_meta", "pod", "secret", "status", "versioned",
            "webhook_configuration"]
@@ -170,6 +170,8 @@ class DaemonSet(TypedDict):
 
 
 class Secret(TypedDict):
+    apiVersion: NotRequired[str]
+    kind: NotRequired[str]
     metadata: ObjectMeta
     type: NotRequired[str]
     data: NotRequired[dict[str, str]]
@@ -291,13 +293,9 @@ class AdmittedConfigMap(TypedDict, total=False):
     binaryData: dict[str, str]
 
 
-class UserInfo(TypedDict, total=False):
-    username: str
-
-
 class AdmissionRequest(TypedDict):
     """An AdmissionReview's request; its object (and oldObject) of any kind, read as a ConfigMap (admitted_configmap)
-    only once the request says it is one."""
+    only once the request says it is one. Its userInfo is not read here (the log line shows what it can of it)."""
 
     uid: str
     kind: NotRequired[GroupVersionKind]
@@ -306,7 +304,6 @@ class AdmissionRequest(TypedDict):
     name: NotRequired[str]
     namespace: NotRequired[str]
     operation: NotRequired[str]
-    userInfo: NotRequired[UserInfo]
     object: NotRequired[object]
     oldObject: NotRequired[object]
 
@@ -421,8 +418,8 @@ _WEBHOOK_CONFIGURATION = _shape({"metadata": _OBJECT_META, "webhooks": _list(_sh
 _ADMISSION_REQUEST = _shape({
     "uid": _text, "kind": _shape({"group": _text, "version": _text, "kind": _text}),
     "resource": _shape({"group": _text, "version": _text, "resource": _text}), "subResource": _text,
-    "name": _text, "namespace": _text, "operation": _text, "userInfo": _shape({"username": _text}),
-    "object": _anything, "oldObject": _anything}, required=("uid",))
+    "name": _text, "namespace": _text, "operation": _text, "object": _anything, "oldObject": _anything},
+    required=("uid",))
 _ADMISSION_REVIEW = _shape({"apiVersion": _text, "kind": _text, "request": _ADMISSION_REQUEST},
                            required=("apiVersion", "kind", "request"))
 _ADMITTED_CONFIGMAP = _shape({"metadata": _shape({"name": _text, "namespace": _text}), "data": _strings,
