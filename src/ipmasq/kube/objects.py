@@ -9,6 +9,7 @@ name are kept as they are and not looked at (what a later version of ipmasq writ
 
 Shapes: ObjectMeta and ListMeta, ConfigMap, Status, Lease, Node, Pod (what `ipmasq status` reads of the agents'
 pods), DaemonSet (its containers' environment), Secret, WebhookConfiguration (the webhook's caBundle),
+AdmissionPolicy and AdmissionPolicyBinding (what the node-trust judgement reads),
 AgentStatusObject (the IPMasqAgentStatus object the CRD in deploy/base defines), Event, KubeObject: an object of any
 kind by its metadata alone, with what says whose it is (labels, annotations, ownerReferences), which `kubectl ipmasq
 uninstall` lists (ipmasq.ownership reads the rest of it, each field's type checked there); VersionedObject (a watch
@@ -23,16 +24,75 @@ from typing import Any, NotRequired, TypedDict, cast
 
 from ipmasq.errors import ApiMalformed, clip, one_line
 
-__all__ = ["AdmissionRequest", "AdmissionReview", "AdmittedConfigMap", "AdmittedMeta", "AgentStatusObject",
-           "ByNameMeta", "Check",
-           "ConfigMap", "ConfigMapSeen", "Container", "DaemonSet", "DaemonSetSpec", "EnvVar", "EnvVarSource", "Event",
-           "EventSource", "GroupVersionKind", "GroupVersionResource", "KubeObject", "KubeObjectMeta", "Lease",
-           "LeaseSpec", "ListMeta", "Node", "NodeObjectStatus", "ObjectMeta", "ObjectReference", "OwnerReference",
-           "Pod", "PodSpec", "PodStatus", "PodTemplate", "Secret", "ServiceReference", "Status", "StatusCondition",
-           "Versioned", "VersionedObject", "Webhook", "WebhookClientConfig", "WebhookConfiguration",
-           "admission_review", "admitted_configmap", "agent_status", "configmap", "daemonset", "event", "kube_object",
-           "lease", "list_meta", "node", "object_meta", "pod", "secret", "status", "versioned",
-           "webhook_configuration"]
+__all__ = [
+    "AdmissionPolicy",
+    "AdmissionPolicyBinding",
+    "AdmissionPolicyBindingSpec",
+    "AdmissionPolicySpec",
+    "AdmissionRequest",
+    "AdmissionReview",
+    "AdmittedConfigMap",
+    "AdmittedMeta",
+    "AgentStatusObject",
+    "ByNameMeta",
+    "Check",
+    "ConfigMap",
+    "ConfigMapSeen",
+    "Container",
+    "DaemonSet",
+    "DaemonSetSpec",
+    "EnvVar",
+    "EnvVarSource",
+    "Event",
+    "EventSource",
+    "GroupVersionKind",
+    "GroupVersionResource",
+    "KubeObject",
+    "KubeObjectMeta",
+    "LabelSelector",
+    "Lease",
+    "LeaseSpec",
+    "ListMeta",
+    "MatchResources",
+    "Node",
+    "NodeObjectStatus",
+    "ObjectMeta",
+    "ObjectReference",
+    "OwnerReference",
+    "Pod",
+    "PodSpec",
+    "PodStatus",
+    "PodTemplate",
+    "ResourceRule",
+    "Secret",
+    "SelectorRequirement",
+    "ServiceReference",
+    "Status",
+    "StatusCondition",
+    "Versioned",
+    "VersionedObject",
+    "Webhook",
+    "WebhookClientConfig",
+    "WebhookConfiguration",
+    "admission_policy",
+    "admission_policy_binding",
+    "admission_review",
+    "admitted_configmap",
+    "agent_status",
+    "configmap",
+    "daemonset",
+    "event",
+    "kube_object",
+    "lease",
+    "list_meta",
+    "node",
+    "object_meta",
+    "pod",
+    "secret",
+    "status",
+    "versioned",
+    "webhook_configuration",
+]
 
 Check = Callable[[Any, str], Any]  # (value, where) -> the value, checked; ApiMalformed when it is not
 
@@ -246,6 +306,8 @@ class EventSource(TypedDict, total=False):
 
 
 class Event(TypedDict):
+    apiVersion: NotRequired[str]
+    kind: NotRequired[str]
     metadata: ObjectMeta
     involvedObject: ObjectReference
     type: NotRequired[str]
@@ -266,6 +328,53 @@ class KubeObject(TypedDict):
     """An object of any kind: its metadata checked, the rest (spec, rules, subjects...) left to its reader."""
 
     metadata: KubeObjectMeta
+
+
+class ResourceRule(TypedDict, total=False):
+    apiGroups: list[str]
+    apiVersions: list[str]
+    operations: list[str]
+    resources: list[str]
+
+
+class SelectorRequirement(TypedDict, total=False):
+    key: str
+    operator: str
+    values: list[str]
+
+
+class LabelSelector(TypedDict, total=False):
+    matchLabels: dict[str, str]
+    matchExpressions: list[SelectorRequirement]
+
+
+class MatchResources(TypedDict, total=False):
+    namespaceSelector: LabelSelector
+    objectSelector: LabelSelector
+    resourceRules: list[ResourceRule]
+    excludeResourceRules: list[ResourceRule]
+
+
+class AdmissionPolicySpec(TypedDict, total=False):
+    matchConstraints: MatchResources
+
+
+class AdmissionPolicy(TypedDict):
+    """A ValidatingAdmissionPolicy, as far as the node-trust judgement reads it (ipmasq.kube.nodetrust)."""
+
+    metadata: ObjectMeta
+    spec: NotRequired[AdmissionPolicySpec]
+
+
+class AdmissionPolicyBindingSpec(TypedDict, total=False):
+    policyName: str
+    validationActions: list[str]
+    matchResources: MatchResources
+
+
+class AdmissionPolicyBinding(TypedDict):
+    metadata: ObjectMeta
+    spec: NotRequired[AdmissionPolicyBindingSpec]
 
 
 class GroupVersionKind(TypedDict, total=False):
@@ -415,6 +524,16 @@ _SECRET = _shape({"metadata": _OBJECT_META, "type": _text, "data": _strings}, re
 _WEBHOOK_CONFIGURATION = _shape({"metadata": _OBJECT_META, "webhooks": _list(_shape({
     "name": _text, "clientConfig": _shape({"service": _shape({"name": _text, "namespace": _text}),
                                            "caBundle": _text})}))}, required=("metadata",))
+_TEXTS = _list(_text)
+_RULES = _list(_shape({"apiGroups": _TEXTS, "apiVersions": _TEXTS, "operations": _TEXTS, "resources": _TEXTS}))
+_SELECTOR = _shape({"matchLabels": _strings,
+                    "matchExpressions": _list(_shape({"key": _text, "operator": _text, "values": _TEXTS}))})
+_MATCH = _shape({"namespaceSelector": _SELECTOR, "objectSelector": _SELECTOR, "resourceRules": _RULES,
+                 "excludeResourceRules": _RULES})
+_ADMISSION_POLICY = _shape({"metadata": _OBJECT_META, "spec": _shape({"matchConstraints": _MATCH})},
+                           required=("metadata",))
+_ADMISSION_POLICY_BINDING = _shape({"metadata": _OBJECT_META, "spec": _shape({
+    "policyName": _text, "validationActions": _TEXTS, "matchResources": _MATCH})}, required=("metadata",))
 _ADMISSION_REQUEST = _shape({
     "uid": _text, "kind": _shape({"group": _text, "version": _text, "kind": _text}),
     "resource": _shape({"group": _text, "version": _text, "resource": _text}), "subResource": _text,
@@ -496,3 +615,11 @@ def admission_review(value: object, where: str) -> AdmissionReview:
 def admitted_configmap(value: object, where: str) -> AdmittedConfigMap:
     """The ConfigMap an AdmissionRequest carries (object or oldObject): no name yet when made by generateName."""
     return cast(AdmittedConfigMap, _ADMITTED_CONFIGMAP(value, where))
+
+
+def admission_policy(value: object, where: str) -> AdmissionPolicy:
+    return cast(AdmissionPolicy, _ADMISSION_POLICY(value, where))
+
+
+def admission_policy_binding(value: object, where: str) -> AdmissionPolicyBinding:
+    return cast(AdmissionPolicyBinding, _ADMISSION_POLICY_BINDING(value, where))
