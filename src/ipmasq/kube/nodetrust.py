@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ipmasq.errors import Forbidden, NotFound, clip, one_line
+from ipmasq.errors import ApiMalformed, Forbidden, NotFound, clip, one_line
 from ipmasq.kube import objects, paths
 from ipmasq.kube.client import ApiClient
 
@@ -84,7 +84,8 @@ def judge(policy: objects.AdmissionPolicy | None, binding: objects.AdmissionPoli
 
 def read_node_trust(client: ApiClient, name: str = POLICY) -> NodeTrust:
     """Both objects read by name (each through its shape). A 404 is an absent object; a 403 says the caller may not
-    look (unverified, said); any other ApiError is raised (the API could not be asked)."""
+    look, and an answer of another shape cannot be judged (both unverified, said); any other ApiError is raised (the
+    API could not be asked)."""
     try:
         policy_path, binding_path = paths.admission_policies(name), paths.admission_policy_bindings(name)
         policy = _read(client, policy_path)
@@ -92,8 +93,12 @@ def read_node_trust(client: ApiClient, name: str = POLICY) -> NodeTrust:
     except Forbidden:
         return NodeTrust(False, f"the admission policy {name} and its binding cannot be read with these "
                                 "credentials (403), so the rows cannot be verified")
-    return judge(None if policy is None else objects.admission_policy(policy, f"GET {policy_path}"),
-                 None if binding is None else objects.admission_policy_binding(binding, f"GET {binding_path}"), name)
+    try:
+        return judge(None if policy is None else objects.admission_policy(policy, f"GET {policy_path}"),
+                     None if binding is None else objects.admission_policy_binding(binding, f"GET {binding_path}"),
+                     name)
+    except ApiMalformed as exc:  # nothing to judge: said, as a policy that does not hold
+        return NodeTrust(False, f"{exc}: the rows cannot be verified")
 
 
 def _read(client: ApiClient, path: str) -> object | None:

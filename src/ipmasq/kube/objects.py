@@ -476,7 +476,7 @@ def _list(item: Check) -> Check:
 
 def _shape(fields: Mapping[str, Check], required: tuple[str, ...] = ()) -> Check:
     """An object whose named fields pass their checks (null: absent), the `required` ones present."""
-    def check(value: object, where: str) -> dict[str, Any]:
+    def check(value: object, where: str) -> object:
         if not isinstance(value, dict):
             raise _wrong(where, "an object", value)
         for key, field in fields.items():
