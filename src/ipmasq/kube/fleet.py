@@ -21,16 +21,63 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from ipmasq.config.source import config_digest
 from ipmasq.errors import ApiMalformed
 from ipmasq.kube import objects
 from ipmasq.kube.agentstatus import NodeStatus, status_from_json
 from ipmasq.kube.configmaps import ConfigMapState
-from ipmasq.kube.nodetrust import TRUSTED, NodeTrust
+from ipmasq.kube.nodetrust import TRUSTED, NodeTrust, NodeTrustReport
 
-__all__ = ["FleetView", "NodeRow", "WriterContent", "fleet_view"]
+__all__ = ["ConfigMapReport", "FleetReport", "FleetView", "NodeRow", "RowReport", "WriterContent", "WriterReport",
+           "fleet_view"]
+
+
+# what `ipmasq status -o json` prints (the StatusReport's fields), typed as written
+class WriterReport(TypedDict):
+    writer: str
+    sources: list[str]
+    config_digest: str | None
+    error: str | None
+
+
+class RowReport(TypedDict):
+    node: str
+    pod: str | None
+    pod_ready: bool
+    current: bool
+    why: str
+    verified: bool
+    ready: bool | None
+    policy_hash: str | None
+    config_source: str | None
+    backend: str | None
+    mode: str | None
+    writer: str | None
+    chain: str | None
+    mismatch: str | None
+    ignored_by_writer: str | None
+    last_rejection: str | None
+    drift_repairs: int | None
+    updated: str | None
+
+
+class ConfigMapReport(TypedDict):
+    namespace: str
+    name: str
+    exists: bool
+    resource_version: str | None
+
+
+class FleetReport(TypedDict):
+    configmaps: list[ConfigMapReport]
+    config_digest: str
+    all_current: bool
+    node_trust: NodeTrustReport
+    nodes: list[RowReport]
+    ignored_status_objects: int
+    writer_inputs: list[WriterReport]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +89,7 @@ class WriterContent:
     digest: str | None  # config_digest of their content as the observer reads it (None: not readable)
     error: str | None = None  # why not readable (one line)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> WriterReport:
         return {"writer": self.writer, "sources": list(self.sources), "config_digest": self.digest,
                 "error": self.error}
 
@@ -58,7 +105,7 @@ class NodeRow:
     exists: bool = True  # the node exists (False: named on the command line, no such Node)
     verified: bool = True  # only this node's agent could have written its status (the node-trust policy holds)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> RowReport:
         status = self.status
         return {
             "node": self.node, "pod": self.pod, "pod_ready": self.pod_ready, "current": self.current, "why": self.why,
@@ -93,7 +140,7 @@ class FleetView:
         """Every node enforces the current config, and the rows saying so were written by their own nodes."""
         return self.all_current and self.trust.verified
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> FleetReport:
         return {
             "configmaps": [{"namespace": c.namespace, "name": c.name, "exists": c.exists,
                             "resource_version": c.resource_version} for c in self.configmaps],

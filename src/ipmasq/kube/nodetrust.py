@@ -13,16 +13,23 @@ summary Event and the holder's ipmasq_node_trust_verified say so instead of vouc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from ipmasq.errors import ApiMalformed, Forbidden, NotFound, clip, one_line
 from ipmasq.kube import objects, paths
 from ipmasq.kube.client import ApiClient
 
-__all__ = ["POLICY", "TRUSTED", "NodeTrust", "judge", "read_node_trust"]
+__all__ = ["POLICY", "TRUSTED", "NodeTrust", "NodeTrustReport", "judge", "read_node_trust"]
 
 POLICY = "ip-masq-agent-own-node"  # the policy's and its binding's name (deploy/base/admission-policy.yaml)
 _INSTALL = "kubectl apply -k deploy/ installs it"
+
+
+class NodeTrustReport(TypedDict):
+    """NodeTrust as `ipmasq status -o json` prints it."""
+
+    verified: bool
+    why: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +37,7 @@ class NodeTrust:
     verified: bool  # the policy and its binding hold every agent's token to its own node
     why: str = ""  # one line: why the rows are not verified ("" when they are)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> NodeTrustReport:
         return {"verified": self.verified, "why": self.why or None}
 
 
