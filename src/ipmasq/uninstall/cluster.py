@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from ipmasq.errors import ApiError, NotFound, UsageError, clip, one_line
 from ipmasq.kube import objects, paths
-from ipmasq.kube.client import ApiClient, list_items
+from ipmasq.kube.client import ApiAnswer, ApiClient, list_items
 from ipmasq.ownership import BARE_POD_COMPONENTS, COMPONENT, PART_OF_SELECTOR, WORKLOADS, ObjectFacts, decide, facts_of
 from ipmasq.uninstall.nodepod import POD_SELECTOR, NodeOutcome, ended, removal_pod
 from ipmasq.uninstall.plan import (
@@ -66,7 +66,7 @@ def _pause(listed: int) -> float:
 class UninstallClient(ApiClient, Protocol):
     """What the uninstall asks of the API server (ipmasq.kube.client.KubeClient has it, and the fake)."""
 
-    def delete(self, path: str) -> dict[str, Any]: ...
+    def delete(self, path: str) -> ApiAnswer: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +283,7 @@ def _present(client: ApiClient, path: str) -> bool:
     return True
 
 
-def _removal_pods(client: ApiClient, namespaces: Sequence[str], names: set[str]) -> dict[str, dict[str, Any]]:
+def _removal_pods(client: ApiClient, namespaces: Sequence[str], names: set[str]) -> dict[str, objects.KubeObject]:
     """This run's removal pods (`names`) the API still holds: one paged list per namespace, however many nodes (a
     pod of another run is no concern of this one's)."""
     return {pod["metadata"]["name"]: pod for namespace in namespaces
@@ -299,9 +299,10 @@ def _clean_nodes(client: UninstallClient, plan: UninstallPlan, timeout: float, c
     namespaces = sorted({v.namespace for v in plan.visits})
     for visit in plan.visits:
         try:
-            made = client.create(paths.pods(visit.namespace), removal_pod(visit))
-            created[visit.node] = str(made["metadata"]["name"])
-        except (ApiError, KeyError, TypeError) as exc:
+            path = paths.pods(visit.namespace)
+            made = objects.kube_object(client.create(path, removal_pod(visit)), f"POST {path}")
+            created[visit.node] = made["metadata"]["name"]
+        except ApiError as exc:  # ApiMalformed too: an answer without the pod's name
             outcomes[visit.node] = NodeOutcome(visit.node, False, (), "its pod could not be created: "
                                                f"{one_line(clip(str(exc), 400))}", 0.0)
     names = set(created.values())
