@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from ipmasq.errors import ApiMalformed, Forbidden, NotFound, clip, one_line
-from ipmasq.kube import objects, paths
+from ipmasq.kube import admission, paths
 from ipmasq.kube.client import ApiClient
 
 __all__ = ["POLICY", "TRUSTED", "NodeTrust", "NodeTrustReport", "judge", "read_node_trust"]
@@ -44,7 +44,7 @@ class NodeTrust:
 TRUSTED = NodeTrust(True)
 
 
-def _rules_cover_statuses(policy: objects.AdmissionPolicy) -> bool:
+def _rules_cover_statuses(policy: admission.AdmissionPolicy) -> bool:
     rules = ((policy.get("spec") or {}).get("matchConstraints") or {}).get("resourceRules") or []
     for rule in rules:
         groups, resources, operations = (rule.get("apiGroups") or [], rule.get("resources") or [],
@@ -55,14 +55,14 @@ def _rules_cover_statuses(policy: objects.AdmissionPolicy) -> bool:
     return False
 
 
-def _narrowed(binding_spec: objects.AdmissionPolicyBindingSpec) -> bool:
+def _narrowed(binding_spec: admission.AdmissionPolicyBindingSpec) -> bool:
     """A binding that matches fewer requests than its policy: any selector or rule in its matchResources."""
     match = binding_spec.get("matchResources") or {}
     return bool(match.get("namespaceSelector") or match.get("objectSelector") or match.get("resourceRules")
                 or match.get("excludeResourceRules"))
 
 
-def judge(policy: objects.AdmissionPolicy | None, binding: objects.AdmissionPolicyBinding | None,
+def judge(policy: admission.AdmissionPolicy | None, binding: admission.AdmissionPolicyBinding | None,
           name: str = POLICY) -> NodeTrust:
     """Whether `policy` and `binding` (as read, None when absent) hold the agents' tokens to their own nodes."""
     unverified = "any agent's token can write any node's status"
@@ -101,8 +101,8 @@ def read_node_trust(client: ApiClient, name: str = POLICY) -> NodeTrust:
         return NodeTrust(False, f"the admission policy {name} and its binding cannot be read with these "
                                 "credentials (403), so the rows cannot be verified")
     try:
-        return judge(None if policy is None else objects.admission_policy(policy, f"GET {policy_path}"),
-                     None if binding is None else objects.admission_policy_binding(binding, f"GET {binding_path}"),
+        return judge(None if policy is None else admission.admission_policy(policy, f"GET {policy_path}"),
+                     None if binding is None else admission.admission_policy_binding(binding, f"GET {binding_path}"),
                      name)
     except ApiMalformed as exc:  # nothing to judge: said, as a policy that does not hold
         return NodeTrust(False, f"{exc}: the rows cannot be verified")

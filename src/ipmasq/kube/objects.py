@@ -9,92 +9,33 @@ name are kept as they are and not looked at (what a later version of ipmasq writ
 
 Shapes: ObjectMeta and ListMeta, ConfigMap, Status, Lease, Node, Pod (what `ipmasq status` reads of the agents'
 pods), DaemonSet (its containers' environment), Secret, WebhookConfiguration (the webhook's caBundle),
-AdmissionPolicy and AdmissionPolicyBinding (what the node-trust judgement reads),
 AgentStatusObject (the IPMasqAgentStatus object the CRD in deploy/base defines), Event, KubeObject: an object of any
 kind by its metadata alone, with what says whose it is (labels, annotations, ownerReferences), which `kubectl ipmasq
 uninstall` lists (ipmasq.ownership reads the rest of it, each field's type checked there); VersionedObject (a watch
-event's resourceVersion); and what the webhook is sent: AdmissionReview, its AdmissionRequest and the ConfigMap in
-it (AdmittedConfigMap).
+event's resourceVersion). The admission machinery's (an AdmissionReview, the node-trust policy) are in
+ipmasq.kube.admission; the checks they are all made of in ipmasq.kube.shapes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, NotRequired, TypedDict, cast
+from typing import NotRequired, TypedDict, cast
 
-from ipmasq.errors import ApiMalformed, clip, one_line
+from ipmasq.kube.shapes import Check
+from ipmasq.kube.shapes import boolean as _boolean
+from ipmasq.kube.shapes import integer as _integer
+from ipmasq.kube.shapes import list_of as _list
+from ipmasq.kube.shapes import shape as _shape
+from ipmasq.kube.shapes import strings as _strings
+from ipmasq.kube.shapes import text as _text
 
-__all__ = [
-    "AdmissionPolicy",
-    "AdmissionPolicyBinding",
-    "AdmissionPolicyBindingSpec",
-    "AdmissionPolicySpec",
-    "AdmissionRequest",
-    "AdmissionReview",
-    "AdmittedConfigMap",
-    "AdmittedMeta",
-    "AgentStatusObject",
-    "ByNameMeta",
-    "Check",
-    "ConfigMap",
-    "ConfigMapSeen",
-    "Container",
-    "DaemonSet",
-    "DaemonSetSpec",
-    "EnvVar",
-    "EnvVarSource",
-    "Event",
-    "EventSource",
-    "GroupVersionKind",
-    "GroupVersionResource",
-    "KubeObject",
-    "KubeObjectMeta",
-    "LabelSelector",
-    "Lease",
-    "LeaseSpec",
-    "ListMeta",
-    "MatchResources",
-    "Node",
-    "NodeObjectStatus",
-    "ObjectMeta",
-    "ObjectReference",
-    "OwnerReference",
-    "Pod",
-    "PodSpec",
-    "PodStatus",
-    "PodTemplate",
-    "ResourceRule",
-    "Secret",
-    "SelectorRequirement",
-    "ServiceReference",
-    "Status",
-    "StatusCondition",
-    "Versioned",
-    "VersionedObject",
-    "Webhook",
-    "WebhookClientConfig",
-    "WebhookConfiguration",
-    "admission_policy",
-    "admission_policy_binding",
-    "admission_review",
-    "admitted_configmap",
-    "agent_status",
-    "configmap",
-    "daemonset",
-    "event",
-    "kube_object",
-    "lease",
-    "list_meta",
-    "node",
-    "object_meta",
-    "pod",
-    "secret",
-    "status",
-    "versioned",
-    "webhook_configuration",
-]
+__all__ = ["AgentStatusObject", "ByNameMeta", "Check", "ConfigMap", "ConfigMapSeen", "Container", "DaemonSet",
+           "DaemonSetSpec", "EnvVar", "EnvVarSource", "Event", "EventSource", "KubeObject", "KubeObjectMeta", "Lease",
+           "LeaseSpec", "ListMeta", "Node", "NodeObjectStatus", "ObjectMeta", "ObjectReference", "OwnerReference",
+           "Pod", "PodSpec", "PodStatus", "PodTemplate", "Secret", "ServiceReference", "Status", "StatusCondition",
+           "Versioned", "VersionedObject", "Webhook", "WebhookClientConfig", "WebhookConfiguration", "agent_status",
+           "configmap", "daemonset", "event", "kube_object", "lease", "list_meta", "node", "object_meta", "pod",
+           "secret", "status", "versioned", "webhook_configuration"]
 
-Check = Callable[[Any, str], Any]  # (value, where) -> the value, checked; ApiMalformed when it is not
 
 
 class OwnerReference(TypedDict, total=False):
@@ -330,164 +271,7 @@ class KubeObject(TypedDict):
     metadata: KubeObjectMeta
 
 
-class ResourceRule(TypedDict, total=False):
-    apiGroups: list[str]
-    apiVersions: list[str]
-    operations: list[str]
-    resources: list[str]
-
-
-class SelectorRequirement(TypedDict, total=False):
-    key: str
-    operator: str
-    values: list[str]
-
-
-class LabelSelector(TypedDict, total=False):
-    matchLabels: dict[str, str]
-    matchExpressions: list[SelectorRequirement]
-
-
-class MatchResources(TypedDict, total=False):
-    namespaceSelector: LabelSelector
-    objectSelector: LabelSelector
-    resourceRules: list[ResourceRule]
-    excludeResourceRules: list[ResourceRule]
-
-
-class AdmissionPolicySpec(TypedDict, total=False):
-    matchConstraints: MatchResources
-
-
-class AdmissionPolicy(TypedDict):
-    """A ValidatingAdmissionPolicy, as far as the node-trust judgement reads it (ipmasq.kube.nodetrust)."""
-
-    metadata: ObjectMeta
-    spec: NotRequired[AdmissionPolicySpec]
-
-
-class AdmissionPolicyBindingSpec(TypedDict, total=False):
-    policyName: str
-    validationActions: list[str]
-    matchResources: MatchResources
-
-
-class AdmissionPolicyBinding(TypedDict):
-    metadata: ObjectMeta
-    spec: NotRequired[AdmissionPolicyBindingSpec]
-
-
-class GroupVersionKind(TypedDict, total=False):
-    group: str
-    version: str
-    kind: str
-
-
-class GroupVersionResource(TypedDict, total=False):
-    group: str
-    version: str
-    resource: str
-
-
-class AdmittedMeta(TypedDict, total=False):
-    """An admitted object's metadata: a CREATE by generateName has no name yet."""
-
-    name: str
-    namespace: str
-
-
-class AdmittedConfigMap(TypedDict, total=False):
-    metadata: AdmittedMeta
-    data: dict[str, str]
-    binaryData: dict[str, str]
-
-
-class AdmissionRequest(TypedDict):
-    """An AdmissionReview's request; its object (and oldObject) of any kind, read as a ConfigMap (admitted_configmap)
-    only once the request says it is one. Its userInfo is not read here (the log line shows what it can of it)."""
-
-    uid: str
-    kind: NotRequired[GroupVersionKind]
-    resource: NotRequired[GroupVersionResource]
-    subResource: NotRequired[str]
-    name: NotRequired[str]
-    namespace: NotRequired[str]
-    operation: NotRequired[str]
-    object: NotRequired[object]
-    oldObject: NotRequired[object]
-
-
-class AdmissionReview(TypedDict):
-    apiVersion: str
-    kind: str
-    request: AdmissionRequest
-
-
 # ---- the checks ------------------------------------------------------------------------------------------------
-
-
-def _wrong(where: str, expected: str, value: object) -> ApiMalformed:
-    shown = clip(one_line(repr(value)), 40)
-    return ApiMalformed(one_line(f"{where} is not {expected} ({shown}): not an answer the API server sends"))
-
-
-def _text(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise _wrong(where, "a string", value)
-    return value
-
-
-def _integer(value: object, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _wrong(where, "an integer", value)
-    return value
-
-
-def _boolean(value: object, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise _wrong(where, "true or false", value)
-    return value
-
-
-def _strings(value: object, where: str) -> dict[str, str]:
-    """A map of strings to strings (labels, a ConfigMap's data)."""
-    if not isinstance(value, dict):
-        raise _wrong(where, "an object", value)
-    for key, item in value.items():
-        if not isinstance(item, str):
-            raise _wrong(f"{where}.{clip(one_line(key), 60)}", "a string", item)
-    return value
-
-
-def _anything(value: object, where: str) -> object:
-    """A member read by a later check of its own (an admitted object, whose kind the request names)."""
-    return value
-
-
-def _list(item: Check) -> Check:
-    def check(value: object, where: str) -> list[Any]:
-        if not isinstance(value, list):
-            raise _wrong(where, "a list", value)
-        for index, member in enumerate(value):
-            item(member, f"{where}[{index}]")
-        return value
-    return check
-
-
-def _shape(fields: Mapping[str, Check], required: tuple[str, ...] = ()) -> Check:
-    """An object whose named fields pass their checks (null: absent), the `required` ones present."""
-    def check(value: object, where: str) -> object:
-        if not isinstance(value, dict):
-            raise _wrong(where, "an object", value)
-        for key, field in fields.items():
-            member = value.get(key)
-            if member is None:
-                if key in required:
-                    raise ApiMalformed(f"{where}.{key} is missing: not an answer the API server sends")
-                continue
-            field(member, f"{where}.{key}")
-        return value
-    return check
 
 
 _OWNERS = _list(_shape({"apiVersion": _text, "kind": _text, "name": _text, "uid": _text, "controller": _boolean,
@@ -524,25 +308,6 @@ _SECRET = _shape({"metadata": _OBJECT_META, "type": _text, "data": _strings}, re
 _WEBHOOK_CONFIGURATION = _shape({"metadata": _OBJECT_META, "webhooks": _list(_shape({
     "name": _text, "clientConfig": _shape({"service": _shape({"name": _text, "namespace": _text}),
                                            "caBundle": _text})}))}, required=("metadata",))
-_TEXTS = _list(_text)
-_RULES = _list(_shape({"apiGroups": _TEXTS, "apiVersions": _TEXTS, "operations": _TEXTS, "resources": _TEXTS}))
-_SELECTOR = _shape({"matchLabels": _strings,
-                    "matchExpressions": _list(_shape({"key": _text, "operator": _text, "values": _TEXTS}))})
-_MATCH = _shape({"namespaceSelector": _SELECTOR, "objectSelector": _SELECTOR, "resourceRules": _RULES,
-                 "excludeResourceRules": _RULES})
-_ADMISSION_POLICY = _shape({"metadata": _OBJECT_META, "spec": _shape({"matchConstraints": _MATCH})},
-                           required=("metadata",))
-_ADMISSION_POLICY_BINDING = _shape({"metadata": _OBJECT_META, "spec": _shape({
-    "policyName": _text, "validationActions": _TEXTS, "matchResources": _MATCH})}, required=("metadata",))
-_ADMISSION_REQUEST = _shape({
-    "uid": _text, "kind": _shape({"group": _text, "version": _text, "kind": _text}),
-    "resource": _shape({"group": _text, "version": _text, "resource": _text}), "subResource": _text,
-    "name": _text, "namespace": _text, "operation": _text, "object": _anything, "oldObject": _anything},
-    required=("uid",))
-_ADMISSION_REVIEW = _shape({"apiVersion": _text, "kind": _text, "request": _ADMISSION_REQUEST},
-                           required=("apiVersion", "kind", "request"))
-_ADMITTED_CONFIGMAP = _shape({"metadata": _shape({"name": _text, "namespace": _text}), "data": _strings,
-                              "binaryData": _strings})
 _REFERENCE = _shape({"kind": _text, "name": _text, "namespace": _text, "uid": _text, "apiVersion": _text})
 _EVENT = _shape({"metadata": _OBJECT_META, "involvedObject": _REFERENCE, "type": _text, "reason": _text,
                  "message": _text, "count": _integer, "firstTimestamp": _text, "lastTimestamp": _text,
@@ -605,21 +370,3 @@ def secret(value: object, where: str) -> Secret:
 
 def webhook_configuration(value: object, where: str) -> WebhookConfiguration:
     return cast(WebhookConfiguration, _WEBHOOK_CONFIGURATION(value, where))
-
-
-def admission_review(value: object, where: str) -> AdmissionReview:
-    """An AdmissionReview as the API server sends it to a webhook (its request's object not looked at yet)."""
-    return cast(AdmissionReview, _ADMISSION_REVIEW(value, where))
-
-
-def admitted_configmap(value: object, where: str) -> AdmittedConfigMap:
-    """The ConfigMap an AdmissionRequest carries (object or oldObject): no name yet when made by generateName."""
-    return cast(AdmittedConfigMap, _ADMITTED_CONFIGMAP(value, where))
-
-
-def admission_policy(value: object, where: str) -> AdmissionPolicy:
-    return cast(AdmissionPolicy, _ADMISSION_POLICY(value, where))
-
-
-def admission_policy_binding(value: object, where: str) -> AdmissionPolicyBinding:
-    return cast(AdmissionPolicyBinding, _ADMISSION_POLICY_BINDING(value, where))

@@ -1,4 +1,4 @@
-"""The admission decision: an AdmissionReview request (a plain JSON value, read through ipmasq.kube.objects'
+"""The admission decision: an AdmissionReview request (a plain JSON value, read through ipmasq.kube.admission's
 AdmissionReview shape; one of another shape is a ReviewError) -> allowed or denied, and warnings.
 
 Pure, no I/O: the agent's own loader says what the agent would refuse, `ipmasq lint` says what it would accept but
@@ -21,7 +21,7 @@ from ipmasq.config.source import CONFIG_PREFIX, ConfigInput, config_from_bytes
 from ipmasq.config.validate import KNOWN_KEYS
 from ipmasq.errors import ApiMalformed, ConfigError, ReviewError, clip, one_line
 from ipmasq.findings import Finding, Severity
-from ipmasq.kube import objects
+from ipmasq.kube import admission, objects
 from ipmasq.lint.config import lint_config
 from ipmasq.lint.manifest import AGENT_CONFIGMAP, AGENT_NAMESPACE, CONFIG_KEY
 from ipmasq.lint.text import scan_lookalikes
@@ -94,7 +94,7 @@ def respond(review: object, options: PolicyOptions | None = None, *, abandoned: 
     if review.get("apiVersion") != ADMISSION_API or review.get("kind") != "AdmissionReview":
         raise ReviewError(f"not an {ADMISSION_API} AdmissionReview (apiVersion {clip(str(review.get('apiVersion')))}"
                           f", kind {clip(str(review.get('kind')))})")
-    request = _read(objects.admission_review, review, "the AdmissionReview")["request"]
+    request = _read(admission.admission_review, review, "the AdmissionReview")["request"]
     verdict = decide(request, options or PolicyOptions(), WorkBudget(REVIEW_WORK_STEPS, abandoned,
                                                                          max_rules=MAX_CHECKED_RULES, handoff=handoff))
     response: AdmissionResponse = {"uid": request["uid"], "allowed": verdict.allowed}
@@ -116,16 +116,16 @@ def _read(check: Callable[[object, str], T], value: object, where: str) -> T:
         raise ReviewError(str(exc)) from None
 
 
-def decide(request: objects.AdmissionRequest, options: PolicyOptions,
+def decide(request: admission.AdmissionRequest, options: PolicyOptions,
            budget: WorkBudget | None = None) -> AdmissionVerdict:
-    """The verdict on one AdmissionReview request (its `request` member, read by objects.admission_review); `budget`:
+    """The verdict on one AdmissionReview request (its `request` member, read by admission.admission_review); `budget`:
     the work its rules' checks may do, for all its config keys together (None: unbounded)."""
     if options.node_name is None:
         # every node's agent knows its own name: a rule with `nodes` is checked, not refused for want of one
         options = replace(options, node_name="")
     if request.get("operation") not in _WRITES or not _is_configmap(request) or request.get("object") is None:
         return ALLOWED
-    obj = _read(objects.admitted_configmap, request.get("object"), "request.object")
+    obj = _read(admission.admitted_configmap, request.get("object"), "request.object")
     metadata = obj.get("metadata") or {}
     name = metadata.get("name") or request.get("name") or ""
     namespace = request.get("namespace") or metadata.get("namespace") or ""
@@ -166,7 +166,7 @@ def decide(request: objects.AdmissionRequest, options: PolicyOptions,
     return ALLOWED
 
 
-def data_size(obj: objects.AdmittedConfigMap) -> int:
+def data_size(obj: admission.AdmittedConfigMap) -> int:
     """A ConfigMap's size as the API server counts it for its 1 MiB limit: every key and value of data (UTF-8
     bytes) and of binaryData (decoded bytes), worked out without copying a value."""
     size = 0
@@ -183,14 +183,14 @@ def _utf8_size(value: str) -> int:
     return len(value.encode("utf-8", "surrogatepass"))
 
 
-def _data_unchanged(request: objects.AdmissionRequest, obj: objects.AdmittedConfigMap) -> bool:
+def _data_unchanged(request: admission.AdmissionRequest, obj: admission.AdmittedConfigMap) -> bool:
     if request.get("operation") != "UPDATE" or request.get("oldObject") is None:
         return False
-    old = _read(objects.admitted_configmap, request.get("oldObject"), "request.oldObject")
+    old = _read(admission.admitted_configmap, request.get("oldObject"), "request.oldObject")
     return all(old.get(member) == obj.get(member) for member in ("data", "binaryData"))
 
 
-def _is_configmap(request: objects.AdmissionRequest) -> bool:
+def _is_configmap(request: admission.AdmissionRequest) -> bool:
     if request.get("subResource"):
         return False
     kind = request.get("kind")
@@ -217,7 +217,7 @@ def _near_miss(name: str) -> bool:
     return SequenceMatcher(None, lowered.replace("_", "-"), AGENT_CONFIGMAP).ratio() >= _NEAR_MISS
 
 
-def _holds_a_config(obj: objects.AdmittedConfigMap) -> bool:
+def _holds_a_config(obj: admission.AdmittedConfigMap) -> bool:
     """Whether a ConfigMap's data has a key of the agent's config, or a value that starts like one."""
     for key, value in (obj.get("data") or {}).items():
         if key.lower() in KNOWN_KEYS:
@@ -236,7 +236,7 @@ class _Collected:
     warnings: list[str] = field(default_factory=list)
 
 
-def _config_keys(obj: objects.AdmittedConfigMap) -> list[tuple[str, bytes | str]]:
+def _config_keys(obj: admission.AdmittedConfigMap) -> list[tuple[str, bytes | str]]:
     """(where, content) of every key the agent reads: `config` (what the shipped DaemonSet mounts as its file) and
     the ip-masq* keys (the files a config directory holds), from data (text) and binaryData (bytes)."""
     found: list[tuple[str, bytes | str]] = []
@@ -252,7 +252,7 @@ def _config_keys(obj: objects.AdmittedConfigMap) -> list[tuple[str, bytes | str]
     return found
 
 
-def _review_configs(obj: objects.AdmittedConfigMap, name: str, options: PolicyOptions, budget: WorkBudget | None,
+def _review_configs(obj: admission.AdmittedConfigMap, name: str, options: PolicyOptions, budget: WorkBudget | None,
                     *, required: bool) -> AdmissionVerdict:
     configs = _config_keys(obj)
     collected = _Collected()
@@ -268,7 +268,7 @@ def _review_configs(obj: objects.AdmittedConfigMap, name: str, options: PolicyOp
     return AdmissionVerdict(True, warnings=tuple(warnings))
 
 
-def _missing_config(obj: objects.AdmittedConfigMap, configs: list[tuple[str, bytes | str]],
+def _missing_config(obj: admission.AdmittedConfigMap, configs: list[tuple[str, bytes | str]],
                     collected: _Collected) -> None:
     keys = [*(obj.get("data") or {}), *(obj.get("binaryData") or {})]
     stray = [k for k in keys if k.lower() in KNOWN_KEYS]

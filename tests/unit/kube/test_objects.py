@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ipmasq.errors import ApiMalformed, ApiUnreachable
-from ipmasq.kube import objects
+from ipmasq.kube import admission, objects
 
 META = {"name": "node-a", "uid": "u", "resourceVersion": "5", "labels": {"a": "b"}, "generation": 3}
 
@@ -84,14 +84,14 @@ def test_the_other_shapes_come_back_unchanged() -> None:
         objects.webhook_configuration: {"metadata": META, "webhooks": [
             {"name": "w", "clientConfig": {"service": {"name": "s", "namespace": "n", "port": 443}, "caBundle": "eA=="},
              "timeoutSeconds": 5}]},
-        objects.admission_policy: {"metadata": META, "spec": {"matchConstraints": {"resourceRules": [
+        admission.admission_policy: {"metadata": META, "spec": {"matchConstraints": {"resourceRules": [
             {"apiGroups": ["ipmasq.dev"], "operations": ["CREATE"], "resources": ["ipmasqagentstatuses"]}],
             "namespaceSelector": {}}}},
-        objects.admission_policy_binding: {"metadata": META, "spec": {"policyName": "p", "validationActions": ["Deny"],
-                                                                      "matchResources": {"objectSelector": {
-                                                                          "matchLabels": {"a": "b"}}}}},
-        objects.admission_review: REVIEW,
-        objects.admitted_configmap: {"metadata": {"generateName": "ip-masq-"}, "data": {"config": "x"}},
+        admission.admission_policy_binding: {"metadata": META, "spec": {
+            "policyName": "p", "validationActions": ["Deny"],
+            "matchResources": {"objectSelector": {"matchLabels": {"a": "b"}}}}},
+        admission.admission_review: REVIEW,
+        admission.admitted_configmap: {"metadata": {"generateName": "ip-masq-"}, "data": {"config": "x"}},
         objects.versioned: {"metadata": {"resourceVersion": "160"}},  # a BOOKMARK: no name
         objects.lease: {"metadata": {**META, "annotations": {"ipmasq.dev/nodes": "1000"}}},
     }
@@ -111,21 +111,21 @@ def test_the_other_shapes_come_back_unchanged() -> None:
     (objects.secret, {"data": {}}, r"\.metadata is missing"),
     (objects.webhook_configuration, {"metadata": META, "webhooks": [{"clientConfig": {"caBundle": 7}}]},
      r"webhooks\[0\]\.clientConfig\.caBundle is not a string"),
-    (objects.admission_policy, {"metadata": META, "spec": {"matchConstraints": {"resourceRules": [
+    (admission.admission_policy, {"metadata": META, "spec": {"matchConstraints": {"resourceRules": [
         {"resources": "ipmasqagentstatuses"}]}}}, r"resourceRules\[0\]\.resources is not a list"),
-    (objects.admission_policy_binding, {"metadata": META, "spec": {"validationActions": "Deny"}},
+    (admission.admission_policy_binding, {"metadata": META, "spec": {"validationActions": "Deny"}},
      r"validationActions is not a list"),
-    (objects.admission_policy_binding, {"metadata": META, "spec": {"validationActions": ["Deny", 1]}},
+    (admission.admission_policy_binding, {"metadata": META, "spec": {"validationActions": ["Deny", 1]}},
      r"validationActions\[1\] is not a string"),
-    (objects.admission_review, {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"},
+    (admission.admission_review, {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"},
      r"\.request is missing"),
-    (objects.admission_review, {**REVIEW, "request": {"uid": 5}}, r"request\.uid is not a string"),
-    (objects.admission_review, {**REVIEW, "request": {"uid": "u", "operation": ["CREATE"]}},
+    (admission.admission_review, {**REVIEW, "request": {"uid": 5}}, r"request\.uid is not a string"),
+    (admission.admission_review, {**REVIEW, "request": {"uid": "u", "operation": ["CREATE"]}},
      r"request\.operation is not a string"),
-    (objects.admission_review, {**REVIEW, "request": {"uid": "u", "kind": "ConfigMap"}},
+    (admission.admission_review, {**REVIEW, "request": {"uid": "u", "kind": "ConfigMap"}},
      r"request\.kind is not an object"),
-    (objects.admitted_configmap, {"data": {"config": {"nonMasqueradeCIDRs": []}}}, r"data\.config is not a string"),
-    (objects.admitted_configmap, {"metadata": {"name": 7}}, r"metadata\.name is not a string"),
+    (admission.admitted_configmap, {"data": {"config": {"nonMasqueradeCIDRs": []}}}, r"data\.config is not a string"),
+    (admission.admitted_configmap, {"metadata": {"name": 7}}, r"metadata\.name is not a string"),
     (objects.versioned, {"metadata": {"resourceVersion": 160}}, r"metadata\.resourceVersion is not a string"),
     (objects.lease, {"metadata": {**META, "annotations": {"ipmasq.dev/nodes": 1000}}},
      r"annotations\.ipmasq\.dev/nodes is not a string"),
