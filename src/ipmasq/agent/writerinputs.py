@@ -30,9 +30,9 @@ from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_digest
 from ipmasq.diagnose.check import NodeRules, check_node, ignored_findings
 from ipmasq.diagnose.eks import check_eks, node_chain
-from ipmasq.errors import ConfigError, NotFound, clip
+from ipmasq.errors import ApiMalformed, ConfigError, NotFound, clip
 from ipmasq.findings import Finding
-from ipmasq.kube import paths
+from ipmasq.kube import objects, paths
 from ipmasq.kube.client import ApiClient
 from ipmasq.kube.configmaps import ConfigMapFollower, ConfigMapState, ObjectFollower, configmap_state
 from ipmasq.options import PolicyOptions
@@ -73,38 +73,35 @@ class EnvState:
     unreadable: str | None = None  # why the settings cannot be known from the DaemonSet (one line)
 
 
-def _field(obj: object, *keys: str) -> object:
-    for key in keys:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj
-
-
-def daemonset_env(namespace: str, name: str, obj: dict[str, Any] | None) -> EnvState:
-    """The container named like the DaemonSet (aws-node's own), its literal values of the SNAT settings."""
+def daemonset_env(namespace: str, name: str, obj: object | None) -> EnvState:
+    """The container named like the DaemonSet (aws-node's own), its literal values of the SNAT settings. `obj` as the
+    API server sent it, read here through objects.daemonset: one of another shape is unreadable, in its one line."""
     if obj is None:
         return EnvState(namespace, name, exists=False)
-    uid, version = _field(obj, "metadata", "uid"), _field(obj, "metadata", "resourceVersion")
-    common: dict[str, Any] = {"uid": uid if isinstance(uid, str) else None,
-                              "resource_version": version if isinstance(version, str) else None}
-    containers = _field(obj, "spec", "template", "spec", "containers")
-    container = next((c for c in containers if isinstance(c, dict) and c.get("name") == name), None) \
-        if isinstance(containers, list) else None
+    try:
+        daemonset = objects.daemonset(obj, f"DaemonSet {namespace}/{name}")
+    except ApiMalformed as exc:
+        return EnvState(namespace, name, True, unreadable=f"{exc}: not observed")
+    meta = daemonset["metadata"]
+    uid, version = meta.get("uid"), meta.get("resourceVersion")
+    containers = (((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []
+    container = next((c for c in containers if c["name"] == name), None)
     if container is None:
-        return EnvState(namespace, name, True, unreadable=f"the DaemonSet {namespace}/{name} has no container named "
-                        f"{name}: the VPC CNI's settings are not known: not observed", **common)
+        return EnvState(namespace, name, True, uid=uid, resource_version=version,
+                        unreadable=f"the DaemonSet {namespace}/{name} has no container named {name}: the VPC CNI's "
+                        "settings are not known: not observed")
     env: dict[str, str] = {}
-    variables = container.get("env")
-    for item in variables if isinstance(variables, list) else ():
-        variable = item.get("name") if isinstance(item, dict) else None
+    for item in container.get("env") or []:
+        variable = item["name"]
         if variable not in _ENV:
             continue
-        assert isinstance(item, dict) and isinstance(variable, str)
         value = item.get("value")
         if value is None and item.get("valueFrom") is not None:
-            return EnvState(namespace, name, True, unreadable=f"{name}'s {variable} is set by valueFrom (a ConfigMap, "
-                            "a Secret or a field): its value is not in the DaemonSet: not observed", **common)
-        env[variable] = value if isinstance(value, str) else ""  # the last one wins, as in the container
-    return EnvState(namespace, name, True, tuple(sorted(env.items())), **common)
+            return EnvState(namespace, name, True, uid=uid, resource_version=version,
+                            unreadable=f"{name}'s {variable} is set by valueFrom (a ConfigMap, a Secret or a field): "
+                            "its value is not in the DaemonSet: not observed")
+        env[variable] = value or ""  # the last one wins, as in the container
+    return EnvState(namespace, name, True, tuple(sorted(env.items())), uid, version)
 
 
 State = ConfigMapState | EnvState
@@ -147,7 +144,8 @@ def current_input(client: ApiClient, writer: Writer, namespace: str = NAMESPACE)
     return input_of(states)
 
 
-def _get(client: ApiClient, path: str) -> dict[str, Any] | None:
+def _get(client: ApiClient, path: str) -> object | None:
+    """The object as the API server sent it (its reader checks its shape), None when there is none."""
     try:
         return client.get(path)
     except NotFound:

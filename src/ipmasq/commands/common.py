@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from ipmasq.backends.base import BACKEND_NAMES
@@ -202,12 +203,12 @@ def add_output_flag(parser: argparse.ArgumentParser) -> None:
                         f"apiVersion ({API_VERSION}) and kind")
 
 
-def document(kind: str, body: dict[str, Any]) -> dict[str, Any]:
+def document(kind: str, body: Mapping[str, object]) -> dict[str, object]:
     """The document `-o json`/`-o yaml` print: apiVersion and kind first, then the command's fields."""
     return {"apiVersion": API_VERSION, "kind": kind, **body}
 
 
-def print_document(output: str, kind: str, body: dict[str, Any], *, ensure_ascii: bool = True) -> None:
+def print_document(output: str, kind: str, body: Mapping[str, object], *, ensure_ascii: bool = True) -> None:
     """The command's document on standard output as JSON (indented) or YAML (block style, keys in order)."""
     doc = document(kind, body)
     if output == "yaml":

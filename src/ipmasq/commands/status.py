@@ -95,7 +95,7 @@ def _gather(client: Any, args: argparse.Namespace) -> FleetView:
     except UsageError as exc:  # a name that cannot be a Kubernetes name
         raise UsageError(f"status: {exc}") from None
 
-    def statuses() -> list[Any]:
+    def statuses() -> list[objects.AgentStatusObject]:
         try:
             return list_items(client, paths.statuses(), objects.agent_status, page=PAGE).items
         except NotFound:  # the CRD is not installed: no agent writes status
@@ -112,13 +112,12 @@ def _gather(client: Any, args: argparse.Namespace) -> FleetView:
             daemonsets = []
         pods = without_others_pods(daemonsets, pods)
     nodes = list_items(client, paths.nodes(), objects.node, page=NODE_PAGE).items
-    names = [meta["name"] for meta in (n.get("metadata") for n in nodes)
-             if isinstance(meta, dict) and isinstance(meta.get("name"), str)]
+    names = [n["metadata"]["name"] for n in nodes]  # each checked by objects.node: a name is always there
     return fleet_view(configmaps, written, pods, names, only=only, writers=_writer_contents(client, written),
                       trust=read_node_trust(client))
 
 
-def _writer_contents(client: Any, statuses: list[Any]) -> list[WriterContent]:
+def _writer_contents(client: Any, statuses: list[objects.AgentStatusObject]) -> list[WriterContent]:
     """The own inputs of each provider observed in the fleet (AKS's ConfigMaps, aws-node's env), read now, as its
     observers read them; a provider that reads the ip-masq-agent ConfigMap needs none."""
     from ipmasq.agent.writerinputs import NAMESPACE, current_input, own_inputs

@@ -8,17 +8,43 @@ read back by `ipmasq status`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from ipmasq.errors import Conflict, Forbidden, NotFound
-from ipmasq.kube import paths
+from ipmasq.kube import objects, paths
 from ipmasq.kube.client import ApiClient
 from ipmasq.kube.paths import GROUP, KIND, VERSION
 from ipmasq.ownership import labels
 
-__all__ = ["NodeStatus", "StatusWriter", "status_from_json"]
+__all__ = ["NodeStatus", "StatusBody", "StatusWriter", "status_from_json"]
+
+
+class StatusBody(TypedDict):
+    """The fields an agent writes of its IPMasqAgentStatus (objects.AgentStatusObject, as written: None is null)."""
+
+    nodeName: str
+    agentPod: str | None
+    version: str
+    backend: str
+    ready: bool
+    reason: str
+    policyHash: str | None
+    hash: str | None
+    configDigest: str | None
+    configSource: str
+    configMaps: list[objects.ConfigMapSeen]
+    lastRejection: str | None
+    lastRejectionTime: str | None
+    rejectedDigest: str | None
+    driftRepairs: int
+    foreignMasqueradeRules: int | None
+    updateTime: str
+    mode: str
+    writer: str | None
+    chain: str | None
+    mismatch: str | None
+    ignoredByWriter: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +85,7 @@ class NodeStatus:
         """The node's rules were verified to hold the config of config_digest (by this agent's pass, or observed)."""
         return self.config_digest is not None and self.mismatch is None
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> StatusBody:
         return {
             "nodeName": self.node, "agentPod": self.pod, "version": self.version, "backend": self.backend,
             "ready": self.ready, "reason": self.reason,
@@ -75,43 +101,32 @@ class NodeStatus:
         }
 
 
-def _owner(meta: dict[str, Any]) -> str | None:
+def _owner(meta: objects.ObjectMeta) -> str | None:
     """The Node the object is owned by (its ownerReferences), None when none is named."""
-    owners = meta.get("ownerReferences")
-    for owner in owners if isinstance(owners, list) else []:
-        if isinstance(owner, dict) and owner.get("kind") == "Node" and isinstance(owner.get("name"), str):
-            return str(owner["name"])
+    for owner in meta.get("ownerReferences") or []:
+        name = owner.get("name")
+        if owner.get("kind") == "Node" and name is not None:
+            return name
     return None
 
 
-def status_from_json(obj: Mapping[str, Any]) -> NodeStatus:
-    """Read back what an agent wrote (missing or wrongly typed fields as their empty values: never a traceback).
+def status_from_json(obj: objects.AgentStatusObject) -> NodeStatus:
+    """Read back what an agent wrote, checked by ipmasq.kube.objects.agent_status (a field of the wrong type is
+    ApiMalformed there); a nullable field that is null or missing is its empty value.
 
     The node a status speaks for is the object's name, never the body's nodeName: each node's agent writes the object
     named after its node, and the object's name is what an admission policy can tie to the writer's credentials."""
-    def text(key: str) -> str | None:
-        value = obj.get(key)
-        return value if isinstance(value, str) else None
-
-    def number(key: str) -> int | None:
-        value = obj.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    assert isinstance(meta, dict)
-    maps = obj.get("configMaps") if isinstance(obj.get("configMaps"), list) else []
-    assert isinstance(maps, list)
-    name = meta.get("name")
     return NodeStatus(
-        node=name if isinstance(name, str) else "", pod=text("agentPod"), version=text("version") or "",
-        backend=text("backend") or "", ready=obj.get("ready") is True, reason=text("reason") or "",
-        policy_hash=text("policyHash"), config_digest=text("configDigest"), config_source=text("configSource") or "",
-        configmaps=tuple((str(m.get("name")), str(m.get("resourceVersion"))) for m in maps if isinstance(m, dict)),
-        last_rejection=text("lastRejection"), last_rejection_time=text("lastRejectionTime"),
-        drift_repairs=number("driftRepairs") or 0, foreign_masquerade_rules=number("foreignMasqueradeRules"),
-        updated=text("updateTime") or "", rejected_digest=text("rejectedDigest"), mode=text("mode") or "enforce",
-        writer=text("writer"), chain=text("chain") or "", mismatch=text("mismatch"), ignored=text("ignoredByWriter"),
-        owner=_owner(meta))
+        node=obj["metadata"]["name"], pod=obj.get("agentPod"), version=obj.get("version") or "",
+        backend=obj.get("backend") or "", ready=obj.get("ready") is True, reason=obj.get("reason") or "",
+        policy_hash=obj.get("policyHash"), config_digest=obj.get("configDigest"),
+        config_source=obj.get("configSource") or "",
+        configmaps=tuple((m["name"], m["resourceVersion"]) for m in obj.get("configMaps") or []),
+        last_rejection=obj.get("lastRejection"), last_rejection_time=obj.get("lastRejectionTime"),
+        drift_repairs=obj.get("driftRepairs") or 0, foreign_masquerade_rules=obj.get("foreignMasqueradeRules"),
+        updated=obj.get("updateTime") or "", rejected_digest=obj.get("rejectedDigest"),
+        mode=obj.get("mode") or "enforce", writer=obj.get("writer"), chain=obj.get("chain") or "",
+        mismatch=obj.get("mismatch"), ignored=obj.get("ignoredByWriter"), owner=_owner(obj["metadata"]))
 
 
 # ipmasq's labels (ipmasq.ownership): given at creation, and by the first patch of an object an earlier release made
@@ -126,7 +141,7 @@ class StatusWriter:
         self.client = client
         self.node = node
         self._exists = False
-        self._owner: dict[str, Any] | None = None
+        self._owner: objects.OwnerReference | None = None
 
     def write(self, status: NodeStatus) -> None:
         body = status.as_json()
@@ -138,8 +153,8 @@ class StatusWriter:
                 self._exists = False
         self._create(body)
 
-    def _create(self, body: dict[str, Any]) -> None:
-        metadata: dict[str, Any] = {"name": self.node, "labels": dict(LABELS)}
+    def _create(self, body: StatusBody) -> None:
+        metadata: objects.ObjectMeta = {"name": self.node, "labels": dict(LABELS)}
         owner = self._node_owner()
         if owner is not None:
             metadata["ownerReferences"] = [owner]
@@ -150,14 +165,15 @@ class StatusWriter:
             self.client.patch(paths.statuses(self.node), {"metadata": {"labels": dict(LABELS)}, **body})
         self._exists = True
 
-    def _node_owner(self) -> dict[str, Any] | None:
+    def _node_owner(self) -> objects.OwnerReference | None:
         if self._owner is None:
+            path = paths.nodes(self.node)
             try:
-                node = self.client.get(paths.nodes(self.node))
+                node = objects.node(self.client.get(path), f"GET {path}")
             except (NotFound, Forbidden):
                 return None  # no such Node, or no right to read it: the status without an owner, rather than none
-            uid = (node.get("metadata") or {}).get("uid")
-            if isinstance(uid, str):
+            uid = node["metadata"].get("uid")
+            if uid is not None:
                 self._owner = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid,
                                "blockOwnerDeletion": False}
         return self._owner

@@ -77,7 +77,8 @@ MAX_LIST_BYTES = 128 << 20
 
 
 class ApiAnswer(dict[str, Any]):
-    """A JSON object the API server answered, with the size in bytes it had on the wire (what list_items bounds)."""
+    """A JSON object the API server answered, with the size in bytes it had on the wire (what list_items bounds):
+    what every call gives back, untyped until one of ipmasq.kube.objects' shapes has read it."""
 
     __slots__ = ("size",)
 
@@ -106,11 +107,11 @@ class WatchEvent:
 class ApiClient(Protocol):
     """What the agent asks of the API server: KubeClient on a node, ipmasq.testing.kube.FakeKubeClient in tests."""
 
-    def get(self, path: str, *, query: Mapping[str, str] | None = None) -> dict[str, Any]: ...
+    def get(self, path: str, *, query: Mapping[str, str] | None = None) -> ApiAnswer: ...
 
-    def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    def create(self, path: str, body: Mapping[str, Any]) -> ApiAnswer: ...
 
-    def patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    def patch(self, path: str, body: Mapping[str, Any]) -> ApiAnswer: ...
 
     def watch(self, path: str, *, query: Mapping[str, str], timeout_seconds: int = 300) -> Iterator[WatchEvent]: ...
 
@@ -165,25 +166,25 @@ class KubeClient:
 
     # ---- requests -------------------------------------------------------------------------------------------
 
-    def get(self, path: str, *, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+    def get(self, path: str, *, query: Mapping[str, str] | None = None) -> ApiAnswer:
         return self.request("GET", path, query=query)
 
-    def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    def create(self, path: str, body: Mapping[str, Any]) -> ApiAnswer:
         return self.request("POST", path, body=body)
 
-    def replace(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    def replace(self, path: str, body: Mapping[str, Any]) -> ApiAnswer:
         return self.request("PUT", path, body=body)
 
-    def patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    def patch(self, path: str, body: Mapping[str, Any]) -> ApiAnswer:
         """A JSON merge patch (RFC 7386): the fields given replace the object's, null removes one."""
         return self.request("PATCH", path, body=body, content_type=MERGE_PATCH)
 
-    def delete(self, path: str) -> dict[str, Any]:
+    def delete(self, path: str) -> ApiAnswer:
         return self.request("DELETE", path)
 
     def request(self, verb: str, path: str, *, query: Mapping[str, str] | None = None,
                 body: Mapping[str, Any] | list[Any] | None = None,
-                content_type: str = "application/json") -> dict[str, Any]:
+                content_type: str = "application/json") -> ApiAnswer:
         """One call, within `timeout` in all; the answer's JSON object. A 401 reads the token again and asks once
         more (it rotated); a 429 or a 503 with Retry-After is asked again after it, while the deadline allows."""
         target = path + (f"?{urlencode(dict(query))}" if query else "")
@@ -379,7 +380,7 @@ def _watch_event(line: bytes, path: str) -> WatchEvent:
     return WatchEvent(kind, obj)
 
 
-def _json_object(data: bytes, verb: str, path: str) -> dict[str, Any]:
+def _json_object(data: bytes, verb: str, path: str) -> ApiAnswer:
     try:
         value = json.loads(data)
     except (ValueError, RecursionError):

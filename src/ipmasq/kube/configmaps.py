@@ -22,11 +22,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from ipmasq.backoff import Backoff
-from ipmasq.errors import ApiError, Gone
-from ipmasq.kube import paths
+from ipmasq.errors import ApiError, ApiMalformed, Gone
+from ipmasq.kube import objects, paths
 from ipmasq.kube.client import ApiClient
 
 __all__ = ["ConfigMapFollower", "ConfigMapState", "ObjectFollower", "configmap_state"]
@@ -53,44 +53,43 @@ class ConfigMapState:
     keys: tuple[tuple[str, bytes], ...] = ()
 
 
-def configmap_state(namespace: str, name: str, key: str | None, obj: dict[str, Any] | None) -> ConfigMapState:
+def configmap_state(namespace: str, name: str, key: str | None, obj: object | None) -> ConfigMapState:
     """The key's bytes as kubelet would write them into the volume (data as UTF-8, binaryData decoded); `key` None:
-    every key's (a provider's agent that reads every file of the mounted directory)."""
+    every key's (a provider's agent that reads every file of the mounted directory). `obj` as the API server sent it,
+    read here through objects.configmap: one of another shape cannot be read (bad_value, its one line)."""
     if obj is None:
         return ConfigMapState(namespace, name, exists=False)
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    assert isinstance(meta, dict)
+    try:
+        configmap = objects.configmap(obj, f"ConfigMap {namespace}/{name}")
+    except ApiMalformed as exc:
+        return ConfigMapState(namespace, name, True, None, bad_value=str(exc))
+    meta = configmap["metadata"]
     uid, version = meta.get("uid"), meta.get("resourceVersion")
-    common: dict[str, Any] = {"uid": uid if isinstance(uid, str) else None,
-                              "resource_version": version if isinstance(version, str) else None}
-    data, binary = obj.get("data"), obj.get("binaryData")
+    data, binary = configmap.get("data") or {}, configmap.get("binaryData") or {}
     if key is None:
-        return _whole(namespace, name, data, binary, common)
-    if isinstance(data, dict) and isinstance(data.get(key), str):
-        return ConfigMapState(namespace, name, True, data[key].encode("utf-8", "surrogatepass"), **common)
-    if isinstance(binary, dict) and isinstance(binary.get(key), str):
+        return _whole(namespace, name, data, binary, uid, version)
+    if key in data:
+        return ConfigMapState(namespace, name, True, data[key].encode("utf-8", "surrogatepass"), uid, version)
+    if key in binary:
         try:
-            return ConfigMapState(namespace, name, True, base64.b64decode(binary[key], validate=True), **common)
+            return ConfigMapState(namespace, name, True, base64.b64decode(binary[key], validate=True), uid, version)
         except (binascii.Error, ValueError):
-            return ConfigMapState(namespace, name, True, None, bad_value="binaryData that is not base64", **common)
-    return ConfigMapState(namespace, name, True, None, **common)
+            return ConfigMapState(namespace, name, True, None, uid, version,
+                                  bad_value="binaryData that is not base64")
+    return ConfigMapState(namespace, name, True, None, uid, version)
 
 
-def _whole(namespace: str, name: str, data: object, binary: object, common: dict[str, Any]) -> ConfigMapState:
+def _whole(namespace: str, name: str, data: dict[str, str], binary: dict[str, str], uid: str | None,
+           version: str | None) -> ConfigMapState:
     keys: dict[str, bytes] = {}
-    if isinstance(binary, dict):
-        for k, v in binary.items():
-            if not isinstance(k, str) or not isinstance(v, str):
-                continue
-            try:
-                keys[k] = base64.b64decode(v, validate=True)
-            except (binascii.Error, ValueError):
-                return ConfigMapState(namespace, name, True, None, bad_value=f"binaryData {k[:63]!r} that is not "
-                                      "base64", **common)
-    if isinstance(data, dict):
-        keys.update((k, v.encode("utf-8", "surrogatepass")) for k, v in data.items()
-                    if isinstance(k, str) and isinstance(v, str))
-    return ConfigMapState(namespace, name, True, None, keys=tuple(sorted(keys.items())), **common)
+    for k, v in binary.items():
+        try:
+            keys[k] = base64.b64decode(v, validate=True)
+        except (binascii.Error, ValueError):
+            return ConfigMapState(namespace, name, True, None, uid, version,
+                                  bad_value=f"binaryData {k[:63]!r} that is not base64")
+    keys.update((k, v.encode("utf-8", "surrogatepass")) for k, v in data.items())
+    return ConfigMapState(namespace, name, True, None, uid, version, keys=tuple(sorted(keys.items())))
 
 
 S = TypeVar("S")
@@ -101,7 +100,7 @@ class ObjectFollower(Generic[S]):
     list+watch, in a thread of its own."""
 
     def __init__(self, client: ApiClient, kind: str, path: str, namespace: str, name: str, *,
-                 decode: Callable[[dict[str, Any] | None], S], on_change: Callable[[S], None],
+                 decode: Callable[[object | None], S], on_change: Callable[[S], None],
                  on_trouble: Callable[[str | None], None], stop: threading.Event,
                  watch_seconds: int = WATCH_SECONDS) -> None:
         self.client = client
@@ -160,13 +159,17 @@ class ObjectFollower(Generic[S]):
         query = self._selector()
         if self._not_older_than is not None:
             query.update(resourceVersion=self._not_older_than, resourceVersionMatch="NotOlderThan")
+        # one name's list: one object at most, in one answer (bounded by the client), so not paged
         listing = self.client.get(self.path, query=query)
         self._not_older_than = None
-        items = [item for item in listing.get("items") or [] if isinstance(item, dict)]
-        self._publish(self.decode(items[0] if items else None))
-        metadata = listing.get("metadata")
-        version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
-        if not isinstance(version, str):
+        where = f"GET {self.path}"
+        raw = listing.get("metadata")
+        version = objects.list_meta({} if raw is None else raw, f"{where}: metadata").get("resourceVersion")
+        items = listing.get("items") or []
+        if not isinstance(items, list):
+            raise ApiMalformed(f"{where}: items is not a list: not an answer the API server sends")
+        self._publish(self.decode(items[0] if items else None))  # decode reads it through its shape
+        if version is None:
             raise ApiError(f"list {self.path}: no resourceVersion in the answer")
         self._healthy()  # the trouble is over; the backoff goes on until a watch is healthy
         return version
@@ -178,9 +181,8 @@ class ObjectFollower(Generic[S]):
         seconds = max(1, round(self.watch_seconds * random.uniform(1.0 - WATCH_JITTER, 1.0 + WATCH_JITTER)))
         for event in self.client.watch(self.path, query={**self._selector(), "resourceVersion": version},
                                        timeout_seconds=seconds):
-            metadata = event.object.get("metadata")
-            seen = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
-            if isinstance(seen, str):
+            seen = (objects.versioned(event.object, f"WATCH {self.path}").get("metadata") or {}).get("resourceVersion")
+            if seen is not None:
                 self.resource_version = seen
             if event.type in ("ADDED", "MODIFIED"):
                 self._publish(self.decode(event.object))

@@ -23,10 +23,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from ipmasq.errors import Conflict, NotFound, clip, one_line
-from ipmasq.kube import paths
+from ipmasq.kube import objects, paths
 from ipmasq.kube.client import ApiClient
 from ipmasq.ownership import labels
 from ipmasq.sha256 import sha256
@@ -53,8 +53,8 @@ class ObjectRef:
     uid: str = ""
     api_version: str = "v1"
 
-    def as_json(self) -> dict[str, str]:
-        ref = {"kind": self.kind, "name": self.name, "apiVersion": self.api_version}
+    def as_json(self) -> objects.ObjectReference:
+        ref: objects.ObjectReference = {"kind": self.kind, "name": self.name, "apiVersion": self.api_version}
         if self.namespace:
             ref["namespace"] = self.namespace
         if self.uid:
@@ -165,11 +165,11 @@ class EventRecorder:
     def _path(self, occurrence: Occurrence) -> str:
         return paths.events(self.namespace(occurrence))
 
-    def _event(self, occurrence: Occurrence, name: str) -> dict[str, Any]:
+    def _event(self, occurrence: Occurrence, name: str) -> objects.Event:
         return event_object(occurrence, name, self.namespace(occurrence), component=self.component, host=self.host)
 
 
-def event_object(occurrence: Occurrence, name: str, namespace: str, *, component: str, host: str) -> dict[str, Any]:
+def event_object(occurrence: Occurrence, name: str, namespace: str, *, component: str, host: str) -> objects.Event:
     """A new core/v1 Event for the occurrence (count 1, first and last seen now), its message clipped."""
     now = timestamp()
     return {

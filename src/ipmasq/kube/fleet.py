@@ -21,14 +21,63 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from ipmasq.config.source import config_digest
+from ipmasq.errors import ApiMalformed
+from ipmasq.kube import objects
 from ipmasq.kube.agentstatus import NodeStatus, status_from_json
 from ipmasq.kube.configmaps import ConfigMapState
-from ipmasq.kube.nodetrust import TRUSTED, NodeTrust
+from ipmasq.kube.nodetrust import TRUSTED, NodeTrust, NodeTrustReport
 
-__all__ = ["FleetView", "NodeRow", "WriterContent", "fleet_view"]
+__all__ = ["ConfigMapReport", "FleetReport", "FleetView", "NodeRow", "RowReport", "WriterContent", "WriterReport",
+           "fleet_view"]
+
+
+# what `ipmasq status -o json` prints (the StatusReport's fields), typed as written
+class WriterReport(TypedDict):
+    writer: str
+    sources: list[str]
+    config_digest: str | None
+    error: str | None
+
+
+class RowReport(TypedDict):
+    node: str
+    pod: str | None
+    pod_ready: bool
+    current: bool
+    why: str
+    verified: bool
+    ready: bool | None
+    policy_hash: str | None
+    config_source: str | None
+    backend: str | None
+    mode: str | None
+    writer: str | None
+    chain: str | None
+    mismatch: str | None
+    ignored_by_writer: str | None
+    last_rejection: str | None
+    drift_repairs: int | None
+    updated: str | None
+
+
+class ConfigMapReport(TypedDict):
+    namespace: str
+    name: str
+    exists: bool
+    resource_version: str | None
+
+
+class FleetReport(TypedDict):
+    configmaps: list[ConfigMapReport]
+    config_digest: str
+    all_current: bool
+    node_trust: NodeTrustReport
+    nodes: list[RowReport]
+    ignored_status_objects: int
+    writer_inputs: list[WriterReport]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +89,7 @@ class WriterContent:
     digest: str | None  # config_digest of their content as the observer reads it (None: not readable)
     error: str | None = None  # why not readable (one line)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> WriterReport:
         return {"writer": self.writer, "sources": list(self.sources), "config_digest": self.digest,
                 "error": self.error}
 
@@ -56,7 +105,7 @@ class NodeRow:
     exists: bool = True  # the node exists (False: named on the command line, no such Node)
     verified: bool = True  # only this node's agent could have written its status (the node-trust policy holds)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> RowReport:
         status = self.status
         return {
             "node": self.node, "pod": self.pod, "pod_ready": self.pod_ready, "current": self.current, "why": self.why,
@@ -91,7 +140,7 @@ class FleetView:
         """Every node enforces the current config, and the rows saying so were written by their own nodes."""
         return self.all_current and self.trust.verified
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> FleetReport:
         return {
             "configmaps": [{"namespace": c.namespace, "name": c.name, "exists": c.exists,
                             "resource_version": c.resource_version} for c in self.configmaps],
@@ -101,23 +150,32 @@ class FleetView:
         }
 
 
-def _pod_ready(pod: Mapping[str, object]) -> bool:
-    status = pod.get("status")
-    conditions = status.get("conditions") if isinstance(status, dict) else None
-    return any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (conditions if isinstance(conditions, list) else []))
+def _pod_ready(pod: objects.Pod) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
 
 
-def _agent_pod(pods: Sequence[Mapping[str, object]], named: str | None) -> Mapping[str, object] | None:
+def _agent_pod(pods: Sequence[objects.Pod], named: str | None) -> objects.Pod | None:
     """The node's agent pod: the one its status names when there are several (an observer beside an agent)."""
     for pod in pods:
-        metadata = pod.get("metadata")
-        if named is not None and isinstance(metadata, dict) and metadata.get("name") == named:
+        if named is not None and pod["metadata"]["name"] == named:
             return pod
     return pods[0] if pods else None
 
 
-def _why(status: NodeStatus | None, pod: Mapping[str, object] | None, pod_ready: bool, digest: str,
+def _statuses(statuses: Sequence[object]) -> list[NodeStatus]:
+    """The status objects read (objects.agent_status: list_items has checked each already, and checking again returns
+    it as it is); one of another shape, which no list hands over, counts as no status written."""
+    read = []
+    for index, obj in enumerate(statuses):
+        try:
+            read.append(status_from_json(objects.agent_status(obj, f"status object {index}")))
+        except ApiMalformed:
+            continue
+    return read
+
+
+def _why(status: NodeStatus | None, pod: objects.Pod | None, pod_ready: bool, digest: str,
          writers: Mapping[str, WriterContent]) -> str:
     if pod is None:
         return "no agent pod on this node"
@@ -146,18 +204,17 @@ def _why(status: NodeStatus | None, pod: Mapping[str, object] | None, pod_ready:
     return ""
 
 
-def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[Mapping[str, Any]],
-               pods: Sequence[Mapping[str, object]], nodes: Sequence[str], *, only: Sequence[str] = (),
-               writers: Sequence[WriterContent] = (), trust: NodeTrust = TRUSTED) -> FleetView:
+def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[object], pods: Sequence[objects.Pod],
+               nodes: Sequence[str], *, only: Sequence[str] = (), writers: Sequence[WriterContent] = (),
+               trust: NodeTrust = TRUSTED) -> FleetView:
     digest = config_digest(tuple(c.content for c in sorted(configmaps, key=lambda c: c.name)
                                  if c.exists and c.content is not None))
-    by_node = {s.node: s for s in (status_from_json(obj) for obj in statuses) if s.node}
+    by_node = {s.node: s for s in _statuses(statuses) if s.node}
     known = set(nodes)
-    pods_on: dict[str, list[Mapping[str, object]]] = {}
+    pods_on: dict[str, list[objects.Pod]] = {}
     for item in pods:
-        spec = item.get("spec")
-        node_name = spec.get("nodeName") if isinstance(spec, dict) else None
-        if isinstance(node_name, str):
+        node_name = (item.get("spec") or {}).get("nodeName")
+        if node_name is not None:
             pods_on.setdefault(node_name, []).append(item)
     rows = []
     for node in sorted(set(only) if only else known):
@@ -166,11 +223,9 @@ def fleet_view(configmaps: Sequence[ConfigMapState], statuses: Sequence[Mapping[
             continue
         status = by_node.get(node)
         pod = _agent_pod(pods_on.get(node, []), status.pod if status is not None else None)
-        metadata = pod.get("metadata") if pod else None
-        pod_name = metadata.get("name") if isinstance(metadata, dict) else None
         pod_ready = _pod_ready(pod) if pod else False
         why = _why(status, pod, pod_ready, digest, {w.writer: w for w in writers})
-        rows.append(NodeRow(node, pod_name if isinstance(pod_name, str) else None, pod_ready, status, not why, why,
+        rows.append(NodeRow(node, pod["metadata"]["name"] if pod else None, pod_ready, status, not why, why,
                             verified=trust.verified))
     return FleetView(tuple(configmaps), digest, tuple(rows), ignored=len(set(by_node) - known),
                      writers=tuple(writers), trust=trust)

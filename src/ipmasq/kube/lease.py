@@ -24,10 +24,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from ipmasq.errors import Conflict, Forbidden, NotFound
-from ipmasq.kube import paths
+from ipmasq.kube import objects, paths
 from ipmasq.kube.client import ApiClient
 from ipmasq.ownership import labels
 
@@ -49,6 +49,18 @@ class Lost:
     holder: str | None  # who holds it now
     since_renewal: float  # seconds from this holder's last renewal (as sent) to finding it lost
     early: bool  # before it could have expired: taken (or released) by a node that did not wait
+
+
+class LeasePatchMeta(TypedDict, total=False):
+    resourceVersion: str | None  # None (null): written on no version
+    annotations: dict[str, str]
+
+
+class LeasePatch(TypedDict, total=False):
+    """A merge patch of the Lease: its spec, and the resourceVersion it was written on (a 409 when another wrote)."""
+
+    metadata: LeasePatchMeta
+    spec: objects.LeaseSpec
 
 
 class LeaseElector:
@@ -90,41 +102,39 @@ class LeaseElector:
             except (Conflict, NotFound, Forbidden):  # Forbidden: the node-trust policy, on a Lease now another's
                 self.holder, self._version = None, None
         try:
-            lease = self.client.get(paths.leases(self.namespace, self.name))
+            lease = self._read(self.client.get(paths.leases(self.namespace, self.name)), "GET")
         except NotFound:
             sent = self.clock()
             try:
                 took = self._took(self.client.create(self.path, {
                     "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "namespace": self.namespace, "labels": labels()},
-                    "spec": self._spec()["spec"]}))
+                    "spec": self._spec()["spec"]}), "POST")
             except Conflict:
                 return False  # created by another candidate meanwhile
             if took:
                 self._renewed_at = sent
             return took
         self._heard(lease)
-        spec = lease.get("spec") if isinstance(lease.get("spec"), dict) else {}
-        assert isinstance(spec, dict)
+        spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or None
         record = (holder, spec.get("renewTime"), spec.get("acquireTime"), spec.get("leaseTransitions"))
         now = self.clock()
         if record != self._observed:
             self._observed, self._observed_at = record, now
-        self.holder = holder if isinstance(holder, str) else None
+        self.holder = holder
         if held and self.holder != self.identity and self._renewed_at is not None:
             since = now - self._renewed_at
             self.lost = Lost(self.holder, since, early=since < self.duration)
             self._renewed_at = None
-        version = (lease.get("metadata") or {}).get("resourceVersion")
+        version = lease["metadata"].get("resourceVersion")
         duration = spec.get("leaseDurationSeconds")
         # never longer than this candidate's own duration: no Lease is held for ever by what it claims
-        bounded = min(duration, self.duration) if isinstance(duration, int) and duration > 0 else self.duration
+        bounded = min(duration, self.duration) if duration is not None and duration > 0 else self.duration
         expired = now - self._observed_at >= bounded
         if holder is not None and holder != self.identity and not expired:
             return False
-        before = spec.get("leaseTransitions")
-        transitions = (before if isinstance(before, int) else 0) + (holder is not None and holder != self.identity)
+        transitions = (spec.get("leaseTransitions") or 0) + (holder is not None and holder != self.identity)
         body = self._spec(transitions=transitions, renew_only=holder == self.identity)
         body.setdefault("metadata", {})["resourceVersion"] = version
         sent = self.clock()
@@ -144,31 +154,30 @@ class LeaseElector:
                           {"metadata": {"resourceVersion": self._version}, "spec": {"holderIdentity": None}})
         self.holder, self._version, self._renewed_at = None, None, None
 
-    def _spec(self, *, transitions: int = 0, renew_only: bool = False) -> dict[str, Any]:
-        spec: dict[str, Any] = {"renewTime": self.now()}
+    def _spec(self, *, transitions: int = 0, renew_only: bool = False) -> LeasePatch:
+        spec: objects.LeaseSpec = {"renewTime": self.now()}
         if not renew_only:
-            spec.update(holderIdentity=self.identity, acquireTime=spec["renewTime"],
-                        leaseDurationSeconds=self.duration, leaseTransitions=transitions)
-        body: dict[str, Any] = {"spec": spec}
+            spec.update({"holderIdentity": self.identity, "acquireTime": spec["renewTime"],
+                         "leaseDurationSeconds": self.duration, "leaseTransitions": transitions})
+        body: LeasePatch = {"spec": spec}
         if renew_only and self._version is not None:
             body["metadata"] = {"resourceVersion": self._version}
         if self.publish is not None:
             body.setdefault("metadata", {})["annotations"] = {NODES_ANNOTATION: str(self.publish)}
         return body
 
-    def _heard(self, lease: dict[str, Any]) -> None:
-        meta = lease.get("metadata")
-        annotations = meta.get("annotations") if isinstance(meta, dict) else None
-        said = annotations.get(NODES_ANNOTATION) if isinstance(annotations, dict) else None
-        if isinstance(said, str) and 0 < len(said) <= 7 and said.isascii() and said.isdigit():
+    def _read(self, answer: object, verb: str) -> objects.Lease:
+        return objects.lease(answer, f"{verb} {paths.leases(self.namespace, self.name)}")
+
+    def _heard(self, lease: objects.Lease) -> None:
+        said = lease["metadata"].get("annotations", {}).get(NODES_ANNOTATION)
+        if said is not None and 0 < len(said) <= 7 and said.isascii() and said.isdigit():
             self.nodes = int(said)
 
-    def _took(self, lease: dict[str, Any]) -> bool:
+    def _took(self, answer: object, verb: str = "PATCH") -> bool:
+        lease = self._read(answer, verb)
         self._heard(lease)
-        spec = lease.get("spec") if isinstance(lease.get("spec"), dict) else {}
-        assert isinstance(spec, dict)
-        holder = spec.get("holderIdentity")
-        self.holder = holder if isinstance(holder, str) else None
-        version = (lease.get("metadata") or {}).get("resourceVersion")
-        self._version = version if self.leading and isinstance(version, str) else None
+        self.holder = (lease.get("spec") or {}).get("holderIdentity")
+        version = lease["metadata"].get("resourceVersion")
+        self._version = version if self.leading else None
         return self.leading

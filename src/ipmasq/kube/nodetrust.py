@@ -12,18 +12,24 @@ summary Event and the holder's ipmasq_node_trust_verified say so instead of vouc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
-from ipmasq.errors import Forbidden, NotFound, clip, one_line
-from ipmasq.kube import paths
+from ipmasq.errors import ApiMalformed, Forbidden, NotFound, clip, one_line
+from ipmasq.kube import admission, paths
 from ipmasq.kube.client import ApiClient
 
-__all__ = ["POLICY", "TRUSTED", "NodeTrust", "judge", "read_node_trust"]
+__all__ = ["POLICY", "TRUSTED", "NodeTrust", "NodeTrustReport", "judge", "read_node_trust"]
 
 POLICY = "ip-masq-agent-own-node"  # the policy's and its binding's name (deploy/base/admission-policy.yaml)
 _INSTALL = "kubectl apply -k deploy/ installs it"
+
+
+class NodeTrustReport(TypedDict):
+    """NodeTrust as `ipmasq status -o json` prints it."""
+
+    verified: bool
+    why: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,37 +37,33 @@ class NodeTrust:
     verified: bool  # the policy and its binding hold every agent's token to its own node
     why: str = ""  # one line: why the rows are not verified ("" when they are)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> NodeTrustReport:
         return {"verified": self.verified, "why": self.why or None}
 
 
 TRUSTED = NodeTrust(True)
 
 
-def _rules_cover_statuses(policy: Mapping[str, Any]) -> bool:
-    spec = policy.get("spec")
-    constraints = spec.get("matchConstraints") if isinstance(spec, dict) else None
-    rules = constraints.get("resourceRules") if isinstance(constraints, dict) else None
-    for rule in rules if isinstance(rules, list) else []:
-        if not isinstance(rule, dict):
-            continue
-        groups, resources, operations = (rule.get(k) or [] for k in ("apiGroups", "resources", "operations"))
+def _rules_cover_statuses(policy: admission.AdmissionPolicy) -> bool:
+    rules = ((policy.get("spec") or {}).get("matchConstraints") or {}).get("resourceRules") or []
+    for rule in rules:
+        groups, resources, operations = (rule.get("apiGroups") or [], rule.get("resources") or [],
+                                         rule.get("operations") or [])
         if (any(g in (paths.GROUP, "*") for g in groups) and any(r in (paths.PLURAL, "*") for r in resources)
                 and ("*" in operations or {"CREATE", "UPDATE"} <= set(operations))):
             return True
     return False
 
 
-def _narrowed(binding_spec: Mapping[str, Any]) -> bool:
+def _narrowed(binding_spec: admission.AdmissionPolicyBindingSpec) -> bool:
     """A binding that matches fewer requests than its policy: any selector or rule in its matchResources."""
-    match = binding_spec.get("matchResources")
-    if not isinstance(match, dict):
-        return False
-    return any(match.get(key) for key in ("namespaceSelector", "objectSelector", "resourceRules",
-                                          "excludeResourceRules"))
+    match = binding_spec.get("matchResources") or {}
+    return bool(match.get("namespaceSelector") or match.get("objectSelector") or match.get("resourceRules")
+                or match.get("excludeResourceRules"))
 
 
-def judge(policy: Mapping[str, Any] | None, binding: Mapping[str, Any] | None, name: str = POLICY) -> NodeTrust:
+def judge(policy: admission.AdmissionPolicy | None, binding: admission.AdmissionPolicyBinding | None,
+          name: str = POLICY) -> NodeTrust:
     """Whether `policy` and `binding` (as read, None when absent) hold the agents' tokens to their own nodes."""
     unverified = "any agent's token can write any node's status"
     if policy is None:
@@ -72,15 +74,14 @@ def judge(policy: Mapping[str, Any] | None, binding: Mapping[str, Any] | None, n
     if binding is None:
         return NodeTrust(False, f"the admission policy {name} has no binding {name}, so it is not enforced: "
                                 f"{unverified} ({_INSTALL})")
-    spec = binding.get("spec") if isinstance(binding.get("spec"), dict) else {}
-    assert isinstance(spec, dict)
+    spec = binding.get("spec") or {}
     if spec.get("policyName") != name:
         bound = spec.get("policyName")
         return NodeTrust(False, f"the binding {name} binds '{clip(one_line(str(bound)), 80)}', not the policy "
                                 f"{name}: {unverified}")
     actions = spec.get("validationActions")
-    if not isinstance(actions, list) or "Deny" not in actions:
-        shown = ", ".join(clip(one_line(str(a)), 20) for a in actions) if isinstance(actions, list) else "none"
+    if actions is None or "Deny" not in actions:
+        shown = ", ".join(clip(one_line(a), 20) for a in actions) if actions is not None else "none"
         return NodeTrust(False, f"the binding {name} does not deny (validationActions: {shown}): {unverified}")
     if _narrowed(spec):
         return NodeTrust(False, f"the binding {name} is narrowed by matchResources: {unverified} where it does not "
@@ -89,15 +90,26 @@ def judge(policy: Mapping[str, Any] | None, binding: Mapping[str, Any] | None, n
 
 
 def read_node_trust(client: ApiClient, name: str = POLICY) -> NodeTrust:
-    """Both objects read by name. A 404 is an absent object; a 403 says the caller may not look (unverified, said);
-    any other ApiError is raised (the API could not be asked)."""
-    read: list[dict[str, Any] | None] = []
-    for path in (paths.admission_policies(name), paths.admission_policy_bindings(name)):
-        try:
-            read.append(client.get(path))
-        except NotFound:
-            read.append(None)
-        except Forbidden:
-            return NodeTrust(False, f"the admission policy {name} and its binding cannot be read with these "
-                                    "credentials (403), so the rows cannot be verified")
-    return judge(read[0], read[1], name)
+    """Both objects read by name (each through its shape). A 404 is an absent object; a 403 says the caller may not
+    look, and an answer of another shape cannot be judged (both unverified, said); any other ApiError is raised (the
+    API could not be asked)."""
+    try:
+        policy_path, binding_path = paths.admission_policies(name), paths.admission_policy_bindings(name)
+        policy = _read(client, policy_path)
+        binding = _read(client, binding_path)
+    except Forbidden:
+        return NodeTrust(False, f"the admission policy {name} and its binding cannot be read with these "
+                                "credentials (403), so the rows cannot be verified")
+    try:
+        return judge(None if policy is None else admission.admission_policy(policy, f"GET {policy_path}"),
+                     None if binding is None else admission.admission_policy_binding(binding, f"GET {binding_path}"),
+                     name)
+    except ApiMalformed as exc:  # nothing to judge: said, as a policy that does not hold
+        return NodeTrust(False, f"{exc}: the rows cannot be verified")
+
+
+def _read(client: ApiClient, path: str) -> object | None:
+    try:
+        return client.get(path)
+    except NotFound:
+        return None

@@ -8,25 +8,43 @@ typed; a field of the wrong type is ApiMalformed, one line naming the call and t
 name are kept as they are and not looked at (what a later version of ipmasq writes, what Kubernetes adds).
 
 Shapes: ObjectMeta and ListMeta, ConfigMap, Status, Lease, Node, Pod (what `ipmasq status` reads of the agents'
-pods), AgentStatusObject (the IPMasqAgentStatus object the CRD in deploy/base defines), Event, and KubeObject: an
-object of any kind by its metadata alone, with what says whose it is (labels, annotations, ownerReferences), which
-`kubectl ipmasq uninstall` lists (ipmasq.ownership reads the rest of it, each field's type checked there).
+pods), DaemonSet (its containers' environment), Secret, WebhookConfiguration (the webhook's caBundle),
+AgentStatusObject (the IPMasqAgentStatus object the CRD in deploy/base defines), Event, KubeObject: an object of any
+kind by its metadata alone, with what says whose it is (labels, annotations, ownerReferences), which `kubectl ipmasq
+uninstall` lists (ipmasq.ownership reads the rest of it, each field's type checked there); VersionedObject (a watch
+event's resourceVersion). The admission machinery's (an AdmissionReview, the node-trust policy) are in
+ipmasq.kube.admission; the checks they are all made of in ipmasq.kube.shapes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, NotRequired, TypedDict, cast
+from typing import NotRequired, TypedDict, cast
 
-from ipmasq.errors import ApiMalformed, clip, one_line
+from ipmasq.kube.shapes import Check
+from ipmasq.kube.shapes import boolean as _boolean
+from ipmasq.kube.shapes import integer as _integer
+from ipmasq.kube.shapes import list_of as _list
+from ipmasq.kube.shapes import shape as _shape
+from ipmasq.kube.shapes import strings as _strings
+from ipmasq.kube.shapes import text as _text
 
-__all__ = ["AgentStatusObject", "Check", "ConfigMap", "ConfigMapSeen", "Event", "EventSource", "KubeObject",
-           "KubeObjectMeta", "Lease", "LeaseSpec", "ListMeta", "Node", "NodeObjectStatus", "ObjectMeta",
-           "ObjectReference", "OwnerReference", "Pod", "PodSpec", "PodStatus", "Status", "StatusCondition",
-           "agent_status", "configmap", "event", "kube_object", "lease", "list_meta", "node", "object_meta", "pod",
-           "status"]
+__all__ = ["AgentStatusObject", "ByNameMeta", "Check", "ConfigMap", "ConfigMapSeen", "Container", "DaemonSet",
+           "DaemonSetSpec", "EnvVar", "EnvVarSource", "Event", "EventSource", "KubeObject", "KubeObjectMeta", "Lease",
+           "LeaseSpec", "ListMeta", "Node", "NodeObjectStatus", "ObjectMeta", "ObjectReference", "OwnerReference",
+           "Pod", "PodSpec", "PodStatus", "PodTemplate", "Secret", "ServiceReference", "Status", "StatusCondition",
+           "Versioned", "VersionedObject", "Webhook", "WebhookClientConfig", "WebhookConfiguration", "agent_status",
+           "configmap", "daemonset", "event", "kube_object", "lease", "list_meta", "node", "object_meta", "pod",
+           "secret", "status", "versioned", "webhook_configuration"]
 
-Check = Callable[[Any, str], Any]  # (value, where) -> the value, checked; ApiMalformed when it is not
+
+
+class OwnerReference(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+    blockOwnerDeletion: bool
 
 
 class ObjectMeta(TypedDict):
@@ -35,14 +53,36 @@ class ObjectMeta(TypedDict):
     uid: NotRequired[str]
     resourceVersion: NotRequired[str]
     labels: NotRequired[dict[str, str]]
+    annotations: NotRequired[dict[str, str]]
+    ownerReferences: NotRequired[list[OwnerReference]]
+
+
+class Versioned(TypedDict, total=False):
+    """What every object of a watch carries, a BOOKMARK's too (which has no name): its resourceVersion."""
+
+    resourceVersion: str
+
+
+class VersionedObject(TypedDict, total=False):
+    metadata: Versioned
 
 
 # the functional form: "continue" is a Python keyword
 ListMeta = TypedDict("ListMeta", {"resourceVersion": str, "continue": str}, total=False)
 
 
+class ByNameMeta(TypedDict, total=False):
+    """The metadata of an object read by its name (a GET of its path, a list by metadata.name): the name is the one
+    asked for, and what is read is its uid and resourceVersion."""
+
+    name: str
+    namespace: str
+    uid: str
+    resourceVersion: str
+
+
 class ConfigMap(TypedDict):
-    metadata: ObjectMeta
+    metadata: ByNameMeta
     data: NotRequired[dict[str, str]]
     binaryData: NotRequired[dict[str, str]]
 
@@ -85,8 +125,24 @@ class Node(TypedDict):
     status: NotRequired[NodeObjectStatus]
 
 
+class EnvVarSource(TypedDict, total=False):
+    """Where an environment variable's value comes from (a ConfigMap, a Secret, a field): only its presence is read."""
+
+
+class EnvVar(TypedDict):
+    name: str
+    value: NotRequired[str]
+    valueFrom: NotRequired[EnvVarSource]
+
+
+class Container(TypedDict):
+    name: str
+    env: NotRequired[list[EnvVar]]
+
+
 class PodSpec(TypedDict, total=False):
     nodeName: str
+    containers: list[Container]
 
 
 class PodStatus(TypedDict, total=False):
@@ -97,6 +153,51 @@ class Pod(TypedDict):
     metadata: ObjectMeta
     spec: NotRequired[PodSpec]
     status: NotRequired[PodStatus]
+
+
+class PodTemplate(TypedDict, total=False):
+    spec: PodSpec
+
+
+class DaemonSetSpec(TypedDict, total=False):
+    template: PodTemplate
+
+
+class DaemonSet(TypedDict):
+    """What ipmasq reads of a DaemonSet: its pods' containers and their environment (aws-node's SNAT settings)."""
+
+    metadata: ByNameMeta
+    spec: NotRequired[DaemonSetSpec]
+
+
+class Secret(TypedDict):
+    apiVersion: NotRequired[str]
+    kind: NotRequired[str]
+    metadata: ObjectMeta
+    type: NotRequired[str]
+    data: NotRequired[dict[str, str]]
+
+
+class ServiceReference(TypedDict, total=False):
+    name: str
+    namespace: str
+
+
+class WebhookClientConfig(TypedDict, total=False):
+    service: ServiceReference
+    caBundle: str
+
+
+class Webhook(TypedDict, total=False):
+    name: str
+    clientConfig: WebhookClientConfig
+
+
+class WebhookConfiguration(TypedDict):
+    """A ValidatingWebhookConfiguration: the webhooks that call a Service, and the CAs each trusts."""
+
+    metadata: ObjectMeta
+    webhooks: NotRequired[list[Webhook]]
 
 
 class ConfigMapSeen(TypedDict):
@@ -146,6 +247,8 @@ class EventSource(TypedDict, total=False):
 
 
 class Event(TypedDict):
+    apiVersion: NotRequired[str]
+    kind: NotRequired[str]
     metadata: ObjectMeta
     involvedObject: ObjectReference
     type: NotRequired[str]
@@ -159,22 +262,7 @@ class Event(TypedDict):
     reportingInstance: NotRequired[str]
 
 
-class OwnerReference(TypedDict, total=False):
-    apiVersion: str
-    kind: str
-    name: str
-    uid: str
-    controller: bool
-
-
-class KubeObjectMeta(TypedDict):
-    name: str
-    namespace: NotRequired[str]
-    uid: NotRequired[str]
-    resourceVersion: NotRequired[str]
-    labels: NotRequired[dict[str, str]]
-    annotations: NotRequired[dict[str, str]]
-    ownerReferences: NotRequired[list[OwnerReference]]
+KubeObjectMeta = ObjectMeta  # any kind's metadata: what says whose it is is in every ObjectMeta
 
 
 class KubeObject(TypedDict):
@@ -186,76 +274,23 @@ class KubeObject(TypedDict):
 # ---- the checks ------------------------------------------------------------------------------------------------
 
 
-def _wrong(where: str, expected: str, value: object) -> ApiMalformed:
-    shown = clip(one_line(repr(value)), 40)
-    return ApiMalformed(one_line(f"{where} is not {expected} ({shown}): not an answer the API server sends"))
-
-
-def _text(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise _wrong(where, "a string", value)
-    return value
-
-
-def _integer(value: object, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _wrong(where, "an integer", value)
-    return value
-
-
-def _boolean(value: object, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise _wrong(where, "true or false", value)
-    return value
-
-
-def _strings(value: object, where: str) -> dict[str, str]:
-    """A map of strings to strings (labels, a ConfigMap's data)."""
-    if not isinstance(value, dict):
-        raise _wrong(where, "an object", value)
-    for key, item in value.items():
-        if not isinstance(item, str):
-            raise _wrong(f"{where}.{clip(one_line(key), 60)}", "a string", item)
-    return value
-
-
-def _list(item: Check) -> Check:
-    def check(value: object, where: str) -> list[Any]:
-        if not isinstance(value, list):
-            raise _wrong(where, "a list", value)
-        for index, member in enumerate(value):
-            item(member, f"{where}[{index}]")
-        return value
-    return check
-
-
-def _shape(fields: Mapping[str, Check], required: tuple[str, ...] = ()) -> Check:
-    """An object whose named fields pass their checks (null: absent), the `required` ones present."""
-    def check(value: object, where: str) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise _wrong(where, "an object", value)
-        for key, field in fields.items():
-            member = value.get(key)
-            if member is None:
-                if key in required:
-                    raise ApiMalformed(f"{where}.{key} is missing: not an answer the API server sends")
-                continue
-            field(member, f"{where}.{key}")
-        return value
-    return check
-
-
+_OWNERS = _list(_shape({"apiVersion": _text, "kind": _text, "name": _text, "uid": _text, "controller": _boolean,
+                        "blockOwnerDeletion": _boolean}))
 _OBJECT_META = _shape({"name": _text, "namespace": _text, "uid": _text, "resourceVersion": _text,
-                       "labels": _strings}, required=("name",))
+                       "labels": _strings, "annotations": _strings, "ownerReferences": _OWNERS}, required=("name",))
 _LIST_META = _shape({"resourceVersion": _text, "continue": _text})
-_CONFIGMAP = _shape({"metadata": _OBJECT_META, "data": _strings, "binaryData": _strings}, required=("metadata",))
+_BY_NAME_META = _shape({"name": _text, "namespace": _text, "uid": _text, "resourceVersion": _text})
+_CONFIGMAP = _shape({"metadata": _BY_NAME_META, "data": _strings, "binaryData": _strings}, required=("metadata",))
 _STATUS = _shape({"kind": _text, "code": _integer, "reason": _text, "message": _text})
 _LEASE = _shape({"metadata": _OBJECT_META,
                  "spec": _shape({"holderIdentity": _text, "leaseDurationSeconds": _integer, "acquireTime": _text,
                                  "renewTime": _text, "leaseTransitions": _integer})}, required=("metadata",))
 _CONDITIONS = _list(_shape({"type": _text, "status": _text}, required=("type", "status")))
 _NODE = _shape({"metadata": _OBJECT_META, "status": _shape({"conditions": _CONDITIONS})}, required=("metadata",))
-_POD = _shape({"metadata": _OBJECT_META, "spec": _shape({"nodeName": _text}),
+_ENV = _list(_shape({"name": _text, "value": _text, "valueFrom": _shape({})}, required=("name",)))
+_POD_SPEC = _shape({"nodeName": _text,
+                    "containers": _list(_shape({"name": _text, "env": _ENV}, required=("name",)))})
+_POD = _shape({"metadata": _OBJECT_META, "spec": _POD_SPEC,
                "status": _shape({"conditions": _CONDITIONS})}, required=("metadata",))
 _AGENT_STATUS = _shape({
     "metadata": _OBJECT_META, "nodeName": _text, "agentPod": _text, "version": _text, "backend": _text,
@@ -265,11 +300,14 @@ _AGENT_STATUS = _shape({
     "lastRejection": _text, "lastRejectionTime": _text, "rejectedDigest": _text, "driftRepairs": _integer,
     "foreignMasqueradeRules": _integer, "updateTime": _text, "mode": _text, "writer": _text, "chain": _text,
     "mismatch": _text, "ignoredByWriter": _text}, required=("metadata",))
-_KUBE_OBJECT = _shape({"metadata": _shape({
-    "name": _text, "namespace": _text, "uid": _text, "resourceVersion": _text, "labels": _strings,
-    "annotations": _strings,
-    "ownerReferences": _list(_shape({"apiVersion": _text, "kind": _text, "name": _text, "uid": _text,
-                                     "controller": _boolean}))}, required=("name",))}, required=("metadata",))
+_KUBE_OBJECT = _shape({"metadata": _OBJECT_META}, required=("metadata",))
+_VERSIONED = _shape({"metadata": _shape({"resourceVersion": _text})})
+_DAEMONSET = _shape({"metadata": _BY_NAME_META, "spec": _shape({"template": _shape({"spec": _POD_SPEC})})},
+                    required=("metadata",))
+_SECRET = _shape({"metadata": _OBJECT_META, "type": _text, "data": _strings}, required=("metadata",))
+_WEBHOOK_CONFIGURATION = _shape({"metadata": _OBJECT_META, "webhooks": _list(_shape({
+    "name": _text, "clientConfig": _shape({"service": _shape({"name": _text, "namespace": _text}),
+                                           "caBundle": _text})}))}, required=("metadata",))
 _REFERENCE = _shape({"kind": _text, "name": _text, "namespace": _text, "uid": _text, "apiVersion": _text})
 _EVENT = _shape({"metadata": _OBJECT_META, "involvedObject": _REFERENCE, "type": _text, "reason": _text,
                  "message": _text, "count": _integer, "firstTimestamp": _text, "lastTimestamp": _text,
@@ -315,3 +353,20 @@ def event(value: object, where: str) -> Event:
 
 def kube_object(value: object, where: str) -> KubeObject:
     return cast(KubeObject, _KUBE_OBJECT(value, where))
+
+
+def versioned(value: object, where: str) -> VersionedObject:
+    """A watch event's object as far as where the watch goes on from (a BOOKMARK carries nothing else)."""
+    return cast(VersionedObject, _VERSIONED(value, where))
+
+
+def daemonset(value: object, where: str) -> DaemonSet:
+    return cast(DaemonSet, _DAEMONSET(value, where))
+
+
+def secret(value: object, where: str) -> Secret:
+    return cast(Secret, _SECRET(value, where))
+
+
+def webhook_configuration(value: object, where: str) -> WebhookConfiguration:
+    return cast(WebhookConfiguration, _WEBHOOK_CONFIGURATION(value, where))

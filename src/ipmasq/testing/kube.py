@@ -12,13 +12,14 @@ that the real client and the real API server agree is in the Kubernetes lab's te
 from __future__ import annotations
 
 import copy
+import json
 import queue
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ipmasq.errors import ApiError, Conflict, NotFound
-from ipmasq.kube.client import WatchEvent
+from ipmasq.kube.client import ApiAnswer, WatchEvent
 
 __all__ = ["FakeKubeClient"]
 
@@ -65,6 +66,11 @@ def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
     return target
 
 
+def _answer(value: dict[str, Any]) -> ApiAnswer:
+    """As the client gives it back: with its size on the wire (what list_items bounds)."""
+    return ApiAnswer(value, len(json.dumps(value, separators=(",", ":"))))
+
+
 class FakeKubeClient:
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, Any]] = {}  # full path -> object
@@ -88,13 +94,13 @@ class FakeKubeClient:
         self.version += 1
         obj.setdefault("metadata", {})["resourceVersion"] = str(self.version)
 
-    def get(self, path: str, *, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+    def get(self, path: str, *, query: Mapping[str, str] | None = None) -> ApiAnswer:
         self._check("GET", path)
         if query and "fieldSelector" in query:
             name = query["fieldSelector"].removeprefix("metadata.name=")
             found = self.objects.get(f"{path}/{name}")
-            return {"items": [copy.deepcopy(found)] if found else [],
-                    "metadata": {"resourceVersion": str(self.version)}}
+            return _answer({"items": [copy.deepcopy(found)] if found else [],
+                            "metadata": {"resourceVersion": str(self.version)}})
         if path not in self.objects:
             selector = (query or {}).get("labelSelector", "")
             members = sorted(key for key in self.objects
@@ -104,11 +110,11 @@ class FakeKubeClient:
             start = int((query or {}).get("continue") or 0)
             limit = int((query or {}).get("limit") or len(members))
             more = str(start + limit) if start + limit < len(members) else ""
-            return {"items": [copy.deepcopy(self.objects[key]) for key in members[start:start + limit]],
-                    "metadata": {"resourceVersion": str(self.version), "continue": more}}
-        return copy.deepcopy(self.objects[path])
+            return _answer({"items": [copy.deepcopy(self.objects[key]) for key in members[start:start + limit]],
+                            "metadata": {"resourceVersion": str(self.version), "continue": more}})
+        return _answer(copy.deepcopy(self.objects[path]))
 
-    def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    def create(self, path: str, body: Mapping[str, Any]) -> ApiAnswer:
         self._check("POST", path)
         body = copy.deepcopy(dict(body))
         if "name" not in body["metadata"]:  # generateName: the API server adds five characters of its own
@@ -121,9 +127,9 @@ class FakeKubeClient:
         obj["metadata"].setdefault("uid", f"uid-{len(self.objects) + 1}")
         self._bump(obj)
         self.objects[full] = obj
-        return copy.deepcopy(obj)
+        return _answer(copy.deepcopy(obj))
 
-    def patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    def patch(self, path: str, body: Mapping[str, Any]) -> ApiAnswer:
         self._check("PATCH", path)
         if path not in self.objects:
             raise NotFound(404, f"{path} not found", verb="PATCH", path=path)
@@ -132,13 +138,13 @@ class FakeKubeClient:
             raise Conflict(409, "the object has been modified", verb="PATCH", path=path)
         obj = _merge(self.objects[path], body)
         self._bump(obj)
-        return copy.deepcopy(obj)
+        return _answer(copy.deepcopy(obj))
 
-    def delete(self, path: str) -> dict[str, Any]:
+    def delete(self, path: str) -> ApiAnswer:
         self._check("DELETE", path)
         if path not in self.objects:
             raise NotFound(404, f"{path} not found", verb="DELETE", path=path)
-        return self.objects.pop(path)
+        return _answer(self.objects.pop(path))
 
     def put(self, path: str, obj: dict[str, Any]) -> None:
         """The test writes an object (as kubectl apply would)."""

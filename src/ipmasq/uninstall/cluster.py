@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from ipmasq.errors import ApiError, NotFound, UsageError, clip, one_line
 from ipmasq.kube import objects, paths
-from ipmasq.kube.client import ApiClient, list_items
+from ipmasq.kube.client import ApiAnswer, ApiClient, list_items
 from ipmasq.ownership import BARE_POD_COMPONENTS, COMPONENT, PART_OF_SELECTOR, WORKLOADS, ObjectFacts, decide, facts_of
 from ipmasq.uninstall.nodepod import POD_SELECTOR, NodeOutcome, ended, removal_pod
 from ipmasq.uninstall.plan import (
@@ -66,7 +66,7 @@ def _pause(listed: int) -> float:
 class UninstallClient(ApiClient, Protocol):
     """What the uninstall asks of the API server (ipmasq.kube.client.KubeClient has it, and the fake)."""
 
-    def delete(self, path: str) -> dict[str, Any]: ...
+    def delete(self, path: str) -> ApiAnswer: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +94,8 @@ def _selector(pairs: Sequence[tuple[str, str]]) -> str:
     return ",".join(f"{key}={value}" for key, value in pairs)
 
 
-def _owners(pod: dict[str, Any]) -> set[str]:
-    refs = pod["metadata"].get("ownerReferences") or []
-    return {ref["uid"] for ref in refs if isinstance(ref.get("uid"), str)}
+def _owners(pod: objects.Pod) -> set[str]:
+    return {uid for ref in pod["metadata"].get("ownerReferences") or [] if (uid := ref.get("uid")) is not None}
 
 
 def _pods_of(client: ApiClient, workload: ObjectFacts) -> list[PodSeen]:
@@ -105,14 +104,13 @@ def _pods_of(client: ApiClient, workload: ObjectFacts) -> list[PodSeen]:
     if not workload.selector:
         return []
     found = []
-    for pod in _listed(client, paths.pods(workload.namespace), objects.kube_object,
-                       {"labelSelector": _selector(workload.selector)}):
+    pods: list[objects.Pod] = _listed(client, paths.pods(workload.namespace), objects.pod,
+                                      {"labelSelector": _selector(workload.selector)})
+    for pod in pods:
         if workload.kind == "DaemonSet" and workload.uid not in _owners(pod):
             continue
-        spec = pod.get("spec")
-        node = spec.get("nodeName") if isinstance(spec, dict) else None
-        found.append(PodSeen(workload.namespace, pod["metadata"]["name"], node if isinstance(node, str) else "",
-                             workload.key))
+        node = (pod.get("spec") or {}).get("nodeName") or ""
+        found.append(PodSeen(workload.namespace, pod["metadata"]["name"], node, workload.key))
     return found
 
 
@@ -130,23 +128,27 @@ def _ready(node: objects.Node) -> bool:
 def _strays(client: ApiClient) -> list[tuple[str, str, str]]:
     """The bare pods an interrupted `kubectl ipmasq` run left (labelled so, and owned by nothing)."""
     found = []
-    for pod in _listed(client, paths.resource("v1", "pods"), objects.kube_object, {"labelSelector": STRAY_SELECTOR}):
+    strays: list[objects.KubeObject] = _listed(client, paths.PODS.path(), objects.kube_object,
+                                               {"labelSelector": STRAY_SELECTOR})
+    for pod in strays:
         meta = pod["metadata"]
         component = (meta.get("labels") or {}).get(COMPONENT, "")
-        if not meta.get("ownerReferences") and isinstance(meta.get("namespace"), str) \
-                and component in BARE_POD_COMPONENTS:
-            found.append((meta["namespace"], meta["name"], component))
+        namespace = meta.get("namespace")
+        if not meta.get("ownerReferences") and namespace is not None and component in BARE_POD_COMPONENTS:
+            found.append((namespace, meta["name"], component))
     return sorted(found)
 
 
 def _events(client: ApiClient) -> list[tuple[str, str]]:
     """ipmasq's Events, every namespace's: (namespace, name); one whose name cannot be asked for is left."""
     found = []
-    for event in _listed(client, EVENTS.path(), objects.kube_object, {"labelSelector": PART_OF_SELECTOR}):
+    events: list[objects.KubeObject] = _listed(client, EVENTS.path(), objects.kube_object,
+                                               {"labelSelector": PART_OF_SELECTOR})
+    for event in events:
         meta = event["metadata"]
-        namespace = meta.get("namespace")
+        namespace = meta.get("namespace") or ""
         try:
-            EVENTS.path(namespace if isinstance(namespace, str) else "", meta["name"])
+            EVENTS.path(namespace, meta["name"])
         except UsageError:
             continue
         found.append((namespace, meta["name"]))
@@ -281,7 +283,7 @@ def _present(client: ApiClient, path: str) -> bool:
     return True
 
 
-def _removal_pods(client: ApiClient, namespaces: Sequence[str], names: set[str]) -> dict[str, dict[str, Any]]:
+def _removal_pods(client: ApiClient, namespaces: Sequence[str], names: set[str]) -> dict[str, objects.KubeObject]:
     """This run's removal pods (`names`) the API still holds: one paged list per namespace, however many nodes (a
     pod of another run is no concern of this one's)."""
     return {pod["metadata"]["name"]: pod for namespace in namespaces
@@ -297,9 +299,10 @@ def _clean_nodes(client: UninstallClient, plan: UninstallPlan, timeout: float, c
     namespaces = sorted({v.namespace for v in plan.visits})
     for visit in plan.visits:
         try:
-            made = client.create(paths.pods(visit.namespace), removal_pod(visit))
-            created[visit.node] = str(made["metadata"]["name"])
-        except (ApiError, KeyError, TypeError) as exc:
+            path = paths.pods(visit.namespace)
+            made = objects.kube_object(client.create(path, removal_pod(visit)), f"POST {path}")
+            created[visit.node] = made["metadata"]["name"]
+        except ApiError as exc:  # ApiMalformed too: an answer without the pod's name
             outcomes[visit.node] = NodeOutcome(visit.node, False, (), "its pod could not be created: "
                                                f"{one_line(clip(str(exc), 400))}", 0.0)
     names = set(created.values())

@@ -41,8 +41,13 @@ class ApiKind:
     plural: str
     namespaced: bool
 
+    @property
+    def info(self) -> paths.ApiInfo:
+        return paths.ApiInfo.of(self.api_version, self.plural, namespaced=self.namespaced)
+
     def path(self, namespace: str = "", name: str | None = None) -> str:
-        return paths.resource(self.api_version, self.plural, namespace=namespace or None, name=name)
+        """The kind's collection (across namespaces when `namespace` is ""), or one object."""
+        return self.info.path(namespace or None, name)
 
 
 _ADMISSION, _RBAC = "admissionregistration.k8s.io/v1", "rbac.authorization.k8s.io/v1"

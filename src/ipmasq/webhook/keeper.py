@@ -15,12 +15,12 @@ import datetime
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ipmasq.errors import CertificateError
+from ipmasq.kube import objects
 from ipmasq.ownership import labels
 from ipmasq.webhook.certificate import CertificateSet, issue, needs_renewal, service_names, still_valid
-from ipmasq.webhook.kube import Api, ApiError, Conflict
+from ipmasq.webhook.kube import Api, ApiError, Conflict, JsonPatchOperation
 
 __all__ = ["CertificateKeeper", "KeeperSettings"]
 
@@ -75,7 +75,7 @@ class CertificateKeeper:
             return current
         raise ApiError(f"Secret {self.settings.namespace}/{self.settings.secret} keeps changing under us")
 
-    def _current(self, secret: dict[str, Any] | None) -> CertificateSet | None:
+    def _current(self, secret: objects.Secret | None) -> CertificateSet | None:
         if secret is None:
             return None
         try:
@@ -86,12 +86,12 @@ class CertificateKeeper:
             made = issue(self.names, self.clock(), self.settings.days)
             self._trust(made.ca_bundle)
             self.api.replace_secret(self.settings.namespace, self.settings.secret,
-                                    self._secret(made, secret.get("metadata", {}).get("resourceVersion")))
+                                    self._secret(made, secret["metadata"].get("resourceVersion")))
             return made
 
-    def _secret(self, made: CertificateSet, resource_version: str | None = None) -> dict[str, Any]:
-        metadata: dict[str, Any] = {"name": self.settings.secret, "namespace": self.settings.namespace,
-                                    "labels": labels("webhook", name="ipmasq-webhook")}
+    def _secret(self, made: CertificateSet, resource_version: str | None = None) -> objects.Secret:
+        metadata: objects.ObjectMeta = {"name": self.settings.secret, "namespace": self.settings.namespace,
+                                        "labels": labels("webhook", name="ipmasq-webhook")}
         if resource_version is not None:
             metadata["resourceVersion"] = resource_version
         return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls", "metadata": metadata,
@@ -104,7 +104,7 @@ class CertificateKeeper:
         if configuration is None:
             raise ApiError(f"ValidatingWebhookConfiguration {self.settings.configuration} is missing "
                            "(kubectl apply -k deploy/webhook)", 404)
-        patch: list[dict[str, Any]] = []
+        patch: list[JsonPatchOperation] = []
         for index, webhook in enumerate(configuration.get("webhooks") or []):
             client = webhook.get("clientConfig") or {}
             service = client.get("service") or {}

@@ -8,31 +8,40 @@ fake. Every failure is one of ipmasq.errors' ApiError tree; Conflict when a writ
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 from ipmasq.errors import ApiError, Conflict, NotFound
+from ipmasq.kube import objects, paths
 from ipmasq.kube.client import KubeClient
 from ipmasq.kube.credentials import SERVICE_ACCOUNT_DIR, in_cluster
 
-__all__ = ["Api", "ApiError", "Conflict", "InClusterApi"]
+__all__ = ["Api", "ApiError", "Conflict", "InClusterApi", "JsonPatchOperation"]
 
-_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+
+
+class JsonPatchOperation(TypedDict):
+    """One operation of a JSON patch (RFC 6902): the keeper adds caBundles."""
+
+    op: str
+    path: str
+    value: str
 
 
 class Api(Protocol):
-    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def get_secret(self, namespace: str, name: str) -> objects.Secret | None: ...
 
-    def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    def create_secret(self, namespace: str, body: objects.Secret) -> objects.Secret: ...
 
-    def replace_secret(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    def replace_secret(self, namespace: str, name: str, body: objects.Secret) -> objects.Secret: ...
 
-    def get_webhook_configuration(self, name: str) -> dict[str, Any] | None: ...
+    def get_webhook_configuration(self, name: str) -> objects.WebhookConfiguration | None: ...
 
-    def patch_webhook_configuration(self, name: str, patch: list[dict[str, Any]]) -> None: ...
+    def patch_webhook_configuration(self, name: str, patch: list[JsonPatchOperation]) -> None: ...
 
 
 class InClusterApi:
-    """The API server as a pod reaches it: KUBERNETES_SERVICE_HOST/PORT, the service account's token and CA."""
+    """The API server as a pod reaches it: KUBERNETES_SERVICE_HOST/PORT, the service account's token and CA. Every
+    path from ipmasq.kube.paths, every answer read through its shape (ipmasq.kube.objects)."""
 
     def __init__(self, account: Path = Path(SERVICE_ACCOUNT_DIR)) -> None:
         credentials = in_cluster(str(account))
@@ -41,30 +50,34 @@ class InClusterApi:
                            "webhook in the cluster, or give --tls-cert-file and --tls-key-file)")
         self.client = KubeClient(credentials)
 
-    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def get_secret(self, namespace: str, name: str) -> objects.Secret | None:
+        path = paths.secrets(namespace, name)
         try:
-            return self.client.get(f"/api/v1/namespaces/{namespace}/secrets/{name}")
+            return objects.secret(self.client.get(path), f"GET {path}")
         except NotFound:
             return None
 
-    def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.client.create(f"/api/v1/namespaces/{namespace}/secrets", body)
+    def create_secret(self, namespace: str, body: objects.Secret) -> objects.Secret:
+        path = paths.secrets(namespace)
+        return objects.secret(self.client.create(path, body), f"POST {path}")
 
-    def replace_secret(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    def replace_secret(self, namespace: str, name: str, body: objects.Secret) -> objects.Secret:
+        path = paths.secrets(namespace, name)
         try:
-            return self.client.replace(f"/api/v1/namespaces/{namespace}/secrets/{name}", body)
+            return objects.secret(self.client.replace(path, body), f"PUT {path}")
         except NotFound:
             raise Conflict(404, f"secret {namespace}/{name} was deleted meanwhile") from None
 
-    def get_webhook_configuration(self, name: str) -> dict[str, Any] | None:
+    def get_webhook_configuration(self, name: str) -> objects.WebhookConfiguration | None:
+        path = paths.webhook_configurations(name)
         try:
-            return self.client.get(f"{_CONFIGURATIONS}/{name}")
+            return objects.webhook_configuration(self.client.get(path), f"GET {path}")
         except NotFound:
             return None
 
-    def patch_webhook_configuration(self, name: str, patch: list[dict[str, Any]]) -> None:
+    def patch_webhook_configuration(self, name: str, patch: list[JsonPatchOperation]) -> None:
         try:
-            self.client.request("PATCH", f"{_CONFIGURATIONS}/{name}", body=patch,
+            self.client.request("PATCH", paths.webhook_configurations(name), body=patch,
                                 content_type="application/json-patch+json")
         except NotFound:
             raise ApiError(f"ValidatingWebhookConfiguration {name} is missing (kubectl apply -k deploy/webhook)"

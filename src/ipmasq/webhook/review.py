@@ -1,4 +1,5 @@
-"""The admission decision: an AdmissionReview request (a plain JSON value) -> allowed or denied, and warnings.
+"""The admission decision: an AdmissionReview request (a plain JSON value, read through ipmasq.kube.admission's
+AdmissionReview shape; one of another shape is a ReviewError) -> allowed or denied, and warnings.
 
 Pure, no I/O: the agent's own loader says what the agent would refuse, `ipmasq lint` says what it would accept but
 its author cannot have meant (a denial) and what works but surprises (a warning), so the webhook, the agent and
@@ -11,15 +12,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
-from typing import Any
+from typing import NotRequired, TypedDict, TypeVar
 
 from ipmasq.config.source import CONFIG_PREFIX, ConfigInput, config_from_bytes
 from ipmasq.config.validate import KNOWN_KEYS
-from ipmasq.errors import ConfigError, ReviewError, clip, one_line
+from ipmasq.errors import ApiMalformed, ConfigError, ReviewError, clip, one_line
 from ipmasq.findings import Finding, Severity
+from ipmasq.kube import admission, objects
 from ipmasq.lint.config import lint_config
 from ipmasq.lint.manifest import AGENT_CONFIGMAP, AGENT_NAMESPACE, CONFIG_KEY
 from ipmasq.lint.text import scan_lookalikes
@@ -27,8 +29,8 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.budget import AbandonSignal, WorkBudget
 
 __all__ = ["ADMISSION_API", "MAX_CHECKED_RULES", "MAX_CONFIGMAP_DATA", "MAX_LISTED", "MAX_NAME_CHARS",
-           "REVIEW_WORK_STEPS", "AdmissionVerdict", "data_size", "decide",
-           "respond"]
+           "REVIEW_WORK_STEPS", "AdmissionResponse", "AdmissionResponseReview", "AdmissionVerdict", "data_size",
+           "decide", "respond"]
 
 ADMISSION_API = "admission.k8s.io/v1"
 # A denial or the warnings list this many findings and count the rest: the first ones are what to fix first, and
@@ -55,6 +57,22 @@ REVIEW_WORK_STEPS = 1_000_000
 MAX_CHECKED_RULES = 1_000
 
 
+T = TypeVar("T")
+
+
+class AdmissionResponse(TypedDict):
+    uid: str
+    allowed: bool
+    status: NotRequired[objects.Status]
+    warnings: NotRequired[list[str]]
+
+
+class AdmissionResponseReview(TypedDict):
+    apiVersion: str
+    kind: str
+    response: AdmissionResponse
+
+
 @dataclass(frozen=True, slots=True)
 class AdmissionVerdict:
     allowed: bool
@@ -67,45 +85,50 @@ ALLOWED = AdmissionVerdict(True, reviewed=False)
 
 
 def respond(review: object, options: PolicyOptions | None = None, *, abandoned: AbandonSignal | None = None,
-            handoff: int | None = None) -> tuple[dict[str, Any], AdmissionVerdict]:
+            handoff: int | None = None) -> tuple[AdmissionResponseReview, AdmissionVerdict]:
     """The AdmissionReview response to an AdmissionReview request, and the verdict in it; raises ReviewError when
     the body is not an AdmissionReview request, Abandoned (from the rules' checks) once `abandoned` is set,
     WorkOutgrown once the rules' checks pass `handoff` steps (the same review decided without it gives the verdict)."""
-    if not isinstance(review, Mapping):
+    if not isinstance(review, dict):
         raise ReviewError("the body is not a JSON object")
     if review.get("apiVersion") != ADMISSION_API or review.get("kind") != "AdmissionReview":
         raise ReviewError(f"not an {ADMISSION_API} AdmissionReview (apiVersion {clip(str(review.get('apiVersion')))}"
                           f", kind {clip(str(review.get('kind')))})")
-    request = review.get("request")
-    if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
-        raise ReviewError("the AdmissionReview has no request with a uid")
+    request = _read(admission.admission_review, review, "the AdmissionReview")["request"]
     verdict = decide(request, options or PolicyOptions(), WorkBudget(REVIEW_WORK_STEPS, abandoned,
                                                                          max_rules=MAX_CHECKED_RULES, handoff=handoff))
-    response: dict[str, Any] = {"uid": request["uid"], "allowed": verdict.allowed}
+    response: AdmissionResponse = {"uid": request["uid"], "allowed": verdict.allowed}
     if verdict.message is not None:
         # 422 as the API server's own validation answers; kubectl prints the message after "denied the request: "
         response["status"] = {"code": 422, "reason": "Invalid", "message": verdict.message}
     if verdict.warnings:
         response["warnings"] = list(verdict.warnings)
-    answer = {"apiVersion": ADMISSION_API, "kind": "AdmissionReview", "response": response}
+    answer: AdmissionResponseReview = {"apiVersion": ADMISSION_API, "kind": "AdmissionReview", "response": response}
     return answer, verdict
 
 
-def decide(request: Mapping[str, Any], options: PolicyOptions, budget: WorkBudget | None = None) -> AdmissionVerdict:
-    """The verdict on one AdmissionReview request (its `request` member); `budget`: the work its rules' checks
-    may do, for all its config keys together (None: unbounded)."""
+def _read(check: Callable[[object, str], T], value: object, where: str) -> T:
+    """`value` through its shape; one of another shape is the review's one line (ReviewError: a 400 to its sender,
+    which is not the API server: the API server sends every member with its type)."""
+    try:
+        return check(value, where)
+    except ApiMalformed as exc:
+        raise ReviewError(str(exc)) from None
+
+
+def decide(request: admission.AdmissionRequest, options: PolicyOptions,
+           budget: WorkBudget | None = None) -> AdmissionVerdict:
+    """The verdict on one AdmissionReview request (its `request` member, read by admission.admission_review); `budget`:
+    the work its rules' checks may do, for all its config keys together (None: unbounded)."""
     if options.node_name is None:
         # every node's agent knows its own name: a rule with `nodes` is checked, not refused for want of one
         options = replace(options, node_name="")
-    if request.get("operation") not in _WRITES or not _is_configmap(request):
+    if request.get("operation") not in _WRITES or not _is_configmap(request) or request.get("object") is None:
         return ALLOWED
-    obj = request.get("object")
-    if not isinstance(obj, Mapping):
-        return ALLOWED
-    metadata = obj.get("metadata")
-    metadata = metadata if isinstance(metadata, Mapping) else {}
-    name = _text(metadata.get("name")) or _text(request.get("name"))
-    namespace = _text(request.get("namespace")) or _text(metadata.get("namespace"))
+    obj = _read(admission.admitted_configmap, request.get("object"), "request.object")
+    metadata = obj.get("metadata") or {}
+    name = metadata.get("name") or request.get("name") or ""
+    namespace = request.get("namespace") or metadata.get("namespace") or ""
     if len(name) > MAX_NAME_CHARS or len(namespace) > MAX_NAME_CHARS:
         return AdmissionVerdict(False, f"a ConfigMap's name and namespace have at most {MAX_NAME_CHARS} characters "
                                        f"(got {len(name):,} and {len(namespace):,}); not read")
@@ -143,47 +166,38 @@ def decide(request: Mapping[str, Any], options: PolicyOptions, budget: WorkBudge
     return ALLOWED
 
 
-def data_size(obj: Mapping[str, Any]) -> int:
+def data_size(obj: admission.AdmittedConfigMap) -> int:
     """A ConfigMap's size as the API server counts it for its 1 MiB limit: every key and value of data (UTF-8
     bytes) and of binaryData (decoded bytes), worked out without copying a value."""
     size = 0
-    data, binary = obj.get("data"), obj.get("binaryData")
-    for key, value in (data.items() if isinstance(data, Mapping) else ()):
+    for key, value in (obj.get("data") or {}).items():
         size += _utf8_size(key) + _utf8_size(value)
-    for key, value in (binary.items() if isinstance(binary, Mapping) else ()):
-        size += _utf8_size(key)
-        if isinstance(value, str):
-            size += len(value) * 3 // 4 - value[-2:].count("=")
+    for key, value in (obj.get("binaryData") or {}).items():
+        size += _utf8_size(key) + len(value) * 3 // 4 - value[-2:].count("=")
     return size
 
 
-def _utf8_size(value: object) -> int:
-    if not isinstance(value, str):
-        return 0
+def _utf8_size(value: str) -> int:
     if value.isascii():  # known without a scan: the common case, and a 14 MB value costs nothing
         return len(value)
     return len(value.encode("utf-8", "surrogatepass"))
 
 
-def _data_unchanged(request: Mapping[str, Any], obj: Mapping[str, Any]) -> bool:
-    old = request.get("oldObject")
-    return (request.get("operation") == "UPDATE" and isinstance(old, Mapping)
-            and all(old.get(member) == obj.get(member) for member in ("data", "binaryData")))
+def _data_unchanged(request: admission.AdmissionRequest, obj: admission.AdmittedConfigMap) -> bool:
+    if request.get("operation") != "UPDATE" or request.get("oldObject") is None:
+        return False
+    old = _read(admission.admitted_configmap, request.get("oldObject"), "request.oldObject")
+    return all(old.get(member) == obj.get(member) for member in ("data", "binaryData"))
 
 
-def _is_configmap(request: Mapping[str, Any]) -> bool:
-    kind = request.get("kind")
-    resource = request.get("resource")
+def _is_configmap(request: admission.AdmissionRequest) -> bool:
     if request.get("subResource"):
         return False
-    if isinstance(kind, Mapping) and kind.get("group", "") == "" and kind.get("kind") == "ConfigMap":
+    kind = request.get("kind")
+    if kind is not None and kind.get("group", "") == "" and kind.get("kind") == "ConfigMap":
         return True
-    return (isinstance(resource, Mapping) and resource.get("group", "") == ""
-            and resource.get("resource") == "configmaps")
-
-
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else ""
+    resource = request.get("resource")
+    return resource is not None and resource.get("group", "") == "" and resource.get("resource") == "configmaps"
 
 
 def _family_warning(name: str) -> str:
@@ -203,15 +217,12 @@ def _near_miss(name: str) -> bool:
     return SequenceMatcher(None, lowered.replace("_", "-"), AGENT_CONFIGMAP).ratio() >= _NEAR_MISS
 
 
-def _holds_a_config(obj: Mapping[str, Any]) -> bool:
+def _holds_a_config(obj: admission.AdmittedConfigMap) -> bool:
     """Whether a ConfigMap's data has a key of the agent's config, or a value that starts like one."""
-    data = obj.get("data")
-    if not isinstance(data, Mapping):
-        return False
-    for key, value in data.items():
-        if isinstance(key, str) and key.lower() in KNOWN_KEYS:
+    for key, value in (obj.get("data") or {}).items():
+        if key.lower() in KNOWN_KEYS:
             return True
-        if isinstance(value, str) and value.lstrip()[:40].split(":", 1)[0].strip().lower() in KNOWN_KEYS:
+        if value.lstrip()[:40].split(":", 1)[0].strip().lower() in KNOWN_KEYS:
             return True
     return False
 
@@ -225,30 +236,24 @@ class _Collected:
     warnings: list[str] = field(default_factory=list)
 
 
-def _config_keys(obj: Mapping[str, Any]) -> list[tuple[str, bytes | str]]:
+def _config_keys(obj: admission.AdmittedConfigMap) -> list[tuple[str, bytes | str]]:
     """(where, content) of every key the agent reads: `config` (what the shipped DaemonSet mounts as its file) and
     the ip-masq* keys (the files a config directory holds), from data (text) and binaryData (bytes)."""
     found: list[tuple[str, bytes | str]] = []
-    for member in ("data", "binaryData"):
-        values = obj.get(member)
-        if not isinstance(values, Mapping):
-            continue
-        for key, value in values.items():
-            if not isinstance(key, str) or not (key == CONFIG_KEY or key.startswith(CONFIG_PREFIX)):
-                continue
-            where = f"{member}.{key}"
-            if member == "data" and isinstance(value, str):
-                found.append((where, value))
-            elif member == "binaryData" and isinstance(value, str):
-                try:
-                    found.append((where, base64.b64decode(value, validate=True)))
-                except (binascii.Error, ValueError):
-                    continue  # not base64: the API server refuses the object itself
+    for key, value in (obj.get("data") or {}).items():
+        if key == CONFIG_KEY or key.startswith(CONFIG_PREFIX):
+            found.append((f"data.{key}", value))
+    for key, value in (obj.get("binaryData") or {}).items():
+        if key == CONFIG_KEY or key.startswith(CONFIG_PREFIX):
+            try:
+                found.append((f"binaryData.{key}", base64.b64decode(value, validate=True)))
+            except (binascii.Error, ValueError):
+                continue  # not base64: the API server refuses the object itself
     return found
 
 
-def _review_configs(obj: Mapping[str, Any], name: str, options: PolicyOptions, budget: WorkBudget | None, *,
-                    required: bool) -> AdmissionVerdict:
+def _review_configs(obj: admission.AdmittedConfigMap, name: str, options: PolicyOptions, budget: WorkBudget | None,
+                    *, required: bool) -> AdmissionVerdict:
     configs = _config_keys(obj)
     collected = _Collected()
     if required and not any(where.endswith("." + CONFIG_KEY) for where, _ in configs):
@@ -263,9 +268,9 @@ def _review_configs(obj: Mapping[str, Any], name: str, options: PolicyOptions, b
     return AdmissionVerdict(True, warnings=tuple(warnings))
 
 
-def _missing_config(obj: Mapping[str, Any], configs: list[tuple[str, bytes | str]], collected: _Collected) -> None:
-    keys = [k for member in ("data", "binaryData") if isinstance(obj.get(member), Mapping)
-            for k in obj[member] if isinstance(k, str)]
+def _missing_config(obj: admission.AdmittedConfigMap, configs: list[tuple[str, bytes | str]],
+                    collected: _Collected) -> None:
+    keys = [*(obj.get("data") or {}), *(obj.get("binaryData") or {})]
     stray = [k for k in keys if k.lower() in KNOWN_KEYS]
     if stray:
         collected.errors.append(

@@ -67,7 +67,7 @@ from ipmasq.webhook.connections import (
     ConnectionTable,
     Held,
 )
-from ipmasq.webhook.review import AdmissionVerdict
+from ipmasq.webhook.review import AdmissionResponseReview, AdmissionVerdict
 from ipmasq.webhook.worker import DecisionWorker
 
 __all__ = ["BACKLOG", "BODY_BUDGET_BYTES", "HANDSHAKE_SECONDS", "KEEP_ALIVE_SECONDS", "MAX_BODY_BYTES",
@@ -126,7 +126,7 @@ class Respond(Protocol):
     """review.respond's shape. `handoff` is given only to a server's `isolated` respond (review.respond itself)."""
 
     def __call__(self, review: object, *, abandoned: AbandonSignal | None = None, handoff: int | None = None,
-                 ) -> tuple[dict[str, Any], AdmissionVerdict]: ...
+                 ) -> tuple[AdmissionResponseReview, AdmissionVerdict]: ...
 
 
 _Answer = tuple[int, bytes, str, "str | None"]  # status, payload, content type, the line to log (None: none)

@@ -229,3 +229,12 @@ def test_the_aws_node_daemonset_is_followed_by_name() -> None:
     assert ("GET", "/apis/apps/v1/namespaces/kube-system/daemonsets") in client.calls
     content = inputs.content()
     assert content is not None and content.target is None  # no ConfigMap to summarise the fleet on
+
+
+def test_a_daemonset_of_another_shape_is_one_line_naming_the_field() -> None:
+    obj = aws_node({"name": "AWS_VPC_K8S_CNI_EXTERNALSNAT", "value": False})  # a YAML boolean, never quoted
+    state = daemonset_env("kube-system", "aws-node", obj)
+    assert state.unreadable is not None and "\n" not in state.unreadable
+    assert "env[0].value is not a string" in state.unreadable and state.unreadable.endswith("not observed")
+    read = input_of([state])
+    assert isinstance(read, ConfigError) and read.source == "daemonset/kube-system/aws-node"

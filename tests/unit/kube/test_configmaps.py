@@ -166,3 +166,13 @@ def test_a_server_answering_every_watch_with_410_gets_lists_spaced_by_the_growin
     assert [pair for pair in drawn if pair[0] == 0.0][:5] == [(0.0, 0.8), (0.0, 1.6), (0.0, 3.2), (0.0, 6.4),
                                                               (0.0, 12.8)]
     assert [verb for verb, _ in client.calls].count("GET") == 6  # the first list and one per 410, no more
+
+
+def test_a_configmap_of_another_shape_cannot_be_read_and_says_which_field() -> None:
+    state = configmap_state("kube-system", "ip-masq-agent", "config",
+                            {"metadata": {"name": "ip-masq-agent"}, "data": {"config": {"nonMasqueradeCIDRs": []}}})
+    assert state.exists and state.content is None and state.bad_value is not None
+    assert "ConfigMap kube-system/ip-masq-agent.data.config is not a string" in state.bad_value
+    assert "\n" not in state.bad_value
+    whole = configmap_state("kube-system", "x", None, {"metadata": {"name": "x"}, "binaryData": {"a": 5}})
+    assert whole.bad_value is not None and "binaryData.a is not a string" in whole.bad_value and not whole.keys

@@ -113,3 +113,20 @@ def test_a_holder_finds_a_lease_taken_early_or_after_its_duration_and_tells_them
     client.patch(PATH, {"spec": {"holderIdentity": "node-b"}})
     client.refuse(PATH, Forbidden(403, "ip-masq-agent on node node-a may hold the Lease only for itself"))
     assert not a.try_lead() and a.lost == Lost("node-b", 130.0, early=False)
+
+
+def test_a_lease_of_another_shape_is_one_line_and_taken_by_nobody() -> None:
+    """A Lease any agent may patch: a duration written as a string (kubectl edit, a hostile node) is refused by its
+    shape in one line (ApiMalformed: the caller asks again later), not read as no duration."""
+    import pytest
+
+    from ipmasq.errors import ApiMalformed
+
+    client, clock = FakeKubeClient(), Clock()
+    client.put(PATH, {"metadata": {"name": "ip-masq-agent"},
+                      "spec": {"holderIdentity": "node-x", "leaseDurationSeconds": "2147483647"}})
+    a, _b = candidates(client, clock)
+    with pytest.raises(ApiMalformed, match=r"spec\.leaseDurationSeconds is not an integer") as raised:
+        a.try_lead()
+    assert "\n" not in str(raised.value) and not a.leading
+    assert [verb for verb, _ in client.calls] == ["GET"]  # nothing written on what could not be read

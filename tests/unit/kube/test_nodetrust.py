@@ -78,3 +78,15 @@ def test_read_by_name_a_missing_object_or_a_403_is_unverified_other_errors_are_r
     client.refuse(paths.admission_policy_bindings(POLICY), ApiServerError(503, "unavailable"))
     with pytest.raises(ApiServerError):
         read_node_trust(client)
+
+
+def test_an_answer_of_another_shape_is_unverified_in_one_line() -> None:
+    """What a hostile or broken server sends in place of the policy cannot be judged: unverified, said, not raised."""
+    policy, binding = shipped()
+    client = FakeKubeClient()
+    client.put(paths.admission_policies(POLICY), policy)
+    binding["spec"]["validationActions"] = "Deny"  # a string, not the list the API server holds
+    client.put(paths.admission_policy_bindings(POLICY), binding)
+    trust = read_node_trust(client)
+    assert not trust.verified and "validationActions is not a list" in trust.why and "\n" not in trust.why
+    assert "the rows cannot be verified" in trust.why

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ipmasq.errors import ApiMalformed, ApiUnreachable
-from ipmasq.kube import objects
+from ipmasq.kube import admission, objects
 
 META = {"name": "node-a", "uid": "u", "resourceVersion": "5", "labels": {"a": "b"}, "generation": 3}
 
@@ -63,3 +63,77 @@ def test_what_a_wrong_value_shows_is_escaped_and_clipped() -> None:
     with pytest.raises(ApiMalformed) as raised:
         objects.node({"metadata": {"name": ["\x1b[2J\u202e" * 1000]}}, "GET /x")
     assert str(raised.value).isprintable() and len(str(raised.value)) < 200
+
+
+# ---- the shapes of every other object ipmasq reads: a DaemonSet's environment, the webhook's Secret and
+# configuration, the node-trust policy and binding, what an AdmissionReview carries, a watch event's version ----
+
+AWS_NODE = {"metadata": {"name": "aws-node", "uid": "u"}, "spec": {"template": {"spec": {"containers": [
+    {"name": "aws-node", "image": "x", "env": [{"name": "AWS_VPC_K8S_CNI_EXTERNALSNAT", "value": "false"},
+                                               {"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "a"}}}]}]}}}}
+REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+    "uid": "0b2c", "kind": {"group": "", "version": "v1", "kind": "ConfigMap"}, "operation": "CREATE",
+    "resource": {"group": "", "version": "v1", "resource": "configmaps"}, "namespace": "kube-system",
+    "userInfo": ["anything"], "object": ["any kind, read once the request says it is a ConfigMap"]}}
+
+
+def test_the_other_shapes_come_back_unchanged() -> None:
+    good: dict[Any, object] = {
+        objects.daemonset: AWS_NODE,
+        objects.secret: {"metadata": META, "type": "kubernetes.io/tls", "data": {"tls.crt": "eA=="}},
+        objects.webhook_configuration: {"metadata": META, "webhooks": [
+            {"name": "w", "clientConfig": {"service": {"name": "s", "namespace": "n", "port": 443}, "caBundle": "eA=="},
+             "timeoutSeconds": 5}]},
+        admission.admission_policy: {"metadata": META, "spec": {"matchConstraints": {"resourceRules": [
+            {"apiGroups": ["ipmasq.dev"], "operations": ["CREATE"], "resources": ["ipmasqagentstatuses"]}],
+            "namespaceSelector": {}}}},
+        admission.admission_policy_binding: {"metadata": META, "spec": {
+            "policyName": "p", "validationActions": ["Deny"],
+            "matchResources": {"objectSelector": {"matchLabels": {"a": "b"}}}}},
+        admission.admission_review: REVIEW,
+        admission.admitted_configmap: {"metadata": {"generateName": "ip-masq-"}, "data": {"config": "x"}},
+        objects.versioned: {"metadata": {"resourceVersion": "160"}},  # a BOOKMARK: no name
+        objects.lease: {"metadata": {**META, "annotations": {"ipmasq.dev/nodes": "1000"}}},
+    }
+    for check, value in good.items():
+        assert check(value, "GET /x") is value
+
+
+@pytest.mark.parametrize(("check", "value", "field"), [
+    (objects.daemonset, {"metadata": {}, "spec": {"template": {"spec": {"containers": {"name": "aws-node"}}}}},
+     r"spec\.template\.spec\.containers is not a list"),
+    (objects.daemonset, {"metadata": {}, "spec": {"template": {"spec": {"containers": [{"image": "x"}]}}}},
+     r"containers\[0\]\.name is missing"),
+    (objects.daemonset, {"metadata": {}, "spec": {"template": {"spec": {"containers": [
+        {"name": "aws-node", "env": [{"name": "A", "value": 5}]}]}}}}, r"env\[0\]\.value is not a string"),
+    (objects.daemonset, {"metadata": "garbage"}, r"\.metadata is not an object"),
+    (objects.secret, {"metadata": META, "data": {"tls.crt": ["x"]}}, r"data\.tls\.crt is not a string"),
+    (objects.secret, {"data": {}}, r"\.metadata is missing"),
+    (objects.webhook_configuration, {"metadata": META, "webhooks": [{"clientConfig": {"caBundle": 7}}]},
+     r"webhooks\[0\]\.clientConfig\.caBundle is not a string"),
+    (admission.admission_policy, {"metadata": META, "spec": {"matchConstraints": {"resourceRules": [
+        {"resources": "ipmasqagentstatuses"}]}}}, r"resourceRules\[0\]\.resources is not a list"),
+    (admission.admission_policy_binding, {"metadata": META, "spec": {"validationActions": "Deny"}},
+     r"validationActions is not a list"),
+    (admission.admission_policy_binding, {"metadata": META, "spec": {"validationActions": ["Deny", 1]}},
+     r"validationActions\[1\] is not a string"),
+    (admission.admission_review, {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"},
+     r"\.request is missing"),
+    (admission.admission_review, {**REVIEW, "request": {"uid": 5}}, r"request\.uid is not a string"),
+    (admission.admission_review, {**REVIEW, "request": {"uid": "u", "operation": ["CREATE"]}},
+     r"request\.operation is not a string"),
+    (admission.admission_review, {**REVIEW, "request": {"uid": "u", "kind": "ConfigMap"}},
+     r"request\.kind is not an object"),
+    (admission.admitted_configmap, {"data": {"config": {"nonMasqueradeCIDRs": []}}}, r"data\.config is not a string"),
+    (admission.admitted_configmap, {"metadata": {"name": 7}}, r"metadata\.name is not a string"),
+    (objects.versioned, {"metadata": {"resourceVersion": 160}}, r"metadata\.resourceVersion is not a string"),
+    (objects.lease, {"metadata": {**META, "annotations": {"ipmasq.dev/nodes": 1000}}},
+     r"annotations\.ipmasq\.dev/nodes is not a string"),
+    (objects.node, {"metadata": {**META, "ownerReferences": [{"uid": ["u"]}]}},
+     r"ownerReferences\[0\]\.uid is not a string"),
+])
+def test_each_other_shape_refuses_a_wrong_field_in_one_line(check: objects.Check, value: object, field: str) -> None:
+    with pytest.raises(ApiMalformed, match=field) as raised:
+        check(value, "GET /x")
+    text = str(raised.value)
+    assert text.isprintable() and len(text) < 300 and isinstance(raised.value, ApiUnreachable)

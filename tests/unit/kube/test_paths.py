@@ -146,3 +146,64 @@ def test_an_accepted_name_is_exactly_one_path_segment(namespace: str, name: str)
         return
     assert path.split("/") == ["", "api", "v1", "namespaces", namespace, "configmaps", name]
     assert not set(path) & set("?#%\\ \n") and ".." not in path.split("/")
+
+
+# ---- ApiInfo: one kind's place in the API (group, version, plural, namespaced), the builder behind every path ----
+
+
+def test_every_kind_s_paths_come_from_its_api_info() -> None:
+    assert paths.SECRETS.path("kube-system", "ipmasq-webhook-certificate") == \
+        "/api/v1/namespaces/kube-system/secrets/ipmasq-webhook-certificate"
+    assert paths.secrets("kube-system") == "/api/v1/namespaces/kube-system/secrets"
+    assert paths.webhook_configurations("ipmasq-webhook") == \
+        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/ipmasq-webhook"
+    assert paths.PODS.path() == "/api/v1/pods"  # a namespaced kind across every namespace
+    assert paths.DAEMONSETS.path() == "/apis/apps/v1/daemonsets"
+    assert paths.STATUSES.api_version == "ipmasq.dev/v1alpha1" and paths.NODES.api_version == "v1"
+    assert paths.ApiInfo.of("apps/v1", "daemonsets", namespaced=True) == paths.DAEMONSETS
+    assert paths.ApiInfo.of("v1", "nodes", namespaced=False) == paths.NODES
+
+
+def test_a_path_the_kind_s_scope_does_not_have_is_refused_in_one_line() -> None:
+    with pytest.raises(UsageError, match="nodes are not in a namespace") as refused:
+        paths.NODES.path("kube-system", "node-1")
+    assert "\n" not in str(refused.value)
+    with pytest.raises(UsageError, match="named within its namespace"):
+        paths.PODS.path(None, "ipmasq-x7k2p")  # no such path: an object of a namespaced kind is in a namespace
+
+
+@pytest.mark.parametrize("info", [paths.CONFIGMAPS, paths.EVENTS, paths.LEASES, paths.PODS, paths.SECRETS,
+                                  paths.DAEMONSETS])
+@pytest.mark.parametrize("name", ["a/../../secrets", "a?watch=true", "A", "", "a" * 254, "a%2Fb", "\x1b[2J"])
+def test_every_namespaced_kind_checks_the_object_s_name(info: paths.ApiInfo, name: str) -> None:
+    with pytest.raises(UsageError, match="not a Kubernetes name") as refused:
+        info.path("kube-system", name)
+    assert "\n" not in str(refused.value) and "\x1b" not in str(refused.value)
+
+
+@pytest.mark.parametrize("info", [paths.NODES, paths.STATUSES, paths.ADMISSION_POLICIES,
+                                  paths.ADMISSION_POLICY_BINDINGS, paths.WEBHOOK_CONFIGURATIONS])
+@pytest.mark.parametrize("name", ["a/b", "a?b", "Node-1", "..", "a\n"])
+def test_every_cluster_scoped_kind_checks_the_object_s_name(info: paths.ApiInfo, name: str) -> None:
+    with pytest.raises(UsageError, match="not a Kubernetes name"):
+        info.path(None, name)
+
+
+@pytest.mark.parametrize(("group", "version", "plural"), [
+    ("Apps", "v1", "daemonsets"), ("apps", "V1", "daemonsets"), ("apps/x", "v1", "daemonsets"),
+    ("apps", "v1", "daemon/sets"), ("apps", "v1", "a" * 64), ("a..b", "v1", "things"), ("apps", "v1beta", "x"),
+    ("apps", "v1/../..", "x"), ("", "", "nodes"),
+])
+def test_an_api_info_that_cannot_exist_is_refused_when_made(group: str, version: str, plural: str) -> None:
+    with pytest.raises(UsageError, match="not a Kubernetes resource"):
+        paths.ApiInfo(group, version, plural, namespaced=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(namespace=_NAMEISH, name=_NAMEISH)
+def test_an_api_info_path_is_exactly_its_segments(namespace: str, name: str) -> None:
+    try:
+        path = paths.LEASES.path(namespace, name)
+    except UsageError:
+        return
+    assert path.split("/") == ["", "apis", "coordination.k8s.io", "v1", "namespaces", namespace, "leases", name]

@@ -292,3 +292,24 @@ def test_the_docs_state_the_rule_count_the_review_checks() -> None:
     page = (Path(__file__).parents[3] / "docs" / "webhook.md").read_text()
     assert f"{MAX_CHECKED_RULES:,} rules" in page and f"{REVIEW_WORK_STEPS:,} steps" in page
     assert f"more than {MAX_VALUES:,} values" in page and f"{MAX_NAME_CHARS} characters" in page
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"operation": ["CREATE"]}, r"request\.operation is not a string"),
+    ({"kind": "ConfigMap"}, r"request\.kind is not an object"),
+    ({"namespace": 7}, r"request\.namespace is not a string"),
+    ({"object": {"metadata": {"name": "ip-masq-agent"}, "data": {"config": {"a": 1}}}},
+     r"request\.object\.data\.config is not a string"),
+    ({"object": "x"}, r"request\.object is not an object"),
+])
+def test_a_review_of_another_shape_is_a_review_error_naming_the_field(change: dict[str, Any], field: str) -> None:
+    """The API server sends every member with its type: a review that does not is not answered as if it did."""
+    with pytest.raises(ReviewError, match=field) as raised:
+        respond(review({**request(), **change}))
+    assert "\n" not in str(raised.value) and len(str(raised.value)) < 300
+
+
+def test_another_kind_s_object_is_allowed_unread_whatever_its_shape() -> None:
+    other = {**request(kind="Secret"), "object": {"data": {"k": {"not": "a string"}}}}
+    answer, verdict = respond(review(other))
+    assert answer["response"]["allowed"] and not verdict.reviewed
