@@ -22,10 +22,11 @@ What the generator keeps out, and why (the model's scope, or the harness's):
   link holds (the peers route it back to the node by their default route);
 - no `oif`, `uidrange`, `tos`, sport rules or TOS routes: a forwarded pod packet has no socket and no out device
   (the model answers those without asking), and TOS is not set by the probe;
-- what the kernel refuses to add is not generated where it can be told beforehand (a rule or a route twice, an
-  IPv6 multipath next hop without a gateway, an IPv6 route's src not on its device, `! -d` of the whole space);
-  routes are added before rules, whose lookups the kernel's check of a gateway goes through. What it still
-  refuses is reported (`rejected`) and is simply not part of that node: the model reads the node live.
+- what the kernel refuses to add is not generated: a route twice, a rule the kernel takes for one it holds (see
+  Topology._rules), an IPv6 multipath next hop without a gateway, an IPv6 route's src not on its device, `! -d`
+  of the whole space; routes are added before rules, whose lookups the kernel's check of a gateway goes through.
+  Anything it still refuses is reported (`rejected`) and is simply not part of that node: the model reads the
+  node live.
 
 A multipath route's hops: the kernel's hash picks one, so `ip route get`'s must be one of the model's, and the
 peer that saw a connection one of the hops' devices; when the hops differ in the source, the model says it cannot
@@ -196,7 +197,24 @@ class Topology:
         # has no way to it, and a rule of the topology would refuse it (No route to host)
         lines += self._routes()
         lines.append(f"rule add priority 5 to {self.pod_subnet} lookup main")
-        return lines + list(dict.fromkeys(self._rule(r) for r in self.rules))  # a rule twice: File exists
+        return lines + self._rules()
+
+    def _rules(self) -> list[str]:
+        """The rules the kernel takes: it refuses one that "exists" (File exists), and its comparison leaves out
+        `not` and a goto's target, and compares from and to only when the new rule names them."""
+        kept: list[tuple[tuple[object, ...], str | None, str | None]] = []
+        out = []
+        for rule in self.rules:
+            lookup = rule.action == "lookup"
+            fields = (rule.priority, rule.action, rule.table if lookup else None, rule.fwmark, rule.iif, rule.ipproto,
+                      rule.dport, rule.suppress if lookup else None)
+            source = None if rule.source is None else self._source(rule.source)
+            to = self.prefix(rule.to) if rule.to is not None and rule.to[1] > 0 else None
+            if any(f == fields and source in (None, s) and to in (None, t) for f, s, t in kept):
+                continue
+            kept.append((fields, source, to))
+            out.append(self._rule(rule))
+        return out
 
     def _routes(self) -> list[str]:
         """One route per table, prefix and metric: the kernel refuses a second (File exists)."""
@@ -212,7 +230,7 @@ class Topology:
             words.append("not")
         if rule.source is not None:
             words += ["from", self._source(rule.source)]
-        if rule.to is not None:
+        if rule.to is not None and rule.to[1] > 0:  # `to ::/0` is no selector: the same rule as without it
             words += ["to", self.prefix(rule.to)]
         if rule.fwmark is not None:
             words += ["fwmark", f"{rule.fwmark[0]:#x}/{rule.fwmark[1]:#x}"]
