@@ -1,7 +1,7 @@
 """The path model against the kernel on many generated nodes: the differential test's generator
 (tests/kernel/route/differential.py) for a long run, both families.
 
-    sudo .venv/bin/python bench/bench_path_differential.py [--topologies 300] [--family 4,6] [--seed 0]
+    sudo .venv/bin/python bench/bench_path_differential.py [--topologies 300] [--family 4,6] [--start 0]
 
 Each topology is built in fresh namespaces (a node with 1-3 uplinks, a pod, a peer per uplink; random ip rules,
 routes, nat POSTROUTING and mangle MARK rules), every probe asked of the model (reading the node live, as `trace`
@@ -21,7 +21,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from hypothesis import HealthCheck, Phase, given, seed, settings
+import hypothesis
+from hypothesis import HealthCheck, Phase, given, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -31,10 +32,10 @@ from tests.kernel.route.differential_kernel import run_case
 from ipmasq.policy.prefix import Family
 
 
-def run_family(family: Family, count: int, chosen_seed: int, verbose: bool) -> Counter[str]:
+def run_family(family: Family, count: int, start: int, verbose: bool) -> Counter[str]:
     totals: Counter[str] = Counter()
 
-    @seed(chosen_seed)
+    @hypothesis.seed(start)  # a fixed run: the same topologies every time for one --start
     @settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(topologies(family))
@@ -68,7 +69,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--topologies", type=int, default=300, help="per family")
     parser.add_argument("--family", default="4,6")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--start", type=int, default=0, help="which fixed run of topologies (each is repeatable)")
     parser.add_argument("--verbose", action="store_true", help="print each refused command and undecided probe")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -79,7 +80,7 @@ def main() -> int:
     for text in args.family.split(","):
         family = Family.V6 if text.strip() == "6" else Family.V4
         start = time.monotonic()
-        totals = run_family(family, args.topologies, args.seed, args.verbose)
+        totals = run_family(family, args.topologies, args.start, args.verbose)
         rows.append((family, totals, time.monotonic() - start))
     print(f"{'family':>6} " + " ".join(f"{c:>16}" for c in columns) + f" {'s/topology':>11}")
     for family, totals, seconds in rows:
