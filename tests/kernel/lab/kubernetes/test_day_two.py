@@ -21,6 +21,7 @@ import pytest
 from ipmasq.lab.kubernetes import agent
 from ipmasq.lab.kubernetes.artifacts import prometheus_binary
 from ipmasq.lab.kubernetes.cluster import CONTROL_PLANE, FAST_SYNC_FREQUENCY, LAB_NAMESPACE, Cluster, NodeSpec
+from ipmasq.lab.kubernetes.prometheus_operator import discovering, prometheus_identity, remove_prometheus_identity
 from ipmasq.lab.kubernetes.webhook import deploy_webhook
 from ipmasq.lab.prometheus import PrometheusServer
 from ipmasq.lab.scenarios import KEEP_10_8, REFERENCE_OPTIONS
@@ -70,32 +71,6 @@ def _http_status(cluster: Cluster, url: str) -> str:
     return result.stdout.split()[0]
 
 
-def _prometheus_identity(cluster: Cluster, workdir: Path) -> Path:
-    """A service account allowed exactly what the scrape job's discovery needs (pods in kube-system: get, list,
-    watch), and a token of it in a file, as an operator gives a Prometheus outside the cluster."""
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "prometheus", "namespace": LAB_NAMESPACE}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": "lab-prometheus", "namespace": "kube-system"},
-         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": "lab-prometheus", "namespace": "kube-system"},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lab-prometheus"},
-         "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": LAB_NAMESPACE}]},
-    ]}))
-    token = cluster.kubectl("create", "token", "prometheus", "-n", LAB_NAMESPACE, "--duration=1h").stdout.strip()
-    path = workdir / "token"
-    workdir.mkdir(parents=True, exist_ok=True)
-    path.write_text(token)
-    path.chmod(0o600)
-    return path
-
-
-def _remove_prometheus_identity(cluster: Cluster) -> None:
-    cluster.kubectl("delete", "rolebinding,role", "lab-prometheus", "-n", "kube-system", "--ignore-not-found")
-    cluster.kubectl("delete", "serviceaccount", "prometheus", "-n", LAB_NAMESPACE, "--ignore-not-found")
-
-
 def test_prometheus_finds_every_agent_by_kubernetes_discovery(cluster: Cluster) -> None:
     """The documented scrape job (ipmasq.monitoring.scrape_config) in a real Prometheus outside the cluster, against
     the lab's API server: a target per node on its own address and port `metrics`, all up; IpMasqAgentAbsent
@@ -107,7 +82,7 @@ def test_prometheus_finds_every_agent_by_kubernetes_discovery(cluster: Cluster) 
     job.update(scrape_interval="1s", scrape_timeout="1s")
     job["kubernetes_sd_configs"][0].update(
         api_server=f"https://{CONTROL_PLANE}:6443",
-        authorization={"credentials_file": str(_prometheus_identity(cluster, workdir))},
+        authorization={"credentials_file": str(prometheus_identity(cluster, workdir))},
         tls_config={"ca_file": str(cluster.state / "pki" / "ca.crt")})
     server = PrometheusServer(cluster.net["cp"], "127.0.0.1", str(workdir))
     try:
@@ -150,17 +125,7 @@ def test_prometheus_finds_every_agent_by_kubernetes_discovery(cluster: Cluster) 
                  "(for: 2s in the test's copy)")
     finally:
         server.stop()
-        _remove_prometheus_identity(cluster)
-
-
-def _discovering(cluster: Cluster, job: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    """A scrape job of ipmasq.monitoring, scraping every second, discovering through the lab's API server."""
-    job.update(scrape_interval="1s", scrape_timeout="1s")
-    job["kubernetes_sd_configs"][0].update(
-        api_server=f"https://{CONTROL_PLANE}:6443",
-        authorization={"credentials_file": str(workdir / "token")},
-        tls_config={"ca_file": str(cluster.state / "pki" / "ca.crt")})
-    return job
+        remove_prometheus_identity(cluster)
 
 
 def test_an_observe_only_cluster_is_scraped_as_observers_and_raises_no_alert_for_a_missing_agent(
@@ -173,12 +138,12 @@ def test_an_observe_only_cluster_is_scraped_as_observers_and_raises_no_alert_for
     agent.deploy_observe_overlay(cluster, "deploy/overlays/observe")
     binary = prometheus_binary(progress)
     workdir = cluster.state / "prometheus-observe"
-    _prometheus_identity(cluster, workdir)
+    prometheus_identity(cluster, workdir)
     server = PrometheusServer(cluster.net["cp"], "127.0.0.1", str(workdir))
     try:
         started = time.monotonic()
         server.start((), for_seconds=2, binary=binary,
-                     scrape_configs=[_discovering(cluster, job, workdir) for job in scrape_configs()])
+                     scrape_configs=[discovering(cluster, job, workdir / "token") for job in scrape_configs()])
         want = {node.name: f"{node.address}:9849" for node in cluster.nodes}
 
         def every_observer_up() -> bool:
@@ -209,7 +174,7 @@ def test_an_observe_only_cluster_is_scraped_as_observers_and_raises_no_alert_for
     finally:
         server.stop()
         agent.remove_agent(cluster, daemonset=agent.OBSERVER)
-        _remove_prometheus_identity(cluster)
+        remove_prometheus_identity(cluster)
 
 
 # ---- upgrade and rollback ----------------------------------------------------------------------------------------
