@@ -19,10 +19,12 @@ or cgroup match, TPROXY, a map) stops the walk with the reason: the routing deci
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from ipmasq.diagnose.trace import Tracer, apply_mark, condition_holds, match_holds
+from ipmasq.diagnose.trace import Tracer, all_hold, apply_mark, condition_holds, match_holds
 from ipmasq.diagnose.trace_nft import NftTracer, chain_name
 from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
 from ipmasq.errors import NftTraceError, PacketDropped, Undecidable, clip
@@ -181,22 +183,10 @@ def _dnat_reason(rule: str, packet: Packet) -> str:
 
 
 def _iptables_matches(rule: IptablesRule, packet: Packet, mark: int, ct_mark: int) -> bool:
-    """Every test of the rule; one that surely fails decides even when another cannot be told."""
-    undecidable: Undecidable | None = None
-    for test in [*rule.conditions, *rule.matches]:
-        try:
-            if hasattr(test, "option"):
-                hit = condition_holds(test, packet)  # type: ignore[arg-type]
-            else:
-                hit = _iptables_match(test, packet, mark, ct_mark)
-        except Undecidable as exc:
-            undecidable = undecidable or exc
-            continue
-        if not hit:
-            return False
-    if undecidable is not None:
-        raise undecidable
-    return True
+    """Every test of the rule, as the nat walk judges them (all_hold), with the conntrack matches mangle meets."""
+    tests: list[Callable[[], bool]] = [partial(condition_holds, c, packet) for c in rule.conditions]
+    tests += [partial(_iptables_match, m, packet, mark, ct_mark) for m in rule.matches]
+    return all_hold(tests)
 
 
 def _iptables_match(match: Any, packet: Packet, mark: int, ct_mark: int) -> bool:

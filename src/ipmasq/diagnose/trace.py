@@ -17,7 +17,7 @@ the trace is the fate of a new connection.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import NamedTuple, Protocol
@@ -36,6 +36,7 @@ __all__ = [
     "Step",
     "TraceResult",
     "Tracer",
+    "all_hold",
     "apply_mark",
     "condition_holds",
     "is_local",
@@ -480,10 +481,16 @@ def _condition(c: Condition, packet: Packet) -> bool:
 
 
 def _matches(rule: IptablesRule, packet: Packet, mark: int) -> bool:
-    """All tests of the rule; a test that surely fails decides even when another one cannot be evaluated."""
-    undecidable: Undecidable | None = None
+    """All tests of the rule (all_hold)."""
     tests: list[Callable[[], bool]] = [partial(_condition, c, packet) for c in rule.conditions]
     tests += [partial(_match, m, packet, mark) for m in rule.matches]
+    return all_hold(tests)
+
+
+def all_hold(tests: Iterable[Callable[[], bool]]) -> bool:
+    """Whether every test holds; a test that surely fails decides even when another one cannot be evaluated (its
+    Undecidable is raised only when no test fails)."""
+    undecidable: Undecidable | None = None
     for test in tests:
         try:
             hit = test()
