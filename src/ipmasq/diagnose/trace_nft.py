@@ -332,16 +332,11 @@ class NftTracer:
         of the map element the packet's key matches, None when none does (the rule goes on); Undecidable when
         the key or an element cannot be read."""
         if isinstance(data, str) and data.startswith("@"):
-            body = self._maps.get((table[0], table[1], data[1:]))
-            if body is None:
-                raise Undecidable(f"map {data} is not in the listing")
-            elements = body.get("elem", [])
+            elements = self._named_elements("map", data, table)
         elif isinstance(data, dict) and isinstance(data.get("set"), list):
             elements = data["set"]
         else:
             raise Undecidable(f"vmap {clip(json.dumps(data))} is not understood by trace")
-        if not isinstance(elements, list):
-            raise Undecidable(f"map {data} holds no list of elements")
         if not elements:
             return None  # an empty map (kube-proxy's, with no such Service): no verdict
         fields = key.get("concat") if isinstance(key, dict) and "concat" in key else [key]
@@ -389,16 +384,11 @@ class NftTracer:
         if any(value is None for value in values):
             return False  # a field of the other family: nft's implicit dependency fails
         if isinstance(right, str) and right.startswith("@"):
-            body = self._sets.get((table[0], table[1], right[1:]))
-            if body is None:
-                raise Undecidable(f"set {right} is not in the listing")
-            elements = body.get("elem", [])
+            elements = self._named_elements("set", right, table)
         elif isinstance(right, dict) and isinstance(right.get("set"), list):
             elements = right["set"]
         else:
             raise Undecidable(f"cannot read the concatenation's set {clip(json.dumps(right))}")
-        if not isinstance(elements, list):
-            raise Undecidable(f"set {right} holds no list of elements")
         for element in elements:
             if isinstance(element, dict) and isinstance(element.get("elem"), dict):
                 element = element["elem"].get("val")
@@ -410,17 +400,23 @@ class NftTracer:
                 return True
         return False
 
+    def _named_elements(self, kind: str, ref: str, table: tuple[str, str]) -> list[Any]:
+        """The elements of the set or map `ref` (`@name`) of `table` in the listing; Undecidable when it is not
+        there or holds no list."""
+        body = (self._maps if kind == "map" else self._sets).get((table[0], table[1], ref[1:]))
+        if body is None:
+            raise Undecidable(f"{kind} {ref} is not in the listing")
+        elements = body.get("elem", [])
+        if not isinstance(elements, list):
+            raise Undecidable(f"{kind} {ref} holds no list of elements")
+        return elements
+
     def _spans(self, right: Any, kind: str, family: Family, table: tuple[str, str]) -> list[Span]:
         if isinstance(right, str) and right.startswith("@"):
             key = (table[0], table[1], right[1:])
             cache_key = (key, family if kind == "address" else None)
             if cache_key not in self._set_cache:
-                body = self._sets.get(key)
-                if body is None:
-                    raise Undecidable(f"set {right} is not in the listing")
-                elements = body.get("elem", [])
-                if not isinstance(elements, list):
-                    raise Undecidable(f"set {right} holds no list of elements")
+                elements = self._named_elements("set", right, table)
                 self._set_cache[cache_key] = union([s for e in elements for s in _element(e, kind, family)])
             return self._set_cache[cache_key]
         if isinstance(right, dict) and "set" in right and isinstance(right["set"], list):
