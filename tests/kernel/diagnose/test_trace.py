@@ -23,7 +23,9 @@ import pytest
 
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
-from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
+from ipmasq.diagnose.check import FindingId
+from ipmasq.diagnose.check_iptables import check_iptables
+from ipmasq.diagnose.check_nft import check_nft
 from ipmasq.diagnose.trace import Tracer, trace
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.lab.netns import Network

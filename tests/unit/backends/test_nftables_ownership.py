@@ -104,7 +104,7 @@ def test_remove_unmarked_takes_the_look_alike() -> None:
 
 
 def test_check_never_reports_the_marker_nor_its_absence() -> None:
-    from ipmasq.diagnose.check import check_nft
+    from ipmasq.diagnose.check_nft import check_nft
 
     policy = policy_of(CONFIG, PolicyOptions())
     marked, bare = FakeNft(), FakeNft()

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from ipmasq.cli import main
-from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
+from ipmasq.diagnose.check import FindingId
+from ipmasq.diagnose.check_iptables import check_iptables
+from ipmasq.diagnose.check_nft import check_nft
 from ipmasq.diagnose.sources import family_of_dump
 from ipmasq.diagnose.trace import Tracer, trace
 from ipmasq.findings import Finding, Severity

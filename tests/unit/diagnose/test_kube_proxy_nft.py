@@ -18,7 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipmasq.cli import main
-from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
+from ipmasq.diagnose.check import FindingId
+from ipmasq.diagnose.check_iptables import check_iptables
+from ipmasq.diagnose.check_nft import check_nft
 from ipmasq.diagnose.hooks import NatHook, walk_hooks
 from ipmasq.diagnose.trace import Step, TraceResult
 from ipmasq.diagnose.trace_nft import NftTracer
