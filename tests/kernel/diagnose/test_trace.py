@@ -30,7 +30,8 @@ from ipmasq.diagnose.trace import Tracer, trace
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.lab.netns import Network
 from ipmasq.netfilter.iptables import parse_save, render_restore
-from ipmasq.netfilter.nft import parse_list_json, render_script
+from ipmasq.netfilter.nft import render_script
+from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import Policy

@@ -15,11 +15,11 @@ from ipmasq.netfilter.nft import (
     TABLE_FAMILY,
     NftSet,
     desired_table,
-    parse_list_json,
     recorded_digest,
     replace_script,
     table_digest,
 )
+from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeNft

@@ -20,7 +20,8 @@ from ipmasq.diagnose.sources import family_of_dump
 from ipmasq.diagnose.trace import Tracer, trace
 from ipmasq.findings import Finding, Severity
 from ipmasq.netfilter.iptables import NatTable, chain_digest, marker_chain, marker_rule, parse_save, render_restore
-from ipmasq.netfilter.nft import desired_table, parse_list_json
+from ipmasq.netfilter.nft import desired_table
+from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
