@@ -24,15 +24,8 @@ from typing import Any
 import pytest
 
 from ipmasq.lab.netns import LAB_PREFIX
-from ipmasq.lab.routed import (
-    ROUTED_SCENARIOS,
-    RoutedLab,
-    RoutedPhaseResult,
-    RoutedResult,
-    facts_directory,
-    run_routed,
-    trace_argv,
-)
+from ipmasq.lab.routed import RoutedLab, RoutedPhaseResult, RoutedResult, facts_directory, run_routed, trace_argv
+from ipmasq.lab.routed_scenarios import ROUTED_SCENARIOS
 from tests.conftest import PYTHON, ROOT
 
 HOW_TO = ROOT / "docs" / "how-to"
