@@ -20,11 +20,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ipmasq.lab.kubernetes import agent, webhook
-from ipmasq.lab.kubernetes.cluster import (
-    FAST_SYNC_FREQUENCY,
-    PRIVILEGED_NAMESPACE_LABELS,
-    Cluster,
-)
+from ipmasq.lab.kubernetes.cluster import Cluster
+from ipmasq.lab.kubernetes.layout import FAST_SYNC_FREQUENCY, PRIVILEGED_NAMESPACE_LABELS
 from ipmasq.lab.scenarios import KEEP_10_8, REFERENCE_OPTIONS
 from ipmasq.webhook.review import respond
 from tests.conftest import ROOT
