@@ -50,9 +50,9 @@
                                 outcome says why; never reported as an error
     StopRequested (BaseException)  SIGTERM or SIGINT during a config's parse (agent.reconcile, agent.loop): stop now
 
-Two exceptions stay private to their module, as control flow that never leaves it: config.validate._Said (a field
-whose problems are reported already) and netfilter.nft._Unrecognised (a JSON expression with no text form: the rule
-is shown as unrecognised). tests/unit/test_structure.py holds every other exception class to this module.
+Two exceptions stay private to their module, as control flow that never leaves it: config.rules._Said (a field
+whose problems are reported already) and netfilter.nft_json._Unrecognised (a JSON expression with no text form: the
+rule is shown as unrecognised). tests/unit/test_structure.py holds every other exception class to this module.
 
 The CLI (ipmasq.cli.Exit) maps ConfigError to exit 1 (the input was read and is wrong), UsageError to exit 2, and
 InputUnreadable and every other IpmasqError to exit 3 (could not run); each is one line, ``ipmasq COMMAND: <message>``.

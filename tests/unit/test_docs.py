@@ -126,7 +126,7 @@ def test_every_lab_scenario_has_a_how_to_and_every_how_to_its_parts() -> None:
     """A scenario the lab reproduces is an incident an operator can have: the how-to index names it; each how-to
     says the symptom and the fix (most also how to diagnose and verify it, and the scenario that shows it)."""
     from ipmasq.commands.lab import FLEET_SCENARIO
-    from ipmasq.lab.routed import ROUTED_SCENARIOS
+    from ipmasq.lab.routed_scenarios import ROUTED_SCENARIOS
     from ipmasq.lab.scenarios import SCENARIOS
 
     index = (DOCS / "how-to" / "README.md").read_text()
@@ -144,7 +144,7 @@ def test_each_routed_scenarios_how_to_answers_with_one_trace_command() -> None:
     workstation: `kubectl ipmasq trace NODE DEST --source POD_IP --protocol tcp --port P`, its output pasted (the
     kernel test tests/kernel/lab/test_routed.py compares it with what trace prints on the lab's node), and no
     `ip route get` on the node or address given by hand beside it."""
-    from ipmasq.lab.routed import ROUTED_SCENARIOS
+    from ipmasq.lab.routed_scenarios import ROUTED_SCENARIOS
     from tests.kernel.lab.test_routed import PAGES, transcripts
 
     index = (DOCS / "how-to" / "README.md").read_text()

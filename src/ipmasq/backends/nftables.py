@@ -59,11 +59,11 @@ from ipmasq.netfilter.nft import (
     is_marked,
     marked_delete_script,
     marker_delete_script,
-    parse_list_json,
     recorded_digest,
     replace_script,
     table_digest,
 )
+from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.netfilter.nft_set import parse_set_json
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family

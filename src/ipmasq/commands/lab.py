@@ -16,7 +16,7 @@ FLEET_SCENARIO = "fleet-rollout"
 
 
 def register(subparsers: Any) -> None:
-    from ipmasq.lab.routed import ROUTED_SCENARIOS
+    from ipmasq.lab.routed_scenarios import ROUTED_SCENARIOS
     from ipmasq.lab.scenarios import SCENARIOS
 
     parser: argparse.ArgumentParser = subparsers.add_parser(
@@ -63,7 +63,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ipmasq.lab.netns import Network, cleanup_stale, new_prefix
-    from ipmasq.lab.routed import ROUTED_SCENARIOS
+    from ipmasq.lab.routed_scenarios import ROUTED_SCENARIOS
     from ipmasq.lab.run import ScenarioResult, run_scenario
     from ipmasq.lab.scenarios import SCENARIOS
     from ipmasq.lab.topology import build_lab
@@ -151,7 +151,8 @@ def _run_routed(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ipmasq.lab.netns import cleanup_stale
-    from ipmasq.lab.routed import ROUTED_SCENARIOS, run_routed
+    from ipmasq.lab.routed import run_routed
+    from ipmasq.lab.routed_scenarios import ROUTED_SCENARIOS
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -43,7 +43,7 @@ from ipmasq.diagnose.trace import Tracer, TraceResult, trace
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.errors import IpmasqError, NftParseError, NftTraceError, RuleParseError, UsageError, clip, one_line
 from ipmasq.netfilter.iptables import NatTable, parse_save
-from ipmasq.netfilter.nft import parse_list_json
+from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.route.facts import Routing
 from ipmasq.route.iproute2 import parse_routing

@@ -31,6 +31,8 @@ __all__ = [
     "Field",
     "clip",
     "compose_yaml",
+    "describe_node",
+    "node_error",
     "parse_document",
     "show_value",
     "yaml_error",
@@ -146,6 +148,27 @@ def show_value(value: object) -> str:
             return json.dumps(value)
         return json.dumps(value[:CLIP_CHARS])[:-1] + '\u2026"'  # the ellipsis inside the quotes: the value goes on
     return clip(repr(value))
+
+
+def describe_node(node: DocumentNode) -> str:
+    """A value as a message names its kind: "a list", "a mapping", "null", "the boolean true", "the string ..."."""
+    if node.kind == "list":
+        return "a list"
+    if node.kind == "map":
+        return "a mapping"
+    v = node.value
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"the boolean {str(v).lower()}"
+    if isinstance(v, int | float):
+        return f"the number {clip(str(v))}"
+    return f"the string {show_value(v)}"
+
+
+def node_error(doc: Document, node: DocumentNode, needle: str, message: str, code: str) -> ConfigError:
+    """The error at `node`: its file, the line `needle` is on, its column; `code` names the mistake."""
+    return ConfigError(message, source=doc.source, line=doc.locate(node, needle), column=node.column, code=code)
 
 
 def _too_many(source: str, mark: Any) -> ConfigError:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ipmasq.config.document import parse_document
 from ipmasq.config.model import MasqConfig
-from ipmasq.config.validate import FileSettings, check_rules_with_flags, merge_settings, settings_from_document
+from ipmasq.config.rules import check_rules_with_flags
+from ipmasq.config.validate import FileSettings, merge_settings, settings_from_document
 from ipmasq.errors import ConfigError, InputUnreadable
 from ipmasq.options import PolicyOptions
 from ipmasq.sha256 import sha256

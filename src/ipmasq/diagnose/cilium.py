@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from ipmasq.diagnose.check import CheckReport, FindingId
+from ipmasq.diagnose.check_report import CheckReport, FindingId
 from ipmasq.errors import IpmasqError, PrefixError, clip
 from ipmasq.findings import Finding, Severity
 from ipmasq.policy.prefix import Family, Prefix, parse_cidr

@@ -2,7 +2,7 @@
 
 The structural part names what the CNI should have written and did not (the chain or its POSTROUTING jump, an
 exclusion the env lists, SNAT left on with AWS_VPC_K8S_CNI_EXTERNALSNAT=true); the semantic part is check's own
-packet-space comparison (ipmasq.diagnose.check.semantic_findings) of every class of pod packets traced through
+packet-space comparison (ipmasq.diagnose.check_semantic.semantic_findings) of every class of pod packets traced through
 POSTROUTING, the CNI's chain included, against the intent of ipmasq.writers (VPC CIDRs and exclusions keep the pod's
 address, everything else is SNATed to the node). IPv4 only: the CNI writes no SNAT rules for IPv6.
 Pure: tables, intent and env in, findings out.
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ipmasq.diagnose.check import CheckReport, FindingId, NodeRules, semantic_findings, tracer_beside
+from ipmasq.diagnose.check import CheckReport, FindingId, NodeRules, tracer_beside
+from ipmasq.diagnose.check_semantic import semantic_findings
 from ipmasq.errors import clip
 from ipmasq.findings import Finding, Severity, named
 from ipmasq.netfilter.aws_snat import CHAIN, AwsSnatChain, read_aws_snat_chain

@@ -21,7 +21,8 @@ from ipmasq.diagnose.check import NodeRules
 from ipmasq.errors import BackendError, IpmasqError, NftParseError, NotAFile, NoWriter, RuleParseError, clip, one_line
 from ipmasq.input_files import open_input
 from ipmasq.netfilter.iptables import NatTable, our_chains, parse_save, save_lines
-from ipmasq.netfilter.nft import NftTable, parse_list_json
+from ipmasq.netfilter.nft import NftTable
+from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.policy.prefix import Family
 
 __all__ = ["MAX_DUMP_BYTES", "MAX_DUMP_LINE", "family_of_dump", "holds_no_nat_rules", "iptables_nft_families",

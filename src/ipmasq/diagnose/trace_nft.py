@@ -29,7 +29,7 @@ from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Step, TraceResult
 from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
 from ipmasq.errors import NftParseError, NftTraceError, Undecidable, clip
 from ipmasq.netfilter.iptables import RULE_COMMENT_PREFIX
-from ipmasq.netfilter.nft import parse_address_element, rule_from_json
+from ipmasq.netfilter.nft_json import parse_address_element, rule_from_json
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.prefix import Family, format_address, parse_address, parse_cidr
 from ipmasq.policy.ranges import Span, union

@@ -1,7 +1,7 @@
 """Reading one interval set from `nft -j list set FAMILY TABLE NAME`, without holding nft's JSON tree.
 
-`parse_list_json` (ipmasq.netfilter.nft) builds the whole document first: for a set of 100,000 prefixes that is two
-dicts and a string per element alive at once next to the policy, the agent's peak (docs/measurements.md). Here each
+`parse_list_json` (ipmasq.netfilter.nft_json) builds the whole document first: for a set of 100,000 prefixes that is
+two dicts and a string per element alive at once next to the policy, the agent's peak (docs/measurements.md). Here each
 element becomes its (first, last) range as soon as the JSON decoder has built it (an object_hook), so only the
 ranges stay alive. The set it returns is equal to the one parse_list_json(text, table_listed=False).set_named(name)
 returns for the same listing (same ranges, same order, same type and flags), and what it refuses it refuses with
@@ -14,7 +14,8 @@ import json
 from typing import Any
 
 from ipmasq.errors import NftParseError, clip
-from ipmasq.netfilter.nft import TABLE, TABLE_FAMILY, NftSet, parse_address_element
+from ipmasq.netfilter.nft import TABLE, TABLE_FAMILY, NftSet
+from ipmasq.netfilter.nft_json import parse_address_element
 
 __all__ = ["parse_set_json"]
 

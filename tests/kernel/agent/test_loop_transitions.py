@@ -135,7 +135,7 @@ def test_sigkill_during_backend_switches_never_leaves_the_node_without_rules(net
                 line = proc.stderr.readline()
                 assert line, "".join(lines)
                 lines.append(line)
-            time.sleep(rng.uniform(0.0, 0.08))
+            time.sleep(rng.uniform(0.0, 0.08))  # the kill's moment, drawn at random (not a wait for anything)
             proc.kill()
             proc.wait()
             proc.stderr.close()

@@ -23,12 +23,15 @@ import pytest
 
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
-from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
+from ipmasq.diagnose.check import FindingId
+from ipmasq.diagnose.check_iptables import check_iptables
+from ipmasq.diagnose.check_nft import check_nft
 from ipmasq.diagnose.trace import Tracer, trace
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.lab.netns import Network
 from ipmasq.netfilter.iptables import parse_save, render_restore
-from ipmasq.netfilter.nft import parse_list_json, render_script
+from ipmasq.netfilter.nft import render_script
+from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import Policy

@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from ipmasq.lab.fleet import FLEET, INVALID, INVALID_ALERT, ROLLOUT_CONFIG, TAMP
 from ipmasq.lab.netns import LAB_PREFIX
 from ipmasq.lab.scenarios import GKE_FLAGS
 from tests.conftest import PYTHON
+from tests.eventually import eventually
 
 
 @pytest.fixture(autouse=True)
@@ -104,8 +104,5 @@ def test_a_terminated_lab_leaves_no_namespace_or_process() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    deadline = time.monotonic() + 5  # SIGKILLed processes are reaped by then at the latest
-    while _lab_processes() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    eventually(lambda: not _lab_processes(), lambda: f"no process left: {_lab_processes()}")  # SIGKILLed ones reaped
     assert {name for name in _namespaces() if name.startswith(ours)} == set()
-    assert _lab_processes() == []

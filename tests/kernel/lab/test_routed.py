@@ -16,24 +16,16 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ipmasq.lab.netns import LAB_PREFIX
-from ipmasq.lab.routed import (
-    ROUTED_SCENARIOS,
-    RoutedLab,
-    RoutedPhaseResult,
-    RoutedResult,
-    facts_directory,
-    run_routed,
-    trace_argv,
-)
+from ipmasq.lab.routed import RoutedLab, RoutedPhaseResult, RoutedResult, facts_directory, run_routed, trace_argv
+from ipmasq.lab.routed_scenarios import ROUTED_SCENARIOS
 from tests.conftest import PYTHON, ROOT
+from tests.eventually import eventually
 
 HOW_TO = ROOT / "docs" / "how-to"
 # each routed scenario's how-to page, and the phase (index) each of its trace transcripts was run in, in order
@@ -264,23 +256,13 @@ def _processes(pattern: str) -> list[str]:
     return [line for line in listing.splitlines() if "pgrep" not in line]
 
 
-def _until(condition: Callable[[], object], timeout: float = 30.0) -> bool:
-    """A hang guard: true as soon as the condition holds, false after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def test_a_routed_scenario_terminated_mid_way_leaves_no_namespace_or_process() -> None:
     proc = subprocess.Popen([PYTHON, "-m", "ipmasq", "lab", "--scenario", "two-uplinks"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # the node's agent runs with the scenario's ConfigMap: the world is built and the scenario under way
     agent = "agent-config/ip-masq-agent --backend iptables"
     try:
-        assert _until(lambda: _processes(agent) and _namespaces_of(proc.pid)), proc.pid
+        eventually(lambda: _processes(agent) and _namespaces_of(proc.pid), f"lab {proc.pid}'s agent and namespaces")
         workdir = _processes(agent)[0].split("--config ", 1)[1].split("/agent-config", 1)[0]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) != 0
@@ -289,6 +271,6 @@ def test_a_routed_scenario_terminated_mid_way_leaves_no_namespace_or_process() -
             proc.kill()
             proc.wait()
     # the agent and the probe servers name the scenario's working directory in their arguments
-    assert _until(lambda: not _processes(workdir), timeout=5), _processes(workdir)
+    eventually(lambda: not _processes(workdir), lambda: f"no process left: {_processes(workdir)}")
     assert _namespaces_of(proc.pid) == set()
     assert not os.path.exists(workdir)

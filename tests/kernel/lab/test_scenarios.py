@@ -12,7 +12,6 @@ import os
 import random
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from ipmasq.lab.scenarios import SCENARIOS, policy_for
 from ipmasq.lab.topology import ADDR, OPEN_PORT, PLAIN_PORT, STRICT_PORT, Probe, build_lab
 from ipmasq.options import PolicyOptions
 from tests.conftest import PYTHON
+from tests.eventually import eventually
 
 BACKENDS = ("iptables", "nftables")
 
@@ -218,15 +218,6 @@ def _processes(pattern: str) -> list[str]:
     return [line for line in found.splitlines() if "pgrep" not in line]
 
 
-def _wait(condition: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_lab_terminated_mid_scenario_leaves_no_namespace_or_process(backend: str) -> None:
     proc = subprocess.Popen([PYTHON, "-m", "ipmasq", "lab", "--scenario", "hand-written-rule-lost", "--backend",
@@ -234,7 +225,8 @@ def test_a_lab_terminated_mid_scenario_leaves_no_namespace_or_process(backend: s
     agent_pattern = f"config-hand-written-rule-lost/ip-masq-agent --backend {backend}"
     try:
         # the node's agent runs with the scenario's ConfigMap: the lab is mid-scenario
-        assert _wait(lambda: _processes(agent_pattern) and _namespaces(proc.pid), timeout=30), proc.pid
+        eventually(lambda: _processes(agent_pattern) and _namespaces(proc.pid),
+                   f"lab {proc.pid}'s agent and namespaces")
         workdir = _processes(agent_pattern)[0].split("--config ", 1)[1].split("/config-", 1)[0]
         assert "ipmasq-lab-" in workdir
         proc.send_signal(signal.SIGTERM)
@@ -244,6 +236,6 @@ def test_a_lab_terminated_mid_scenario_leaves_no_namespace_or_process(backend: s
             proc.kill()
             proc.wait()
     # the agent and the probe servers all name the lab's working directory in their arguments
-    assert _wait(lambda: not _processes(workdir), timeout=5), _processes(workdir)
+    eventually(lambda: not _processes(workdir), lambda: f"no process left: {_processes(workdir)}")
     assert _namespaces(proc.pid) == set()
     assert not os.path.exists(workdir)

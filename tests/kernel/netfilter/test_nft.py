@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import pytest
 
 from ipmasq.lab.netns import Namespace, Network
-from ipmasq.netfilter.nft import desired_table, parse_list_json, render_script
+from ipmasq.netfilter.nft import desired_table, render_script
+from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.options import PolicyOptions, parse_to_ports
 from ipmasq.policy.policy import Policy
 from ipmasq.testing.nft import list_json

@@ -199,7 +199,7 @@ def test_the_payload_declares_the_marker_right_after_the_chain() -> None:
 
 
 def test_check_never_reports_the_marker_nor_its_absence(fake: FakeIptables) -> None:
-    from ipmasq.diagnose.check import check_iptables
+    from ipmasq.diagnose.check_iptables import check_iptables
 
     policy = policy_of(CONFIG, AKS)
     agent(fake)

@@ -15,11 +15,11 @@ from ipmasq.netfilter.nft import (
     TABLE_FAMILY,
     NftSet,
     desired_table,
-    parse_list_json,
     recorded_digest,
     replace_script,
     table_digest,
 )
+from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.prefix import Family
 from ipmasq.testing import FakeNft
@@ -104,7 +104,7 @@ def test_remove_unmarked_takes_the_look_alike() -> None:
 
 
 def test_check_never_reports_the_marker_nor_its_absence() -> None:
-    from ipmasq.diagnose.check import check_nft
+    from ipmasq.diagnose.check_nft import check_nft
 
     policy = policy_of(CONFIG, PolicyOptions())
     marked, bare = FakeNft(), FakeNft()

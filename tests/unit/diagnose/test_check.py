@@ -13,12 +13,15 @@ from pathlib import Path
 import pytest
 
 from ipmasq.cli import main
-from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
+from ipmasq.diagnose.check import FindingId
+from ipmasq.diagnose.check_iptables import check_iptables
+from ipmasq.diagnose.check_nft import check_nft
 from ipmasq.diagnose.sources import family_of_dump
 from ipmasq.diagnose.trace import Tracer, trace
 from ipmasq.findings import Finding, Severity
 from ipmasq.netfilter.iptables import NatTable, chain_digest, marker_chain, marker_rule, parse_save, render_restore
-from ipmasq.netfilter.nft import desired_table, parse_list_json
+from ipmasq.netfilter.nft import desired_table
+from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy

@@ -18,12 +18,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipmasq.cli import main
-from ipmasq.diagnose.check import FindingId, check_iptables, check_nft
+from ipmasq.diagnose.check import FindingId
+from ipmasq.diagnose.check_iptables import check_iptables
+from ipmasq.diagnose.check_nft import check_nft
 from ipmasq.diagnose.hooks import NatHook, walk_hooks
 from ipmasq.diagnose.trace import Step, TraceResult
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.netfilter.iptables import NatTable, parse_save, render_restore
-from ipmasq.netfilter.nft import parse_list_json, render_script, rule_from_json
+from ipmasq.netfilter.nft import render_script
+from ipmasq.netfilter.nft_json import parse_list_json, rule_from_json
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy

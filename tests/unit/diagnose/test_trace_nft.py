@@ -19,10 +19,13 @@ import pytest
 
 from ipmasq.cli import main
 from ipmasq.config import ConfigInput, config_from_bytes
-from ipmasq.diagnose.check import FindingId, Severity, check_nft
+from ipmasq.diagnose.check import FindingId
+from ipmasq.diagnose.check_nft import check_nft
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.errors import NftTraceError
-from ipmasq.netfilter.nft import RULES_CHAIN, desired_table, format_elements, parse_list_json, render_script
+from ipmasq.findings import Severity
+from ipmasq.netfilter.nft import RULES_CHAIN, desired_table, format_elements, render_script
+from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy

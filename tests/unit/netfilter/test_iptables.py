@@ -26,10 +26,9 @@ from ipmasq.netfilter.nft import (
     RULES_JUMP_COMMENT,
     desired_table,
     format_elements,
-    parse_list_json,
     render_script,
-    rule_from_json,
 )
+from ipmasq.netfilter.nft_json import parse_list_json, rule_from_json
 from ipmasq.options import PolicyOptions, PortRange, parse_to_ports
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family

@@ -16,11 +16,10 @@ from ipmasq.netfilter.nft import (
     desired_table,
     format_element,
     format_elements,
-    parse_list_json,
     render_script,
-    rule_from_json,
     table_digest,
 )
+from ipmasq.netfilter.nft_json import parse_list_json, rule_from_json
 from ipmasq.options import PolicyOptions, parse_to_ports
 from ipmasq.policy.policy import Policy
 from ipmasq.policy.prefix import Family, parse_address

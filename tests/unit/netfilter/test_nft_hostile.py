@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ipmasq.cli import main
 from ipmasq.errors import NftParseError
-from ipmasq.netfilter.nft import parse_list_json
+from ipmasq.netfilter.nft_json import parse_list_json
 
 TABLE = {"table": {"family": "inet", "name": "ip-masq-agent"}}
 

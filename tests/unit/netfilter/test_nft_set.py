@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ipmasq.errors import NftParseError
-from ipmasq.netfilter.nft import parse_list_json
+from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.netfilter.nft_set import parse_set_json
 
 META = {"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}

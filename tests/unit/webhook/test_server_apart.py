@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,18 +28,11 @@ from ipmasq.webhook.server import (
     serve,
 )
 from ipmasq.webhook.worker import DecisionWorker
+from tests.eventually import eventually
 from tests.hostile.admission import overlapping_rules, plain_rules
 from tests.unit.webhook.test_server_hostile import ask, review_body
 
 HANG_GUARD_SECONDS = 60.0  # not a bound on anything measured: only how long a broken test waits before failing
-
-
-def _until(condition: Callable[[], object], what: str) -> None:
-    deadline = time.monotonic() + HANG_GUARD_SECONDS
-    while not condition():
-        if time.monotonic() >= deadline:  # a broken test's end, not a bound on a speed
-            raise AssertionError(f"never: {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -129,7 +122,8 @@ def test_a_decision_abandoned_in_the_process_stops_there_and_the_process_decides
             body = bytearray(review_body(overlapping_rules(200)))  # 0.2 s of checks, a budget step at each rule
             thread = threading.Thread(target=lambda: out.append(worker.decide(body, time.monotonic(), abandoned)))
             thread.start()
-            _until(lambda: worker._current[1] is abandoned, "the decision sent to the process")
+            eventually(lambda: worker._current[1] is abandoned, "the decision sent to the process",
+                       timeout=HANG_GUARD_SECONDS)
             abandoned.set()
             worker.abandon(abandoned)  # what the server does when the connection goes
         finally:
@@ -154,7 +148,7 @@ def test_the_decision_process_ending_mid_decision_is_one_500_and_the_next_review
     waiting = _asking(isolated, certificate, large, answers)
     worker = isolated._worker
     assert worker is not None
-    _until(lambda: worker._current[0] != 0, "the decision sent to the process")
+    eventually(lambda: worker._current[0] != 0, "the decision sent to the process", timeout=HANG_GUARD_SECONDS)
     os.kill(pid, signal.SIGKILL)
     waiting.join(HANG_GUARD_SECONDS)
     assert [status for status, _answer, _seconds in answers] == [500]

@@ -22,6 +22,7 @@ from ipmasq.webhook.connections import ConnectionLimits
 from ipmasq.webhook.review import MAX_CONFIGMAP_DATA, AdmissionVerdict, respond
 from ipmasq.webhook.server import MAX_BODY_BYTES, VALIDATE_PATH, WebhookServer, serve
 from tests.clock import Clock
+from tests.eventually import eventually
 from tests.hostile.admission import configmap
 
 HOST = "ipmasq-webhook.kube-system.svc"
@@ -178,7 +179,8 @@ def test_shutdown_finishes_the_review_in_flight(certificate: CertificateSet) -> 
     assert entered.wait(10)
     stopping = threading.Thread(target=running.shutdown)
     stopping.start()
-    time.sleep(0.3)  # the shutdown has begun (stopped accepting) while the review is still being decided
+    # the shutdown has begun (stopped accepting) while the review is still being decided
+    eventually(lambda: not running._accepting, "the shutdown begun: no more accepting")
     release.set()
     asking.join(10)
     stopping.join(20)
@@ -213,9 +215,7 @@ def test_connections_that_never_start_tls_are_counted_and_evicted(certificate: C
         silent = [socket.create_connection(("127.0.0.1", server.server_address[1]), source_address=("127.0.0.2", 0))
                   for _ in range(16)]
         try:
-            deadline = time.monotonic() + 30  # a hang guard only
-            while server.table.holding("127.0.0.2") < 16 and time.monotonic() < deadline:
-                time.sleep(0.01)
+            eventually(lambda: server.table.holding("127.0.0.2") == 16, "the 16 silent connections held")
             # answered while no deadline could have freed a place (the clock stands still)
             status, answer, _seconds = ask(server, certificate, review_body())
             assert status == 200 and answer["response"]["allowed"] is True

@@ -22,7 +22,8 @@ from ipmasq.backends.base import Backend
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.errors import ClusterError
-from ipmasq.lab.kubernetes.cluster import Cluster, NodeSpec
+from ipmasq.lab.kubernetes.cluster import Cluster
+from ipmasq.lab.kubernetes.layout import NodeSpec
 from ipmasq.lab.netns import NamespaceRunner
 from ipmasq.lab.scenarios import GKE_FLAGS, NO_RULES, policy_for
 from ipmasq.options import PolicyOptions

@@ -35,7 +35,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -46,169 +45,40 @@ from pathlib import Path
 from typing import Any
 
 from ipmasq.errors import ClusterError
-from ipmasq.lab.kubernetes.artifacts import PAUSE_IMAGE, Artifacts
+from ipmasq.lab.kubernetes.artifacts import Artifacts
+from ipmasq.lab.kubernetes.cgroups import cgroup_pids, join_cgroup, kill_cgroup_tree, make_cgroup, move_to_cgroup
+from ipmasq.lab.kubernetes.config_files import (
+    cni_config,
+    containerd_config,
+    kube_proxy_config,
+    kubelet_config,
+    make_pki,
+    write_kubeconfig,
+)
+from ipmasq.lab.kubernetes.layout import (
+    API_PORT,
+    CONTROL_PLANE,
+    CONTROL_PLANE6,
+    KUBELET_KERNEL_SETTINGS,
+    KUBELET_SYNC_FREQUENCY,
+    LAB_NAMESPACE,
+    NETNS_PREFIX,
+    NODES,
+    POD_SECURITY_DEFAULT,
+    PRIVILEGED_NAMESPACE_LABELS,
+    PROBE_DAEMONSET,
+    SERVICE_CIDR,
+    SERVICE_CIDR6,
+    NodeSpec,
+    state_dir,
+)
 from ipmasq.lab.netns import Namespace, Network
 from ipmasq.lab.topology import ADDR, Lab, build_world
 
-__all__ = [
-    "API_PORT", "CONTROL_PLANE", "FAST_SYNC_FREQUENCY", "KUBELET_SYNC_FREQUENCY", "NODES",
-    "PRIVILEGED_NAMESPACE_LABELS", "Cluster", "NodeSpec", "cluster_is_up", "state_dir", "tear_down",
-]
-
-def _instance() -> str:
-    """IPMASQ_LAB_INSTANCE: one digit naming a second (third ...) lab on the machine, beside the default one (""):
-    its own namespaces, cgroup tree, state directory and API port, so two clusters run side by side (the test suite
-    runs two). Everything else, the cache included, is shared."""
-    instance = os.environ.get("IPMASQ_LAB_INSTANCE", "")
-    if instance not in ("", *"123456789"):
-        raise ClusterError(f"IPMASQ_LAB_INSTANCE must be one digit 1-9 (or empty): {instance[:20]!r}")
-    return instance
-
-
-INSTANCE = _instance()
-API_PORT = 16443 + 10 * int(INSTANCE or 0)  # on the machine's loopback: kubectl's way in
-CONTROL_PLANE = "10.142.0.2"
-SERVICE_CIDR = "10.96.0.0/16"
-SERVICE_CIDR6 = "fd00:96::/112"
-CONTROL_PLANE6 = "fd00:142::2"
-KUBERNETES_SERVICE = "10.96.0.1"
-# not the namespace lab's prefix: its stale-namespace sweep must not take a kept cluster
-NETNS_PREFIX = f"kl{INSTANCE}"
-CGROUP_ROOT = f"ipmasq-lab{'-' + INSTANCE if INSTANCE else ''}"
-CGROUP_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "systemd",
-                      "unified")
-LAB_NAMESPACE = "ipmasq-lab"  # the long-running probe pods
-PROBE_DAEMONSET = "ipmasq-probe"
-# kubelet's pod sync period: its ConfigMap volumes are refreshed on that beat. The cluster comes up with kubelet's
-# default (1m), as users run it; the scenarios change configs often and switch to FAST_SYNC_FREQUENCY.
-KUBELET_SYNC_FREQUENCY = "1m"
-FAST_SYNC_FREQUENCY = "2s"
-# what kubelet sets unless told otherwise (pkg/kubelet/cm: setupKernelTunables): shown to it, never written
-KUBELET_KERNEL_SETTINGS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
-# Pod Security: what the API server enforces, audits and warns about where a namespace says nothing (a cluster
-# hardened as the Pod Security Standards advise), and the labels kube-system needs for the agent's DaemonSet
-# (hostNetwork, NET_ADMIN: only `privileged` admits them). The README tells users to set exactly these.
-POD_SECURITY_DEFAULT = "baseline"
-PRIVILEGED_NAMESPACE_LABELS = {f"pod-security.kubernetes.io/{mode}": "privileged"
-                               for mode in ("enforce", "warn", "audit")}
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    name: str
-    pool: str
-    role: str  # the network namespace's role (kl-ROLE)
-    address: str
-    pod_cidr: str
-    address6: str
-    pod_cidr6: str
-    extra_addresses: tuple[str, ...] = ()
-    proxy_mode: str = "iptables"  # kube-proxy's mode on the node: iptables or nftables
-
-    @property
-    def pod_gateway(self) -> str:
-        return self.pod_cidr.rsplit(".", 1)[0] + ".1"
-
-    @property
-    def pod_gateway6(self) -> str:
-        return self.pod_cidr6.split("/", 1)[0] + "1"  # fd00:44:0:14:: -> fd00:44:0:14::1
-
-
-NODES = (
-    # the egress pool's node also holds the spare address the partner's firewall admits
-    NodeSpec("gke-prod-egress-pool-7f3k", "egress-pool", "node1", ADDR.node, "10.44.14.0/24", "fd00:142::203",
-             "fd00:44:0:14::/64", (ADDR.spare_node,)),
-    # kube-proxy in nftables mode here (GA since 1.33, the planned default): the agent beside either mode
-    NodeSpec("gke-prod-general-pool-2b9x", "general-pool", "node2", "10.142.15.210", "10.44.15.0/24",
-             "fd00:142::210", "fd00:44:0:15::/64", proxy_mode="nftables"),
-)
-
-
-def state_dir() -> Path:
-    default = f"/var/lib/ipmasq/kube-lab{'-' + INSTANCE if INSTANCE else ''}"
-    return Path(os.environ.get("IPMASQ_LAB_STATE", default))
+__all__ = ["Cluster", "Progress", "cluster_is_up", "tear_down"]
 
 
 Progress = Callable[[str], None]
-
-
-def _cgroup(controller: str, *parts: str) -> Path:
-    return Path("/sys/fs/cgroup", controller, CGROUP_ROOT, *parts)
-
-
-def _make_cgroup(*parts: str) -> None:
-    """ipmasq-lab/PARTS in every controller; cpuset's cpus and mems copied down, as a new cpuset starts empty."""
-    for controller in CGROUP_CONTROLLERS:
-        if not Path("/sys/fs/cgroup", controller).is_dir():
-            continue
-        path = Path("/sys/fs/cgroup", controller)
-        for part in (CGROUP_ROOT, *parts):
-            parent, path = path, path / part
-            path.mkdir(exist_ok=True)
-            if controller == "cpuset":
-                for name in ("cpuset.cpus", "cpuset.mems"):
-                    if not (path / name).read_text().strip():
-                        (path / name).write_text((parent / name).read_text())
-
-
-def _join_cgroup(*parts: str) -> Callable[[], None]:
-    """A preexec_fn: the child joins ipmasq-lab/PARTS in every controller before it executes."""
-    def join() -> None:
-        for controller in CGROUP_CONTROLLERS:
-            procs = _cgroup(controller, *parts, "cgroup.procs")
-            if procs.exists():
-                procs.write_text("0")
-    return join
-
-
-def _move_to_cgroup(pid: int, *parts: str) -> None:
-    """A process started elsewhere (the world's probe servers) joins ipmasq-lab/PARTS, so teardown takes it too."""
-    for controller in CGROUP_CONTROLLERS:
-        procs = _cgroup(controller, *parts, "cgroup.procs")
-        if procs.exists():
-            procs.write_text(str(pid))
-
-
-def _cgroup_pids() -> set[int]:
-    pids: set[int] = set()
-    root = Path("/sys/fs/cgroup", "pids", CGROUP_ROOT)
-    if not root.exists():
-        return pids
-    for directory, _dirs, files in os.walk(root):
-        if "cgroup.procs" in files:
-            try:
-                pids.update(int(p) for p in Path(directory, "cgroup.procs").read_text().split())
-            except OSError:
-                continue
-    return pids
-
-
-def _kill_cgroup_tree(timeout: float = 20.0) -> None:
-    """SIGTERM then SIGKILL every process of the lab's cgroup tree until it is empty; then remove the tree."""
-    deadline = time.monotonic() + timeout
-    sent_term = False
-    while True:
-        pids = _cgroup_pids()
-        if not pids:
-            break
-        # again and again until none is left: a shim or a restarting container may fork while the kill goes on
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL if sent_term else signal.SIGTERM)
-        if not sent_term:
-            sent_term = True
-            _wait(lambda: not _cgroup_pids(), 3.0)
-            continue
-        if time.monotonic() > deadline:
-            raise ClusterError(f"processes of the lab would not exit: {sorted(pids)[:10]}")
-        time.sleep(0.1)
-    for controller in CGROUP_CONTROLLERS:
-        root = Path("/sys/fs/cgroup", controller, CGROUP_ROOT)
-        if not root.exists():
-            continue
-        for directory, _dirs, _files in sorted(os.walk(root), key=lambda w: -len(Path(w[0]).parts)):
-            with contextlib.suppress(OSError):
-                os.rmdir(directory)
 
 
 def _wait(condition: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
@@ -219,44 +89,6 @@ def _wait(condition: Callable[[], bool], timeout: float, interval: float = 0.1) 
         if time.monotonic() > deadline:
             return False
         time.sleep(interval)
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise ClusterError(f"openssl {args[0]}: {result.stderr.strip().splitlines()[-1:]}")
-
-
-def _make_pki(pki: Path) -> None:
-    """A cluster CA, the API server's serving certificate (every name a client uses for it) and the service-account
-    signing key."""
-    pki.mkdir(parents=True)
-    names = ["DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
-             "DNS:kubernetes.default.svc.cluster.local", "DNS:localhost", f"IP:{CONTROL_PLANE}",
-             f"IP:{KUBERNETES_SERVICE}", "IP:127.0.0.1"]
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "30",
-             "-subj", "/CN=ipmasq-lab-ca", cwd=pki)
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.csr",
-             "-subj", "/CN=kube-apiserver", cwd=pki)
-    (pki / "san.cnf").write_text(f"subjectAltName={','.join(names)}\nextendedKeyUsage=serverAuth\n")
-    _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "apiserver.crt", "-days", "30", "-extfile", "san.cnf", cwd=pki)
-    _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
-    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
-
-
-def _kubeconfig(path: Path, server: str, ca: Path, token: str, user: str) -> None:
-    import base64
-
-    config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "ipmasq-lab",
-        "clusters": [{"name": "ipmasq-lab", "cluster": {
-            "server": server, "certificate-authority-data": base64.b64encode(ca.read_bytes()).decode()}}],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [{"name": "ipmasq-lab", "context": {"cluster": "ipmasq-lab", "user": user}}],
-    }
-    path.write_text(json.dumps(config, indent=2) + "\n")
-    path.chmod(0o600)
 
 
 @dataclass
@@ -300,7 +132,7 @@ class Cluster:
         log = self._log(name)
         try:
             return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    preexec_fn=_join_cgroup(*cgroup), start_new_session=True)
+                                    preexec_fn=join_cgroup(*cgroup), start_new_session=True)
         finally:
             os.close(log)
 
@@ -345,10 +177,10 @@ class Cluster:
                 raise ClusterError(f"127.0.0.1:{self.api_port} (the lab's API port) is in use: {exc.strerror}"
                                    ) from None
         self.state.mkdir(parents=True)
-        _make_cgroup("control-plane")
+        make_cgroup("control-plane")
         progress("network: router, control plane, nodes, peers, partner, Cloud NAT, internet")
         self._network()
-        _make_pki(self.state / "pki")
+        make_pki(self.state / "pki")
         self._credentials()
         self._control_plane()
         self.kubectl("label", "--overwrite", "namespace", "kube-system",
@@ -371,12 +203,12 @@ class Cluster:
         router.run(["ip", "link", "set", "vpc", "up"])
         self.world = Lab(net, str(self.state / "world"))
         os.makedirs(self.world.workdir)
-        _make_cgroup("world")
+        make_cgroup("world")
         try:
             build_world(self.world, router)
         finally:  # its probe servers go with the cluster, whoever tears it down (--down from another process)
             for server in self.world.servers:
-                _move_to_cgroup(server.pid, "world")
+                move_to_cgroup(server.pid, "world")
         control_plane = net.add("cp")
         _, port = net.link(control_plane, [f"{CONTROL_PLANE}/20", f"{CONTROL_PLANE6}/64"], router, [])
         router.run(["ip", "link", "set", port, "master", "vpc"])
@@ -408,11 +240,11 @@ class Cluster:
         ca = self.state / "pki" / "ca.crt"
         # the machine's kubectl goes through the loopback port only: the lab's addresses exist only inside the lab,
         # and on the machine's own network they may well be somebody else's
-        _kubeconfig(self.kubeconfig, f"https://127.0.0.1:{self.api_port}", ca, tokens["admin"], "admin")
+        write_kubeconfig(self.kubeconfig, f"https://127.0.0.1:{self.api_port}", ca, tokens["admin"], "admin")
         for name in tokens:
             if name != "admin":  # the daemons inside the lab reach the API server at its lab address
-                _kubeconfig(self.state / f"{name}.kubeconfig", f"https://{CONTROL_PLANE}:6443", ca, tokens[name],
-                            name)
+                write_kubeconfig(self.state / f"{name}.kubeconfig", f"https://{CONTROL_PLANE}:6443", ca, tokens[name],
+                                 name)
 
     def _control_plane(self) -> None:
         cp = self.net["cp"]
@@ -497,7 +329,7 @@ class Cluster:
         home = self.state / "nodes" / node.name
         (home / "cni").mkdir(parents=True)
         (home / "sysctl").mkdir()
-        _make_cgroup(node.name, "daemons")
+        make_cgroup(node.name, "daemons")
         mounts = ["set -e", "mount -t tmpfs -o mode=755 node-run /run", "mkdir -p /run/lock",
                   "mount -t tmpfs -o mode=755 node-log /var/log"]
         for key, value in KUBELET_KERNEL_SETTINGS.items():
@@ -512,7 +344,7 @@ class Cluster:
                 ["unshare", "--mount", "--propagation", "private", "--", "nsenter", f"--net=/run/netns/{ns.name}",
                  "--", "sh", "-c", "\n".join(mounts)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                preexec_fn=_join_cgroup(node.name, "daemons"), start_new_session=True)
+                preexec_fn=join_cgroup(node.name, "daemons"), start_new_session=True)
         finally:
             os.close(log)
         assert holder.stdout is not None
@@ -520,8 +352,8 @@ class Cluster:
             raise ClusterError(f"{node.name}: its mount namespace could not be set up "
                                f"(log: {self.state / 'logs' / (node.name + '-holder.log')})")
         self.holders[node.name] = holder
-        (home / "containerd.toml").write_text(_containerd_config(home))
-        (home / "cni" / "10-lab.conflist").write_text(_cni_config(node, home))
+        (home / "containerd.toml").write_text(containerd_config(home))
+        (home / "cni" / "10-lab.conflist").write_text(cni_config(node, home))
         group = (node.name, "daemons")
         tools = self.artifacts.toolchain
         # containerd finds its runc shim on PATH: the one built with it first
@@ -539,9 +371,9 @@ class Cluster:
             if result.returncode != 0:
                 raise ClusterError(f"{node.name}: importing {archive.name}: {result.stderr.strip()[-300:]}")
         self.tag_image(node, self.artifacts.image, self.artifacts.image)
-        (home / "kubelet.yaml").write_text(_kubelet_config(node, self.sync_frequency))
+        (home / "kubelet.yaml").write_text(kubelet_config(node, self.sync_frequency))
         self.start_kubelet(node)
-        (home / "kube-proxy.yaml").write_text(_kube_proxy_config(node, self.state / "kube-proxy.kubeconfig"))
+        (home / "kube-proxy.yaml").write_text(kube_proxy_config(node, self.state / "kube-proxy.kubeconfig"))
         self.start_kube_proxy(node)
 
     def tag_image(self, node: NodeSpec, image: str, as_name: str) -> None:
@@ -593,7 +425,7 @@ class Cluster:
             kubelet = self.kubelets.pop(node.name)
             kubelet.terminate()
             kubelet.wait(30)
-            (self.state / "nodes" / node.name / "kubelet.yaml").write_text(_kubelet_config(node, sync_frequency))
+            (self.state / "nodes" / node.name / "kubelet.yaml").write_text(kubelet_config(node, sync_frequency))
             self.start_kubelet(node)
         healthz = [sys.executable, "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:10248/healthz')"]
         for node in self.nodes:  # the node stays Ready in the API meanwhile: ask each kubelet itself
@@ -687,85 +519,16 @@ class Cluster:
             "creator": os.getpid()}, indent=2) + "\n")
 
 
-def _containerd_config(home: Path) -> str:
-    """containerd 2's configuration (version 3): the node's own root, state and socket; its CRI plugin with the lab's
-    pause image pinned (imported, never pulled), Debian's runc and CNI plugins, the node's CNI configuration."""
-    return f"""version = 3
-root = "{home / 'containerd'}"
-state = "/run/containerd"
-[grpc]
-  address = "/run/containerd/containerd.sock"
-[plugins.'io.containerd.cri.v1.images']
-  snapshotter = "overlayfs"
-  [plugins.'io.containerd.cri.v1.images'.pinned_images]
-    sandbox = "{PAUSE_IMAGE}"
-[plugins.'io.containerd.cri.v1.runtime']
-  # root here cannot lower a process's oom_score_adj: runc would fail every sandbox
-  restrict_oom_score_adj = true
-  [plugins.'io.containerd.cri.v1.runtime'.containerd]
-    default_runtime_name = "runc"
-    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["/usr/lib/cni"]
-    conf_dir = "{home / 'cni'}"
-"""
-
-
-def _cni_config(node: NodeSpec, home: Path) -> str:
-    """A bridge for the node's pods, addressed from its own pod range; no masquerade (the agent decides that)."""
-    return json.dumps({"cniVersion": "0.4.0", "name": "lab", "plugins": [
-        {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
-         "ipam": {"type": "host-local", "dataDir": str(home / "ipam"),
-                  "ranges": [[{"subnet": node.pod_cidr, "gateway": node.pod_gateway}],
-                             [{"subnet": node.pod_cidr6, "gateway": node.pod_gateway6}]],
-                  "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]}},
-    ]}, indent=2) + "\n"
-
-
-def _kubelet_config(node: NodeSpec, sync_frequency: str) -> str:
-    return json.dumps({
-        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-        "cgroupDriver": "cgroupfs", "cgroupRoot": f"/{CGROUP_ROOT}/{node.name}", "failSwapOn": False,
-        # this machine's cgroup hierarchy is v1, which kubelet refuses from 1.35 unless told (removal: 1.38 at the
-        # earliest); on a cgroup v2 host the setting changes nothing
-        "failCgroupV1": False,
-        "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
-        "address": node.address, "readOnlyPort": 0, "healthzBindAddress": "127.0.0.1",
-        "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
-        "authorization": {"mode": "AlwaysAllow"},
-        "syncFrequency": sync_frequency, "resolvConf": "/etc/resolv.conf", "clusterDomain": "cluster.local",
-        # a shared disk: no evictions or image garbage collection because the machine's disk is busy
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                         "nodefs.inodesFree": "1%"},
-        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-    }, indent=2) + "\n"
-
-
-def _kube_proxy_config(node: NodeSpec, kubeconfig: Path) -> str:
-    sync = {"syncPeriod": "30s", "minSyncPeriod": "1s"}
-    return json.dumps({
-        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
-        "clientConnection": {"kubeconfig": str(kubeconfig)}, "mode": node.proxy_mode,
-        "clusterCIDR": f"{ADDR.pod_range},{ADDR.pod_range6}",
-        "hostnameOverride": node.name, "bindAddress": node.address,
-        "metricsBindAddress": "127.0.0.1:10249", "healthzBindAddress": "127.0.0.1:10256",
-        # 0: leave the machine-wide conntrack table size and hash alone (kube-proxy would set them for everyone)
-        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
-        "iptables": sync, "nftables": sync,
-    }, indent=2) + "\n"
-
-
 def cluster_is_up() -> bool:
     """A cluster kept with --keep (or one being used) holds processes in the lab's cgroup tree."""
-    return bool(_cgroup_pids())
+    return bool(cgroup_pids())
 
 
 def tear_down(net: Network | None = None) -> None:
     """Everything the lab started or made: processes (the whole cgroup tree), network namespaces, the state
     directory. Safe to call on a half-built cluster, twice, or after a crash (it reads what a kept cluster saved)."""
     state = state_dir()
-    _kill_cgroup_tree()
+    kill_cgroup_tree()
     names: set[str] = set()
     if net is not None:
         names.update(ns.name for ns in net.namespaces.values())

@@ -15,7 +15,8 @@ import ipmasq
 from ipmasq.commands.common import print_document
 from ipmasq.errors import UsageError
 from ipmasq.lab.kubernetes.artifacts import cache_dir, ensure_artifacts, prometheus_binary
-from ipmasq.lab.kubernetes.cluster import NETNS_PREFIX, Cluster, cluster_is_up, state_dir, tear_down
+from ipmasq.lab.kubernetes.cluster import Cluster, cluster_is_up, tear_down
+from ipmasq.lab.kubernetes.layout import NETNS_PREFIX, state_dir
 from ipmasq.lab.netns import Network
 
 __all__ = ["find_source", "run_kubernetes_lab"]

@@ -25,7 +25,8 @@ from typing import Any
 
 from ipmasq.errors import ClusterError
 from ipmasq.lab.kubernetes.artifacts import prometheus_binary
-from ipmasq.lab.kubernetes.cluster import CONTROL_PLANE, LAB_NAMESPACE, Cluster, Progress
+from ipmasq.lab.kubernetes.cluster import Cluster, Progress
+from ipmasq.lab.kubernetes.layout import CONTROL_PLANE, LAB_NAMESPACE
 from ipmasq.lab.prometheus import PrometheusServer
 from ipmasq.monitoring import NAMESPACE, rule_group
 

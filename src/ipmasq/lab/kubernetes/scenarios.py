@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 from ipmasq.errors import IpmasqError
 from ipmasq.lab.kubernetes import agent
-from ipmasq.lab.kubernetes.cluster import FAST_SYNC_FREQUENCY, LAB_NAMESPACE, Cluster, NodeSpec
+from ipmasq.lab.kubernetes.cluster import Cluster
+from ipmasq.lab.kubernetes.layout import FAST_SYNC_FREQUENCY, LAB_NAMESPACE, NodeSpec
 from ipmasq.lab.run import ScenarioResult
 from ipmasq.lab.scenarios import Phase, PhaseResult, Scenario, Vantage, outcome
 from ipmasq.lab.topology import ProbeClient

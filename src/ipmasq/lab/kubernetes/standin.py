@@ -34,7 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ipmasq.errors import ClusterError
-from ipmasq.lab.kubernetes.cluster import Cluster, NodeSpec
+from ipmasq.lab.kubernetes.cluster import Cluster
+from ipmasq.lab.kubernetes.layout import NodeSpec
 from ipmasq.testing.writers import aws_snat_rules, ip_masq_agent_rules
 
 __all__ = ["ADDON_LABELS", "AKS", "EKS", "EKS_EXCLUDED", "EKS_VPC", "GKE", "GKE_DEFAULT_RULES", "HOST_IP", "JUMP",

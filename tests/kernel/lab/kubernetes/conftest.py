@@ -21,7 +21,8 @@ from ipmasq.kube.client import KubeClient
 from ipmasq.kube.kubeconfig import load as load_kubeconfig
 from ipmasq.lab.kubernetes.agent import AGENT_LABEL, agent_pods
 from ipmasq.lab.kubernetes.artifacts import ensure_artifacts, missing_packages
-from ipmasq.lab.kubernetes.cluster import NETNS_PREFIX, Cluster, cluster_is_up, state_dir, tear_down
+from ipmasq.lab.kubernetes.cluster import Cluster, cluster_is_up, tear_down
+from ipmasq.lab.kubernetes.layout import NETNS_PREFIX, state_dir
 from ipmasq.lab.netns import Network
 from tests.conftest import ROOT
 

@@ -20,7 +20,8 @@ from ipmasq.kube import objects
 from ipmasq.kube.client import KubeClient, list_items
 from ipmasq.kube.kubeconfig import load as load_kubeconfig
 from ipmasq.lab.kubernetes.agent import CONFIGMAP
-from ipmasq.lab.kubernetes.cluster import LAB_NAMESPACE, Cluster, NodeSpec
+from ipmasq.lab.kubernetes.cluster import Cluster
+from ipmasq.lab.kubernetes.layout import LAB_NAMESPACE, NodeSpec
 from ipmasq.ownership import APPLICATION, PART_OF
 
 SAVES = ("iptables-nft-save", "ip6tables-nft-save", "iptables-legacy-save", "ip6tables-legacy-save")

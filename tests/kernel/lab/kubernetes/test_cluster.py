@@ -23,7 +23,8 @@ import yaml
 
 from ipmasq.errors import ClusterError
 from ipmasq.lab.kubernetes import agent
-from ipmasq.lab.kubernetes.cluster import FAST_SYNC_FREQUENCY, KUBELET_SYNC_FREQUENCY, LAB_NAMESPACE, Cluster, NodeSpec
+from ipmasq.lab.kubernetes.cluster import Cluster
+from ipmasq.lab.kubernetes.layout import FAST_SYNC_FREQUENCY, KUBELET_SYNC_FREQUENCY, LAB_NAMESPACE, NodeSpec
 from ipmasq.lab.kubernetes.scenarios import run_scenario, scenario_backend
 from ipmasq.lab.scenarios import (
     EGRESS_NODE,

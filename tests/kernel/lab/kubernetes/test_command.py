@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ipmasq.lab.kubernetes.cluster import API_PORT, NETNS_PREFIX, cluster_is_up, state_dir, tear_down
+from ipmasq.lab.kubernetes.cluster import cluster_is_up, tear_down
+from ipmasq.lab.kubernetes.layout import API_PORT, NETNS_PREFIX, state_dir
 from ipmasq.lab.topology import ADDR, OPEN_PORT
 from tests.kernel.lab.kubernetes.conftest import require_kubernetes_lab
 

@@ -20,7 +20,8 @@ import pytest
 
 from ipmasq.lab.kubernetes import agent
 from ipmasq.lab.kubernetes.artifacts import prometheus_binary
-from ipmasq.lab.kubernetes.cluster import CONTROL_PLANE, FAST_SYNC_FREQUENCY, LAB_NAMESPACE, Cluster, NodeSpec
+from ipmasq.lab.kubernetes.cluster import Cluster
+from ipmasq.lab.kubernetes.layout import CONTROL_PLANE, FAST_SYNC_FREQUENCY, LAB_NAMESPACE, NodeSpec
 from ipmasq.lab.kubernetes.prometheus_operator import discovering, prometheus_identity, remove_prometheus_identity
 from ipmasq.lab.kubernetes.webhook import deploy_webhook
 from ipmasq.lab.prometheus import PrometheusServer

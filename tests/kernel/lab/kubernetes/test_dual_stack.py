@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from ipmasq.lab.kubernetes import agent
-from ipmasq.lab.kubernetes.cluster import FAST_SYNC_FREQUENCY, LAB_NAMESPACE, PROBE_DAEMONSET, Cluster, NodeSpec
+from ipmasq.lab.kubernetes.cluster import Cluster
+from ipmasq.lab.kubernetes.layout import FAST_SYNC_FREQUENCY, LAB_NAMESPACE, PROBE_DAEMONSET, NodeSpec
 from ipmasq.lab.kubernetes.scenarios import BACKENDS, probe_client
 from ipmasq.lab.scenarios import REFERENCE_OPTIONS, Phase, Vantage, outcome
 from ipmasq.lab.topology import ADDR, OPEN_PORT, Probe

@@ -20,14 +20,12 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ipmasq.lab.kubernetes import agent, webhook
-from ipmasq.lab.kubernetes.cluster import (
-    FAST_SYNC_FREQUENCY,
-    PRIVILEGED_NAMESPACE_LABELS,
-    Cluster,
-)
+from ipmasq.lab.kubernetes.cluster import Cluster
+from ipmasq.lab.kubernetes.layout import FAST_SYNC_FREQUENCY, PRIVILEGED_NAMESPACE_LABELS
 from ipmasq.lab.scenarios import KEEP_10_8, REFERENCE_OPTIONS
 from ipmasq.webhook.review import respond
 from tests.conftest import ROOT
+from tests.eventually import eventually
 from tests.hostile.admission import configmap, hostile_configmaps
 from tests.kernel.lab.kubernetes.conftest import module_cluster, progress
 
@@ -321,10 +319,8 @@ def test_with_the_webhook_scaled_to_zero_writes_pass_and_the_agent_still_refuses
                          "--from-literal=a=b")
         assert other.returncode == 0, other.stderr
         _kubectl(lab, "delete", "configmap", "written-without-webhook", "-n", "kube-system")
-        deadline = time.monotonic() + 90
-        while any(_ready(p) for p in agent.agent_pods(lab).values()):  # the agent refuses it: not ready
-            assert time.monotonic() < deadline, "the agents stay Ready with a config they must refuse"
-            time.sleep(0.5)
+        eventually(lambda: not any(_ready(p) for p in agent.agent_pods(lab).values()),  # the agent refuses it
+                   "the agents not Ready with a config they must refuse", timeout=90, interval=0.5)
         for node in lab.nodes:
             agent.wait_synced(lab, node, GOOD, REFERENCE_OPTIONS, timeout=0)  # the last good rules stay
         logs = _kubectl(lab, "logs", "-n", "kube-system", "-l", agent.AGENT_LABEL, "--tail=-1").stdout
@@ -333,10 +329,8 @@ def test_with_the_webhook_scaled_to_zero_writes_pass_and_the_agent_still_refuses
         _restore(lab)
         webhook.scale_webhook(lab, 2)
         webhook.wait_webhook_serving(lab)
-    deadline = time.monotonic() + 90
-    while not all(_ready(p) for p in agent.agent_pods(lab).values()):
-        assert time.monotonic() < deadline, "the agents are not Ready again with the good config"
-        time.sleep(0.5)
+    eventually(lambda: all(_ready(p) for p in agent.agent_pods(lab).values()),
+               "the agents Ready again with the good config", timeout=90, interval=0.5)
 
 
 def _ready(pod: dict[str, Any]) -> bool:

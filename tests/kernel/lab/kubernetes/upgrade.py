@@ -10,7 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from ipmasq.lab.kubernetes.cluster import LAB_NAMESPACE, Cluster
+from ipmasq.lab.kubernetes.cluster import Cluster
+from ipmasq.lab.kubernetes.layout import LAB_NAMESPACE
 from ipmasq.lab.topology import ADDR, STRICT_PORT
 from tests.conftest import ROOT
 

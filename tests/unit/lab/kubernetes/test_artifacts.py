@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ipmasq.errors import BuildError, UsageError
-from ipmasq.lab.kubernetes import artifacts, cluster
+from ipmasq.lab.kubernetes import artifacts, config_files, layout
 from ipmasq.lab.kubernetes.command import find_source
 from tests.conftest import ROOT
 
@@ -110,14 +110,14 @@ def test_the_source_is_a_checkout_with_a_dockerfile_and_deploy(tmp_path: Path) -
 
 
 def test_node_configuration_files() -> None:
-    node = cluster.NODES[0]
-    kubelet = json.loads(cluster._kubelet_config(node, "1m"))
+    node = layout.NODES[0]
+    kubelet = json.loads(config_files.kubelet_config(node, "1m"))
     assert kubelet["cgroupRoot"] == f"/ipmasq-lab/{node.name}" and kubelet["syncFrequency"] == "1m"
     assert kubelet["failCgroupV1"] is False  # this machine's cgroup v1: kubelet 1.35+ refuses it otherwise
-    proxy = json.loads(cluster._kube_proxy_config(node, Path("/k")))
+    proxy = json.loads(config_files.kube_proxy_config(node, Path("/k")))
     assert proxy["mode"] == "iptables" and proxy["conntrack"]["maxPerCore"] == 0  # machine-wide settings untouched
-    assert {n.proxy_mode for n in cluster.NODES} == {"iptables", "nftables"}  # the agent beside either mode
-    cni = json.loads(cluster._cni_config(node, Path("/n")))
+    assert {n.proxy_mode for n in layout.NODES} == {"iptables", "nftables"}  # the agent beside either mode
+    cni = json.loads(config_files.cni_config(node, Path("/n")))
     bridge = cni["plugins"][0]
     assert bridge["ipMasq"] is False  # the agent decides what is masqueraded, not the CNI plugin
     # dual-stack: a range of each family, a default route of each, and kube-proxy told both cluster ranges
@@ -126,13 +126,13 @@ def test_node_configuration_files() -> None:
     assert bridge["ipam"]["routes"] == [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]
     assert proxy["clusterCIDR"] == "10.44.0.0/14,fd00:44::/48"
     assert node.pod_gateway6 == "fd00:44:0:14::1"
-    for spec in cluster.NODES:
+    for spec in layout.NODES:
         assert ipaddress.IPv6Network(spec.pod_cidr6).subnet_of(ipaddress.IPv6Network("fd00:44::/48"))
         assert ipaddress.ip_address(spec.address6) in ipaddress.ip_network("fd00:142::/64")
-    containerd = tomllib.loads(cluster._containerd_config(Path("/n")))
+    containerd = tomllib.loads(config_files.containerd_config(Path("/n")))
     runtime = containerd["plugins"]["io.containerd.cri.v1.runtime"]
     assert containerd["version"] == 3 and runtime["restrict_oom_score_adj"] is True
     assert containerd["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == artifacts.PAUSE_IMAGE
     # each node's pod range is its own, inside the lab's pod range, and the egress pool holds the spare address
-    assert len({n.pod_cidr for n in cluster.NODES}) == len({n.pod_cidr6 for n in cluster.NODES}) == len(cluster.NODES)
-    assert cluster.NODES[0].extra_addresses == ("10.142.15.204",)
+    assert len({n.pod_cidr for n in layout.NODES}) == len({n.pod_cidr6 for n in layout.NODES}) == len(layout.NODES)
+    assert layout.NODES[0].extra_addresses == ("10.142.15.204",)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ipmasq.errors import ClusterError
 from ipmasq.lab.kubernetes import standin
-from ipmasq.lab.kubernetes.cluster import ClusterError
 from ipmasq.testing.writers import aws_snat_rules, ip_masq_agent_rules
 
 
