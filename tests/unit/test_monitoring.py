@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ipmasq.agent import exposition
 from ipmasq.agent.metrics import DURATION_BUCKETS, Snapshot, metric_families, process_metric_families
-from ipmasq.agent.reconcile import RuleCount
+from ipmasq.agent.reports import RuleCount
 from ipmasq.monitoring import ALERTS, DASHBOARD_PANELS, JOB, OBSERVER_JOB, dashboard, generated, scrape_configs
 from ipmasq.policy.prefix import Family
 from tests.conftest import ROOT

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ipmasq.agent.reconcile import ConfigReport, PassReport, SyncResult
+from ipmasq.agent.reports import ConfigReport, PassReport, SyncResult
 from ipmasq.agent.trouble import Trouble
 from ipmasq.backoff import Backoff
 from ipmasq.errors import ApiError, ApiRefused, Forbidden, one_line

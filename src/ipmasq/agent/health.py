@@ -32,7 +32,7 @@ import threading
 from ipmasq.agent.client import DEFAULT_METRICS_ADDRESS, parse_listen_address, query
 from ipmasq.agent.exposition import CONTENT_TYPE
 from ipmasq.agent.metrics import AgentStatus, render_metrics
-from ipmasq.agent.reconcile import ProbeVerdict
+from ipmasq.agent.reports import ProbeVerdict
 from ipmasq.agent.responder import Responder, Response, listen
 from ipmasq.errors import IpmasqError
 

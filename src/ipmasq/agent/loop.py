@@ -27,7 +27,7 @@ from typing import Protocol
 from ipmasq.agent.memory import release_free_memory
 from ipmasq.agent.nodelock import NodeLock
 from ipmasq.agent.origin import FILE, ConfigOrigin
-from ipmasq.agent.reconcile import ConfigReport, PassReport, SyncResult
+from ipmasq.agent.reports import ConfigReport, PassReport, SyncResult
 from ipmasq.agent.trouble import Trouble
 from ipmasq.agent.watch import ConfigWatcher
 from ipmasq.backoff import Backoff

@@ -53,7 +53,7 @@ from functools import cache
 
 from ipmasq.agent import exposition
 from ipmasq.agent.exposition import MetricFamily
-from ipmasq.agent.reconcile import ConfigReport, PassReport, ProbeVerdict, RuleCount, SyncResult
+from ipmasq.agent.reports import ConfigReport, PassReport, ProbeVerdict, RuleCount, SyncResult
 from ipmasq.policy.hash import config_hash
 
 __all__ = ["DURATION_BUCKETS", "LIVENESS_GRACE_SECONDS", "READINESS_GRACE_SECONDS", "AgentStatus", "Snapshot",

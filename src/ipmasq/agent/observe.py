@@ -36,7 +36,8 @@ import logging
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 
-from ipmasq.agent.reconcile import ConfigReport, PassReport, ProbeVerdict, Reconciler, SyncResult
+from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reports import ConfigReport, PassReport, ProbeVerdict, SyncResult
 from ipmasq.backends.base import Adopt, Fingerprint, Ownership, Runner, State, take_fingerprint
 from ipmasq.backends.iptables import Variant, detect_variant
 from ipmasq.config.model import MasqConfig

@@ -26,11 +26,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from ipmasq.errors import ApiError, clip, one_line
 from ipmasq.kube.credentials import Credentials, ExecPlugin, TokenFile, read_credential
+from ipmasq.memory_file import memory_file
 
 __all__ = ["Auth", "ExecCredential", "run_exec_plugin", "ssl_context"]
 
@@ -208,16 +208,6 @@ def _pem_or_der(data: bytes) -> str | bytes:
         return data
 
 
-@contextlib.contextmanager
-def _memory_file(data: str) -> Iterator[str]:
-    """A path ssl can read `data` from, backed by memory only (memfd), gone when the block ends."""
-    fd = os.memfd_create("ipmasq-tls", os.MFD_CLOEXEC)
-    try:
-        os.write(fd, data.encode())
-        yield f"/proc/self/fd/{fd}"
-    finally:
-        os.close(fd)
-
 
 def ssl_context(credentials: Credentials, *, exec_pair: tuple[str | None, str | None] | None = None) -> ssl.SSLContext:
     """Trusts only the cluster's CA when one is named (not the machine's whole store: what the API server's
@@ -240,7 +230,7 @@ def ssl_context(credentials: Credentials, *, exec_pair: tuple[str | None, str | 
         else:
             context.load_default_certs()
         if cert_pem:
-            with _memory_file(cert_pem) as cert_path, _memory_file(key_pem or cert_pem) as key_path:
+            with memory_file(cert_pem) as cert_path, memory_file(key_pem or cert_pem) as key_path:
                 context.load_cert_chain(cert_path, key_path)
     except (OSError, ssl.SSLError, ValueError) as exc:
         text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__

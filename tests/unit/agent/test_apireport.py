@@ -13,7 +13,7 @@ import pytest
 from ipmasq.agent import apireport
 from ipmasq.agent.apireport import RETRY_INITIAL, ApiReporter, Narrator, Note, retry_wait
 from ipmasq.agent.origin import ConfigOrigin
-from ipmasq.agent.reconcile import ConfigReport, ObjectCount, PassReport, ProbeVerdict, SyncResult
+from ipmasq.agent.reports import ConfigReport, ObjectCount, PassReport, ProbeVerdict, SyncResult
 from ipmasq.errors import ApiServerError, ApiUnreachable, NotFound, TooManyRequests
 from ipmasq.kube import paths
 from ipmasq.kube.agentstatus import StatusWriter, status_from_json
@@ -217,7 +217,7 @@ def test_a_key_the_writer_ignores_is_in_the_status_and_one_event_and_the_node_st
 
 
 def test_another_writer_rewriting_our_rules_is_one_event_per_episode_escaped() -> None:
-    from ipmasq.agent.reconcile import ForeignWriter
+    from ipmasq.agent.reports import ForeignWriter
 
     teller = narrator()
     teller.reconciled(applied())

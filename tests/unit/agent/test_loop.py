@@ -13,7 +13,8 @@ import pytest
 
 import ipmasq.agent.watch
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
-from ipmasq.agent.reconcile import FamilyWrite, ObjectCount, ProbeVerdict, Reconciler, SyncResult
+from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reports import FamilyWrite, ObjectCount, ProbeVerdict, SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant, choose_variant
 from ipmasq.config import ConfigInput
 from ipmasq.errors import ConfigError

@@ -22,7 +22,8 @@ from ipmasq.agent.health import parse_listen_address
 from ipmasq.agent.logs import configure_logging
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
 from ipmasq.agent.metrics import LIVENESS_GRACE_SECONDS, AgentStatus, render_metrics
-from ipmasq.agent.reconcile import Reconciler, SyncResult
+from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reports import SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.config import ConfigInput
 from ipmasq.errors import UsageError

@@ -8,7 +8,8 @@ import logging
 from prometheus_client.parser import text_string_to_metric_families
 
 from ipmasq.agent.metrics import AgentStatus, render_metrics
-from ipmasq.agent.reconcile import Reconciler, RuleCount, SyncResult
+from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reports import RuleCount, SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.options import PolicyOptions

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from ipmasq.agent.observe import Observer, mismatch_line
-from ipmasq.agent.reconcile import SyncResult
+from ipmasq.agent.reports import SyncResult
 from ipmasq.config.source import ConfigInput
 from ipmasq.diagnose.check import NodeRules
 from ipmasq.errors import BackendError, ConfigError

@@ -13,7 +13,8 @@ import pytest
 
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
 from ipmasq.agent.origin import FILE, ConfigOrigin
-from ipmasq.agent.reconcile import ConfigReport, PassReport, Reconciler
+from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reports import ConfigReport, PassReport
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.config import ConfigInput
 from ipmasq.options import PolicyOptions

@@ -15,7 +15,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from ipmasq.agent.reconcile import FOREIGN_RECOUNT_PASSES, Reconciler, SyncResult
+from ipmasq.agent.reconcile import FOREIGN_RECOUNT_PASSES, Reconciler
+from ipmasq.agent.reports import SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.config import ConfigInput
 from ipmasq.options import PolicyOptions

@@ -10,7 +10,8 @@ import logging
 import pytest
 
 from ipmasq.agent.metrics import AgentStatus, metric_families
-from ipmasq.agent.reconcile import FOREIGN_QUIET_PERIODS, FOREIGN_REWRITES, Reconciler, SyncResult
+from ipmasq.agent.reconcile import FOREIGN_QUIET_PERIODS, FOREIGN_REWRITES, Reconciler
+from ipmasq.agent.reports import SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.config import ConfigInput
 from ipmasq.options import PolicyOptions

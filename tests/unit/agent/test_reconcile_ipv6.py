@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from ipmasq.agent.reconcile import Reconciler, SyncResult
+from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reports import SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.netfilter.nft import SET_NAMES, NftSet

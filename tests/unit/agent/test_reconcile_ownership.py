@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from ipmasq.agent.reconcile import Reconciler, SyncResult
+from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reports import SyncResult
 from ipmasq.backends.choose import make_backend
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.netfilter.iptables import render_restore

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ipmasq.agent.observe import Observer
-from ipmasq.agent.reconcile import SyncResult
+from ipmasq.agent.reports import SyncResult
 from ipmasq.agent.writerinputs import (
     ENV_SOURCE,
     EnvState,

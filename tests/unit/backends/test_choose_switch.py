@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from ipmasq.agent.reconcile import Reconciler, SyncResult
+from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reports import SyncResult
 from ipmasq.backends.base import Result
 from ipmasq.backends.choose import make_backend
 from ipmasq.backends.iptables import IptablesBackend, Variant

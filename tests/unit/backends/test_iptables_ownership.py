@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from ipmasq.agent.reconcile import Reconciler, SyncResult
+from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reports import SyncResult
 from ipmasq.backends.base import Adopt, Ownership
 from ipmasq.backends.iptables import IptablesBackend, Variant, removal_payload, restore_payload, state_from_save
 from ipmasq.config import ConfigInput

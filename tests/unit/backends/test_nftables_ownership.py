@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from ipmasq.agent.reconcile import Reconciler, SyncResult
+from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reports import SyncResult
 from ipmasq.backends.base import Adopt, Ownership
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.netfilter.nft import (

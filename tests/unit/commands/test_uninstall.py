@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from ipmasq.agent.reconcile import Reconciler, SyncResult
+from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reports import SyncResult
 from ipmasq.backends.base import Adopt
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipmasq.agent.reconcile import Reconciler, SyncResult
+from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.reports import SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.config import ConfigInput, config_from_bytes

@@ -79,10 +79,10 @@ def test_h11_gives_a_chunked_body_as_data_events_the_server_counts() -> None:
 
 def test_a_server_side_tls_handshake_runs_over_memory_bios(certificate: CertificateSet) -> None:
     """ssl's memory BIOs, as the server uses them: no socket, the records handed in and out by the caller."""
-    from ipmasq.webhook.server import _memory_file
+    from ipmasq.memory_file import memory_file
 
     server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    with _memory_file(certificate.tls_cert) as cert, _memory_file(certificate.tls_key) as key:
+    with memory_file(certificate.tls_cert) as cert, memory_file(certificate.tls_key) as key:
         server_context.load_cert_chain(cert, key)
     client_context = ssl.create_default_context(cadata=certificate.ca_bundle.decode())
     s_in, s_out, c_in, c_out = (ssl.MemoryBIO() for _ in range(4))

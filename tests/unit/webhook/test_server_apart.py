@@ -17,16 +17,10 @@ from typing import Any
 import pytest
 
 from ipmasq.errors import WorkOutgrown
+from ipmasq.webhook.answer import Outgrown, decision
 from ipmasq.webhook.certificate import CertificateSet
 from ipmasq.webhook.review import respond
-from ipmasq.webhook.server import (
-    HANDOFF_STEPS,
-    ISOLATED_SMALL_BODY_BYTES,
-    WebhookServer,
-    _Outgrown,
-    decision,
-    serve,
-)
+from ipmasq.webhook.server import HANDOFF_STEPS, ISOLATED_SMALL_BODY_BYTES, WebhookServer, serve
 from ipmasq.webhook.worker import DecisionWorker
 from tests.eventually import eventually
 from tests.hostile.admission import overlapping_rules, plain_rules
@@ -91,10 +85,10 @@ def test_a_small_review_whose_checks_outgrow_the_handoff_is_decided_apart_with_t
     with pytest.raises(WorkOutgrown):
         respond(json.loads(body), handoff=HANDOFF_STEPS)
     started = time.monotonic()  # the decision's own start, which it carries (no bound on it here)
-    assert isinstance(decision(respond, bytearray(body), started, threading.Event(), HANDOFF_STEPS), _Outgrown)
+    assert isinstance(decision(respond, bytearray(body), started, threading.Event(), HANDOFF_STEPS), Outgrown)
     # an ordinary review stays well inside it
     assert not isinstance(decision(respond, bytearray(review_body()), started, threading.Event(), HANDOFF_STEPS),
-                          _Outgrown)
+                          Outgrown)
     pid = isolated.decision_pid
     assert pid is not None
     answers: list[tuple[int, dict[str, Any], float]] = []

@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from ipmasq.webhook import server as server_module
+from ipmasq.webhook import wire
+from ipmasq.webhook.answer import MAX_JSON_VALUES, json_values
 from ipmasq.webhook.certificate import CertificateSet
 from ipmasq.webhook.connections import ConnectionLimits
 from ipmasq.webhook.review import AdmissionVerdict, respond
-from ipmasq.webhook.server import VALIDATE_PATH, WebhookServer, _json_values, serve
+from ipmasq.webhook.server import VALIDATE_PATH, WebhookServer, serve
 from tests.clock import Clock
 from tests.eventually import eventually
 from tests.unit.webhook.test_server_hostile import HOST, ask, review_body, tls
@@ -39,7 +40,7 @@ def test_the_json_value_count_is_linear_in_a_body_of_escaped_quotes() -> None:
     CPU time of this thread, far from what a quadratic scan would take, and no wall-clock bound."""
     body = bytearray(b'"' + b'\\"' * (4 << 20))
     started = time.thread_time()
-    assert _json_values(body) < server_module.MAX_JSON_VALUES
+    assert json_values(body) < MAX_JSON_VALUES
     assert time.thread_time() - started < 5.0
 
 
@@ -64,7 +65,7 @@ def test_a_request_framed_both_ways_is_refused(server: WebhookServer, certificat
 
 def test_a_chunked_body_is_held_to_the_same_bound(server: WebhookServer, certificate: CertificateSet,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server_module, "MAX_BODY_BYTES", 64 * 1024)
+    monkeypatch.setattr(wire, "MAX_BODY_BYTES", 64 * 1024)
     with tls(server, certificate) as sock:
         sock.sendall(f"POST {VALIDATE_PATH} HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked\r\n\r\n"
                      .encode())
