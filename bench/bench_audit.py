@@ -23,7 +23,7 @@ from ipmasq.audit import AWS_DEFAULT_FIELDS, audit, count_flows
 from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import parse_cidr
+from ipmasq.prefix import parse_cidr
 
 TARGET = 300_000
 

@@ -50,7 +50,7 @@ from ipmasq.netfilter.iptables import render_restore
 from ipmasq.netfilter.nft import render_script
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 POD, NODE, PEER = "10.44.14.15", "10.142.15.203", "10.142.0.1"
 DESTINATION = "34.120.0.10"  # in no set: every rule of the iptables chain is walked, then MASQUERADE

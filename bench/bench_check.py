@@ -25,7 +25,7 @@ from ipmasq.config.source import MAX_CONFIG_BYTES
 from ipmasq.netfilter.iptables import render_restore
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 TARGETS = {10_000: 2.0, 100_000: 15.0}
 FOREIGN = (":KUBE-POSTROUTING - [0:0]\n"

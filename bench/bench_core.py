@@ -27,7 +27,7 @@ from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.netfilter.iptables import render_restore
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 SIZES = (10, 1_000, 10_000, 100_000)
 

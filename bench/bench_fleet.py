@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_fleet.py --nodes 1000 [--workers 8] [-o json] [--out bench/out] [--no-restart]
 
-Each simulated node runs what `ipmasq agent` runs for the API, wired by the same function (ipmasq.agent.apiwiring):
+Each simulated node runs what `ipmasq agent` runs for the API, wired by the same function (ipmasq.agent.api.wiring):
 its ConfigMap follower (list + watch), its reporter (Events, its IPMasqAgentStatus), its candidacy for the summary
 Lease, its HTTP client; and the agent's own loop and Reconciler, on a fake kernel (ipmasq.testing's FakeIptables),
 so that 1,000 nodes fit one machine. The nodes are spread over --workers processes (threads inside each). Node
@@ -132,15 +132,15 @@ def worker(first: int, count: int, port: int, workdir: Path) -> int:
     import ipmasq.agent.loop
     import ipmasq.agent.watch
     from ipmasq import __version__
-    from ipmasq.agent.apireport import FleetSize
-    from ipmasq.agent.apiwiring import start_api
+    from ipmasq.agent.api.report import FleetSize
+    from ipmasq.agent.api.wiring import start_api
     from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
     from ipmasq.agent.reconcile import Reconciler
     from ipmasq.backends.base import Result
     from ipmasq.backends.iptables import IptablesBackend, Variant
     from ipmasq.kube.credentials import Credentials
     from ipmasq.options import PolicyOptions
-    from ipmasq.policy.prefix import Family
+    from ipmasq.prefix import Family
     from ipmasq.testing import FakeIptables
 
     # The mounted file does not exist here and never changes: an agent watches it with inotify, at no cost while it

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.kernel.route.differential import Topology, topologies
 from tests.kernel.route.differential_kernel import run_case
 
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 
 def run_family(family: Family, count: int, start: int, verbose: bool) -> Counter[str]:

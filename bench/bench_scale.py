@@ -230,7 +230,7 @@ def legacy_profile(count: int, foreign: int, repeat: int = 5) -> list[tuple[str,
     import zlib
 
     from ipmasq.backends import generation as g
-    from ipmasq.policy.prefix import Family
+    from ipmasq.prefix import Family
 
     subprocess.run(["iptables-legacy-restore", "--noflush"], input=kube_proxy_rules(foreign), text=True, check=True)
     workdir = scratch_dir("ipmasq-bench-legacy-")

@@ -29,7 +29,7 @@ from ipmasq.diagnose.path_sources import ROUTING_COMMANDS, read_live_routing
 from ipmasq.lab.netns import NamespaceRunner, network
 from ipmasq.netfilter.iptables import parse_save
 from ipmasq.policy.packet import Packet
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.route.facts import Routing
 from ipmasq.route.iproute2 import parse_routing
 

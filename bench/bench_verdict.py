@@ -42,8 +42,8 @@ from ipmasq.config.model import Rule, RuleAction
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import Policy, PolicyVerdict, Reason
-from ipmasq.policy.prefix import Family, Prefix, format_address, parse_cidr
 from ipmasq.policy.rule_index import RuleIndex
+from ipmasq.prefix import Family, Prefix, format_address, parse_cidr
 from ipmasq.testing.first_match import first_match_walk
 
 POD_RANGE = parse_cidr("10.44.0.0/14")

@@ -150,7 +150,7 @@ def argv(container: Mapping[str, Any], fields: Mapping[str, str] = FIELDS) -> li
 def parse(words: list[str]) -> Any:
     """ipmasq's own parser for `words` (COMMAND FLAGS...): an unknown flag or a bad value fails the test."""
     from ipmasq.cli import NO_GO_FLAGS, build_parser
-    from ipmasq.commands.common import normalise_go_flags
+    from ipmasq.goflags import normalise_go_flags
 
     parser = build_parser(words[0])
     args, extra = parser.parse_known_args(words if words[0] in NO_GO_FLAGS else normalise_go_flags(words))

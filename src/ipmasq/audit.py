@@ -27,7 +27,7 @@ from typing import IO, Any
 from ipmasq.errors import FlowLogError, NotAFile, NoWriter, clip
 from ipmasq.input_files import open_input
 from ipmasq.policy.policy import Policy, PolicyVerdict, Reason
-from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address
+from ipmasq.prefix import Family, Prefix, format_address, parse_address
 
 __all__ = ["AuditReport", "FlowAction", "Group", "RawCounts", "audit", "count_flows"]
 

@@ -200,7 +200,7 @@ NO_GO_FLAGS = frozenset({"health", "completion"})
 def _go_flags_normalised(command: str | None, raw: list[str]) -> list[str]:
     if command in NO_GO_FLAGS:
         return raw
-    from ipmasq.commands.common import normalise_go_flags
+    from ipmasq.goflags import normalise_go_flags
 
     return normalise_go_flags(raw)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ipmasq.policy.policy import PolicyVerdict
-from ipmasq.policy.prefix import Prefix, parse_address
+from ipmasq.prefix import Prefix, parse_address
 
 __all__ = ["CloudNat", "CloudNatMode", "PathResult", "follow_path", "is_internet"]
 

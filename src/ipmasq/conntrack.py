@@ -29,8 +29,8 @@ from ipmasq.backends.base import Runner
 from ipmasq.diff.diff import diff_rule_policies, flipped_ranges, has_rules
 from ipmasq.errors import BackendError, IpmasqError
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix
 from ipmasq.policy.ranges import Span, to_prefixes, union
+from ipmasq.prefix import Family, Prefix
 
 __all__ = ["FlushResult", "StaleDestinations", "conntrack_flusher", "delete_argv", "delete_by_orig_dst",
            "flush_stale_conntrack", "stale_destinations"]

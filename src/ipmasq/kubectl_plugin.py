@@ -205,7 +205,7 @@ def observer_check(writer: str, args: Sequence[str]) -> tuple[list[str], list[tu
     """What makes `ipmasq check ARGS` in the pod of an observer of `writer` compare as the observer does: the
     arguments to add and the provider's inputs to read from the API (kind, name in kube-system), handed to it on its
     standard input; None when ARGS say what to compare with, or the writer's truth is not a chain. Pure."""
-    from ipmasq.commands.common import normalise_go_flags
+    from ipmasq.goflags import normalise_go_flags
     from ipmasq.writers import WRITERS
 
     profile = WRITERS.get(writer)
@@ -372,7 +372,7 @@ def _on_node(command: str) -> Callable[[KubectlFlags, list[str]], int]:
 
 def _check_flags(command: str, args: list[str]) -> None:
     from ipmasq.cli import build_parser, subcommands
-    from ipmasq.commands.common import normalise_go_flags
+    from ipmasq.goflags import normalise_go_flags
 
     parser = subcommands(build_parser(command))[command]
     known = {o for a in parser._actions for o in a.option_strings}

@@ -22,7 +22,7 @@ from ipmasq.lab.netns import Namespace, NamespaceRunner, Network
 from ipmasq.netfilter.iptables import render_restore
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, parse_cidr
+from ipmasq.prefix import Family, parse_cidr
 from tests.eventually import eventually
 from tests.kernel.servers import LAB_PROBE, start_server, stop_server
 

@@ -15,7 +15,7 @@ import pytest
 from ipmasq.audit import RawCounts, audit, count_flows
 from ipmasq.cli import main
 from ipmasq.errors import FlowLogError
-from ipmasq.policy.prefix import parse_cidr
+from ipmasq.prefix import parse_cidr
 from tests.configs import policy_of
 from tests.conftest import ROOT
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ipmasq.cli import COMMANDS, main
-from ipmasq.commands.common import normalise_go_flags
+from ipmasq.goflags import normalise_go_flags
 from tests.conftest import PYTHON
 
 

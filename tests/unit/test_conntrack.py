@@ -16,7 +16,7 @@ from ipmasq.conntrack import delete_argv, delete_by_orig_dst, flush_stale_conntr
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address, parse_cidr
+from ipmasq.prefix import Family, Prefix, format_address, parse_address, parse_cidr
 from tests.configs import policy_of
 
 

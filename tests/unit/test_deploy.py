@@ -110,7 +110,7 @@ def test_every_file_of_deploy_is_in_a_validated_kustomization_or_an_example() ->
     assert {path.resolve() for path in DEPLOY.rglob("*.yaml")} == included | examples | rule_file
 
 
-# the Lease's holder reads the node-trust policy and its binding, by name (ipmasq.kube.nodetrust)
+# the Lease's holder reads the node-trust policy and its binding, by name (ipmasq.fleet.nodetrust)
 NODE_TRUST_READ = [("ClusterRole", "", "admissionregistration.k8s.io", resource, ("ip-masq-agent-own-node",),
                     ("get",)) for resource in ("validatingadmissionpolicies", "validatingadmissionpolicybindings")]
 

@@ -19,8 +19,8 @@ from typing import Any
 import celpy
 import pytest
 
-from ipmasq.agent.apiwiring import COMPONENT
-from ipmasq.agent.summary import LEASE_SECONDS
+from ipmasq.agent.api.summary import LEASE_SECONDS
+from ipmasq.agent.api.wiring import COMPONENT
 from ipmasq.errors import Forbidden
 from ipmasq.kube import paths
 from ipmasq.kube.events import MESSAGE_CHARS, EventRecorder, ObjectRef, Occurrence, event_object
@@ -393,7 +393,7 @@ def test_the_lease_elector_keeps_working_under_the_policy(policy: Policy) -> Non
 
 
 def test_the_summary_writer_keeps_working_under_the_policy(policy: Policy) -> None:
-    from ipmasq.agent.summary import SummaryWriter
+    from ipmasq.agent.api.summary import SummaryWriter
 
     store = FakeKubeClient()
     store.put(paths.leases("kube-system", "ip-masq-agent"), {"metadata": {"namespace": "kube-system"}, "spec": {}})

@@ -88,7 +88,7 @@ _SUFFIXES = {path[i + 1:] for path in FILES | DIRECTORIES for i, char in enumera
 _REPO_PATH = re.compile(r"(?<![\w./-])((?:src|tests|bench|scripts|deploy|plugins|\.ci)/[\w./<>*{}-]*)")
 _FILE = re.compile(r"(?<![\w./<>-])((?:[\w-]+/)*[\w-]+\.(?:py|sh))(?![\w/<>-])")
 _DOTTED = re.compile(r"(?<![\w./-])ipmasq(?:\.[A-Za-z_]\w*)+(?![\w/-])")
-# a class a page places in a file: "agent/summary.py SummaryWriter", "backoff.py`'s Backoff", "`Adopt` in
+# a class a page places in a file: "agent/api/summary.py SummaryWriter", "backoff.py`'s Backoff", "`Adopt` in
 # `backends/base.py`"
 _CLASS_AFTER = re.compile(r"(?<![\w./<>-])((?:[\w-]+/)*[\w-]+\.py)`?(?:'s)? `?([A-Z][a-z]\w*)\b")
 _CLASS_BEFORE = re.compile(r"`([A-Z][a-z]\w*)` in `((?:[\w-]+/)*[\w-]+\.py)`")
@@ -174,7 +174,7 @@ def test_the_extraction_sees_the_architectures_names() -> None:
         assert ("docs/architecture.md", expected) in named, expected
     assert ("docs/development.md", "tests/unit/test_docs.py") in named
     assert ("docs/development.md", "src/ipmasq/lab/kubernetes/") in named
-    assert ("docs/architecture.md", "SummaryWriter in agent/summary.py") in named
+    assert ("docs/architecture.md", "SummaryWriter in agent/api/summary.py") in named
     assert ("docs/architecture.md", "Adopt in backends/base.py") in named
     assert not any(name == GROUP for _, name in named)
 
@@ -198,7 +198,7 @@ def test_the_extraction_on_examples(text: str, missing: list[str], tmp_path: Pat
 
 
 def test_a_class_placed_in_the_wrong_file_is_caught() -> None:
-    assert _defines("agent/summary.py", "SummaryWriter") and _defines("src/ipmasq/backoff.py", "Backoff")
+    assert _defines("agent/api/summary.py", "SummaryWriter") and _defines("src/ipmasq/backoff.py", "Backoff")
     assert not _defines("agent/loop.py", "SummaryWriter")
     assert [m.groups() for m in _CLASS_AFTER.finditer("kube/configmaps.py ConfigMapFollower, backoff.py`'s Backoff")] \
         == [("kube/configmaps.py", "ConfigMapFollower"), ("backoff.py", "Backoff")]

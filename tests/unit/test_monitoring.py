@@ -19,7 +19,7 @@ from ipmasq.agent import exposition
 from ipmasq.agent.metrics import DURATION_BUCKETS, Snapshot, metric_families, process_metric_families
 from ipmasq.agent.reports import RuleCount
 from ipmasq.monitoring import ALERTS, DASHBOARD_PANELS, JOB, OBSERVER_JOB, dashboard, generated, scrape_configs
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from tests.conftest import ROOT
 
 MONITORING = ROOT / "deploy" / "monitoring"

@@ -1,5 +1,6 @@
 """The code's shape: one name per concept (no class name defined in two modules), every exception class in
-ipmasq.errors (the one error tree), and no import cycle between ipmasq's modules."""
+ipmasq.errors (the one error tree), no import cycle between ipmasq's modules, and the floors of the house
+(docs/architecture.md): each package or top-level module on one floor, importing only from its own floor or below."""
 
 from __future__ import annotations
 
@@ -127,3 +128,77 @@ def test_no_import_cycle() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# The floors, lowest first (docs/architecture.md draws them). A module imports only from its own floor and below;
+# the features and the command line are the two floors that may not import each other's way up.
+FLOORS: dict[str, frozenset[str]] = {
+    # leaves: each one idea that everything may use, importing no other floor
+    "leaves": frozenset({"ipmasq", "errors", "prefix", "options", "sha256", "findings", "version", "memory_file",
+                         "documents", "goflags", "backoff", "http11", "input_files", "inotify", "ownership"}),
+    # the pure core: decides (config, policy, the rules' text, the writers' readings, lint, diff, routes, audit)
+    "core": frozenset({"config", "policy", "netfilter", "writers", "lint", "diff", "route", "audit", "cloudnat"}),
+    # the two seams: the kernel (backends) and the API server (kube)
+    "seams": frozenset({"backends", "kube"}),
+    # features: what the tools and the agent are made of
+    "features": frozenset({"diagnose", "agent", "observe", "fleet", "uninstall", "webhook", "conntrack", "testing"}),
+    # the command line, the lab and what ships beside them
+    "commands": frozenset({"commands", "cli", "__main__", "kubectl_plugin", "kubectl_complete", "lab", "monitoring"}),
+}
+# Within the seams, kube is the API seam alone: it imports leaves only (no config, no feature, no command line).
+SEAM_ALLOWED = {"kube": FLOORS["leaves"], "backends": FLOORS["leaves"] | FLOORS["core"]}
+
+
+def _room(module: str) -> str:
+    """The package or top-level module `module` belongs to: ipmasq.kube.client -> kube, ipmasq.cli -> cli."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _floor_of(room: str) -> int:
+    return next(index for index, rooms in enumerate(FLOORS.values()) if room in rooms)
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that goes up a floor, or from a seam to what it may not use: `module -> target`."""
+    found = []
+    for module, targets in graph.items():
+        room = _room(module)
+        for target in sorted(targets):
+            other = _room(target)
+            if room == other:
+                continue
+            allowed = SEAM_ALLOWED.get(room)
+            if (allowed is not None and other not in allowed) or _floor_of(other) > _floor_of(room):
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_every_package_and_top_level_module_is_on_one_floor() -> None:
+    rooms = {_room(name) for name in MODULES}
+    placed = [room for rooms_of in FLOORS.values() for room in rooms_of]
+    assert len(placed) == len(set(placed)), "a room on two floors"
+    assert rooms - set(placed) == set(), f"place every new package or module on a floor (FLOORS): {rooms - set(placed)}"
+    assert set(placed) - rooms == set(), f"FLOORS names rooms that are gone: {set(placed) - rooms}"
+
+
+def test_no_import_goes_up_a_floor() -> None:
+    """The pure core imports nothing above it; kube imports neither the core, the features nor the command line;
+    no feature imports the command line (ipmasq.documents and ipmasq.goflags are the helpers both share)."""
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    assert _upward(graph) == []
+
+
+def test_the_floor_check_finds_an_import_that_goes_up() -> None:
+    graph = {"ipmasq.kube.client": {"ipmasq.agent.loop"}, "ipmasq.config.model": {"ipmasq.backends.base"},
+             "ipmasq.kube.paths": {"ipmasq.config.model"}, "ipmasq.fleet.view": {"ipmasq.commands.common"},
+             "ipmasq.commands.status": {"ipmasq.fleet.view", "ipmasq.kube.client"}, "ipmasq.agent.loop": set()}
+    assert _upward(graph) == ["ipmasq.kube.client -> ipmasq.agent.loop", "ipmasq.config.model -> ipmasq.backends.base",
+                              "ipmasq.kube.paths -> ipmasq.config.model", "ipmasq.fleet.view -> ipmasq.commands.common"]
+
+
+def test_no_module_of_src_is_over_650_lines() -> None:
+    """A room of one idea stays small enough to read whole; one that grows past this holds two."""
+    long = {name: lines for name, path in MODULES.items()
+            if (lines := path.read_text(encoding="utf-8").count("\n")) > 650}
+    assert long == {}

@@ -11,7 +11,7 @@ from ipmasq.errors import ConfigError
 from ipmasq.netfilter.iptables import canonical, render_restore
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from tests.conftest import VECTORS
 
 CASES = sorted((VECTORS / "cases").iterdir())

@@ -7,7 +7,7 @@ import pytest
 from ipmasq.config.model import Origin
 from ipmasq.errors import ConfigError
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import parse_cidr
+from ipmasq.prefix import parse_cidr
 from ipmasq.writers import (
     WRITERS,
     NodeFacts,

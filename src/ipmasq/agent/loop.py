@@ -151,7 +151,7 @@ class Observers:
 
 class ConfigChooser(Protocol):
     """Picks the config to enforce given what the mounted file holds, and says where it came from
-    (ipmasq.agent.apiconfig.ApiConfig: the API's ConfigMaps when they are newer)."""
+    (ipmasq.agent.api.config.ApiConfig: the API's ConfigMaps when they are newer)."""
 
     def choose(self, file_read: ConfigInput | ConfigError) -> tuple[ConfigInput | ConfigError, ConfigOrigin]: ...
 
@@ -163,7 +163,7 @@ class _Named(Protocol):
 
 class Passes(Protocol):
     """What the loop drives, one pass per wakeup that is due: the Reconciler (enforcing: ipmasq.agent.reconcile) or
-    the Observer (observe mode: ipmasq.agent.observe, which never writes)."""
+    the Observer (observe mode: ipmasq.observe.observer, which never writes)."""
 
     @property
     def backend(self) -> _Named: ...

@@ -142,7 +142,7 @@ class AgentStatus:
         self._foreign_writer: str | None = None
         self._node_trust: bool | None = None
 
-    # ---- hooks, called by the summary's thread (ipmasq.agent.summary SummaryFacts) ----
+    # ---- hooks, called by the summary's thread (ipmasq.agent.api.summary SummaryFacts) ----
 
     def node_trust(self, verified: bool | None) -> None:
         with self._lock:

@@ -1,6 +1,6 @@
 """Where a config came from, carried as a value beside the config itself from the follower to the status.
 
-The loop reads the mounted file and takes the API's content (ipmasq.agent.apiconfig) as one pair, config and origin;
+The loop reads the mounted file and takes the API's content (ipmasq.agent.api.config) as one pair, config and origin;
 the origin of the content a pass enforced travels in its report to whoever writes about it. Nobody calls back to ask
 where a config came from: a status object names the ConfigMap's resourceVersion of the very content the kernel was
 verified to hold (never a newer one that arrived meanwhile), and a rejected config's origin is a field, not a guess

@@ -72,7 +72,7 @@ from ipmasq.netfilter.nft import TABLE as NFT_TABLE
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.hash import policy_hash
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 __all__ = [
     "FOREIGN_QUIET_MAX_PERIODS",

@@ -11,7 +11,7 @@ from ipmasq.agent.origin import ConfigOrigin
 from ipmasq.backends.base import State
 from ipmasq.errors import one_line
 from ipmasq.netfilter.iptables import is_marker_rule
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 __all__ = ["ConfigReport", "FamilyWrite", "ForeignWriter", "ObjectCount", "PassReport", "ProbeVerdict", "RuleCount",
            "SyncResult", "count_objects"]
@@ -126,7 +126,7 @@ class PassReport:
     rule_counters: tuple[RuleCount, ...] = ()  # the enforced policy's config rules on this node, as last read
     config_digest: str | None = None  # config_digest of the content of the config this pass enforced
     origin: ConfigOrigin | None = None  # where the enforced content came from (set by the loop, which read it)
-    # observe mode (ipmasq.agent.observe): why the node's rules do not enforce the policy, one line (None: they do)
+    # observe mode (ipmasq.observe.observer): why the node's rules do not enforce the policy, one line (None: they do)
     mismatch: str | None = None
     # observe mode: the config keys the observed writer ignores and what that does to traffic, one line (None: none);
     # a fact of the config and the writer, never a mismatch of the node's rules

@@ -52,7 +52,7 @@ from typing import Protocol, TypeVar
 
 from ipmasq.errors import IpmasqError, one_line
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 T = TypeVar("T")
 

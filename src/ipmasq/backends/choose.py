@@ -22,7 +22,7 @@ from ipmasq.netfilter.iptables import count_foreign_nat, count_rules
 from ipmasq.netfilter.nft import TABLE, TABLE_FAMILY
 from ipmasq.netfilter.nft import count_foreign_nat as count_foreign_nft
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 __all__ = ["Choice", "choose", "count_foreign_masquerade", "detect", "foreign_nat_rules", "make_backend",
            "nft_nat_tables"]

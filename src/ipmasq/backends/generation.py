@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ipmasq.backends.xtables_lock import XtablesLockWatch
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.sha256 import LARGE_INPUT_BYTES, Sha256, sha256
 
 __all__ = ["LEGACY_CHUNK_BYTES", "LEGACY_DIGEST_MAX_BYTES", "LEGACY_FULL_READ_EVERY", "KernelFingerprint",

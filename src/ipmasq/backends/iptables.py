@@ -45,7 +45,7 @@ from ipmasq.netfilter.iptables import (
     written_digest,
 )
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 __all__ = ["IptablesBackend", "Variant", "choose_variant", "detect_variant", "ownership_of", "tools"]
 

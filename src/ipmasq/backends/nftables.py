@@ -66,7 +66,7 @@ from ipmasq.netfilter.nft import (
 from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.netfilter.nft_set import parse_set_json
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 __all__ = ["NFT", "NftablesBackend", "state_from_table"]
 

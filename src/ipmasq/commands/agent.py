@@ -30,16 +30,17 @@ from ipmasq.backends.choose import count_foreign_masquerade, make_backend
 from ipmasq.backends.generation import KernelFingerprint, nftables_generation
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.backends.xtables_lock import xtables_lock_path
-from ipmasq.commands.common import add_backend_flags, add_policy_flags, agent_settings, go_bool, options_from_args
+from ipmasq.commands.common import add_backend_flags, add_policy_flags, agent_settings, options_from_args
 from ipmasq.conntrack import conntrack_flusher
 from ipmasq.errors import ApiError, IpmasqError, UsageError
+from ipmasq.goflags import go_bool
 from ipmasq.kube import credentials as kube_credentials
 from ipmasq.kube import kubeconfig
 from ipmasq.options import DEFAULT_CHAIN, PolicyOptions
 from ipmasq.version import VersionAction
 
 if TYPE_CHECKING:  # the API features' modules load only when the API is used (see _api)
-    from ipmasq.agent.apireport import ApiReporter
+    from ipmasq.agent.api.report import ApiReporter
     from ipmasq.writers import Writer
 
 __all__ = ["DEFAULT_CONFIG", "register"]
@@ -189,10 +190,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSettings, runner: Runner,
              log: logging.Logger, wakeup: Wakeup) -> int:
-    """Observe mode (ipmasq.agent.observe): the loop drives an Observer; no node lock, no backend that writes, no
+    """Observe mode (ipmasq.observe.observer): the loop drives an Observer; no node lock, no backend that writes, no
     conntrack; the same endpoints, API features and reports as the enforcing agent. aks and eks: that provider's
-    profile and inputs (ipmasq.agent.writerinputs), which only the API server holds."""
-    from ipmasq.agent.observe import OBSERVE_POLL_SECONDS, Observer, reference_reading
+    profile and inputs (ipmasq.observe.provider_inputs), which only the API server holds."""
+    from ipmasq.observe.observer import OBSERVE_POLL_SECONDS, Observer, reference_reading
     from ipmasq.writers import REFERENCE_CONFIGMAP, WRITERS
 
     if args.flush_conntrack:
@@ -210,7 +211,7 @@ def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSet
         extra = {"load": load, "compare": compare}
         profile = None
     if profile is not None:
-        from ipmasq.agent.writerinputs import compare_for, load_for  # the API's modules: only with the API
+        from ipmasq.observe.provider_inputs import compare_for, load_for  # the API's modules: only with the API
 
         options = _profile_options(args, profile.name, profile.options)
         extra = {"load": load_for(profile), "compare": compare_for(profile)}
@@ -235,7 +236,7 @@ def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSet
         api_config, reporter = _api(args, log, wakeup, mode="observe", writer=args.observe, chain=options.masq_chain,
                                     inputs=profile, facts=status)
         if profile is not None:
-            from ipmasq.agent.writerinputs import WriterInputs
+            from ipmasq.observe.provider_inputs import WriterInputs
 
             if not isinstance(api_config, WriterInputs):
                 raise UsageError(f"--observe {profile.name} compares with that provider's inputs, which only the API "
@@ -301,7 +302,7 @@ def _api(args: argparse.Namespace, log: logging.Logger, wakeup: Wakeup, *, mode:
         return None, None
     # imported here, the one place the API features start: TLS and HTTP cost about 6 MiB, and the agent without
     # them keeps its own, smaller budget (docs/measurements.md)
-    from ipmasq.agent.apiwiring import start_api
+    from ipmasq.agent.api.wiring import start_api
     from ipmasq.kube.client import KubeClient
 
     try:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ipmasq import documents
 from ipmasq.audit import AuditReport, Group, audit, count_flows
 from ipmasq.commands import common, policy_source
 from ipmasq.errors import UsageError
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 __all__ = ["register", "run"]
 
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     bits = {Family.V4: args.group_prefix, Family.V6: 128 if args.group_prefix == 32 else args.group_prefix + 96}
     report = audit(count_flows(args.flowlogs, pods), policy, group_bits=bits)
     if args.output != "text":
-        common.print_document(args.output, "AuditReport", as_dict(report))
+        documents.print_document(args.output, "AuditReport", as_dict(report))
     else:
         print(f"{report.records} flow records ({report.skipped} without addresses skipped); {report.pod_flows} from "
               f"pod addresses, to {len(report.groups)} destination(s)")

@@ -22,6 +22,7 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
+from ipmasq import documents
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands import common, policy_source
 from ipmasq.config.model import MasqConfig
@@ -36,7 +37,7 @@ from ipmasq.errors import ConfigError, NotANode, UsageError, one_line
 from ipmasq.findings import Finding, bounded
 from ipmasq.lint.manifest import configmap_config
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.writers import (
     CILIUM_MAP,
     REFERENCE_CONFIGMAP,
@@ -148,7 +149,7 @@ def _live_node(rules: NodeRules) -> NodeRules:
 
 def _report(args: argparse.Namespace, report: CheckReport) -> int:
     if args.output != "text":
-        common.print_document(args.output, "CheckReport",
+        documents.print_document(args.output, "CheckReport",
                               {"ok": report.ok, "findings": [f.as_dict() for f in bounded(report.findings)]})
     else:
         for f in bounded(report.findings):

@@ -5,67 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 from ipmasq.backends.base import BACKEND_NAMES
 from ipmasq.backends.iptables import Variant
+from ipmasq.documents import API_VERSION, OUTPUTS
 from ipmasq.errors import PrefixError, UsageError
-from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse_to_ports, quoted
-from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
+from ipmasq.goflags import go_bool
+from ipmasq.options import DEFAULT_CHAIN, PolicyOptions, check_chain_name, parse_to_ports
+from ipmasq.prefix import Family, Prefix, parse_address, parse_cidr
 
-__all__ = ["add_backend_flags", "add_policy_flags", "normalise_go_flags", "options_from_args"]
-
-# Go boolean flags: `--flag`, `--flag=false`, `-flag`; never `--flag false` (that would eat a positional).
-BOOL_FLAGS = (
-    "nomasq-all-reserved-ranges", "enable-ipv6", "random-fully", "logtostderr", "alsologtostderr", "flush-conntrack",
-)
-VALUE_FLAGS = (
-    "masq-chain", "to-ports", "config", "backend", "v", "log_dir", "stderrthreshold", "vmodule", "metrics-address",
-    "log-format", "iptables-variant",
-)
-_TRUE = {"1", "t", "T", "true", "TRUE", "True"}
-_FALSE = {"0", "f", "F", "false", "FALSE", "False"}
-
-
-def normalise_go_flags(argv: list[str]) -> list[str]:
-    """Rewrite Go-style flags into argparse's: `-flag=v` -> `--flag=v`; a bare bool flag -> `--flag=true`.
-
-    A boolean flag's value only ever follows "=": `--flag false` would set the flag and leave "false" behind as an
-    argument (what Go's flag package does, silently), so it is a UsageError here, as is a value that is no boolean.
-    """
-    out: list[str] = []
-    for index, arg in enumerate(argv):
-        if arg == "--":
-            out.extend(argv[index:])
-            break
-        if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
-            name = arg[1:].split("=", 1)[0]
-            if name in BOOL_FLAGS or name in VALUE_FLAGS:
-                arg = "-" + arg
-        if arg.startswith("--"):
-            name, eq, value = arg[2:].partition("=")
-            if name in BOOL_FLAGS:
-                if not eq:
-                    following = argv[index + 1] if index + 1 < len(argv) else None
-                    if following in _TRUE | _FALSE:
-                        raise UsageError(f"--{name} {following}: a boolean flag takes its value after \"=\" "
-                                         f"(--{name}={following}); alone, --{name} means true")
-                    arg = f"--{name}=true"
-                elif value not in _TRUE | _FALSE:
-                    raise UsageError(f"--{name}: invalid boolean value {quoted(value)} (use --{name}, "
-                                     f"--{name}=true or --{name}=false)")
-        out.append(arg)
-    return out
-
-
-def go_bool(text: str) -> bool:
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"invalid boolean {text!r}")
-
+__all__ = ["add_backend_flags", "add_policy_flags", "options_from_args"]
 
 def add_policy_flags(parser: argparse.ArgumentParser, *, config_help: str | None) -> None:
     """The agent's policy flags; config_help None: no --config (lint and diff take files as arguments)."""
@@ -191,43 +141,10 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
 # --- what the offline tools share: text or JSON on standard output ---------------------------------------------
 
 
-# Every JSON (and YAML) document a command prints names what it is, as a Kubernetes object does: the group and
-# version of its shape, and its kind (docs/reference/json.md lists every kind and its fields).
-API_VERSION = "ipmasq.io/v1"
-OUTPUTS = ("text", "json", "yaml")
-
-
 def add_output_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=OUTPUTS, default="text",
                         help="text (default), json or yaml: json and yaml are the same document, with its "
                         f"apiVersion ({API_VERSION}) and kind")
-
-
-def document(kind: str, body: Mapping[str, object]) -> dict[str, object]:
-    """The document `-o json`/`-o yaml` print: apiVersion and kind first, then the command's fields."""
-    return {"apiVersion": API_VERSION, "kind": kind, **body}
-
-
-def print_document(output: str, kind: str, body: Mapping[str, object], *, ensure_ascii: bool = True) -> None:
-    """The command's document on standard output as JSON (indented) or YAML (block style, keys in order)."""
-    doc = document(kind, body)
-    if output == "yaml":
-        print_yaml(doc)
-    else:
-        print_json(doc, ensure_ascii=ensure_ascii)
-
-
-def print_json(document: object, *, ensure_ascii: bool = True) -> None:
-    """The JSON document on standard output, indented, with a final newline."""
-    json.dump(document, sys.stdout, indent=2, ensure_ascii=ensure_ascii)
-    sys.stdout.write("\n")
-
-
-def print_yaml(document: object) -> None:
-    """The same document as YAML: what `-o yaml` prints wherever `-o json` exists."""
-    import yaml
-
-    yaml.safe_dump(document, sys.stdout, sort_keys=False, allow_unicode=True, default_flow_style=False, width=120)
 
 
 # --- standard input: `-` wherever an input may come from it, one input at most -------------------------------

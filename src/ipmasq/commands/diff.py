@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Any
 
+from ipmasq import documents
 from ipmasq.commands import common, policy_source
 from ipmasq.diff.baselines import BASELINES, BUILTIN_PREFIX, baseline_policy, builtin_set
 from ipmasq.diff.diff import (
@@ -118,13 +119,13 @@ def run(args: argparse.Namespace) -> int:
 def _write(output: str, text: str) -> None:
     """The JSON document as written (one object per line), or the same document as YAML."""
     if output == "yaml":
-        common.print_yaml(json.loads(text))
+        documents.print_yaml(json.loads(text))
     else:
         sys.stdout.write(text)
 
 
-# written by hand, one object per line, so the envelope is too: the same apiVersion and kind as common.document
-_HEAD = f'{{\n  "apiVersion": "{common.API_VERSION}",\n  "kind": "DiffReport",\n'
+# written by hand, one object per line, so the envelope is too: the same apiVersion and kind as documents.document
+_HEAD = f'{{\n  "apiVersion": "{documents.API_VERSION}",\n  "kind": "DiffReport",\n'
 
 
 def _as_json(result: DiffResult) -> str:

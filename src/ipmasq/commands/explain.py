@@ -7,15 +7,16 @@ import os
 from typing import Any
 
 from ipmasq.cloudnat import CloudNat, CloudNatMode, follow_path
-from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag, print_document
+from ipmasq.commands.common import add_output_flag, add_policy_flags, address_flag, cidr_flag
 from ipmasq.commands.policy_source import load_policy
 from ipmasq.config.model import Rule, RuleAction
 from ipmasq.diagnose.path import PathAnswer, masquerade_path
 from ipmasq.diagnose.sources import read_dump_file
+from ipmasq.documents import print_document
 from ipmasq.errors import UsageError, clip, one_line
 from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import Policy, PolicyVerdict, Reason
-from ipmasq.policy.prefix import parse_address
+from ipmasq.prefix import parse_address
 from ipmasq.route.facts import Routing
 from ipmasq.route.iproute2 import parse_routing
 

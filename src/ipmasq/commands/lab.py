@@ -8,6 +8,7 @@ import signal
 import sys
 from typing import Any
 
+from ipmasq import documents
 from ipmasq.commands import common
 from ipmasq.errors import UsageError, clip, one_line
 
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             net.delete()
     ok = all(r.ok for r in results)
     if args.output != "text":
-        common.print_document(args.output, "LabReport", {"ok": ok, "scenarios": [
+        documents.print_document(args.output, "LabReport", {"ok": ok, "scenarios": [
             {"name": r.name, "summary": r.summary, "ok": r.ok, "error": r.error,
              "phases": [{"name": p.name, "ok": p.ok, "probes": [o.as_dict() for o in p.probes]} for p in r.phases]}
             for r in results]})
@@ -160,7 +161,7 @@ def _run_routed(args: argparse.Namespace) -> int:
     facts = Path(args.dump_facts) if args.dump_facts is not None else None
     result = run_routed(ROUTED_SCENARIOS[args.scenario], backend=args.backend or "iptables", facts=facts)
     if args.output != "text":
-        common.print_document(args.output, "LabReport", {"ok": result.ok, "scenarios": [
+        documents.print_document(args.output, "LabReport", {"ok": result.ok, "scenarios": [
             {"name": result.name, "summary": result.summary, "ok": result.ok, "error": result.error,
              "phases": [{"name": p.name, "ok": p.ok, "probes": [o.as_dict() for o in p.probes]}
                         for p in result.phases]}]})
@@ -218,7 +219,7 @@ def _run_fleet(args: argparse.Namespace) -> int:
                 lab.close()
             net.delete()
     if args.output != "text":
-        common.print_document(args.output, "FleetLabReport", result.as_dict())
+        documents.print_document(args.output, "FleetLabReport", result.as_dict())
     else:
         _print_fleet(result)
     return 0 if result.ok else 1

@@ -26,6 +26,7 @@ import os
 import sys
 from typing import Any
 
+from ipmasq import documents
 from ipmasq.commands import common
 from ipmasq.config.source import CONFIG_PREFIX, read_config_file, read_config_input
 from ipmasq.errors import ConfigError, InputUnreadable, UsageError
@@ -171,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     errors = count(findings, Severity.ERROR)
     linted = len(inputs) - len(unreadable)
     if args.output != "text":
-        common.print_document(args.output, "LintReport", {"findings": [f.as_dict() for f in bounded(findings)],
+        documents.print_document(args.output, "LintReport", {"findings": [f.as_dict() for f in bounded(findings)],
                                                           "unreadable": unreadable}, ensure_ascii=False)
     else:
         for f in bounded(findings):

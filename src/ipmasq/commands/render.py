@@ -20,7 +20,7 @@ from ipmasq.errors import UsageError
 from ipmasq.netfilter.iptables import render_restore
 from ipmasq.netfilter.nft import render_script
 from ipmasq.policy.hash import config_hash, policy_hash
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 
 def register(subparsers: Any) -> None:

@@ -5,7 +5,7 @@ Per node: the agent's pod, ready, the enforced policy hash, whether that is the 
 came from (api or file), drift repairs, and why not current. Exit 0 when every node named (every node when none is)
 enforces the current config, in either mode; 1 when any does not (or the API cannot tell, or a named node does not
 exist), or when the rows are unverified: the node-trust admission policy or its binding is not installed (or
-cannot be read), so any agent's token could have written any row (ipmasq.kube.nodetrust; every row is marked so
+cannot be read), so any agent's token could have written any row (ipmasq.fleet.nodetrust; every row is marked so
 and one line says why); 2 on a usage error; 3 when the API server cannot be asked (no kubeconfig, no answer).
 Every string the API gave is printed through ipmasq.errors.one_line: a status object, a pod or a ConfigMap name
 cannot move the cursor, set a title or forge a row.
@@ -17,12 +17,12 @@ import argparse
 from typing import Any
 
 from ipmasq.errors import ApiError, Forbidden, NotFound, UsageError, one_line
+from ipmasq.fleet.nodetrust import read_node_trust
+from ipmasq.fleet.view import FleetView, WriterContent, fleet_view
 from ipmasq.kube import objects, paths
 from ipmasq.kube.agentstatus import status_from_json
 from ipmasq.kube.configmaps import configmap_state
-from ipmasq.kube.fleet import FleetView, WriterContent, fleet_view
 from ipmasq.kube.kubeconfig import load as load_kubeconfig
-from ipmasq.kube.nodetrust import read_node_trust
 from ipmasq.ownership import without_others_pods
 
 __all__ = ["register", "run"]
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     except ApiError as exc:
         raise ApiError(f"the API server: {exc}") from None
     if args.output != "text":
-        from ipmasq.commands.common import print_document
+        from ipmasq.documents import print_document
 
         print_document(args.output, "StatusReport", view.as_json())
     else:
@@ -120,8 +120,8 @@ def _gather(client: Any, args: argparse.Namespace) -> FleetView:
 def _writer_contents(client: Any, statuses: list[objects.AgentStatusObject]) -> list[WriterContent]:
     """The own inputs of each provider observed in the fleet (AKS's ConfigMaps, aws-node's env), read now, as its
     observers read them; a provider that reads the ip-masq-agent ConfigMap needs none."""
-    from ipmasq.agent.writerinputs import NAMESPACE, current_input, own_inputs
     from ipmasq.config.source import ConfigInput, config_digest
+    from ipmasq.observe.provider_inputs import NAMESPACE, current_input, own_inputs
     from ipmasq.writers import WRITERS
 
     observed = {s.writer for s in map(status_from_json, statuses) if s.mode == "observe" and s.writer}

@@ -28,7 +28,7 @@ from typing import Any
 
 from ipmasq.backends.iptables import Variant, detect_variant
 from ipmasq.backends.runner import SubprocessRunner
-from ipmasq.commands.common import add_output_flag, command_parser, print_document
+from ipmasq.commands.common import add_output_flag, command_parser
 from ipmasq.diagnose.hooks import IPTABLES_NFT_TABLES, NatHook, iptables_hook, walk_hooks
 from ipmasq.diagnose.path import PathAnswer, PathFacts, path
 from ipmasq.diagnose.path_sources import read_live_routing, read_mangle_save
@@ -41,6 +41,7 @@ from ipmasq.diagnose.sources import (
 )
 from ipmasq.diagnose.trace import Tracer, TraceResult, trace
 from ipmasq.diagnose.trace_nft import NftTracer
+from ipmasq.documents import print_document
 from ipmasq.errors import IpmasqError, NftParseError, NftTraceError, RuleParseError, UsageError, clip, one_line
 from ipmasq.netfilter.iptables import NatTable, parse_save
 from ipmasq.netfilter.nft_json import parse_list_json

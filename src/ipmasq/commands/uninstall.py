@@ -23,7 +23,7 @@ from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.commands.common import add_backend_flags, command_parser
 from ipmasq.options import DEFAULT_CHAIN, check_chain_name
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 
 def register(subparsers: Any) -> None:

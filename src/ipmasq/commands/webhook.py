@@ -54,7 +54,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from ipmasq.webhook.process import WebhookProcess
+        from ipmasq.webhook.keeper import KeeperSettings
+        from ipmasq.webhook.process import WebhookProcess, WebhookSettings
     except ImportError as exc:  # the extra is not installed
         raise UsageError(f"needs the webhook extra (pip install 'ipmasq[webhook]'): {exc}") from None
     if (args.tls_cert_file is None) != (args.tls_key_file is None):
@@ -68,5 +69,10 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     # a failure to serve (the API server, the certificate's Secret) is ipmasq.cli's "could not run" (exit 3)
-    WebhookProcess(args, common.options_from_args(args), (host.strip("[]"), int(port))).run(stop)
+    keeper = KeeperSettings(namespace=args.namespace, service=args.service, secret=args.secret,
+                            configuration=args.configuration, days=args.certificate_days)
+    settings = WebhookSettings(address=(host.strip("[]"), int(port)), options=common.options_from_args(args),
+                               keeper=keeper, workers=args.workers, certificate_check=args.certificate_check,
+                               tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file)
+    WebhookProcess(settings).run(stop)
     return 0

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
-from ipmasq.policy.prefix import Family, Prefix, parse_cidr
+from ipmasq.prefix import Family, Prefix, parse_cidr
 
 __all__ = [
     "DEFAULT_CIDR_LIMIT",

@@ -15,7 +15,7 @@ from ipmasq.config.document import Document, DocumentNode, Field, clip, describe
 from ipmasq.config.model import MasqConfig, Rule, RuleAction
 from ipmasq.errors import ConfigError, PrefixError
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address, parse_cidr
+from ipmasq.prefix import Family, Prefix, format_address, parse_address, parse_cidr
 
 __all__ = ["PROTOCOLS_WITH_PORTS", "RULE_KEYS", "RULE_NAME", "RULE_PROTOCOLS", "check_rules_with_flags", "rule_errors",
            "rules_from_field"]

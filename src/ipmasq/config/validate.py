@@ -24,7 +24,7 @@ from ipmasq.config.model import (
 )
 from ipmasq.config.rules import rule_errors, rules_from_field
 from ipmasq.errors import ConfigError, PrefixError
-from ipmasq.policy.prefix import Family, Prefix, parse_cidr
+from ipmasq.prefix import Family, Prefix, parse_cidr
 
 __all__ = [
     "KNOWN_KEYS",

@@ -23,7 +23,7 @@ from ipmasq.findings import Finding, Severity
 from ipmasq.netfilter.iptables import NatTable
 from ipmasq.netfilter.nft import NftTable
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix
+from ipmasq.prefix import Family, Prefix
 from ipmasq.writers import Ignored
 
 # FindingId and CheckReport are named here too: what check_node returns and its findings' ids

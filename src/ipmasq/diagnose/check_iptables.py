@@ -23,7 +23,7 @@ from ipmasq.netfilter.iptables import (
     rule_target,
 )
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix
+from ipmasq.prefix import Family, Prefix
 
 __all__ = ["check_iptables"]
 

@@ -25,8 +25,8 @@ from ipmasq.netfilter.nft import (
     desired_table,
 )
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix
 from ipmasq.policy.ranges import subtract, to_prefixes
+from ipmasq.prefix import Family, Prefix
 
 __all__ = ["check_nft"]
 

@@ -15,15 +15,16 @@ from typing import NamedTuple, Protocol
 from ipmasq.config.model import Rule
 from ipmasq.diagnose.check_report import FindingId, quote
 from ipmasq.diagnose.hooks import IPTABLES_NFT_TABLES, iptables_hook, walk_hooks
-from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Tracer, TraceResult
+from ipmasq.diagnose.rule_match import PROTOCOL_NUMBERS
+from ipmasq.diagnose.trace import RuleShape, Tracer, TraceResult
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.findings import Finding, Severity
 from ipmasq.netfilter.iptables import NatTable
 from ipmasq.netfilter.nft import CHAIN, RULES_CHAIN, TABLE, TABLE_FAMILY
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix, parse_cidr
 from ipmasq.policy.ranges import Span, append_span, subtract, to_prefixes, union, union_of_prefixes
+from ipmasq.prefix import Family, Prefix, parse_cidr
 
 __all__ = ["IptablesBeside", "Walker", "semantic_findings", "semantic_walk"]
 

@@ -17,8 +17,8 @@ import json
 from ipmasq.diagnose.check_report import CheckReport, FindingId
 from ipmasq.errors import IpmasqError, PrefixError, clip
 from ipmasq.findings import Finding, Severity
-from ipmasq.policy.prefix import Family, Prefix, parse_cidr
 from ipmasq.policy.ranges import subtract, to_prefixes, union_of_prefixes
+from ipmasq.prefix import Family, Prefix, parse_cidr
 
 __all__ = ["HEADER", "check_cilium_map", "is_ipmasq_list", "parse_ipmasq_list"]
 

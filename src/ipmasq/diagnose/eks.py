@@ -18,7 +18,7 @@ from ipmasq.errors import clip
 from ipmasq.findings import Finding, Severity, named
 from ipmasq.netfilter.aws_snat import CHAIN, AwsSnatChain, read_aws_snat_chain
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix
+from ipmasq.prefix import Family, Prefix
 from ipmasq.writers import ENV_EXCLUDE_SNAT_CIDRS, ENV_EXTERNAL_SNAT, eks_exclusions, eks_external_snat
 
 __all__ = ["DEFAULT_OUT_INTERFACE", "check_eks", "node_chain"]

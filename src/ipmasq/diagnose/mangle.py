@@ -24,13 +24,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from ipmasq.diagnose.trace import Tracer, all_hold, apply_mark, condition_holds, match_holds
+from ipmasq.diagnose.rule_match import all_hold, apply_mark, condition_holds, match_holds
+from ipmasq.diagnose.trace import Tracer
 from ipmasq.diagnose.trace_nft import NftTracer, chain_name
 from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
 from ipmasq.errors import NftTraceError, PacketDropped, Undecidable, clip
 from ipmasq.netfilter.iptables import IptablesRule, NatTable
 from ipmasq.policy.packet import Packet
-from ipmasq.policy.prefix import Family, format_address
+from ipmasq.prefix import Family, format_address
 
 __all__ = ["IPTABLES_MANGLE_PRIORITY", "IPTABLES_NAT_PREROUTING_PRIORITY", "MangleResult", "MangleStep", "walk_mangle"]
 

@@ -39,12 +39,13 @@ from dataclasses import dataclass, field, replace
 from ipmasq.cloudnat import CloudNat, is_internet
 from ipmasq.diagnose.hooks import IPTABLES_NFT_TABLES, NatHook, iptables_hook, walk_hooks
 from ipmasq.diagnose.mangle import walk_mangle
-from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, Tracer, TraceResult
+from ipmasq.diagnose.rule_match import PROTOCOL_NUMBERS
+from ipmasq.diagnose.trace import Tracer, TraceResult
 from ipmasq.diagnose.trace_nft import NftTracer
 from ipmasq.errors import NftTraceError
 from ipmasq.netfilter.iptables import NatTable
 from ipmasq.policy.packet import Outcome, Packet
-from ipmasq.policy.prefix import Family, format_address
+from ipmasq.prefix import Family, format_address
 from ipmasq.route.address import Selected, masquerade_v4, masquerade_v6
 from ipmasq.route.facts import NextHop, Routing
 from ipmasq.route.lookup import Fib, Flow, RouteDecision

@@ -16,7 +16,7 @@ from ipmasq.diagnose.path import PathFacts
 from ipmasq.diagnose.sources import iptables_nft_families, read_nft_ruleset
 from ipmasq.errors import BackendError, IpmasqError
 from ipmasq.netfilter.iptables import NatTable, parse_save
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.route.facts import Routing
 from ipmasq.route.iproute2 import parse_routing
 

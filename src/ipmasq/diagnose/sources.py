@@ -23,7 +23,7 @@ from ipmasq.input_files import open_input
 from ipmasq.netfilter.iptables import NatTable, our_chains, parse_save, save_lines
 from ipmasq.netfilter.nft import NftTable
 from ipmasq.netfilter.nft_json import parse_list_json
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 __all__ = ["MAX_DUMP_BYTES", "MAX_DUMP_LINE", "family_of_dump", "holds_no_nat_rules", "iptables_nft_families",
            "parse_save_dump", "read_dump_file", "read_iptables_nft_beside", "read_live_rules", "read_nat_save",

@@ -25,14 +25,15 @@ from functools import partial
 from typing import Any
 
 from ipmasq.diagnose.hooks import NatHook, walk_hooks
-from ipmasq.diagnose.trace import PROTOCOL_NUMBERS, RuleShape, Step, TraceResult, is_local
+from ipmasq.diagnose.rule_match import PROTOCOL_NUMBERS, is_local
+from ipmasq.diagnose.trace import RuleShape, Step, TraceResult
 from ipmasq.diagnose.walk import MAX_STEPS, ChainWalk
 from ipmasq.errors import NftParseError, NftTraceError, Undecidable, clip
 from ipmasq.netfilter.iptables import RULE_COMMENT_PREFIX
 from ipmasq.netfilter.nft_json import parse_address_element, rule_from_json
 from ipmasq.policy.packet import Outcome, Packet
-from ipmasq.policy.prefix import Family, format_address, parse_address, parse_cidr
 from ipmasq.policy.ranges import Span, union
+from ipmasq.prefix import Family, format_address, parse_address, parse_cidr
 
 __all__ = ["NftTracer", "chain_name"]
 

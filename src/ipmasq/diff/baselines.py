@@ -32,7 +32,7 @@ from ipmasq.config.model import (
 from ipmasq.errors import clip
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import parse_cidr
+from ipmasq.prefix import parse_cidr
 
 __all__ = ["BASELINES", "BUILTIN_PREFIX", "Baseline", "baseline_policy", "builtin_set"]
 

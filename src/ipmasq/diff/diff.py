@@ -30,7 +30,6 @@ from ipmasq.policy.packet_space import (
     protocol_atoms,
 )
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
 from ipmasq.policy.ranges import (
     Span,
     count_inside,
@@ -41,6 +40,7 @@ from ipmasq.policy.ranges import (
     union,
     union_of_prefixes,
 )
+from ipmasq.prefix import Family, Prefix, parse_address, parse_cidr
 
 __all__ = ["DiffResult", "Flip", "FlippedPrefix", "ProbedDestination", "Region", "RuleDiffResult",
            "diff_policies", "diff_rule_policies", "flipped_ranges", "has_rules", "parse_probe"]

@@ -1,6 +1,6 @@
 """What ipmasq reads of the admission machinery, as typed values (the way of ipmasq.kube.objects): what the webhook
 is sent (an AdmissionReview, its AdmissionRequest and the ConfigMap in it, AdmittedConfigMap) and the node-trust
-policy and binding (ipmasq.kube.nodetrust judges them). Each function checks a decoded value against its shape and
+policy and binding (ipmasq.fleet.nodetrust judges them). Each function checks a decoded value against its shape and
 returns it typed; a field of the wrong type is ApiMalformed, one line naming the call and the field.
 """
 
@@ -47,7 +47,7 @@ class AdmissionPolicySpec(TypedDict, total=False):
 
 
 class AdmissionPolicy(TypedDict):
-    """A ValidatingAdmissionPolicy, as far as the node-trust judgement reads it (ipmasq.kube.nodetrust)."""
+    """A ValidatingAdmissionPolicy, as far as the node-trust judgement reads it (ipmasq.fleet.nodetrust)."""
 
     metadata: objects.ObjectMeta
     spec: NotRequired[AdmissionPolicySpec]

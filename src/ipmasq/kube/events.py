@@ -5,7 +5,7 @@ that, so every agent, and the same agent after a restart, finds its own. A repea
 lastTimestamp, and is written at most once per REPEAT_WRITE_SECONDS: a bad edit is one Event on each rejecting
 node's Node (`kubectl describe node` lists it with the reason), and a resync writes nothing more. Events are written
 by the agent's reporter thread, never by its loop; what the ConfigMap shows is the fleet's summary
-(ipmasq.agent.summary), written here too (`state`: one Event per key whose message is kept current). This is the one
+(ipmasq.agent.api.summary), written here too (`state`: one Event per key whose message is kept current). This is the one
 place Events are written; every message is made one line (ipmasq.errors.one_line: it quotes what API objects and
 configs say) and clipped.
 

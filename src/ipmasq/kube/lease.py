@@ -9,14 +9,14 @@ The Lease is an object any agent may patch, so what it says is bounded by what t
 leaseDurationSeconds longer than their own (say 2147483647, patched in by hand or by a hostile node) counts as
 theirs, so a holder that stopped renewing is replaced after `duration` whatever the Lease claims; and the fleet's size
 the holder publishes on it (NODES_ANNOTATION: the nodes it counted, read by every candidate to spread its status
-writes, ipmasq.agent.apireport) is read only as up to seven ASCII digits.
+writes, ipmasq.agent.api.report) is read only as up to seven ASCII digits.
 
 Where the node-trust admission policy is installed (deploy/base/admission-policy.yaml) no node's token names another
 as the holder, releases another's hold or drops the duration; what it cannot refuse, having no clock, is a candidate
 taking the Lease before it expired. The holder notices at its next renewal: an honest candidate takes over at least
 `duration` after the record it last saw changed, which is no earlier than this holder's last renewal, so a Lease
 found held by another sooner than that after the renewal was taken early (`Lost.early`). The caller says so once
-(ipmasq.agent.summary); this candidate goes on asking as any other.
+(ipmasq.agent.api.summary); this candidate goes on asking as any other.
 """
 
 from __future__ import annotations

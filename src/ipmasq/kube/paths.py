@@ -146,7 +146,7 @@ def daemonsets(namespace: str, name: str | None = None) -> str:
 
 
 def admission_policies(name: str | None = None) -> str:
-    """The cluster's ValidatingAdmissionPolicies (the node-trust policy: ipmasq.kube.nodetrust)."""
+    """The cluster's ValidatingAdmissionPolicies (the node-trust policy: ipmasq.fleet.nodetrust)."""
     return ADMISSION_POLICIES.path(None, name)
 
 

@@ -22,7 +22,7 @@ from ipmasq.lab.topology import Lab
 from ipmasq.lab.wait import until
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 __all__ = ["NodeAgent", "ScenarioResult", "run_scenario"]
 

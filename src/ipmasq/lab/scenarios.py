@@ -19,7 +19,7 @@ from ipmasq.config.model import Origin, Rule, RuleAction
 from ipmasq.lab.topology import ADDR, OPEN_PORT, PLAIN_PORT, STRICT_PORT, Lab, Probe, ProbeResult, admits
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy, PolicyVerdict, Reason
-from ipmasq.policy.prefix import parse_address, parse_cidr
+from ipmasq.prefix import parse_address, parse_cidr
 
 __all__ = [
     "NO_RULES", "SCENARIOS", "DecidedBy", "HandWrittenRule", "Phase", "PhaseResult", "ProbeOutcome", "Scenario",

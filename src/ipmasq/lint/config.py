@@ -41,8 +41,8 @@ from ipmasq.lint.rules import lint_rules
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.budget import WorkBudget
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix, parse_cidr
 from ipmasq.policy.ranges import cut_points, to_prefixes
+from ipmasq.prefix import Family, Prefix, parse_cidr
 
 __all__ = ["Expectations", "Placement", "is_indentation_problem", "lint_config"]
 

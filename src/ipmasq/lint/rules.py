@@ -33,8 +33,8 @@ from ipmasq.policy.packet_space import (
     protocol_atoms,
 )
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix, parse_address
 from ipmasq.policy.ranges import Span, subtract, union_of_prefixes
+from ipmasq.prefix import Family, Prefix, parse_address
 
 __all__ = ["lint_rules"]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ipmasq.errors import PrefixError
 from ipmasq.netfilter.iptables import NatTable, parse_rule
-from ipmasq.policy.prefix import Prefix, parse_cidr
+from ipmasq.prefix import Prefix, parse_cidr
 
 __all__ = ["CHAIN", "EXCLUSION_COMMENT", "SNAT_COMMENT", "VPC_COMMENT", "AwsSnatChain", "read_aws_snat_chain"]
 

@@ -27,7 +27,7 @@ from ipmasq.errors import RuleParseError
 from ipmasq.netfilter.lines import iter_lines
 from ipmasq.options import MARKER_CHAIN_PREFIX, PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.sha256 import sha256, sha256_of_lines
 
 __all__ = [

@@ -40,8 +40,8 @@ from ipmasq.config.model import Rule, RuleAction
 from ipmasq.netfilter.iptables import DIGEST_COMMENT, MASQ_COMMENT, NON_MASQ_COMMENT, rule_comment
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix
 from ipmasq.policy.ranges import union_of_prefixes
+from ipmasq.prefix import Family, Prefix
 from ipmasq.sha256 import sha256_of_lines
 
 __all__ = [

@@ -13,7 +13,7 @@ from typing import Any
 from ipmasq.errors import NftParseError, clip
 from ipmasq.netfilter.iptables import RULE_COMMENT_PREFIX
 from ipmasq.netfilter.nft import TABLE, TABLE_FAMILY, NftChain, NftSet, NftTable
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 __all__ = ["NFT_NAME_MAXLEN", "parse_address_element", "parse_list_json", "rule_counter", "rule_from_json"]
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address
+from ipmasq.prefix import Family, Prefix, format_address, parse_address
 
 __all__ = ["Outcome", "Packet"]
 

@@ -22,8 +22,8 @@ from typing import NamedTuple
 from ipmasq.config.model import Rule, RuleAction
 from ipmasq.policy.budget import WorkBudget
 from ipmasq.policy.packet import Outcome
-from ipmasq.policy.prefix import Family
 from ipmasq.policy.ranges import Span, cut_points, first_match_table, inside_runs, label_runs
+from ipmasq.prefix import Family
 
 __all__ = [
     "MAX_NODE_GLOB_SETS",

@@ -20,9 +20,9 @@ from ipmasq.config.model import LINK_LOCAL_V4, LINK_LOCAL_V6, Entry, MasqConfig,
 from ipmasq.config.source import paused_gc
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Packet
-from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address
 from ipmasq.policy.ranges import FirstMatchTable, Span, first_match_table, union_of_prefixes
 from ipmasq.policy.rule_index import NO_MATCH, RuleIndex
+from ipmasq.prefix import Family, Prefix, format_address, parse_address
 
 __all__ = ["PACKET_FIELDS", "Policy", "PolicyVerdict", "Reason", "rule_match"]
 

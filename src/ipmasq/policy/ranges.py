@@ -11,7 +11,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from ipmasq.policy.prefix import Family, Prefix
+from ipmasq.prefix import Family, Prefix
 
 __all__ = [
     "FirstMatchTable",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from ipmasq.policy.prefix import Family, format_address
+from ipmasq.prefix import Family, format_address
 from ipmasq.route.facts import Address, Link
 
 __all__ = ["Selected", "masquerade_v4", "masquerade_v6"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ipmasq.policy.prefix import Family, Prefix, format_address
+from ipmasq.prefix import Family, Prefix, format_address
 
 __all__ = ["TABLE_NAMES", "Address", "IpRule", "Link", "NextHop", "Route", "Routing", "table_name"]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from ipmasq.config.source import paused_gc
 from ipmasq.errors import RouteDumpError, clip
-from ipmasq.policy.prefix import Family, Prefix, format_address, parse_address
+from ipmasq.prefix import Family, Prefix, format_address, parse_address
 from ipmasq.route.facts import SCOPES, Address, IpRule, Link, NextHop, Route, Routing, table_name
 
 __all__ = ["PROTOCOLS", "parse_addresses", "parse_routes", "parse_routing", "parse_rules"]

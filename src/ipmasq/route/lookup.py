@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ipmasq.config.source import paused_gc
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.route.facts import IpRule, NextHop, Route, Routing
 
 __all__ = ["MAX_RULE_STEPS", "Fib", "Flow", "RouteDecision", "RouteStep"]

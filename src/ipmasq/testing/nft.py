@@ -21,7 +21,7 @@ from typing import Any
 from ipmasq.backends.base import Result
 from ipmasq.errors import NftParseError
 from ipmasq.netfilter.nft import SRCNAT_PRIORITY, TABLE, TABLE_FAMILY, NftChain, NftSet, NftTable, format_element
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.testing.runner import FakeRunner
 
 __all__ = ["FakeNft", "ScriptCommand", "list_json", "parse_script", "rule_to_json"]

@@ -7,10 +7,10 @@ next check, with the certificate it has.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from ipmasq.webhook.kube import InClusterApi
 from ipmasq.webhook.review import respond
 from ipmasq.webhook.server import WebhookServer, serve
 
-__all__ = ["WebhookProcess"]
+__all__ = ["WebhookProcess", "WebhookSettings"]
 
 _FIRST_RETRY = 2.0  # seconds between attempts at the first certificate (the API server may not be reachable yet)
 
@@ -30,16 +30,31 @@ def _log(line: str) -> None:
     print(f"ipmasq webhook: {line}", file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True, slots=True)
+class WebhookSettings:
+    """What `ipmasq webhook` was told, checked: where it listens, the policy flags its reviews are made with, how many
+    small decisions at once, how often the certificate is read, and where the certificate comes from (files, when
+    both are named; else the Secret the keeper's settings name)."""
+
+    address: tuple[str, int]
+    options: PolicyOptions
+    keeper: KeeperSettings
+    workers: int = 2
+    certificate_check: float = 60.0
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+
 class WebhookProcess:
-    def __init__(self, args: argparse.Namespace, options: PolicyOptions, address: tuple[str, int]) -> None:
-        self.args = args
-        self.address = address
-        self.respond = functools.partial(respond, options=options)
+    def __init__(self, settings: WebhookSettings) -> None:
+        self.settings = settings
+        self.address = settings.address
+        self.respond = functools.partial(respond, options=settings.options)
         self.serving: tuple[bytes, bytes] | None = None
         self.pending: tuple[bytes, bytes] | None = None
 
     def run(self, stop: threading.Event) -> None:
-        fetch = self._from_files if self.args.tls_cert_file else self._from_secret()
+        fetch = self._from_files if self.settings.tls_cert_file else self._from_secret()
         while not stop.is_set():
             try:
                 first = fetch()
@@ -50,12 +65,12 @@ class WebhookProcess:
         else:
             return
         # isolated: the reviews that take real work are decided in a process of their own (ipmasq.webhook.worker)
-        server = WebhookServer(self.address, self.respond, workers=self.args.workers, isolated=True, log=_log)
+        server = WebhookServer(self.address, self.respond, workers=self.settings.workers, isolated=True, log=_log)
         self._use(server, first)
         serve(server)
         _log(f"serving https://{self.address[0]}:{self.address[1]}/validate")
         try:
-            while not stop.wait(self.args.certificate_check):
+            while not stop.wait(self.settings.certificate_check):
                 try:
                     self._use(server, fetch())
                 except IpmasqError as exc:
@@ -82,15 +97,14 @@ class WebhookProcess:
         self.pending = None
 
     def _from_files(self) -> tuple[bytes, bytes]:
+        assert self.settings.tls_cert_file is not None and self.settings.tls_key_file is not None
         try:
-            return Path(self.args.tls_cert_file).read_bytes(), Path(self.args.tls_key_file).read_bytes()
+            return Path(self.settings.tls_cert_file).read_bytes(), Path(self.settings.tls_key_file).read_bytes()
         except OSError as exc:
             raise IpmasqError(one_line(f"{exc.filename}: {exc.strerror}")) from None
 
     def _from_secret(self) -> Any:
-        settings = KeeperSettings(namespace=self.args.namespace, service=self.args.service, secret=self.args.secret,
-                                  configuration=self.args.configuration, days=self.args.certificate_days)
-        keeper = CertificateKeeper(InClusterApi(), settings, log=_log)
+        keeper = CertificateKeeper(InClusterApi(), self.settings.keeper, log=_log)
 
         def fetch() -> tuple[bytes, bytes]:
             current = keeper.sync()

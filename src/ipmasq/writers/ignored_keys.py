@@ -20,8 +20,8 @@ from ipmasq.config.validate import KNOWN_KEYS, merge_settings, settings_from_doc
 from ipmasq.errors import ConfigError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix
 from ipmasq.policy.ranges import Span, subtract, to_prefixes, union_of_prefixes
+from ipmasq.prefix import Family, Prefix
 from ipmasq.writers.profiles import (
     AKS_CONFIGMAPS,
     AKS_FRAGMENT_PREFIX,

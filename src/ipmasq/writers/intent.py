@@ -20,7 +20,7 @@ from ipmasq.config.model import (
 from ipmasq.config.source import ConfigInput, config_from_bytes
 from ipmasq.errors import ConfigError, PrefixError, clip
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.prefix import Family, Prefix, parse_cidr
+from ipmasq.prefix import Family, Prefix, parse_cidr
 from ipmasq.writers.profiles import (
     AKS_CONFIGMAPS,
     AKS_FRAGMENT_PREFIX,

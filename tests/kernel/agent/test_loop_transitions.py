@@ -15,7 +15,7 @@ from pathlib import Path
 from ipmasq.lab.kubelet import publish
 from ipmasq.lab.netns import Namespace, Network, stop_process
 from ipmasq.netfilter.iptables import render_restore
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from tests.configs import policy_of
 from tests.eventually import eventually
 from tests.kernel.agent_harness import AWS_DB, NODE, ONPREM, POD, PORT, AgentProcess, agent, more_passes, world

@@ -71,12 +71,12 @@ def test_the_observer_reports_a_config_the_writers_rules_miss_and_writes_nothing
 
 
 # The observer of a provider's agent, on the node's real rules: its inputs as the API server's followers hand them
-# over (ipmasq.agent.writerinputs.input_of; the followers themselves are proven on the fake API server in the unit
+# over (ipmasq.observe.provider_inputs.input_of; the followers themselves are proven on the fake API server in the unit
 # tests), the live read of the node's nat table, the writer's own comparison. Prints one verdict per input.
 _OBSERVE_PROVIDER = """
 import json, logging, sys
-from ipmasq.agent.observe import Observer
-from ipmasq.agent.writerinputs import EnvState, compare_for, input_of, load_for
+from ipmasq.observe.observer import Observer
+from ipmasq.observe.provider_inputs import EnvState, compare_for, input_of, load_for
 from ipmasq.backends.runner import SubprocessRunner
 from ipmasq.kube.configmaps import ConfigMapState
 from ipmasq.writers import WRITERS

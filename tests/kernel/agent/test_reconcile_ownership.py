@@ -14,7 +14,7 @@ from ipmasq.lab.netns import Namespace, Network
 from ipmasq.netfilter.iptables import render_restore
 from ipmasq.netfilter.nft import MARKER_SET, desired_table, replace_script
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from tests.configs import policy_of
 from tests.eventually import eventually
 from tests.kernel.agent_harness import AWS_DB, NODE, NODE6, ONPREM, PEER6_FAR, POD, agent, more_passes, world

@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent("""
     import json, socket, subprocess
     from ipmasq.backends.generation import KernelFingerprint, LegacyNatDigests
     from ipmasq.backends.xtables_lock import xtables_lock_path
-    from ipmasq.policy.prefix import Family
+    from ipmasq.prefix import Family
 
     def sh(*argv):
         subprocess.run(argv, check=True, capture_output=True)
@@ -105,7 +105,7 @@ def test_legacy_fingerprint_notices_same_size_edits_and_ignores_counters(net: Ne
 LOCK_SCRIPT = textwrap.dedent("""
     import fcntl, json, os, subprocess, sys
     from ipmasq.backends.generation import LegacyNatDigests
-    from ipmasq.policy.prefix import Family
+    from ipmasq.prefix import Family
 
     lock, elsewhere = sys.argv[1], sys.argv[2]  # the lock the reader watches; another one, for writers that skip it
     open(lock, "w").close()

@@ -33,7 +33,7 @@ from ipmasq.netfilter.iptables import render_restore
 from ipmasq.netfilter.nft import render_script
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from tests.conftest import ROOT
 
 FIXTURE = ROOT / "tests" / "dumps" / "kube-proxy-nftables.nft"

@@ -26,7 +26,7 @@ from ipmasq.diagnose.path import path
 from ipmasq.diagnose.path_sources import read_live_facts
 from ipmasq.lab.netns import Namespace, NamespaceRunner, Network
 from ipmasq.policy.packet import Outcome, Packet
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from tests.kernel.servers import LAB_PROBE, start_server, stop_server
 
 PORTS = (80, 5432)

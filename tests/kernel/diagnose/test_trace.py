@@ -35,7 +35,7 @@ from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, parse_address, parse_cidr
+from ipmasq.prefix import Family, parse_address, parse_cidr
 
 POD, NODE_POD_SIDE, NODE, PEER_SIDE = "100.64.0.50", "100.64.0.1", "10.142.15.203", "10.142.15.1"
 PORT = 8080

@@ -14,7 +14,7 @@ from ipmasq.lab.netns import Network
 from ipmasq.netfilter.iptables import canonical, parse_save, render_restore
 from ipmasq.options import PolicyOptions, parse_to_ports
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 CASES = {
     "reference-defaults": ("", PolicyOptions()),

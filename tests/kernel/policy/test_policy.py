@@ -31,7 +31,7 @@ from ipmasq.lab.topology import ADDR, build_lab
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import rule_match
-from ipmasq.policy.prefix import parse_address
+from ipmasq.prefix import parse_address
 from tests.conftest import ROOT
 from tests.kernel.servers import serving
 

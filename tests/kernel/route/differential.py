@@ -42,7 +42,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 __all__ = ["PORTS", "Topology", "plain", "topologies"]
 

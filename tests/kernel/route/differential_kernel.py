@@ -23,7 +23,7 @@ from ipmasq.diagnose.path import PathAnswer, path
 from ipmasq.diagnose.path_sources import read_live_facts
 from ipmasq.lab.netns import Namespace, NamespaceRunner, Network, network
 from ipmasq.policy.packet import Packet
-from ipmasq.policy.prefix import Family, format_address
+from ipmasq.prefix import Family, format_address
 from tests.kernel.route.differential import PORTS, Topology, plain
 
 __all__ = ["CaseResult", "build", "check", "run_case", "socket_in"]

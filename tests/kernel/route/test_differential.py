@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from tests.kernel.route.differential import Topology, topologies
 from tests.kernel.route.differential_kernel import run_case
 

@@ -10,7 +10,7 @@ import pytest
 
 from ipmasq.diagnose.path_sources import read_live_routing
 from ipmasq.lab.netns import Namespace, NamespaceRunner, Network
-from ipmasq.policy.prefix import Family, format_address, parse_address
+from ipmasq.prefix import Family, format_address, parse_address
 from ipmasq.route.lookup import Fib, Flow
 
 # `ip route get`'s refusals, by what the kernel answered

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from ipmasq.agent.apiconfig import ApiConfig, ConfigChoice, configmap_source
+from ipmasq.agent.api.config import ApiConfig, ConfigChoice, configmap_source
 from ipmasq.agent.origin import ConfigOrigin
 from ipmasq.config.source import ConfigInput, config_digest
 from ipmasq.errors import ConfigError

@@ -10,15 +10,15 @@ from dataclasses import replace
 
 import pytest
 
-from ipmasq.agent import apireport
-from ipmasq.agent.apireport import RETRY_INITIAL, ApiReporter, Narrator, Note, retry_wait
+from ipmasq.agent.api import report as apireport
+from ipmasq.agent.api.report import RETRY_INITIAL, ApiReporter, Narrator, Note, retry_wait
 from ipmasq.agent.origin import ConfigOrigin
 from ipmasq.agent.reports import ConfigReport, ObjectCount, PassReport, ProbeVerdict, SyncResult
 from ipmasq.errors import ApiServerError, ApiUnreachable, NotFound, TooManyRequests
 from ipmasq.kube import paths
 from ipmasq.kube.agentstatus import StatusWriter, status_from_json
 from ipmasq.kube.events import EventRecorder
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.testing.kube import FakeKubeClient
 from tests.eventually import eventually
 

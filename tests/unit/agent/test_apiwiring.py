@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from ipmasq.agent import summary
-from ipmasq.agent.apiwiring import start_api
+from ipmasq.agent.api import summary
+from ipmasq.agent.api.wiring import start_api
 from ipmasq.testing.kube import FakeKubeClient
 from tests.eventually import eventually
 

@@ -21,7 +21,7 @@ from ipmasq.errors import ConfigError
 from ipmasq.lab.kubelet import publish
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.hash import policy_hash
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.testing import FakeIptables
 from tests.configs import agent_config
 from tests.eventually import eventually

@@ -26,7 +26,7 @@ from ipmasq.errors import IpmasqError
 from ipmasq.findings import Severity
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.testing import FakeIptables
 from tests.clock import Clock
 from tests.configs import agent_config

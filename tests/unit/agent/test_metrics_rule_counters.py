@@ -13,7 +13,7 @@ from ipmasq.agent.reports import RuleCount, SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.testing import FakeIptables, FakeNft
 from tests.configs import agent_config
 

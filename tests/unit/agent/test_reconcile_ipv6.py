@@ -14,7 +14,7 @@ from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.netfilter.nft import SET_NAMES, NftSet
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.testing import FakeIptables, FakeNft
 from tests.configs import agent_config
 

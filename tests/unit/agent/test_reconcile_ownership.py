@@ -14,7 +14,7 @@ from ipmasq.backends.choose import make_backend
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.netfilter.iptables import render_restore
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from tests.configs import agent_config, policy_of
 from tests.unit.backends.test_choose_switch import Node
 

@@ -8,17 +8,17 @@ from dataclasses import replace
 
 import yaml
 
-from ipmasq.agent.apiconfig import ApiContent
+from ipmasq.agent.api.config import ApiContent
+from ipmasq.agent.api.summary import SETTLE_SECONDS, SummaryWriter
 from ipmasq.agent.origin import ConfigOrigin
-from ipmasq.agent.summary import SETTLE_SECONDS, SummaryWriter
 from ipmasq.config.source import ConfigInput
 from ipmasq.errors import ApiUnreachable, TooManyRequests
+from ipmasq.fleet.nodetrust import POLICY
 from ipmasq.kube import paths
 from ipmasq.kube.agentstatus import NodeStatus
 from ipmasq.kube.configmaps import ConfigMapState
 from ipmasq.kube.events import EventRecorder
 from ipmasq.kube.lease import LeaseElector
-from ipmasq.kube.nodetrust import POLICY
 from ipmasq.testing.kube import FakeKubeClient
 from tests.conftest import ROOT
 

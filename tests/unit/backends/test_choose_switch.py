@@ -18,7 +18,7 @@ from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.config import ConfigInput
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.testing import FakeIptables, FakeNft, FakeRunner
 
 LOG = logging.getLogger("test.switch")

@@ -9,7 +9,7 @@ import random
 import struct
 
 from ipmasq.backends.generation import LegacyTableDigest, digest_legacy_entries
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 NEXT_AT, COUNTERS_AT = 90, 96  # struct ipt_entry: next_offset (u16), then struct xt_counters (two u64)
 CHUNK = 1024  # small chunks, so a table of a few KiB has many

@@ -14,7 +14,7 @@ from ipmasq.backends.iptables import IptablesBackend, Variant, removal_payload, 
 from ipmasq.config import ConfigInput
 from ipmasq.netfilter.iptables import chain_digest, marker_chain, marker_rule, parse_save, render_restore
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.testing import FakeIptables
 from tests.configs import agent_config, policy_of
 

@@ -11,7 +11,7 @@ from ipmasq.errors import BackendError
 from ipmasq.netfilter.nft import MARKER_SET
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.testing import FakeNft
 from tests.configs import policy_of
 

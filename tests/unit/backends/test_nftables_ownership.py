@@ -22,7 +22,7 @@ from ipmasq.netfilter.nft import (
 )
 from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.testing import FakeNft
 from tests.configs import agent_config, policy_of
 

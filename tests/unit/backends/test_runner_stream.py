@@ -19,7 +19,7 @@ from ipmasq.config import ConfigInput, config_from_bytes
 from ipmasq.errors import BackendError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.testing import FakeIptables, FakeRunner
 from tests.unit.backends.sleepers import cancel_once_asleep, killed_in_its_sleep, sleeper
 from tests.unit.backends.test_runner import SLOW_READER

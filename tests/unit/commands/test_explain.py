@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ipmasq.cli import main
-from ipmasq.policy.prefix import Family, parse_address
+from ipmasq.prefix import Family, parse_address
 from tests.configs import PARTNER_ENDPOINT_RULE
 
 

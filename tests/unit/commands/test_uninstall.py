@@ -16,7 +16,7 @@ from ipmasq.backends.nftables import NftablesBackend
 from ipmasq.commands.uninstall import uninstall
 from ipmasq.netfilter.iptables import render_restore
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from tests.configs import agent_config, policy_of
 from tests.unit.backends.test_choose_switch import Node
 

@@ -17,7 +17,7 @@ from ipmasq.lint import lint_source
 from ipmasq.netfilter.iptables import render_restore
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 OPTIONS = (PolicyOptions(), PolicyOptions(enable_ipv6=True, nomasq_all_reserved_ranges=True))
 

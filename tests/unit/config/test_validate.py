@@ -13,7 +13,7 @@ from ipmasq.config import ConfigInput, config_from_bytes, load_config, parse_go_
 from ipmasq.config.model import Origin, RuleAction
 from ipmasq.errors import ConfigError, PrefixError
 from ipmasq.options import PolicyOptions, PortRange
-from ipmasq.policy.prefix import Family, parse_cidr
+from ipmasq.prefix import Family, parse_cidr
 from tests.configs import PARTNER_ENDPOINT_RULE
 
 V4 = PolicyOptions()

@@ -19,7 +19,7 @@ from ipmasq.findings import Severity
 from ipmasq.netfilter.aws_snat import read_aws_snat_chain
 from ipmasq.netfilter.iptables import parse_save
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, parse_cidr
+from ipmasq.prefix import Family, parse_cidr
 from ipmasq.writers import WRITERS, Sources, cilium_map_intent, intended
 from tests.conftest import ROOT
 

@@ -30,7 +30,7 @@ from ipmasq.netfilter.nft_json import parse_list_json, rule_from_json
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, parse_cidr
+from ipmasq.prefix import Family, parse_cidr
 from ipmasq.testing.nft import FakeNft
 from tests.configs import policy_of
 from tests.conftest import ROOT

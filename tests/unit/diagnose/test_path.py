@@ -12,7 +12,7 @@ from ipmasq.cloudnat import CloudNat, CloudNatMode
 from ipmasq.diagnose.path import PathFacts, path
 from ipmasq.netfilter.iptables import parse_save
 from ipmasq.policy.packet import Outcome, Packet
-from ipmasq.policy.prefix import Family, parse_cidr
+from ipmasq.prefix import Family, parse_cidr
 from ipmasq.route.iproute2 import parse_routing
 
 RULES = [{"priority": 0, "src": "all", "table": "local"},

@@ -13,7 +13,7 @@ from ipmasq.diagnose.sources import holds_no_nat_rules
 from ipmasq.netfilter.iptables import parse_save
 from ipmasq.netfilter.nft import desired_table
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from tests.configs import policy_of
 from tests.conftest import ROOT
 

@@ -21,7 +21,7 @@ from ipmasq.errors import IpmasqError
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import parse_cidr
+from ipmasq.prefix import parse_cidr
 
 OPTIONS = PolicyOptions()
 POLICY = Policy(config_from_bytes(ConfigInput((("c", b"nonMasqueradeCIDRs: [10.0.0.0/8]\n"),)), OPTIONS), OPTIONS)

@@ -29,7 +29,7 @@ from ipmasq.netfilter.nft_json import parse_list_json
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import parse_address, parse_cidr
+from ipmasq.prefix import parse_address, parse_cidr
 from ipmasq.testing.nft import FakeNft
 from tests.configs import RULES_CONFIG, policy_of
 from tests.conftest import ROOT

@@ -22,7 +22,7 @@ from ipmasq.diff.diff import diff_policies, diff_rule_policies
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Outcome, Packet
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
+from ipmasq.prefix import Family, Prefix, parse_address, parse_cidr
 from tests.conftest import ROOT
 
 BASE = parse_address("10.0.0.0")[1]

@@ -18,7 +18,7 @@ from ipmasq.findings import Finding, Severity
 from ipmasq.lint import HINTS, Expectations, lint_config, lint_source
 from ipmasq.lint.manifest import configmap_config
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.prefix import parse_cidr
+from ipmasq.prefix import parse_cidr
 from tests.conftest import PYTHON, ROOT
 
 CORPUS = ROOT / "tests" / "lint_corpus"

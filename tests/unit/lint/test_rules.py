@@ -18,7 +18,7 @@ from ipmasq.lint.rules import lint_rules
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
+from ipmasq.prefix import Family, Prefix, parse_address, parse_cidr
 from tests.unit.diff.test_diff import BASE, GLOBS, NODES, SNAT, SOURCE_BASE, brute_masquerade
 
 OPTIONS = PolicyOptions()

@@ -32,7 +32,7 @@ from ipmasq.netfilter.nft import (
 from ipmasq.netfilter.nft_json import parse_list_json, rule_from_json
 from ipmasq.options import PolicyOptions, PortRange, parse_to_ports
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.testing import FakeIptables, FakeNft
 from ipmasq.testing.nft import rule_to_json
 from tests.configs import policy_of

@@ -22,7 +22,7 @@ from ipmasq.netfilter.nft import (
 from ipmasq.netfilter.nft_json import parse_list_json, rule_from_json
 from ipmasq.options import PolicyOptions, parse_to_ports
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family, parse_address
+from ipmasq.prefix import Family, parse_address
 from ipmasq.testing.nft import list_json, parse_script, rule_to_json
 from tests.configs import policy_of
 

@@ -19,8 +19,8 @@ from ipmasq.options import PolicyOptions
 from ipmasq.policy.hash import canonical_policy, policy_hash
 from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import Policy, Reason, rule_match
-from ipmasq.policy.prefix import Family, Prefix, parse_address
 from ipmasq.policy.ranges import to_prefixes
+from ipmasq.prefix import Family, Prefix, parse_address
 from tests.configs import PARTNER_ENDPOINT_RULE, policy_of
 
 V4 = PolicyOptions()

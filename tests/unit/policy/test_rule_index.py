@@ -13,8 +13,8 @@ from ipmasq.config.model import MasqConfig, Rule, RuleAction
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.packet import Packet
 from ipmasq.policy.policy import PACKET_FIELDS, Policy, Reason
-from ipmasq.policy.prefix import Family, Prefix
 from ipmasq.policy.rule_index import RuleIndex
+from ipmasq.prefix import Family, Prefix
 from ipmasq.testing.first_match import first_match_walk
 
 PROTOCOLS = ("tcp", "udp", "sctp", "icmp")

@@ -3,7 +3,7 @@ it for IPv6 (the kernel tests in tests/kernel/diagnose/test_path.py prove the me
 
 from __future__ import annotations
 
-from ipmasq.policy.prefix import Family, format_address, parse_address
+from ipmasq.prefix import Family, format_address, parse_address
 from ipmasq.route.address import masquerade_v4, masquerade_v6
 from ipmasq.route.facts import SCOPES, Address, Link
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipmasq.errors import RouteDumpError
-from ipmasq.policy.prefix import Family, parse_address, parse_cidr
+from ipmasq.prefix import Family, parse_address, parse_cidr
 from ipmasq.route.iproute2 import parse_routing
 
 RULES4 = [{"priority": 0, "src": "all", "table": "local"},

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipmasq.policy.prefix import Family, Prefix, parse_address, parse_cidr
+from ipmasq.prefix import Family, Prefix, parse_address, parse_cidr
 from ipmasq.route.facts import IpRule, NextHop, Route, Routing
 from ipmasq.route.lookup import Fib, Flow, RouteDecision
 

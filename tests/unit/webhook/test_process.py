@@ -3,11 +3,11 @@ then the API server has the caBundle that trusts it."""
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from ipmasq.options import PolicyOptions
-from ipmasq.webhook.process import WebhookProcess
+from ipmasq.webhook.keeper import KeeperSettings
+from ipmasq.webhook.process import WebhookProcess, WebhookSettings
 
 
 class RecordingServer:
@@ -19,7 +19,8 @@ class RecordingServer:
 
 
 def test_the_first_certificate_at_once_a_renewed_one_on_its_second_sight() -> None:
-    process = WebhookProcess(argparse.Namespace(), PolicyOptions(), ("127.0.0.1", 0))
+    keeper = KeeperSettings("kube-system", "ipmasq-webhook", "ipmasq-webhook-certificate", "ipmasq-webhook")
+    process = WebhookProcess(WebhookSettings(("127.0.0.1", 0), PolicyOptions(), keeper))
     server: Any = RecordingServer()
     first, second, third = (b"c1", b"k1"), (b"c2", b"k2"), (b"c3", b"k3")
     process._use(server, first)

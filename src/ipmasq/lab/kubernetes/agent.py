@@ -28,7 +28,7 @@ from ipmasq.lab.netns import NamespaceRunner
 from ipmasq.lab.scenarios import GKE_FLAGS, NO_RULES, policy_for
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 
 __all__ = [
     "AGENT_LABEL", "CONFIGMAP", "OBSERVER", "SHIPPED_BACKEND", "agent_pods", "apply_config", "deploy_agent",

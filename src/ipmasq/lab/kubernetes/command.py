@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import ipmasq
-from ipmasq.commands.common import print_document
+from ipmasq.documents import print_document
 from ipmasq.errors import UsageError
 from ipmasq.lab.kubernetes.artifacts import cache_dir, ensure_artifacts, prometheus_binary
 from ipmasq.lab.kubernetes.cluster import Cluster, cluster_is_up, tear_down

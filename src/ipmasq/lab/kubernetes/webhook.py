@@ -10,8 +10,9 @@ from typing import Any
 from ipmasq.errors import ClusterError
 from ipmasq.lab.kubernetes.agent import CONFIGMAP, lab_overlay
 from ipmasq.lab.kubernetes.cluster import Cluster
+from ipmasq.lab.wait import until
 
-__all__ = ["DEPLOYMENT", "SHIPPED", "deploy_webhook", "scale_webhook", "webhook_pods"]
+__all__ = ["DEPLOYMENT", "SHIPPED", "deploy_webhook", "scale_webhook", "wait_endpoints_ready", "webhook_pods"]
 
 SHIPPED = "deploy/webhook"
 DEPLOYMENT = "ipmasq-webhook"
@@ -67,6 +68,27 @@ def scale_webhook(cluster: Cluster, replicas: int, timeout: float = 90.0) -> Non
             raise ClusterError(f"the webhook has {len(pods)} pods ({len(ready)} ready) {timeout:.0f} s after "
                                f"scaling to {replicas}")
         time.sleep(0.5)
+
+
+def wait_endpoints_ready(cluster: Cluster, timeout: float = 60.0) -> None:
+    """Until the Service's EndpointSlices name exactly the addresses of the webhook's ready pods, each ready: the API
+    server then calls only pods that serve (the endpoints follow the pods' readiness a few seconds late)."""
+    seen: list[object] = []
+
+    def followed() -> bool:
+        pods = webhook_pods(cluster)
+        ready = {str(p.get("status", {}).get("podIP")) for p in pods
+                 if any(c.get("ready") for c in p.get("status", {}).get("containerStatuses", []))}
+        slices = cluster.kubectl_json("get", "endpointslices", "-n", "kube-system", "-l",
+                                      f"kubernetes.io/service-name={DEPLOYMENT}")
+        listed = sorted((str(address), bool((endpoint.get("conditions") or {}).get("ready")))
+                        for item in slices.get("items", []) for endpoint in item.get("endpoints") or []
+                        for address in endpoint.get("addresses") or [])
+        seen[:] = [listed, sorted(ready)]
+        return bool(ready) and len(ready) == len(pods) and {a for a, _ in listed} == ready and all(r for _, r in listed)
+
+    until(followed, lambda: f"the webhook's endpoints {seen[0]} the addresses of its ready pods {seen[1]}",
+          timeout=timeout, interval=0.5, error=ClusterError)
 
 
 def webhook_pods(cluster: Cluster) -> list[dict[str, Any]]:

@@ -25,16 +25,14 @@ from ipmasq.lab.kubernetes.cluster import Cluster, cluster_is_up, tear_down
 from ipmasq.lab.kubernetes.layout import NETNS_PREFIX, state_dir
 from ipmasq.lab.netns import Network
 from tests.conftest import ROOT
+from tests.eventually import eventually
 
 
 def wait_until(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.5) -> float:
     """Until `condition()` is true, asked every `interval` seconds; the seconds it took. AssertionError naming `what`
-    after `timeout` (a condition waited on, never a bound on speed)."""
+    after `timeout` (a condition waited on, never a bound on speed): the one waiting loop (tests.eventually's)."""
     started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(interval)
+    eventually(condition, what, timeout=timeout, interval=interval)
     return time.monotonic() - started
 
 

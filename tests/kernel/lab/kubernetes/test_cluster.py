@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import selectors
 import subprocess
 import sys
 import threading
@@ -277,7 +278,8 @@ def test_a_rolling_update_hands_over_without_a_connection_leaving_with_a_wrong_s
          "--interval", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for node in cluster.nodes}
     try:
-        time.sleep(2)  # traffic flowing before the rollout starts
+        # traffic flowing before the rollout starts: each probe has said what its first connection's peer saw
+        first = {name: _first_line(client, 60) for name, client in clients.items()}
         cluster.kubectl("set", "image", "daemonset/ip-masq-agent", "-n", "kube-system", f"ip-masq-agent={image}")
         agent.wait_agents_ready(cluster, timeout=120)
         outputs = {name: client.communicate(timeout=120) for name, client in clients.items()}
@@ -287,12 +289,21 @@ def test_a_rolling_update_hands_over_without_a_connection_leaving_with_a_wrong_s
     new = {p["spec"]["containers"][0]["image"] for p in agent.agent_pods(cluster).values()}
     assert new == {image} and new != old
     for node in cluster.nodes:
-        seen = outputs[node.name][0].split()
+        seen = (first[node.name] + outputs[node.name][0]).split()
         assert len(seen) > 100, outputs[node.name]
         assert set(seen) == {node.address}, f"{node.name}: {sorted(set(seen))}"  # never FAILED, never a pod IP
         pod = agent.agent_pods(cluster)[node.name]["metadata"]["name"]
         logs = cluster.kubectl("logs", "-n", "kube-system", pod).stdout
         assert "took the node lock" in logs
+
+
+def _first_line(client: subprocess.Popen[str], timeout: float) -> str:
+    """The first line `client` printed, waited for on its pipe (AssertionError after `timeout`)."""
+    assert client.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(client.stdout, selectors.EVENT_READ)
+        assert selector.select(timeout), f"no line from the probe within {timeout:.0f} s"
+    return client.stdout.readline()
 
 
 @pytest.mark.parametrize("backend", ["iptables", "nftables"])

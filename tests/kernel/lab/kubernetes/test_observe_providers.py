@@ -23,11 +23,11 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from ipmasq.agent.writerinputs import EnvState, input_of
 from ipmasq.config.source import ConfigInput, config_digest
 from ipmasq.kube.configmaps import ConfigMapState
 from ipmasq.lab.kubernetes import agent, standin
 from ipmasq.lab.kubernetes.cluster import Cluster
+from ipmasq.observe.provider_inputs import EnvState, input_of
 from ipmasq.testing.writers import aws_snat_rules, ip_masq_agent_rules
 from ipmasq.writers import AKS_CONFIGMAPS, EKS_CHAIN, EKS_DAEMONSET, ENV_EXCLUDE_SNAT_CIDRS, WRITERS
 from tests.kernel.lab.kubernetes.conftest import (

@@ -16,7 +16,7 @@ from ipmasq.lab.kubernetes import agent, standin
 from ipmasq.lab.kubernetes.cluster import Cluster
 from ipmasq.lab.kubernetes.layout import FAST_SYNC_FREQUENCY, NodeSpec
 from ipmasq.lab.scenarios import GKE_OPTIONS, PRESERVE_ONLY_10_8
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from tests.kernel.lab.kubernetes.conftest import module_cluster, wait_until
 
 pytestmark = pytest.mark.kubernetes

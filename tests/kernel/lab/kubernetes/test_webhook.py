@@ -346,7 +346,7 @@ def test_two_replicas_renew_one_certificate_and_no_call_fails_open(lab: Cluster)
                 json.dumps([{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args}]))
     webhook.scale_webhook(lab, 2)  # the rolled pods only, both ready
     webhook.wait_webhook_serving(lab)
-    time.sleep(6)  # the API server's endpoints follow the pods' readiness
+    webhook.wait_endpoints_ready(lab)  # the API server's endpoints follow the pods' readiness
     lab.kubectl("delete", "secret", "ipmasq-webhook-certificate", "-n", "kube-system")
     certificates: set[str] = set()
     answers: list[str] = []

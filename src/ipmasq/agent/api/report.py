@@ -6,7 +6,7 @@ masquerade rules found, another writer rewriting our rules (ForeignWriter, once 
 lock, a backend failure, each on the node's Node. A config applied is
 said by the status object alone (its policy hash, digest and the ConfigMap's resourceVersion): a change costs each
 node one status write, and a rejection one Event more. What the ConfigMap itself shows (`kubectl describe configmap`)
-is a fleet summary written by one elected agent (ipmasq.agent.summary): a bad edit on 1,000 nodes is one Event there
+is a fleet summary written by one elected agent (ipmasq.agent.api.summary): a bad edit on 1,000 nodes is one Event there
 ("rejected on 998 of 1,000 nodes: ..."), not 1,000.
 
 ApiReporter is a LoopObserver: the loop hands it reports and goes on at once; a thread of its own writes to the API.
@@ -45,7 +45,7 @@ COALESCE_SECONDS = 0.25
 # more, so that the server gets a stream; the kernel is never waited for, only what is said about it. The spread
 # grows with the fleet: the writes arrive at about SPREAD_RATE a second whatever its size (the rate the 2 s spread
 # gave 1,000 nodes, which the API server took without shedding), so two nodes say a change at once and 2,000 within
-# 4 s. The fleet's size is what the summary's Lease holder counted (ipmasq.agent.summary publishes it on the Lease,
+# 4 s. The fleet's size is what the summary's Lease holder counted (ipmasq.agent.api.summary publishes it on the Lease,
 # which keeps it across restarts; a candidate reads it at each ask, every 2-3 minutes); until an agent has heard it,
 # SPREAD_SECONDS, the spread for a fleet of unknown size.
 SPREAD_SECONDS = 2.0
@@ -85,8 +85,8 @@ class Narrator:
     """Reports in, occurrences and status out, once per change (no I/O, no clock but the injected one).
 
     Everything it says comes from the reports: where the enforced content came from is the report's origin (a
-    value the loop set), never a call back into the followers. `mode` is "enforce" or "observe" (ipmasq.agent.observe:
-    then `writer` names the program whose rules in `chain` are observed)."""
+    value the loop set), never a call back into the followers. `mode` is "enforce" or "observe"
+    (ipmasq.observe.observer: then `writer` names the program whose rules in `chain` are observed)."""
 
     def __init__(self, node: str, *, pod: str | None, version: str, backend: str, now: Callable[[], str] = timestamp,
                  mode: str = "enforce", writer: str | None = None, chain: str = "") -> None:

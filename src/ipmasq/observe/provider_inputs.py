@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ipmasq.agent.apiconfig import ApiContent, Read, configmap_source
+from ipmasq.agent.api.config import ApiContent, Read, configmap_source
 from ipmasq.agent.origin import FILE, ConfigOrigin
 from ipmasq.agent.trouble import Trouble
 from ipmasq.config.model import MasqConfig

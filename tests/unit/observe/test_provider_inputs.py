@@ -9,9 +9,15 @@ from typing import Any
 
 import pytest
 
-from ipmasq.agent.observe import Observer
 from ipmasq.agent.reports import SyncResult
-from ipmasq.agent.writerinputs import (
+from ipmasq.config.source import ConfigInput
+from ipmasq.diagnose.check import NodeRules
+from ipmasq.errors import ConfigError
+from ipmasq.kube import paths
+from ipmasq.kube.configmaps import ConfigMapState
+from ipmasq.netfilter.iptables import parse_save
+from ipmasq.observe.observer import Observer
+from ipmasq.observe.provider_inputs import (
     ENV_SOURCE,
     EnvState,
     WriterInputs,
@@ -21,14 +27,8 @@ from ipmasq.agent.writerinputs import (
     load_for,
     sources_of,
 )
-from ipmasq.config.source import ConfigInput
-from ipmasq.diagnose.check import NodeRules
-from ipmasq.errors import ConfigError
-from ipmasq.kube import paths
-from ipmasq.kube.configmaps import ConfigMapState
-from ipmasq.netfilter.iptables import parse_save
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.testing.kube import FakeKubeClient
 from ipmasq.testing.writers import aws_snat_rules, ip_masq_agent_rules
 from ipmasq.writers import WRITERS

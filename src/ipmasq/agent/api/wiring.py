@@ -9,14 +9,14 @@ import threading
 from collections.abc import Callable, Sequence
 
 from ipmasq import __version__
-from ipmasq.agent.apiconfig import ApiConfig
-from ipmasq.agent.apireport import ApiReporter, FleetSize, Narrator
-from ipmasq.agent.summary import LEASE_SECONDS, SummaryFacts, SummaryWriter
-from ipmasq.agent.writerinputs import WriterInputs
+from ipmasq.agent.api.config import ApiConfig
+from ipmasq.agent.api.report import ApiReporter, FleetSize, Narrator
+from ipmasq.agent.api.summary import LEASE_SECONDS, SummaryFacts, SummaryWriter
 from ipmasq.kube.agentstatus import StatusWriter
 from ipmasq.kube.client import ApiClient
 from ipmasq.kube.events import EventRecorder
 from ipmasq.kube.lease import LeaseElector
+from ipmasq.observe.provider_inputs import WriterInputs
 from ipmasq.writers import Writer
 
 __all__ = ["COMPONENT", "start_api"]
@@ -32,7 +32,7 @@ def start_api(client: ApiClient, node: str, *, pod: str | None, namespace: str, 
     """Start following the ConfigMaps (`poke` wakes the loop on a new content), the reporter (a LoopObserver: the
     loop hands it its reports) and, unless `summary_lease` is empty, the summary writer's candidacy (woken by each
     new content). `mode` "observe": the status says so, with the `writer` and `chain` observed; `inputs`: that
-    writer's own inputs are followed instead of `names` (ipmasq.agent.writerinputs); `facts`: the agent's metrics,
+    writer's own inputs are followed instead of `names` (ipmasq.observe.provider_inputs); `facts`: the agent's metrics,
     told what the summary learns (the node-trust policy, a Lease lost early)."""
     api_config = (ApiConfig(client, namespace, names, key, log=log, poke=poke, stop=stop) if inputs is None
                   else WriterInputs(client, inputs, log=log, poke=poke, stop=stop))

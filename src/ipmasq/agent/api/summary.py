@@ -1,9 +1,9 @@
 """The fleet's verdict on the ConfigMap, written by one agent: the holder of a Lease.
 
 Every agent is a candidate; the one holding the Lease (ipmasq.kube.lease) is woken by its own follower when a new
-content of the ConfigMap arrives (ipmasq.agent.apiconfig hands it the content with its digest, computed once:
+content of the ConfigMap arrives (ipmasq.agent.api.config hands it the content with its digest, computed once:
 nothing is polled or hashed again here), waits SETTLE_SECONDS for the nodes to say what they did with it, lists the
-IPMasqAgentStatus objects (in pages) and writes the tally's summaries (ipmasq.kube.summary) as Events on the
+IPMasqAgentStatus objects (in pages) and writes the tally's summaries (ipmasq.fleet.tally) as Events on the
 ConfigMap, through the agent's one Event writer (ipmasq.kube.events): one Warning "rejected on 998 of 1,000 nodes:
 <line>", one Normal "enforced on 2 of 1,000 nodes". Each Event's name comes from the holder, the ConfigMap's uid, the
 content's digest and the reason, so a later tally of the same content (nodes still reporting) patches the same
@@ -20,14 +20,14 @@ statuses after a change. A node's own work for a change stays one status write.
 Only real nodes are counted: a status object counts when it is owned by the Node it is named after (the agent sets
 that ownerReference from the Node it reads; the API server's garbage collector deletes an object whose owner does
 not exist), so objects written for nodes that do not exist do not inflate the tally. The holder publishes the count
-on the Lease; every candidate reads it there and spreads its status writes by it (ipmasq.agent.apireport). Only a
+on the Lease; every candidate reads it there and spreads its status writes by it (ipmasq.agent.api.report). Only a
 settled count is published: two tallies in a row that agree. While a fleet starts, its status objects appear over
 minutes and a tally counts only those written so far; a candidate that heard such a count (and keeps it until its
 next ask, minutes later) would spread a thousand nodes' writes as if they were a few hundred, faster than the fixed
 2 s ever did. Until the count settles every agent spreads as for a fleet of unknown size.
 
 What the tally counts is what each node's agent wrote, which only the node-trust admission policy keeps to its own
-node (ipmasq.kube.nodetrust): the holder reads the policy and its binding by name at every renewal of the Lease,
+node (ipmasq.fleet.nodetrust): the holder reads the policy and its binding by name at every renewal of the Lease,
 and while they are not in force every summary says its counts are unverified, and why (the same line as `ipmasq
 status`), and ipmasq_node_trust_verified is 0. A holder that finds the Lease taken before it could expire (the
 policy cannot refuse that: it has no clock) says so once: a warning in its log, a Warning Event on its own Node and
@@ -44,18 +44,18 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ipmasq.agent.apiconfig import ApiContent
-from ipmasq.agent.apireport import RETRY_INITIAL, RETRY_MAX, FleetSize, retry_wait
+from ipmasq.agent.api.config import ApiContent
+from ipmasq.agent.api.report import RETRY_INITIAL, RETRY_MAX, FleetSize, retry_wait
 from ipmasq.agent.trouble import Trouble
 from ipmasq.backoff import Backoff
 from ipmasq.errors import ApiError, clip, one_line
+from ipmasq.fleet.nodetrust import NodeTrust, read_node_trust
+from ipmasq.fleet.tally import Tally, tally
 from ipmasq.kube import objects, paths
 from ipmasq.kube.agentstatus import NodeStatus, status_from_json
 from ipmasq.kube.client import ApiClient, list_items
 from ipmasq.kube.events import EventRecorder, ObjectRef, Occurrence
 from ipmasq.kube.lease import LeaseElector, Lost
-from ipmasq.kube.nodetrust import NodeTrust, read_node_trust
-from ipmasq.kube.summary import Tally, tally
 
 __all__ = ["LEASE_SECONDS", "SummaryFacts", "SummaryWriter", "real_nodes"]
 

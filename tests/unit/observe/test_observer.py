@@ -7,15 +7,15 @@ from collections.abc import Sequence
 
 import pytest
 
-from ipmasq.agent.observe import Observer, mismatch_line
 from ipmasq.agent.reports import SyncResult
 from ipmasq.config.source import ConfigInput
 from ipmasq.diagnose.check import NodeRules
 from ipmasq.errors import BackendError, ConfigError
 from ipmasq.netfilter.iptables import parse_save
+from ipmasq.observe.observer import Observer, mismatch_line
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from tests.conftest import ROOT
 
 GKE = PolicyOptions(masq_chain="IP-MASQ", nomasq_all_reserved_ranges=True, random_fully=False)
@@ -144,7 +144,7 @@ def test_the_live_read_runs_only_readers_and_finds_the_writers_chain_in_its_vari
 
 
 def test_a_key_gkes_agent_ignores_is_said_beside_never_a_mismatch() -> None:
-    from ipmasq.agent.observe import reference_reading
+    from ipmasq.observe.observer import reference_reading
     from ipmasq.writers import WRITERS
 
     load, compare = reference_reading(WRITERS["gke"])

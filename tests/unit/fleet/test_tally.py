@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ipmasq.fleet.tally import tally
 from ipmasq.kube.agentstatus import NodeStatus
 from ipmasq.kube.events import MESSAGE_CHARS
-from ipmasq.kube.summary import tally
 
 NEW, OLD = "n" * 64, "o" * 64
 LINE = "configmap/ip-masq-agent[config]:3: nonMasqueradeCIDRs[0]: invalid CIDR '10.0.0.0/33'"

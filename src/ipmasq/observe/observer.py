@@ -21,7 +21,7 @@ the comparison, with what happens to its traffic (PassReport.ignored: the status
 never as a mismatch: that agent will not write it on any sync.
 
 A provider's agent that reads more than the ip-masq-agent ConfigMap (AKS's fragments, EKS's aws-node env) is observed
-with its inputs (ipmasq.agent.writerinputs: `load` reads them as that writer does, `compare` is `check --writer`'s
+with its inputs (ipmasq.observe.provider_inputs: `load` reads them as that writer does, `compare` is `check --writer`'s
 comparison, `pending` says what is not listed yet).
 
 Cost: a pass is due every `poll` seconds (OBSERVE_POLL_SECONDS), so that a change of the rules shows within it; an
@@ -48,7 +48,7 @@ from ipmasq.errors import BackendError, ConfigError, IpmasqError, clip, one_line
 from ipmasq.findings import Finding, Severity
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.policy.prefix import Family
+from ipmasq.prefix import Family
 from ipmasq.writers import Writer, ignored, reading
 
 __all__ = ["MISMATCH_CHARS", "OBSERVE_POLL_SECONDS", "Observer", "ignored_line", "mismatch_line",

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from ipmasq.errors import ApiServerError, Forbidden
+from ipmasq.fleet.nodetrust import POLICY, NodeTrust, judge, read_node_trust
 from ipmasq.kube import paths
-from ipmasq.kube.nodetrust import POLICY, NodeTrust, judge, read_node_trust
 from ipmasq.testing.kube import FakeKubeClient
 from tests.conftest import ROOT
 

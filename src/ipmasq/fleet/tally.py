@@ -6,10 +6,10 @@ observed to enforce it); it does not enforce it when it observed the node's rule
 them wrong (observe mode: another program writes them); it has rejected it when its last rejection was about that
 very content; else it has not said yet. Every line quoted from a status object is made one line
 (ipmasq.errors.one_line): a status is written by an agent, and read here as anything could have written it. The
-summaries are what one elected agent writes on the ConfigMap (ipmasq.agent.summary): "rejected on 998 of 1,000
+summaries are what one elected agent writes on the ConfigMap (ipmasq.agent.api.summary): "rejected on 998 of 1,000
 nodes: <the line>" as one Warning, "enforced on 2 of 1,000 nodes" as one Normal Event, however many nodes there are.
 Each node's own reason stays on its status object and its Node's Events. Where the node-trust admission policy is
-not in force (ipmasq.kube.nodetrust), every summary says right after its counts that they are unverified, and why.
+not in force (ipmasq.fleet.nodetrust), every summary says right after its counts that they are unverified, and why.
 """
 
 from __future__ import annotations

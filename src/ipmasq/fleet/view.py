@@ -13,7 +13,7 @@ of itself): an object for a node that does not exist is counted aside, never a r
 write makes a node look current or adds one. `only` limits the rows to the nodes named.
 
 What a row says is what the node's agent wrote, and only the node-trust admission policy keeps another node's token
-from writing it (ipmasq.kube.nodetrust): the caller reads whether it is in force, and where it is not every row is
+from writing it (ipmasq.fleet.nodetrust): the caller reads whether it is in force, and where it is not every row is
 marked unverified and the view says why (`ok` is then False, whatever the rows say).
 """
 
@@ -25,10 +25,10 @@ from typing import TypedDict
 
 from ipmasq.config.source import config_digest
 from ipmasq.errors import ApiMalformed
+from ipmasq.fleet.nodetrust import TRUSTED, NodeTrust, NodeTrustReport
 from ipmasq.kube import objects
 from ipmasq.kube.agentstatus import NodeStatus, status_from_json
 from ipmasq.kube.configmaps import ConfigMapState
-from ipmasq.kube.nodetrust import TRUSTED, NodeTrust, NodeTrustReport
 
 __all__ = ["ConfigMapReport", "FleetReport", "FleetView", "NodeRow", "RowReport", "WriterContent", "WriterReport",
            "fleet_view"]

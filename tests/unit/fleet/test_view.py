@@ -6,8 +6,8 @@ from typing import Any
 
 from ipmasq.commands.status import render_table
 from ipmasq.config.source import config_digest
+from ipmasq.fleet.view import fleet_view
 from ipmasq.kube.configmaps import ConfigMapState
-from ipmasq.kube.fleet import fleet_view
 
 CURRENT = b"nonMasqueradeCIDRs: [10.0.0.0/8]\n"
 CONFIGMAP = ConfigMapState("kube-system", "ip-masq-agent", True, CURRENT, "u1", "77")
@@ -167,7 +167,7 @@ def test_the_agent_pod_a_status_names_is_its_row_when_an_observer_runs_beside_an
 
 
 def test_without_the_node_trust_policy_every_row_is_unverified_and_one_line_says_why() -> None:
-    from ipmasq.kube.nodetrust import NodeTrust
+    from ipmasq.fleet.nodetrust import NodeTrust
 
     why = "the admission policy ip-masq-agent-own-node is not installed: any agent's token can write any node's status"
     view = fleet_view([CONFIGMAP], [status("n1", CURRENT), status("n2", b"old")], [pod("n1"), pod("n2")],
@@ -190,8 +190,8 @@ def test_a_node_forging_anothers_status_without_the_policy_no_longer_turns_statu
     import yaml
 
     from ipmasq.commands import status as command
+    from ipmasq.fleet.nodetrust import POLICY
     from ipmasq.kube import paths
-    from ipmasq.kube.nodetrust import POLICY
     from ipmasq.testing.kube import FakeKubeClient
     from tests.conftest import ROOT
 
