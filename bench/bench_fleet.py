@@ -208,7 +208,7 @@ def worker(first: int, count: int, port: int, workdir: Path) -> int:
         fleets.append(reporter.fleet)
         agent = Agent(Reconciler(backend, options, log=log),
                       LoopSettings(config_path=str(workdir / "no-volume" / "ip-masq-agent"), use_inotify=False),
-                      log=log, observer=reporter, api_config=api_config)
+                      log=log, listener=reporter, api_config=api_config)
         threading.Thread(target=agent.run, args=(wakeup,), name=f"loop-{node}", daemon=True).start()
         time.sleep(0.005)  # a DaemonSet's pods do not all start in the same millisecond either
     emit({"event": "started", "first": first, "count": count})

@@ -31,8 +31,8 @@ fi
 # smoke test: the installed command renders the reference defaults, and the agent's /metrics text renders
 "$prefix/bin/ipmasq" --version
 "$prefix/bin/ipmasq" render >/dev/null
-"$prefix/bin/python" -c 'from ipmasq.agent.metrics import AgentStatus, render_metrics
-assert b"ipmasq_build_info" in render_metrics(AgentStatus(version="smoke", backend="none"))'
+"$prefix/bin/python" -c 'from ipmasq.agent.metrics import AgentVitals, render_metrics
+assert b"ipmasq_build_info" in render_metrics(AgentVitals(version="smoke", backend="none"))'
 "$prefix/bin/python" -c 'import ipmasq.webhook.process'
 # the environment runs, it never installs: pip and setuptools stay out of the image
 "$prefix/bin/python" -m pip uninstall -q -y pip setuptools

@@ -183,16 +183,16 @@ _CANDIDATE_PATHS = ("/metrics", "/healthz", "/readyz", "/settings", "/validate")
 def _agent_paths(metrics_only: bool) -> frozenset[str]:
     """The paths an agent's listener answers (not 404), asked of the agent's own responders."""
     from ipmasq.agent.health import respond, respond_metrics_only
-    from ipmasq.agent.metrics import AgentStatus
+    from ipmasq.agent.metrics import AgentVitals
 
     answer = respond_metrics_only if metrics_only else respond
-    status = AgentStatus(version="test", backend="test")
+    status = AgentVitals(version="test", backend="test")
     return frozenset(p for p in _CANDIDATE_PATHS if answer(status, p).status != 404)
 
 
 def listeners(container: Mapping[str, Any], fields: Mapping[str, str] = FIELDS) -> list[Listener]:
     """The sockets the container's program opens, from its parsed arguments (defaults included)."""
-    from ipmasq.agent.client import parse_listen_address
+    from ipmasq.agent.health_probe import parse_listen_address
 
     words = argv(container, fields)
     assert words[:1] in (["agent"], ["webhook"]), f"not a workload of ipmasq's: {words[:2]}"
@@ -222,7 +222,7 @@ def probe_target(probe: Mapping[str, Any], container: Mapping[str, Any], pod: Ma
                  fields: Mapping[str, str] = FIELDS) -> tuple[str, str, int, str]:
     """(scheme, host, port, path) a probe asks: an exec probe's `ipmasq health` inside the pod, an httpGet's
     kubelet from outside it (a named port resolved through the container's ports)."""
-    from ipmasq.agent.client import parse_listen_address
+    from ipmasq.agent.health_probe import parse_listen_address
 
     if "exec" in probe:
         env = container_env(container, fields)

@@ -2,7 +2,8 @@
 
     IpmasqError                 anything ipmasq reports to an operator (one line, no traceback)
     ├── ConfigError             a config file or flag value is wrong; names file, line and offending value
-    │   └── InputUnreadable     an input could not be read at all (missing, unreadable, not a regular file)
+    │   ├── InputUnreadable     an input could not be read at all (missing, unreadable, not a regular file)
+    │   └── InputsPending       the API's objects a config is made of are not all listed yet (observe mode)
     ├── UsageError              the command line is wrong (exit 2)
     ├── BackendError            a kernel tool failed; carries the tool's argv and stderr
     │   └── LockBusyError       the xtables lock is held by someone else (retry later)
@@ -158,6 +159,12 @@ class ConfigError(IpmasqError):
 class InputUnreadable(ConfigError):
     """An input could not be read at all (missing, no permission, a directory or device, a listing that failed):
     nothing can be said about its content. A ConfigError, so the agent keeps its last good rules as for any other."""
+
+
+class InputsPending(ConfigError):
+    """The objects a config is composed of (a provider's ConfigMaps, the aws-node DaemonSet) are not all listed
+    through the API yet: no verdict on any config, only why there is none yet. Observe mode loads nothing while it
+    lasts (ipmasq.observe.provider_inputs hands it to the loop in the content's place)."""
 
 
 class WorkBudgetExhausted(IpmasqError):

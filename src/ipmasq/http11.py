@@ -9,7 +9,7 @@ facing a hostile or broken peer needs on top of it, once.
 - lines split in linear time (each byte is searched for a newline once);
 - one connection kept alive across exchanges when both sides agree (`reusable`).
 
-Users: the API client (ipmasq.kube.client), the health probe's client (ipmasq.agent.client) and the status
+Users: the API client (ipmasq.kube.client), the health probe's client (ipmasq.agent.health_probe) and the status
 responder's request parsing (ipmasq.agent.responder). Errors are ipmasq.errors' HttpError (HttpTimeout, TooLarge),
 also reachable here as http11.HttpError; each caller translates them at its seam.
 """

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ipmasq.agent.client import DEFAULT_METRICS_ADDRESS
+from ipmasq.agent.health_probe import DEFAULT_METRICS_ADDRESS
 from ipmasq.lab.netns import Namespace, Network, stop_process
 from ipmasq.netfilter.iptables import marker_chain
 from tests.eventually import eventually

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ipmasq.agent.metrics import AgentStatus, render_metrics
+from ipmasq.agent.metrics import AgentVitals, render_metrics
 from ipmasq.cli import COMMANDS, Exit, build_parser, subcommands
 from ipmasq.diagnose.check import FindingId
 from ipmasq.diagnose.leftovers import OTHER_VARIANT_RULES
@@ -64,7 +64,7 @@ def test_the_kubectl_plugin_is_in_the_cli_reference() -> None:
 
 
 def test_every_metric_the_agent_serves_is_in_the_metrics_reference() -> None:
-    served = re.findall(r"^# TYPE (\S+) ", render_metrics(AgentStatus(version="0", backend="iptables")).decode(),
+    served = re.findall(r"^# TYPE (\S+) ", render_metrics(AgentVitals(version="0", backend="iptables")).decode(),
                         re.MULTILINE)
     assert "ipmasq_ready" in served and "process_resident_memory_bytes" in served
     text = (REFERENCE / "metrics.md").read_text()

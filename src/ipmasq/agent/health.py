@@ -29,23 +29,23 @@ import select
 import socket
 import threading
 
-from ipmasq.agent.client import DEFAULT_METRICS_ADDRESS, parse_listen_address, query
 from ipmasq.agent.exposition import CONTENT_TYPE
-from ipmasq.agent.metrics import AgentStatus, render_metrics
+from ipmasq.agent.health_probe import DEFAULT_METRICS_ADDRESS, parse_listen_address, query
+from ipmasq.agent.metrics import AgentVitals, render_metrics
 from ipmasq.agent.reports import ProbeVerdict
 from ipmasq.agent.responder import Responder, Response, listen
 from ipmasq.errors import IpmasqError
 
-# the client side lives in ipmasq.agent.client, so `ipmasq health` (an exec probe, every few seconds, in the agent's
-# container) does not import the agent; it is re-exported here
-__all__ = ["DEFAULT_METRICS_ADDRESS", "StatusServer", "parse_listen_address", "query", "respond",
+# the client side lives in ipmasq.agent.health_probe, so `ipmasq health` (an exec probe, every few seconds, in the
+# agent's container) does not import the agent; it is re-exported here
+__all__ = ["DEFAULT_METRICS_ADDRESS", "EndpointServer", "parse_listen_address", "query", "respond",
            "respond_metrics_only"]
 
 # A port in use (the agent being replaced still serves it during a rolling update) is tried again this often.
 BIND_RETRY_SECONDS = 1.0
 
 
-def respond(status: AgentStatus, path: str) -> Response:
+def respond(status: AgentVitals, path: str) -> Response:
     """What each endpoint answers; the responder (ipmasq.agent.responder) has already taken the query string off."""
     if path == "/healthz":
         return _check(status.liveness())
@@ -58,7 +58,7 @@ def respond(status: AgentStatus, path: str) -> Response:
     return Response(404, b"not found: try /metrics, /healthz, /readyz or /settings\n")
 
 
-def respond_metrics_only(status: AgentStatus, path: str, *, rule_series: bool = False) -> Response:
+def respond_metrics_only(status: AgentVitals, path: str, *, rule_series: bool = False) -> Response:
     """The scrape listener's answers: /metrics (the per-rule series only with `rule_series`), and nothing else (not
     even whether another path exists)."""
     if path == "/metrics":
@@ -70,14 +70,14 @@ def _check(check: ProbeVerdict) -> Response:
     return Response(200 if check.ok else 503, check.why.encode() + b"\n")
 
 
-class StatusServer:
+class EndpointServer:
     """The endpoints on a daemon thread; `start()` binds (raising IpmasqError when it cannot) and serves.
 
     With `wait_if_in_use`, a port another process holds (the old agent, during a rolling update on a hostNetwork
     node) is not fatal: the thread tries again every BIND_RETRY_SECONDS until it binds or the server is stopped.
     """
 
-    def __init__(self, status: AgentStatus, address: str, *, metrics_only: bool = False,
+    def __init__(self, status: AgentVitals, address: str, *, metrics_only: bool = False,
                  flag: str = "--metrics-address", rule_series: bool = False) -> None:
         self.status = status
         self.address = address

@@ -34,8 +34,18 @@ from ipmasq.backoff import Backoff
 from ipmasq.config.source import ConfigInput, read_config_input
 from ipmasq.errors import ConfigError, StopRequested
 
-__all__ = ["LOCK_POLL_SECONDS", "Agent", "ConfigChooser", "LoopObserver", "LoopSettings", "Observers", "Passes",
-           "Wakeup", "read_config", "wait_for_node_lock"]
+__all__ = [
+    "LOCK_POLL_SECONDS",
+    "Agent",
+    "ConfigChooser",
+    "Listeners",
+    "LoopListener",
+    "LoopSettings",
+    "Passes",
+    "Wakeup",
+    "read_config",
+    "wait_for_node_lock",
+]
 
 # How often a waiting agent tries the node lock: the takeover delay once the holder exits.
 LOCK_POLL_SECONDS = 0.1
@@ -88,15 +98,15 @@ class Wakeup:
         os.close(self.write_fd)
 
 
-class LoopObserver(Protocol):
-    """Told what the loop does (ipmasq.agent.metrics.AgentStatus: metrics, liveness, readiness); must not block.
+class LoopListener(Protocol):
+    """Told what the loop does (ipmasq.agent.metrics.AgentVitals: metrics, liveness, readiness); must not block.
 
     It gets the Reconciler's reports, values it may keep, and never the Reconciler: it can only read what happened.
     """
 
     def heartbeat(self) -> None: ...
 
-    def observed(self, report: ConfigReport) -> None: ...
+    def took_config(self, report: ConfigReport) -> None: ...
 
     def reconciled(self, report: PassReport, seconds: float) -> None: ...
 
@@ -105,11 +115,11 @@ class LoopObserver(Protocol):
     def failed(self, why: str) -> None: ...
 
 
-class _Unobserved:
+class _NoListener:
     def heartbeat(self) -> None:
         pass
 
-    def observed(self, report: ConfigReport) -> None:
+    def took_config(self, report: ConfigReport) -> None:
         pass
 
     def reconciled(self, report: PassReport, seconds: float) -> None:
@@ -122,31 +132,31 @@ class _Unobserved:
         pass
 
 
-class Observers:
-    """Several observers told the same, in order (the metrics first: they are what the probes read)."""
+class Listeners:
+    """Several listeners told the same, in order (the metrics first: they are what the probes read)."""
 
-    def __init__(self, *observers: LoopObserver) -> None:
-        self.observers = observers
+    def __init__(self, *listeners: LoopListener) -> None:
+        self.listeners = listeners
 
     def heartbeat(self) -> None:
-        for observer in self.observers:
-            observer.heartbeat()
+        for listener in self.listeners:
+            listener.heartbeat()
 
-    def observed(self, report: ConfigReport) -> None:
-        for observer in self.observers:
-            observer.observed(report)
+    def took_config(self, report: ConfigReport) -> None:
+        for listener in self.listeners:
+            listener.took_config(report)
 
     def reconciled(self, report: PassReport, seconds: float) -> None:
-        for observer in self.observers:
-            observer.reconciled(report, seconds)
+        for listener in self.listeners:
+            listener.reconciled(report, seconds)
 
     def waiting(self, why: str) -> None:
-        for observer in self.observers:
-            observer.waiting(why)
+        for listener in self.listeners:
+            listener.waiting(why)
 
     def failed(self, why: str) -> None:
-        for observer in self.observers:
-            observer.failed(why)
+        for listener in self.listeners:
+            listener.failed(why)
 
 
 class ConfigChooser(Protocol):
@@ -168,13 +178,13 @@ class Passes(Protocol):
     @property
     def backend(self) -> _Named: ...
 
-    def observe(self, config_input: ConfigInput | ConfigError) -> ConfigReport: ...
+    def take_config(self, config_input: ConfigInput | ConfigError) -> ConfigReport: ...
 
     def reconcile(self) -> PassReport: ...
 
 
 def wait_for_node_lock(lock: NodeLock, wakeup: Wakeup, *, log: logging.Logger,
-                       observer: LoopObserver | None = None, poll: float = LOCK_POLL_SECONDS,
+                       listener: LoopListener | None = None, poll: float = LOCK_POLL_SECONDS,
                        announce: bool = False) -> bool:
     """Return once this process holds the node lock (True), or when stop was requested first (False).
 
@@ -182,7 +192,7 @@ def wait_for_node_lock(lock: NodeLock, wakeup: Wakeup, *, log: logging.Logger,
     `announce`: say "took the node lock" also when it was free at once (`--once` keeps its output to the reference
     agent's lines).
     """
-    watcher: LoopObserver = observer if observer is not None else _Unobserved()
+    watcher: LoopListener = listener if listener is not None else _NoListener()
     if lock.try_acquire():
         if announce:  # the long-running agent says it also when nobody held it: its log shows when it took over
             log.info("took the node lock %s: this agent now writes the node's rules", lock.path)
@@ -235,12 +245,12 @@ def read_config(path: str, *, directory_ok: bool = True) -> ConfigInput | Config
 
 class Agent:
     def __init__(self, reconciler: Passes, settings: LoopSettings, *, log: logging.Logger,
-                 clock: Callable[[], float] = time.monotonic, observer: LoopObserver | None = None,
+                 clock: Callable[[], float] = time.monotonic, listener: LoopListener | None = None,
                  api_config: ConfigChooser | None = None) -> None:
         self.reconciler = reconciler
         # the ConfigMaps followed through the API, beside the mounted file (None: the file only)
         self.api_config = api_config
-        self.observer: LoopObserver = observer if observer is not None else _Unobserved()
+        self.listener: LoopListener = listener if listener is not None else _NoListener()
         self.settings = settings
         self.log = log
         self.clock = clock
@@ -251,7 +261,7 @@ class Agent:
 
     def once(self) -> int:
         """One reconcile: 0 when the kernel now matches a good config, 1 otherwise."""
-        self.reconciler.observe(read_config(self.settings.config_path))
+        self.reconciler.take_config(read_config(self.settings.config_path))
         report = self.reconciler.reconcile()
         return 0 if report.readiness.ok else 1
 
@@ -282,22 +292,22 @@ class Agent:
                 error = f"{type(exc).__name__}: {exc}"
                 trouble(error)
                 schedule.failed(self.clock())
-                self.observer.failed(f"not ready: unexpected error in the agent loop: {error}")
+                self.listener.failed(f"not ready: unexpected error in the agent loop: {error}")
                 # the backoff, woken only by stop: nothing here can raise what the iteration raised
                 select.select([wakeup.read_fd], [], [], max(0.0, schedule.deadline() - self.clock()))
                 wakeup.drain()
 
     def _iteration(self, wakeup: Wakeup, schedule: _Schedule) -> bool:
         """One wakeup: read the config, reconcile when due; True when a pass ran to its end."""
-        self.observer.heartbeat()  # once per wakeup: at least once per resync interval, so liveness can tell
+        self.listener.heartbeat()  # once per wakeup: at least once per resync interval, so liveness can tell
         read = read_config(self.settings.config_path, directory_ok=self._directory_ok)
         origin = FILE
         if self.api_config is not None:
             read, origin = self.api_config.choose(read)
-        seen = replace(self.reconciler.observe(read), origin=origin)
+        seen = replace(self.reconciler.take_config(read), origin=origin)
         if seen.config_error is None:  # this read is the last good config now: what the next pass enforces
             self._origin = origin
-        self.observer.observed(seen)
+        self.listener.took_config(seen)
         now = self.clock()
         due = (seen.changed or now >= schedule.next_resync or wakeup.resync.is_set()
                or (schedule.retry_at is not None and now >= schedule.retry_at))
@@ -308,7 +318,7 @@ class Agent:
             return False
         started = time.perf_counter()
         report = replace(self.reconciler.reconcile(), origin=self._origin)
-        self.observer.reconciled(report, time.perf_counter() - started)
+        self.listener.reconciled(report, time.perf_counter() - started)
         now = self.clock()
         if seen.changed or report.writes:  # the passes that free the most (see ipmasq.agent.memory)
             release_free_memory()

@@ -1,6 +1,6 @@
 """What the agent knows about itself, for /metrics, /healthz and /readyz: counters fed by the loop, read at scrape time.
 
-`AgentStatus` is pure bookkeeping (no HTTP): the loop hands its hooks (`heartbeat`, `observed`, `reconciled`) the
+`AgentVitals` is pure bookkeeping (no HTTP): the loop hands its hooks (`heartbeat`, `took_config`, `reconciled`) the
 Reconciler's reports, values it only reads, from the loop's one thread; the HTTP thread reads `snapshot()`,
 `readiness()` and `liveness()` under the same lock. `render_metrics(status)` writes one scrape's Prometheus text
 (ipmasq.agent.exposition) from a snapshot and the process's own figures read from /proc/self.
@@ -56,7 +56,7 @@ from ipmasq.agent.exposition import MetricFamily
 from ipmasq.agent.reports import ConfigReport, PassReport, ProbeVerdict, RuleCount, SyncResult
 from ipmasq.policy.hash import config_hash
 
-__all__ = ["DURATION_BUCKETS", "LIVENESS_GRACE_SECONDS", "READINESS_GRACE_SECONDS", "AgentStatus", "Snapshot",
+__all__ = ["DURATION_BUCKETS", "LIVENESS_GRACE_SECONDS", "READINESS_GRACE_SECONDS", "AgentVitals", "Snapshot",
            "metric_families", "process_metric_families", "render_metrics"]
 
 # A pass is a few tool runs: milliseconds when idle, seconds with 100,000 CIDRs or a contended xtables lock.
@@ -113,7 +113,7 @@ class _Counters:
     lease_lost_early: int = 0
 
 
-class AgentStatus:
+class AgentVitals:
     """The loop's observer: counts what the reports say and answers "alive?" and "ready?" for the HTTP thread."""
 
     def __init__(self, *, version: str, backend: str, clock: Callable[[], float] = time.monotonic,
@@ -158,7 +158,7 @@ class AgentStatus:
         with self._lock:
             self._beat = self._clock()
 
-    def observed(self, report: ConfigReport) -> None:
+    def took_config(self, report: ConfigReport) -> None:
         """After the loop read the config; counted only when it changed (a load or a load error)."""
         if not report.changed:
             return
@@ -259,7 +259,7 @@ class AgentStatus:
             )
 
 
-def render_metrics(status: AgentStatus, *, rule_series: bool = True) -> bytes:
+def render_metrics(status: AgentVitals, *, rule_series: bool = True) -> bytes:
     """One scrape of /metrics: the agent's families, then the process's; `rule_series` False leaves out the
     per-rule families (the node-address scrape listener, unless opted in)."""
     return exposition.render([*metric_families(status.snapshot(), rule_series=rule_series),

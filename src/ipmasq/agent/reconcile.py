@@ -35,7 +35,7 @@ for FOREIGN_QUIET_PERIODS resync periods it repairs once more; a rewrite found a
 (and the quiet period doubles, up to FOREIGN_QUIET_MAX_PERIODS), a clean pass ends the episode. Reads show only
 content: a writer that rewrites the very same rules unseen is found again by that one repair.
 
-What happened is handed out as values, never as the Reconciler itself: `observe` returns a ConfigReport (what one
+What happened is handed out as values, never as the Reconciler itself: `take_config` returns a ConfigReport (what one
 read of the config did), `reconcile` a PassReport (what one pass found, wrote and verified). Metrics, health and
 the `--once` exit code only read those; nothing downstream asks the backend again or re-derives a fact.
 
@@ -45,14 +45,11 @@ The values it hands out are in ipmasq.agent.reports.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from types import FrameType
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import replace
 
+from ipmasq.agent.last_good import LastGoodConfig
 from ipmasq.agent.reports import (
     ConfigReport,
     FamilyWrite,
@@ -65,12 +62,11 @@ from ipmasq.agent.reports import (
     count_objects,
 )
 from ipmasq.backends.base import Adopt, Backend, Fingerprint, Removable, State, take_fingerprint
-from ipmasq.config.model import DEFAULT_RESYNC_SECONDS, MasqConfig
-from ipmasq.config.source import ConfigInput, config_digest, config_from_bytes
-from ipmasq.errors import BackendError, ConfigError, IpmasqError, StopRequested
+from ipmasq.config.model import MasqConfig
+from ipmasq.config.source import ConfigInput, config_from_bytes
+from ipmasq.errors import BackendError, ConfigError, IpmasqError
 from ipmasq.netfilter.nft import TABLE as NFT_TABLE
 from ipmasq.options import PolicyOptions
-from ipmasq.policy.hash import policy_hash
 from ipmasq.policy.policy import Policy
 from ipmasq.prefix import Family
 
@@ -96,44 +92,6 @@ FOREIGN_QUIET_MAX_PERIODS = 48
 _QUOTED_OBJECTS = 3
 
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-@contextmanager
-def _stop_signals_interrupt() -> Iterator[None]:
-    """While inside, SIGTERM/SIGINT run the handler the process installed (the agent's requests the loop's stop) and
-    then raise StopRequested where the main thread is. Parsing is pure: abandoning it midway leaves nothing
-    half-written. Only the main thread can install handlers; with the default handler the signal kills the process
-    anyway, so nothing is wrapped then."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {number: signal.getsignal(number) for number in _STOP_SIGNALS}
-
-    def interrupt(number: int, frame: FrameType | None) -> None:
-        handler = previous[signal.Signals(number)]
-        if callable(handler):
-            handler(number, frame)
-        raise StopRequested(signal.Signals(number).name)
-
-    wrapped = [number for number, handler in previous.items() if callable(handler)]
-    for number in wrapped:
-        signal.signal(number, interrupt)
-    try:
-        yield
-    finally:
-        for number in wrapped:
-            signal.signal(number, previous[number])
-
-
-@dataclass(frozen=True, slots=True)
-class _Seen:
-    """The last config input observed (or the error reading it), to act once per change."""
-
-    config_input: ConfigInput | None
-    read_error: str | None
-
-
 class Reconciler:
     def __init__(self, backend: Backend, options: PolicyOptions, *, log: logging.Logger,
                  others: Sequence[Removable] = (),
@@ -153,8 +111,6 @@ class Reconciler:
         self._held: dict[Family, State] = {}
         self._last_change = 0.0  # clock: when the held objects last changed
         self._quiet_periods = FOREIGN_QUIET_PERIODS
-        # bytes -> validated config (config_from_bytes; tests may hand in another loader)
-        self.load = load
         # a cheap kernel fact that changes with any NAT rule a pass reads (see the module docstring); None: unknown
         self.fingerprint = fingerprint
         self._quiet_fingerprint: Hashable | None = None  # taken at the start of the last pass that read, matched
@@ -173,12 +129,17 @@ class Reconciler:
         self._kept: tuple[str, ...] = ()  # the others' unmarked look-alikes, as last logged (once per change)
         self.options = options
         self.log = log
-        self.policy: Policy | None = None  # the last good policy, enforced even while the config is bad
-        self._policy_hash: str | None = None  # policy_hash(self.policy), computed once per policy
-        self._config_digest: str | None = None  # config_digest of the last good config's content
-        self.config_error: str | None = None
+        # the last good policy, enforced even while the config is bad (shared with observe mode)
+        self.config = LastGoodConfig(options, log=log, load=load)
         self.backend_error: str | None = None
-        self._seen: _Seen | None = None
+
+    @property
+    def policy(self) -> Policy | None:
+        return self.config.policy
+
+    @property
+    def config_error(self) -> str | None:
+        return self.config.error
 
     @property
     def ready(self) -> bool:
@@ -204,51 +165,16 @@ class Reconciler:
 
     @property
     def resync_interval(self) -> float:
-        return self.policy.config.resync_interval if self.policy is not None else DEFAULT_RESYNC_SECONDS
+        return self.config.resync_interval
 
-    def observe(self, config_input: ConfigInput | ConfigError) -> ConfigReport:
+    def take_config(self, config_input: ConfigInput | ConfigError) -> ConfigReport:
         """Take a freshly read config (or the error reading it); the report says whether it changed."""
-        seen = (_Seen(None, config_input.located()) if isinstance(config_input, ConfigError)
-                else _Seen(config_input, None))
-        if seen == self._seen:
-            return self._config_report(changed=False)
-        self._seen = seen
-        try:
-            if isinstance(config_input, ConfigError):
-                raise config_input
-            with _stop_signals_interrupt():
-                config = self.load(config_input, self.options)
-        except ConfigError as exc:
-            self.config_error = exc.located()
-            keeping = "keeping the last good config" if self.policy is not None else "leaving the rules untouched"
-            self.log.error("config error: %s (%s; not ready)", self.config_error, keeping)
-            return self._config_report(changed=True)
-        except BaseException:
-            # not a verdict on the config (a loader process that could not run): read it again at the next wakeup
-            self._seen = None
-            raise
-        self._config_digest = config_digest(tuple(data for _source, data in config_input.files))
-        for warning in config.warnings:
-            self.log.warning("config warning: %s", warning)
-        changed = self.policy is None or self.policy.config != config
-        if changed:  # an equal config keeps its Policy: verified once, it stays verified (and its caches warm)
-            with _stop_signals_interrupt():
-                policy = Policy(config, self.options)
-                digest = policy_hash(policy)
-            self.policy, self._policy_hash = policy, digest
-        assert self._policy_hash is not None
-        if self.config_error is not None or changed:
-            where = ", ".join(config.sources) if config.sources else "no config file: the built-in defaults"
-            self.log.info("config loaded from %s: %d non-masquerade, %d masquerade CIDRs, resync every %gs "
-                          "(policy %s)", where, len(config.non_masquerade), len(config.masquerade),
-                          config.resync_interval, self._policy_hash[:12])
-        self.config_error = None
-        return self._config_report(changed=True)
+        return self._config_report(changed=self.config.take(config_input))
 
     def _config_report(self, *, changed: bool) -> ConfigReport:
-        return ConfigReport(changed=changed, config_error=self.config_error, policy_hash=self._policy_hash,
+        return ConfigReport(changed=changed, config_error=self.config_error, policy_hash=self.config.policy_hash,
                             resync_interval=self.resync_interval, readiness=self.readiness(),
-                            config_digest=self._config_digest)
+                            config_digest=self.config.config_digest)
 
     def reconcile(self) -> PassReport:
         """Make the kernel match the last good policy; write only where it differs, then read back and verify."""
@@ -466,10 +392,10 @@ class Reconciler:
         return PassReport(result=result, config_error=self.config_error, backend_error=self.backend_error,
                           drift_repair=drift_repair, writes=tuple(writes), removed_leftovers=tuple(removed),
                           leftovers=self._leftovers,
-                          policy_hash=self._policy_hash, objects=self._objects,
+                          policy_hash=self.config.policy_hash, objects=self._objects,
                           resync_interval=self.resync_interval, readiness=self.readiness(),
                           foreign_masquerade_rules=self._foreign, rule_counters=self._rule_counts,
-                          config_digest=self._config_digest, foreign_writer=self._writer,
+                          config_digest=self.config.config_digest, foreign_writer=self._writer,
                           foreign_rewrites=rewrites)
 
     def _remove_others(self) -> tuple[list[str], str | None]:

@@ -96,7 +96,7 @@ class ForeignWriter:
 
 @dataclass(frozen=True, slots=True)
 class ConfigReport:
-    """What one read of the config did (Reconciler.observe)."""
+    """What one read of the config did (Reconciler.take_config)."""
 
     changed: bool  # the input differed from the last read: it loaded, or failed to load
     config_error: str | None  # the current config's error, located (file:line: message); None: it is good

@@ -10,19 +10,19 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ipmasq import __version__
-from ipmasq.agent.health import DEFAULT_METRICS_ADDRESS, StatusServer
+from ipmasq.agent.health import DEFAULT_METRICS_ADDRESS, EndpointServer
 from ipmasq.agent.logs import LOG_FORMATS, configure_logging
 from ipmasq.agent.loop import (
     Agent,
     ConfigChooser,
-    LoopObserver,
+    Listeners,
+    LoopListener,
     LoopSettings,
-    Observers,
     Wakeup,
     read_config,
     wait_for_node_lock,
 )
-from ipmasq.agent.metrics import AgentStatus
+from ipmasq.agent.metrics import AgentVitals
 from ipmasq.agent.nodelock import DEFAULT_LOCK_DIRECTORY, NodeLock, default_lock_path
 from ipmasq.agent.reconcile import Reconciler
 from ipmasq.backends.base import Backend, Removable, Runner
@@ -160,10 +160,10 @@ def run(args: argparse.Namespace) -> int:
         wait_for_node_lock(lock, wakeup, log=log)  # never stopped: --once waits for the running agent to exit
         backend, others = make_backend(args.backend, options, runner, variant=args.iptables_variant, log=log,
                                        generation=nftables_generation)
-        return _agent(backend, others, options, settings, runner, log, args, AgentStatus(
+        return _agent(backend, others, options, settings, runner, log, args, AgentVitals(
             version=__version__, backend=backend.name)).once()
     # the endpoints come up first: while this agent waits for the node lock it is alive, and says why not ready
-    status = AgentStatus(version=__version__, backend="")
+    status = AgentVitals(version=__version__, backend="")
     status.settings = agent_settings(args, settings.config_path)
     listeners = _serve_endpoints(status, args, log)
     signal.signal(signal.SIGTERM, lambda *_: wakeup.request_stop())
@@ -171,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, lambda *_: wakeup.request_resync())
     try:
         api_config, reporter = _api(args, log, wakeup, facts=status)
-        observer: LoopObserver = status if reporter is None else Observers(status, reporter)
-        if not wait_for_node_lock(lock, wakeup, log=log, observer=observer, announce=True):
+        listener: LoopListener = status if reporter is None else Listeners(status, reporter)
+        if not wait_for_node_lock(lock, wakeup, log=log, listener=listener, announce=True):
             log.info("agent stopping: it never held the node lock, nothing written")
             return 0
         # chosen only now: what the node holds may have changed while the other agent ran
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         status.settings["backend"] = backend.name
         if reporter is not None:
             reporter.narrator.set_backend(backend.name)
-        _agent(backend, others, options, settings, runner, log, args, observer, api_config).run(wakeup)
+        _agent(backend, others, options, settings, runner, log, args, listener, api_config).run(wakeup)
     finally:
         _stop(listeners)
     return 0
@@ -223,9 +223,9 @@ def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSet
         raise UsageError(f"--observe {profile.name} compares with that provider's inputs, which only the API server "
                          f"holds: {'--once' if args.once else '--api off'} cannot go with it")
     if args.once:
-        observer_pass.observe(read_config(settings.config_path))
+        observer_pass.take_config(read_config(settings.config_path))
         return 0 if observer_pass.reconcile().result.verified else 1
-    status = AgentStatus(version=__version__, backend=observer_pass.backend.name)
+    status = AgentVitals(version=__version__, backend=observer_pass.backend.name)
     status.settings = agent_settings(args, settings.config_path)
     status.settings["backend"] = observer_pass.backend.name
     listeners = _serve_endpoints(status, args, log)  # an observer is scraped as an enforcing agent is
@@ -241,13 +241,12 @@ def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSet
             if not isinstance(api_config, WriterInputs):
                 raise UsageError(f"--observe {profile.name} compares with that provider's inputs, which only the API "
                                  "server holds, and it is not used (above): not observed")
-            observer_pass.pending = api_config.pending
-        observer: LoopObserver = status if reporter is None else Observers(status, reporter)
+        listener: LoopListener = status if reporter is None else Listeners(status, reporter)
         if reporter is not None:
             reporter.narrator.set_backend(observer_pass.backend.name)
         log.info("observe mode: the rules %s writes in %s are compared with the config; this agent writes nothing",
                  args.observe, options.masq_chain)
-        Agent(observer_pass, settings, log=log, observer=observer, api_config=api_config).run(wakeup)
+        Agent(observer_pass, settings, log=log, listener=listener, api_config=api_config).run(wakeup)
     finally:
         _stop(listeners)
     return 0
@@ -267,7 +266,7 @@ def _profile_options(args: argparse.Namespace, writer: str, options: PolicyOptio
 
 
 def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptions, settings: LoopSettings,
-           runner: Runner, log: logging.Logger, args: argparse.Namespace, observer: LoopObserver,
+           runner: Runner, log: logging.Logger, args: argparse.Namespace, listener: LoopListener,
            api_config: ConfigChooser | None = None) -> Agent:
     on_change = conntrack_flusher(runner, log) if args.flush_conntrack else None
     # the count of foreign NAT rules is a metric: --once serves none, so it does not read every table again for it
@@ -275,12 +274,12 @@ def _agent(backend: Backend, others: tuple[Removable, ...], options: PolicyOptio
     fingerprint = KernelFingerprint(xtables_lock=xtables_lock_path())
     reconciler = Reconciler(backend, options, log=log, others=others, on_policy_change=on_change,
                             count_foreign=count_foreign, fingerprint=fingerprint)
-    return Agent(reconciler, settings, log=log, observer=observer, api_config=api_config)
+    return Agent(reconciler, settings, log=log, listener=listener, api_config=api_config)
 
 
 def _api(args: argparse.Namespace, log: logging.Logger, wakeup: Wakeup, *, mode: str = "enforce",
          writer: str | None = None, chain: str = "", inputs: Writer | None = None,
-         facts: AgentStatus | None = None) -> tuple[ConfigChooser | None, ApiReporter | None]:
+         facts: AgentVitals | None = None) -> tuple[ConfigChooser | None, ApiReporter | None]:
     """The API server's part, when there is one: the ConfigMaps followed, and the reporter of Events and status.
 
     Started before the node lock is taken (a waiting agent says so in an Event), but nothing here ever decides
@@ -328,7 +327,7 @@ def _api(args: argparse.Namespace, log: logging.Logger, wakeup: Wakeup, *, mode:
     return api_config, reporter
 
 
-def _serve_endpoints(status: AgentStatus, args: argparse.Namespace, log: logging.Logger) -> list[StatusServer]:
+def _serve_endpoints(status: AgentVitals, args: argparse.Namespace, log: logging.Logger) -> list[EndpointServer]:
     """Both listeners of a running agent, in either mode: the status port (--metrics-address, the probes') and the
     scrape port (--prometheus-address, the DaemonSet's declared port `metrics`)."""
     listeners = []
@@ -345,16 +344,16 @@ def _serve_endpoints(status: AgentStatus, args: argparse.Namespace, log: logging
     return listeners
 
 
-def _stop(listeners: list[StatusServer]) -> None:
+def _stop(listeners: list[EndpointServer]) -> None:
     for listener in listeners:
         listener.stop()
 
 
-def _serve_status(status: AgentStatus, address: str, log: logging.Logger, *, metrics_only: bool = False,
-                  flag: str = "--metrics-address", rule_series: bool = False) -> StatusServer | None:
+def _serve_status(status: AgentVitals, address: str, log: logging.Logger, *, metrics_only: bool = False,
+                  flag: str = "--metrics-address", rule_series: bool = False) -> EndpointServer | None:
     if not address:
         return None
-    server = StatusServer(status, address, metrics_only=metrics_only, flag=flag, rule_series=rule_series)
+    server = EndpointServer(status, address, metrics_only=metrics_only, flag=flag, rule_series=rule_series)
     try:
         server.start(wait_if_in_use=True, log=log)
     except IpmasqError as exc:

@@ -79,7 +79,7 @@ def adopt_agent_settings(args: argparse.Namespace, command: str) -> dict[str, ob
     """Inside the agent's container (kubectl exec) or on its node: with no --config and no policy flag given, take
     the running agent's config path, flags and node name, so a healthy node is not compared with the defaults.
     Returns the settings taken (None: the command line's own)."""
-    from ipmasq.agent.client import DEFAULT_METRICS_ADDRESS, query
+    from ipmasq.agent.health_probe import DEFAULT_METRICS_ADDRESS, query
 
     defaults = {"masq_chain": DEFAULT_CHAIN, "nomasq_all_reserved_ranges": False, "enable_ipv6": None,
                 "random_fully": True, "to_ports": ""}

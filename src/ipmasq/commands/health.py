@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from ipmasq.agent.client import DEFAULT_METRICS_ADDRESS, parse_listen_address, query
+from ipmasq.agent.health_probe import DEFAULT_METRICS_ADDRESS, parse_listen_address, query
 
 __all__ = ["register"]
 

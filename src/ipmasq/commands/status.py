@@ -120,7 +120,7 @@ def _gather(client: Any, args: argparse.Namespace) -> FleetView:
 def _writer_contents(client: Any, statuses: list[objects.AgentStatusObject]) -> list[WriterContent]:
     """The own inputs of each provider observed in the fleet (AKS's ConfigMaps, aws-node's env), read now, as its
     observers read them; a provider that reads the ip-masq-agent ConfigMap needs none."""
-    from ipmasq.config.source import ConfigInput, config_digest
+    from ipmasq.config.source import ConfigInput
     from ipmasq.observe.provider_inputs import NAMESPACE, current_input, own_inputs
     from ipmasq.writers import WRITERS
 
@@ -133,7 +133,7 @@ def _writer_contents(client: Any, statuses: list[objects.AgentStatusObject]) -> 
                         + ([f"daemonset/{writer.daemonset}"] if writer.daemonset else []))
         read = current_input(client, writer, NAMESPACE)
         if isinstance(read, ConfigInput):
-            contents.append(WriterContent(writer.name, sources, config_digest(tuple(d for _, d in read.files))))
+            contents.append(WriterContent(writer.name, sources, read.digest()))
         else:
             contents.append(WriterContent(writer.name, sources, None, one_line(read.message)))
     return contents

@@ -12,7 +12,7 @@ import stat
 import sys
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ipmasq.config.document import parse_document
 from ipmasq.config.model import MasqConfig
@@ -47,6 +47,15 @@ class ConfigInput:
     """The raw bytes of every config file found (empty: none found, so the reference's defaults apply)."""
 
     files: tuple[tuple[str, bytes], ...]
+    # config_digest of the files' bytes, computed at most once per input: the follower that composes an input, the
+    # loop's history and the reconciler that enforces it all ask, and the content is hashed once for them all
+    _digest: str | None = field(default=None, compare=False, repr=False)
+
+    def digest(self) -> str:
+        if self._digest is None:
+            object.__setattr__(self, "_digest", config_digest(tuple(data for _source, data in self.files)))
+        assert self._digest is not None
+        return self._digest
 
 
 def config_digest(contents: tuple[bytes, ...]) -> str:

@@ -2,7 +2,8 @@
 hand-made fix-nat DaemonSet), saying whether those rules enforce the ConfigMap's intent, and never writing anything.
 
 The Observer takes the Reconciler's place in the agent's loop (ipmasq.agent.loop drives either): its config half is
-the Reconciler's own (the same loader, the same last good policy, the same one-line errors); its pass reads the node's
+the one the Reconciler holds (ipmasq.agent.last_good: the same loader, the same last good policy, the same one-line
+errors); its pass reads the node's
 rules as `ipmasq check` reads them (ipmasq.diagnose.sources.read_node_rules: both iptables variants, nftables, the
 chains beside them) and compares them with `check`'s comparison (ipmasq.diagnose.check.check_node: structure, the
 config's rules, and every class of pod packet traced through postrouting), under the writer's flags (its chain, its
@@ -11,7 +12,8 @@ the policy, OUT_OF_SYNC with the first findings as one line (PassReport.mismatch
 status object, the summary Event on the ConfigMap, the metrics (ipmasq_syncs_total{result="out-of-sync"}) and
 `ipmasq status` by the same path as the enforcing agent's.
 
-What it never does: write netfilter (its backend refuses every write, so a bug cannot write either), flush
+What it never does: write netfilter (it holds no backend, only the config half it shares with the Reconciler:
+ipmasq.agent.last_good.LastGoodConfig, so a bug cannot write either), flush
 conntrack, or take the node lock (the writer owns the node). Drift is what it reports, never a reason to be not
 ready: it is not ready only while it cannot read the rules at all, or before a first good config.
 
@@ -22,7 +24,7 @@ never as a mismatch: that agent will not write it on any sync.
 
 A provider's agent that reads more than the ip-masq-agent ConfigMap (AKS's fragments, EKS's aws-node env) is observed
 with its inputs (ipmasq.observe.provider_inputs: `load` reads them as that writer does, `compare` is `check --writer`'s
-comparison, `pending` says what is not listed yet).
+comparison; until every one is listed, an InputsPending stands in for the content).
 
 Cost: a pass is due every `poll` seconds (OBSERVE_POLL_SECONDS), so that a change of the rules shows within it; an
 idle pass reads nothing while the kernel's fingerprint (ipmasq.backends.generation: the nf_tables generation over
@@ -34,21 +36,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass
 
-from ipmasq.agent.reconcile import Reconciler
+from ipmasq.agent.last_good import LastGoodConfig
 from ipmasq.agent.reports import ConfigReport, PassReport, ProbeVerdict, SyncResult
-from ipmasq.backends.base import Adopt, Fingerprint, Ownership, Runner, State, take_fingerprint
+from ipmasq.backends.base import Fingerprint, Runner, take_fingerprint
 from ipmasq.backends.iptables import Variant, detect_variant
 from ipmasq.config.model import MasqConfig
 from ipmasq.config.source import ConfigInput, config_from_bytes
 from ipmasq.diagnose.check import FindingId, NodeRules, check_node, ignored_findings
 from ipmasq.diagnose.sources import read_node_rules
-from ipmasq.errors import BackendError, ConfigError, IpmasqError, clip, one_line
+from ipmasq.errors import ConfigError, InputsPending, IpmasqError, clip, one_line
 from ipmasq.findings import Finding, Severity
 from ipmasq.options import PolicyOptions
 from ipmasq.policy.policy import Policy
-from ipmasq.prefix import Family
 from ipmasq.writers import Writer, ignored, reading
 
 __all__ = ["MISMATCH_CHARS", "OBSERVE_POLL_SECONDS", "Observer", "ignored_line", "mismatch_line",
@@ -96,34 +97,12 @@ def reference_reading(writer: Writer) -> tuple[Callable[[ConfigInput, PolicyOpti
     return load, compare
 
 
-class _NeverWrites:
-    """The Observer's config half is the Reconciler, which holds a backend: this one refuses every kernel call, so
-    that observe mode cannot write (nor read behind the observer's back) whatever happens."""
+@dataclass(frozen=True, slots=True)
+class _Watching:
+    """What the loop names as the pass's backend (its log lines, the metrics' backend label): the writer observed.
+    The Observer holds no backend at all, so it cannot write the node's rules whatever happens."""
 
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    def _refuse(self) -> BackendError:
-        return BackendError("observe mode never writes the node's rules")
-
-    def read(self, family: Family, *, adopt: Adopt = Adopt.CONFIGURED) -> State:
-        raise self._refuse()
-
-    def desired(self, policy: Policy, family: Family) -> State:
-        raise self._refuse()
-
-    def apply(self, policy: Policy, family: Family, current: State) -> None:
-        raise self._refuse()
-
-    def remove_all(self, *, adopt: Adopt = Adopt.NONE) -> tuple[Ownership, ...]:
-        raise self._refuse()
-
-    def rule_counters(self, families: Sequence[Family], *, reread: bool) -> dict[str, tuple[int, int]]:
-        raise self._refuse()
+    name: str
 
 
 ReadRules = Callable[[Policy], NodeRules]
@@ -141,15 +120,14 @@ class Observer:
     def __init__(self, options: PolicyOptions, runner: Runner, *, log: logging.Logger, writer: str,
                  backend: str = "auto", fingerprint: Fingerprint | None = None, poll: float = OBSERVE_POLL_SECONDS,
                  load: Callable[[ConfigInput, PolicyOptions], MasqConfig] = config_from_bytes,
-                 read_rules: ReadRules | None = None, compare: Compare = compare_rules,
-                 pending: Callable[[], str | None] | None = None) -> None:
+                 read_rules: ReadRules | None = None, compare: Compare = compare_rules) -> None:
         """`writer`: the program observed (a name said in status); `backend`: which rules it writes (iptables,
         nftables, or auto: whichever holds its chain); `read_rules` replaces the live read (tests); `compare` and
-        `load`: the writer's own comparison and reading of its inputs; `pending`: why those inputs are not known yet
-        (None: they are), while which nothing is loaded or compared."""
+        `load`: the writer's own comparison and reading of its inputs (an InputsPending in their place says why they
+        are not known yet: nothing is loaded or compared while it lasts)."""
         self.writer, self.chain, self.log, self.poll = writer, options.masq_chain, log, poll
-        self.backend = _NeverWrites(f"observe ({writer})")
-        self._config = Reconciler(self.backend, options, log=log, load=load)
+        self.backend = _Watching(f"observe ({writer})")
+        self._config = LastGoodConfig(options, log=log, load=load)
         self.fingerprint = fingerprint
         self._variant: Variant | None = None  # the iptables variant the writer's rules were last found in
         self._reads_since_detect = 0
@@ -165,8 +143,7 @@ class Observer:
 
         self._read_rules: ReadRules = read_rules or read_live
         self._compare_rules = compare
-        self.pending = pending  # set once the API's followers exist (they start after the Observer)
-        self._waiting: str | None = None  # what pending() last said
+        self._waiting: str | None = None  # why the writer's inputs are not known yet (an InputsPending's line)
         self._input: ConfigInput | None = None  # the last good config input
         self._seen: ConfigReport | None = None  # the last config read's report
         self._compared: tuple[Policy, ConfigInput | None, NodeRules] | None = None  # the last comparison's inputs
@@ -186,7 +163,7 @@ class Observer:
         if self._config.policy is None:
             # what stands in the way, in one line: the writer's inputs not listed yet, or not readable (a provider's
             # DaemonSet that is not there is said here, not guessed at)
-            error = self._config.config_error
+            error = self._config.error
             return ProbeVerdict(False, self._waiting or (f"not ready: {error}" if error is not None
                                                          else "not ready: no config loaded yet"))
         if not self._passes:
@@ -194,17 +171,15 @@ class Observer:
         return ProbeVerdict(True, f"ready: observing the rules {self.writer} writes in {self.chain} (this agent "
                                   "writes nothing)")
 
-    def observe(self, config_input: ConfigInput | ConfigError) -> ConfigReport:
-        self._waiting = self.pending() if self.pending is not None and self._config.policy is None else None
-        if self._waiting is not None:
-            report = ConfigReport(changed=False, config_error=None, policy_hash=None, resync_interval=self.poll,
-                                  readiness=self.readiness())
-            self._seen = report
-            return report
-        report = self._config.observe(config_input)
-        if report.config_error is None and isinstance(config_input, ConfigInput):
+    def take_config(self, config_input: ConfigInput | ConfigError) -> ConfigReport:
+        pending = config_input.message if isinstance(config_input, InputsPending) else None
+        self._waiting = pending if self._config.policy is None else None
+        changed = False if pending is not None else self._config.take(config_input)  # no content yet: nothing loaded
+        if self._config.error is None and isinstance(config_input, ConfigInput):
             self._input = config_input
-        self._seen = report = replace(report, readiness=self.readiness(), resync_interval=self.poll)
+        self._seen = report = ConfigReport(changed=changed, config_error=self._config.error,
+                                           policy_hash=self._config.policy_hash, resync_interval=self.poll,
+                                           readiness=self.readiness(), config_digest=self._config.config_digest)
         return report
 
     def reconcile(self) -> PassReport:

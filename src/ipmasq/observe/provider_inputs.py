@@ -27,10 +27,10 @@ from ipmasq.agent.api.config import ApiContent, Read, configmap_source
 from ipmasq.agent.origin import FILE, ConfigOrigin
 from ipmasq.agent.trouble import Trouble
 from ipmasq.config.model import MasqConfig
-from ipmasq.config.source import ConfigInput, config_digest
+from ipmasq.config.source import ConfigInput
 from ipmasq.diagnose.check import NodeRules, check_node, ignored_findings
 from ipmasq.diagnose.eks import check_eks, node_chain
-from ipmasq.errors import ApiMalformed, ConfigError, NotFound, clip
+from ipmasq.errors import ApiMalformed, ConfigError, InputsPending, NotFound, clip
 from ipmasq.findings import Finding
 from ipmasq.kube import objects, paths
 from ipmasq.kube.client import ApiClient
@@ -45,6 +45,7 @@ from ipmasq.writers import (
     Sources,
     Writer,
     config_files,
+    eks_with_vpc,
     ignored,
     intended,
 )
@@ -183,11 +184,11 @@ def compare_for(writer: Writer) -> Compare:
         def compare_eks(policy: Policy, rules: NodeRules, config_input: ConfigInput | None) -> Sequence[Finding]:
             sources = sources_of(config_input or ConfigInput(()))
             # the VPC's CIDRs come from the instance metadata service, which no pod is asked here: the ones the
-            # chain returns for (as `check --writer eks` takes them); the exclusions and SNAT are what is compared
+            # chain returns for (as `check --writer eks` takes them), added to the config loaded from the inputs
+            # (derived once, by load_for); the exclusions and SNAT are what is compared
             chain = node_chain(rules)
             vpc = tuple(str(p) for p in chain.vpc_cidrs) if chain is not None else ()
-            config = intended(writer, replace(sources, vpc_cidrs=vpc))
-            return check_eks(Policy(config, writer.options), rules, sources.env).findings
+            return check_eks(Policy(eks_with_vpc(policy.config, vpc), writer.options), rules, sources.env).findings
         return compare_eks
 
     def compare(policy: Policy, rules: NodeRules, config_input: ConfigInput | None) -> Sequence[Finding]:
@@ -243,8 +244,8 @@ class WriterInputs:
     def choose(self, file_read: Read) -> tuple[Read, ConfigOrigin]:
         with self._lock:
             content = self._content
-        if content is None:  # the Observer holds off until pending() is None; this is never compared
-            return ConfigInput(()), FILE
+        if content is None:  # why there is no content yet, as the content: the Observer loads nothing meanwhile
+            return InputsPending(self.pending() or "not ready: the writer's inputs not listed yet"), FILE
         return content.read, content.origin
 
     def content(self) -> ApiContent | None:
@@ -258,7 +259,7 @@ class WriterInputs:
                 return
             states = [self._states[name] for name in self.names]
             read = input_of(states)
-            digest = config_digest(tuple(data for _, data in read.files)) if isinstance(read, ConfigInput) else None
+            digest = read.digest() if isinstance(read, ConfigInput) else None
             configmaps = tuple(s for s in states if isinstance(s, ConfigMapState))
             origin = ConfigOrigin("api", digest=digest,
                                   configmaps=tuple((s.name, s.resource_version or "") for s in configmaps if s.exists),

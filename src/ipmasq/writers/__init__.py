@@ -19,7 +19,14 @@ ipmasq.writers.ignored_keys; this package names them all. Pure: values in, value
 from __future__ import annotations
 
 from ipmasq.writers.ignored_keys import Ignored, config_files, ignored
-from ipmasq.writers.intent import cilium_map_intent, eks_exclusions, eks_external_snat, intended, reading
+from ipmasq.writers.intent import (
+    cilium_map_intent,
+    eks_exclusions,
+    eks_external_snat,
+    eks_with_vpc,
+    intended,
+    reading,
+)
 from ipmasq.writers.profiles import (
     AKS_CONFIGMAPS,
     CILIUM_MAP,
@@ -60,6 +67,7 @@ __all__ = [
     "config_files",
     "eks_exclusions",
     "eks_external_snat",
+    "eks_with_vpc",
     "ignored",
     "intended",
     "reading",

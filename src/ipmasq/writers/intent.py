@@ -5,7 +5,8 @@ every `ip-masq*` fragment, the VPC CNI's environment variables, Cilium's BPF map
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from ipmasq.config.document import DocumentNode, parse_document
 from ipmasq.config.model import (
@@ -35,7 +36,7 @@ from ipmasq.writers.profiles import (
     configmap_source,
 )
 
-__all__ = ["cilium_map_intent", "eks_exclusions", "eks_external_snat", "intended", "reading"]
+__all__ = ["cilium_map_intent", "eks_exclusions", "eks_external_snat", "eks_with_vpc", "intended", "reading"]
 
 
 def intended(writer: Writer, sources: Sources) -> MasqConfig:
@@ -190,19 +191,25 @@ def _eks_intent(sources: Sources) -> MasqConfig:
         # no node SNAT at all: every destination keeps the pod's address (an external NAT device translates)
         everything = Entry(Prefix(Family.V4, 0, 0), False, Origin.CONFIG, f"{where} {ENV_EXTERNAL_SNAT}")
         return MasqConfig((everything,), masq_link_local=True, sources=(where,))
+    kept, skipped = eks_exclusions(env)
+    entries = tuple(Entry(p, False, Origin.CONFIG, f"{where} {ENV_EXCLUDE_SNAT_CIDRS}") for p in kept)
+    warnings = tuple(f"{where}: {ENV_EXCLUDE_SNAT_CIDRS} entry {clip(s)!r} is not a CIDR: the VPC CNI skips it"
+                     for s in skipped)
+    # the chain has no link-local exemption: 169.254.0.0/16 is SNATed like any other non-VPC destination
+    config = MasqConfig(entries, masq_link_local=True, masq_link_local_ipv6=True, sources=(where,), warnings=warnings)
+    return eks_with_vpc(config, sources.vpc_cidrs)
+
+
+def eks_with_vpc(config: MasqConfig, vpc_cidrs: Sequence[str]) -> MasqConfig:
+    """EKS's intent with the VPC's CIDRs first (what the instance metadata service tells the CNI; observe mode takes
+    them from the node's chain, known only when the rules are read, and adds them to the config it loaded)."""
     entries: list[Entry] = []
-    for text in sources.vpc_cidrs:
+    for text in vpc_cidrs:
         prefix = _masked_cidr(text)
         if prefix is None:
             raise ConfigError(f"VPC CIDR {clip(text)!r} is not a CIDR")
         entries.append(Entry(prefix, False, Origin.CONFIG, "VPC CIDR"))
-    kept, skipped = eks_exclusions(env)
-    entries.extend(Entry(p, False, Origin.CONFIG, f"{where} {ENV_EXCLUDE_SNAT_CIDRS}") for p in kept)
-    warnings = tuple(f"{where}: {ENV_EXCLUDE_SNAT_CIDRS} entry {clip(s)!r} is not a CIDR: the VPC CNI skips it"
-                     for s in skipped)
-    # the chain has no link-local exemption: 169.254.0.0/16 is SNATed like any other non-VPC destination
-    return MasqConfig(tuple(entries), masq_link_local=True, masq_link_local_ipv6=True, sources=(where,),
-                      warnings=warnings)
+    return replace(config, non_masquerade=(*entries, *config.non_masquerade)) if entries else config
 
 
 # Cilium ------------------------------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ for given in inputs:
     else:
         states = [ConfigMapState("kube-system", name, True, keys=tuple((k, v.encode()) for k, v in keys.items()))
                   for name, keys in sorted(given.items())]
-    observer.observe(input_of(states))
+    observer.take_config(input_of(states))
     report = observer.reconcile()
     print(json.dumps([report.result.value, report.mismatch]))
 """

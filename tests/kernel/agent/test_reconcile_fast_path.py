@@ -58,7 +58,8 @@ SCRIPT = textwrap.dedent("""
     backend, others = make_backend(backend_name, options, Counting(), variant=variant)
     rec = Reconciler(backend, options, log=logging.getLogger("agent"), others=others,
                      fingerprint=KernelFingerprint(xtables_lock=xtables_lock_path()))
-    rec.observe(ConfigInput((("/etc/config/ip-masq-agent", b"nonMasqueradeCIDRs: [10.0.0.0/8, 172.30.0.0/16]\\n"),)))
+    rec.take_config(ConfigInput((("/etc/config/ip-masq-agent",
+                                  b"nonMasqueradeCIDRs: [10.0.0.0/8, 172.30.0.0/16]\\n"),)))
 
     def step(what):
         del calls[:]

@@ -56,7 +56,7 @@ def test_applied_is_said_by_the_status_alone_then_silent_until_something_changes
     # a good new config seen: nothing until its pass says what the node enforces (one status write per change)
     seen = ConfigReport(changed=True, config_error=None, policy_hash="b" * 64, resync_interval=60.0,
                         readiness=ProbeVerdict(False, "not ready: the current config is not applied yet"))
-    assert teller.observed(seen) == Note((), None)
+    assert teller.took_config(seen) == Note((), None)
     assert teller.reconciled(applied("b" * 64)).status is not None
 
 
@@ -67,12 +67,12 @@ def test_a_rejected_config_is_said_once_with_its_line_and_the_policy_kept() -> N
     report = ConfigReport(changed=True, config_error=bad, policy_hash="a" * 64, resync_interval=60.0,
                           readiness=ProbeVerdict(False, f"not ready: config error: {bad}"),
                           origin=origin(digest="c" * 64))
-    (said,) = teller.observed(report).occurrences
+    (said,) = teller.took_config(report).occurrences
     assert said.reason == "ConfigRejected" and said.type == "Warning"
     assert said.target == teller.node_ref  # on the Node: the ConfigMap gets the fleet's summary instead
     assert teller.status.rejected_digest == "c" * 64  # the content rejected, for the summary's tally
     assert said.message == f"node node-a rejected the config: {bad} (keeping policy aaaaaaaaaaaa)"
-    assert teller.observed(report).occurrences == ()
+    assert teller.took_config(report).occurrences == ()
     assert teller.status.last_rejection == bad
     # the passes that keep enforcing the last good policy meanwhile say nothing more
     assert teller.reconciled(applied(error=bad, result=SyncResult.IN_SYNC)).occurrences == ()
@@ -123,7 +123,7 @@ def test_a_config_change_costs_one_status_write_not_one_per_report() -> None:
         # a new config: seen (not ready: not applied yet), then its pass (ready); the writer waits for the second
         changed = ConfigReport(changed=True, config_error=None, policy_hash="a" * 64, resync_interval=60.0,
                                readiness=ProbeVerdict(False, "not ready: the current config is not applied yet"))
-        reporter.observed(changed)
+        reporter.took_config(changed)
         reporter.reconciled(applied("b" * 64), 0.01)
         eventually(lambda: client.objects[paths.statuses("node-a")]["policyHash"] == "b" * 64,
                    lambda: f"the new policy's hash written; calls: {client.calls}")

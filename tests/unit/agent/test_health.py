@@ -8,15 +8,15 @@ import logging
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ipmasq.agent.health import StatusServer, query, respond, respond_metrics_only
-from ipmasq.agent.metrics import AgentStatus
+from ipmasq.agent.health import EndpointServer, query, respond, respond_metrics_only
+from ipmasq.agent.metrics import AgentVitals
 from ipmasq.errors import IpmasqError
 from tests.unit.agent.test_responder import exchange
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/readyz", "/settings", "/", "/metricsx", "/metrics/"])
 def test_the_scrape_listener_answers_nothing_but_metrics(path: str) -> None:
-    status = AgentStatus(version="test", backend="iptables")
+    status = AgentVitals(version="test", backend="iptables")
     status.settings = {"config": "/etc/config/ip-masq-agent", "node": "secret-node"}
     answer = respond_metrics_only(status, path)
     assert answer.status == 404 and b"secret-node" not in answer.body
@@ -24,8 +24,8 @@ def test_the_scrape_listener_answers_nothing_but_metrics(path: str) -> None:
 
 
 def test_the_scrape_listener_serves_the_same_metrics_over_http() -> None:
-    status = AgentStatus(version="test", backend="nftables")
-    server = StatusServer(status, "127.0.0.1:0", metrics_only=True, flag="--prometheus-address")
+    status = AgentVitals(version="test", backend="nftables")
+    server = EndpointServer(status, "127.0.0.1:0", metrics_only=True, flag="--prometheus-address")
     server.start()
     try:
         address = f"127.0.0.1:{server.port}"
@@ -40,15 +40,15 @@ def test_the_scrape_listener_serves_the_same_metrics_over_http() -> None:
 
 
 def test_an_address_in_use_names_the_flag(caplog: pytest.LogCaptureFixture) -> None:
-    first = StatusServer(AgentStatus(version="t", backend="b"), "127.0.0.1:0")
+    first = EndpointServer(AgentVitals(version="t", backend="b"), "127.0.0.1:0")
     first.start()
     try:
-        second = StatusServer(AgentStatus(version="t", backend="b"), f"127.0.0.1:{first.port}", metrics_only=True,
+        second = EndpointServer(AgentVitals(version="t", backend="b"), f"127.0.0.1:{first.port}", metrics_only=True,
                               flag="--prometheus-address")
         with pytest.raises(IpmasqError, match=r"--prometheus-address"):
             second.start()
         second.stop()
-        third = StatusServer(AgentStatus(version="t", backend="b"), f"127.0.0.1:{first.port}", metrics_only=True,
+        third = EndpointServer(AgentVitals(version="t", backend="b"), f"127.0.0.1:{first.port}", metrics_only=True,
                              flag="--prometheus-address")
         with caplog.at_level(logging.WARNING):
             third.start(wait_if_in_use=True, log=logging.getLogger("test"))
@@ -66,14 +66,14 @@ def test_per_rule_series_are_on_the_node_address_only_when_opted_in_and_always_o
     from ipmasq.testing import FakeIptables
     from tests.configs import agent_config
 
-    status = AgentStatus(version="test", backend="iptables")
+    status = AgentVitals(version="test", backend="iptables")
     rec = Reconciler(IptablesBackend(FakeIptables(), chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(),
                      log=logging.getLogger("test.health"), fingerprint=lambda: "unchanged")
-    rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\nrules:\n  - name: to-the-payroll-db\n"
+    rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\nrules:\n  - name: to-the-payroll-db\n"
                              "    destinations: [172.30.0.0/16]\n    action: preserve\n"))
     status.reconciled(rec.reconcile(), 0.001)
 
-    def served(server: StatusServer) -> str:
+    def served(server: EndpointServer) -> str:
         server.start()
         try:
             answer = exchange(server.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -83,10 +83,10 @@ def test_per_rule_series_are_on_the_node_address_only_when_opted_in_and_always_o
         assert head.startswith(b"HTTP/1.1 200 OK")
         return body.decode()
 
-    scrape = served(StatusServer(status, "127.0.0.1:0", metrics_only=True, flag="--prometheus-address"))
+    scrape = served(EndpointServer(status, "127.0.0.1:0", metrics_only=True, flag="--prometheus-address"))
     assert "to-the-payroll-db" not in scrape and "ipmasq_rule_" not in scrape and "ipmasq_ready" in scrape
-    opted_in = served(StatusServer(status, "127.0.0.1:0", metrics_only=True, flag="--prometheus-address",
+    opted_in = served(EndpointServer(status, "127.0.0.1:0", metrics_only=True, flag="--prometheus-address",
                                    rule_series=True))
-    loopback = served(StatusServer(status, "127.0.0.1:0"))
+    loopback = served(EndpointServer(status, "127.0.0.1:0"))
     for text in (opted_in, loopback):
         assert 'ipmasq_rule_packets_total{family="ipv4",rule="to-the-payroll-db"}' in text

@@ -60,7 +60,7 @@ def fake() -> FakeIptables:
 
 def test_first_pass_installs_then_idle_passes_write_nothing(fake: FakeIptables) -> None:
     rec = make(fake)
-    rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
     assert rec.reconcile().result is SyncResult.APPLIED
     assert [r.split(" ")[3] if " -d " in r else r.split(" -j ")[1] for r in ours(fake)] == [
         "169.254.0.0/16", "10.0.0.0/8", "MASQUERADE --random-fully"]
@@ -77,7 +77,7 @@ def test_first_pass_installs_then_idle_passes_write_nothing(fake: FakeIptables) 
 @pytest.mark.parametrize("drift", ["flush", "delete-chain", "delete-jump", "insert", "reorder", "duplicate-jump"])
 def test_drift_is_repaired_and_foreign_rules_untouched(fake: FakeIptables, drift: str) -> None:
     rec = make(fake)
-    rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n"))
+    rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n"))
     rec.reconcile()
     installed = fake.save("iptables", "nat")
     table = fake.table()
@@ -105,12 +105,12 @@ def test_drift_is_repaired_and_foreign_rules_untouched(fake: FakeIptables, drift
 
 def test_bad_config_keeps_last_good_and_logs_once(fake: FakeIptables, caplog: pytest.LogCaptureFixture) -> None:
     rec = make(fake)
-    rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
     rec.reconcile()
     good = fake.save("iptables", "nat")
     caplog.set_level(logging.INFO, logger=LOG.name)
     for _ in range(5):
-        rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.1/8]\n"))
+        rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.1/8]\n"))
         fake.table().chains["IP-MASQ-AGENT"] = []  # drift while the config is bad
         assert rec.reconcile().result is SyncResult.APPLIED
         assert fake.save("iptables", "nat") == good
@@ -118,37 +118,37 @@ def test_bad_config_keeps_last_good_and_logs_once(fake: FakeIptables, caplog: py
     assert len(errors) == 1
     assert "/etc/config/ip-masq-agent:1" in errors[0] and "10.0.0.1/8" in errors[0]
     assert not rec.ready
-    rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
     assert rec.ready
 
 
 def test_starting_with_bad_config_touches_nothing_until_a_good_one(fake: FakeIptables) -> None:
     rec = make(fake)
     before = fake.save("iptables", "nat")
-    rec.observe(agent_config("resyncInterval: 0s\n"))
+    rec.take_config(agent_config("resyncInterval: 0s\n"))
     assert rec.reconcile().result is SyncResult.NO_POLICY
-    rec.observe(ConfigError("cannot read: Permission denied", source="/etc/config/ip-masq-agent"))
+    rec.take_config(ConfigError("cannot read: Permission denied", source="/etc/config/ip-masq-agent"))
     assert rec.reconcile().result is SyncResult.NO_POLICY
     assert fake.save("iptables", "nat") == before
     assert fake.writes == 0 and not rec.ready
-    rec.observe(agent_config("nonMasqueradeCIDRs: []\n"))
+    rec.take_config(agent_config("nonMasqueradeCIDRs: []\n"))
     assert rec.reconcile().result is SyncResult.APPLIED
     assert len(ours(fake)) == 2  # link-local RETURN and MASQUERADE
 
 
 def test_missing_file_means_defaults(fake: FakeIptables) -> None:
     rec = make(fake)
-    rec.observe(ConfigInput(()))
+    rec.take_config(ConfigInput(()))
     rec.reconcile()
     assert sum("-j RETURN" in r for r in ours(fake)) == 4  # link-local and the three RFC 1918 ranges
 
 
 def test_changed_masq_chain_removes_the_old_chain_and_jump(fake: FakeIptables) -> None:
     old = make(fake, PolicyOptions(masq_chain="IP-MASQ"))
-    old.observe(ConfigInput(()))
+    old.take_config(ConfigInput(()))
     old.reconcile()
     new = make(fake, PolicyOptions())
-    new.observe(ConfigInput(()))
+    new.take_config(ConfigInput(()))
     assert new.reconcile().result is SyncResult.APPLIED
     assert "IP-MASQ" not in fake.table().chains
     jumps = [r for r in fake.table().rules("POSTROUTING") if "ip-masq-agent" in r]
@@ -159,7 +159,7 @@ def test_changed_masq_chain_removes_the_old_chain_and_jump(fake: FakeIptables) -
 def test_busy_lock_and_rejected_payload_are_retried(fake: FakeIptables, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=LOG.name)
     rec = make(fake)
-    rec.observe(ConfigInput(()))
+    rec.take_config(ConfigInput(()))
     fake.lock_busy = True
     assert rec.reconcile().result is SyncResult.FAILED
     assert rec.reconcile().result is SyncResult.FAILED
@@ -179,7 +179,7 @@ def test_busy_lock_and_rejected_payload_are_retried(fake: FakeIptables, caplog: 
 
 def test_ipv6_is_managed_with_ip6tables(fake: FakeIptables) -> None:
     rec = make(fake, PolicyOptions(enable_ipv6=True))
-    rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\n"))
+    rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 'fd00::/8']\n"))
     rec.reconcile()
     assert [r.split(" ")[3] for r in fake.table("ip6tables").rules("IP-MASQ-AGENT")[:2]] == ["fe80::/10", "fd00::/8"]
     assert rec.reconcile().result is SyncResult.IN_SYNC
@@ -187,7 +187,7 @@ def test_ipv6_is_managed_with_ip6tables(fake: FakeIptables) -> None:
 
 def test_remove_all_removes_only_ours(fake: FakeIptables) -> None:
     rec = make(fake, PolicyOptions(enable_ipv6=True))
-    rec.observe(ConfigInput(()))
+    rec.take_config(ConfigInput(()))
     rec.reconcile()
     rec.backend.remove_all()
     for tool in ("iptables", "ip6tables"):
@@ -284,23 +284,24 @@ def test_policy_change_hook_gets_the_replaced_and_the_new_policy_only_on_a_chang
     rec = make(fake)
     rec.on_policy_change = lambda before, after: calls.append(
         ([str(e.prefix) for e in before.config.non_masquerade], [str(e.prefix) for e in after.config.non_masquerade]))
-    rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]\n"))
+    rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]\n"))
     assert rec.reconcile().result is SyncResult.APPLIED
     assert calls == []  # the first install: what the kernel held before is not a policy of ours
     fake.restore("iptables", "*nat\n-F IP-MASQ-AGENT\nCOMMIT\n")  # drift, same policy: no conntrack flush
     assert rec.reconcile().result is SyncResult.APPLIED
     assert calls == []
-    rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
     assert rec.reconcile().result is SyncResult.APPLIED
     assert calls == [(["10.0.0.0/8", "172.16.0.0/12"], ["10.0.0.0/8"])]
-    rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8\n"))  # bad: the last good policy stays, nothing flushed
+    # bad: the last good policy stays, nothing flushed
+    rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8\n"))
     assert rec.reconcile().result is SyncResult.IN_SYNC
     assert len(calls) == 1
 
 
 def test_each_pass_hands_out_its_facts_as_one_value(fake: FakeIptables) -> None:
     rec = make(fake)
-    seen = rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 20s\n"))
+    seen = rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 20s\n"))
     assert seen.changed and seen.config_error is None and seen.resync_interval == 20
     assert seen.readiness == ProbeVerdict(False, "not ready: the current config is not applied yet")
     assert rec.policy is not None and seen.policy_hash == policy_hash(rec.policy)
@@ -312,7 +313,7 @@ def test_each_pass_hands_out_its_facts_as_one_value(fake: FakeIptables) -> None:
         writes=(FamilyWrite(Family.V4, added=7, removed=0, installed=True),), removed_leftovers=(),
         policy_hash=seen.policy_hash, objects=(ObjectCount(Family.V4, rules=4, set_elements=0),),
         resync_interval=20.0, readiness=ProbeVerdict(True, "ready: the kernel matches the current config"))
-    assert rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 20s\n")).changed is False
+    assert rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 20s\n")).changed is False
     idle = rec.reconcile()
     assert (idle.result, idle.writes, idle.drift_repair, idle.objects) == (SyncResult.IN_SYNC, (), False,
                                                                            installed.objects)
@@ -326,15 +327,15 @@ def test_each_pass_hands_out_its_facts_as_one_value(fake: FakeIptables) -> None:
 
 def test_a_bad_config_and_a_failing_backend_are_in_the_report(fake: FakeIptables) -> None:
     rec = make(fake)
-    rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
     good = rec.reconcile()
-    bad = rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.1/8]\n"))
+    bad = rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.1/8]\n"))
     assert bad.changed and bad.config_error is not None and bad.config_error.startswith("/etc/config/ip-masq-agent:1")
     assert bad.policy_hash == good.policy_hash  # the last good policy is still the one enforced
     kept = rec.reconcile()
     assert kept.result is SyncResult.IN_SYNC and kept.config_error == bad.config_error
     assert not kept.readiness.ok and kept.readiness.why == f"not ready: config error: {bad.config_error}"
-    rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n"))
+    rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n"))
     fake.lock_busy = True
     failed = rec.reconcile()
     assert failed.result is SyncResult.FAILED and failed.backend_error is not None

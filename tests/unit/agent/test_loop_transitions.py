@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ipmasq.agent.health import StatusServer, query
+from ipmasq.agent.health import EndpointServer, query
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup, wait_for_node_lock
-from ipmasq.agent.metrics import READINESS_GRACE_SECONDS, AgentStatus
+from ipmasq.agent.metrics import READINESS_GRACE_SECONDS, AgentVitals
 from ipmasq.agent.nodelock import NodeLock, default_lock_path
 from ipmasq.agent.reconcile import Reconciler
 from ipmasq.backends.base import Adopt
@@ -41,8 +41,8 @@ def test_readiness_goes_stale_when_no_pass_completes() -> None:
     clock = Clock()
     fake = FakeIptables()
     rec = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(), log=LOG)
-    status = AgentStatus(version="9.9", backend="iptables", clock=clock)
-    status.observed(rec.observe(agent_config("resyncInterval: 10s\n")))
+    status = AgentVitals(version="9.9", backend="iptables", clock=clock)
+    status.took_config(rec.take_config(agent_config("resyncInterval: 10s\n")))
     status.reconciled(rec.reconcile(), 0.01)
     assert status.readiness().ok and status.snapshot().ready
     clock.now += 2 * 10 + READINESS_GRACE_SECONDS  # at the limit: still the last pass's word
@@ -89,8 +89,8 @@ def test_an_unexpected_exception_never_ends_the_loop(tmp_path: Path, caplog: pyt
     fake = FakeIptables()
     flaky = Flaky(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT))
     rec = Reconciler(flaky, PolicyOptions(), log=LOG)  # type: ignore[arg-type]
-    status = AgentStatus(version="9.9", backend="iptables")
-    agent = Agent(rec, LoopSettings(config_path=str(path), backoff_initial=0.01), log=LOG, observer=status)
+    status = AgentVitals(version="9.9", backend="iptables")
+    agent = Agent(rec, LoopSettings(config_path=str(path), backoff_initial=0.01), log=LOG, listener=status)
     wakeup = Wakeup()
     thread = threading.Thread(target=agent.run, args=(wakeup,))
     with caplog.at_level(logging.INFO):
@@ -126,12 +126,12 @@ def test_a_second_agent_waits_for_the_node_lock_and_takes_over(tmp_path: Path,
     polls: list[int | None] = []  # each time the waiting agent looked for the holder: once per poll
     holder = second.holder
     second.holder = lambda: polls.append(holder()) or polls[-1]  # type: ignore[method-assign]
-    status = AgentStatus(version="9.9", backend="")
+    status = AgentVitals(version="9.9", backend="")
     wakeup = Wakeup()
     got: list[bool] = []
     with caplog.at_level(logging.INFO):
         thread = threading.Thread(target=lambda: got.append(wait_for_node_lock(second, wakeup, log=LOG,
-                                                                              observer=status, poll=0.01)))
+                                                                              listener=status, poll=0.01)))
         thread.start()
         eventually(lambda: "waiting" in status.readiness().why, "not ready: waiting for the node lock")
         ready = status.readiness()
@@ -187,10 +187,10 @@ def test_a_metrics_port_in_use_is_retried_until_free(caplog: pytest.LogCaptureFi
     held.bind(("127.0.0.1", 0))
     held.listen()
     address = f"127.0.0.1:{held.getsockname()[1]}"
-    status = AgentStatus(version="9.9", backend="iptables")
+    status = AgentVitals(version="9.9", backend="iptables")
     with pytest.raises(IpmasqError, match="cannot listen on"):
-        StatusServer(status, address).start()  # without waiting: one clear error, as before
-    server = StatusServer(status, address)
+        EndpointServer(status, address).start()  # without waiting: one clear error, as before
+    server = EndpointServer(status, address)
     with caplog.at_level(logging.INFO):
         server.start(wait_if_in_use=True, log=LOG)
         try:
@@ -211,7 +211,7 @@ def test_a_metrics_server_stopped_while_it_waits_exits_at_once() -> None:
     held.bind(("127.0.0.1", 0))
     held.listen()
     try:
-        server = StatusServer(AgentStatus(version="9.9", backend=""), f"127.0.0.1:{held.getsockname()[1]}")
+        server = EndpointServer(AgentVitals(version="9.9", backend=""), f"127.0.0.1:{held.getsockname()[1]}")
         server.start(wait_if_in_use=True)
         stopper = threading.Thread(target=server.stop)
         stopper.start()

@@ -1,4 +1,4 @@
-"""AgentStatus (what /metrics, /healthz and /readyz report) driven by the real Reconciler over the stateful fake.
+"""AgentVitals (what /metrics, /healthz and /readyz report) driven by the real Reconciler over the stateful fake.
 
 /metrics is written by ipmasq.agent.exposition without prometheus-client; the library is the test oracle here:
 every scrape below is parsed back with its own parser.
@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ipmasq.agent.health import parse_listen_address
 from ipmasq.agent.logs import configure_logging
 from ipmasq.agent.loop import Agent, LoopSettings, Wakeup
-from ipmasq.agent.metrics import LIVENESS_GRACE_SECONDS, AgentStatus, render_metrics
+from ipmasq.agent.metrics import LIVENESS_GRACE_SECONDS, AgentVitals, render_metrics
 from ipmasq.agent.reconcile import Reconciler
 from ipmasq.agent.reports import SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
@@ -42,24 +42,24 @@ def fake() -> FakeIptables:
     return FakeIptables()
 
 
-def make(fake: FakeIptables, clock: Clock) -> tuple[Reconciler, AgentStatus]:
+def make(fake: FakeIptables, clock: Clock) -> tuple[Reconciler, AgentVitals]:
     backend = IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT)
-    return Reconciler(backend, PolicyOptions(), log=LOG), AgentStatus(version="9.9", backend=backend.name,
+    return Reconciler(backend, PolicyOptions(), log=LOG), AgentVitals(version="9.9", backend=backend.name,
                                                                       clock=clock, wall=lambda: 1.7e9)
 
 
-def step(rec: Reconciler, status: AgentStatus, config: ConfigInput | None = None, *,
+def step(rec: Reconciler, status: AgentVitals, config: ConfigInput | None = None, *,
          seconds: float = 0.003) -> SyncResult:
     """What one pass of the loop does: read, hand the observer the report, reconcile, hand it the pass's report."""
     status.heartbeat()
     if config is not None:
-        status.observed(rec.observe(config))
+        status.took_config(rec.take_config(config))
     report = rec.reconcile()
     status.reconciled(report, seconds)
     return report.result
 
 
-def scrape(status: AgentStatus) -> dict[str, float]:
+def scrape(status: AgentVitals) -> dict[str, float]:
     """What /metrics serves, parsed back by prometheus-client, as {"name{label=value,...}": value}."""
     samples = {}
     for family in text_string_to_metric_families(render_metrics(status).decode()):
@@ -97,7 +97,7 @@ def test_counts_follow_installs_idle_passes_drift_and_reloads(fake: FakeIptables
 
 def test_duration_histogram_is_cumulative(fake: FakeIptables) -> None:
     rec, status = make(fake, Clock())
-    rec.observe(agent_config("{}"))
+    rec.take_config(agent_config("{}"))
     for seconds in (0.001, 0.2, 0.2, 3.0, 100.0):
         status.reconciled(rec.reconcile(), seconds)
     m = scrape(status)
@@ -119,7 +119,7 @@ def test_bad_config_makes_not_ready_while_the_last_good_stays_enforced(fake: Fak
     m = scrape(status)
     assert m["ipmasq_config_load_errors_total"] == 1 and m["ipmasq_config_valid"] == 0 and m["ipmasq_ready"] == 0
     # a good config again: not ready until the pass that verifies the kernel holds it
-    status.observed(rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10]\n")))
+    status.took_config(rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10]\n")))
     assert status.readiness().why == "not ready: the current config is not applied yet"
     status.reconciled(rec.reconcile(), 0.01)
     assert status.readiness().ok and scrape(status)["ipmasq_config_valid"] == 1
@@ -174,8 +174,8 @@ def test_the_real_loop_feeds_the_observer(fake: FakeIptables, tmp_path: Path) ->
     path = tmp_path / "ip-masq-agent"
     path.write_text("resyncInterval: 20ms\n")
     rec, status = make(fake, Clock())
-    status = AgentStatus(version="9.9", backend="iptables")
-    agent = Agent(rec, LoopSettings(config_path=str(path)), log=LOG, observer=status)
+    status = AgentVitals(version="9.9", backend="iptables")
+    agent = Agent(rec, LoopSettings(config_path=str(path)), log=LOG, listener=status)
     wakeup = Wakeup()
     thread = threading.Thread(target=agent.run, args=(wakeup,))
     thread.start()
@@ -229,7 +229,7 @@ def test_text_log_lines() -> None:
     assert line.endswith("Z ipmasq agent: WARNING config warning: unknown key")
 
 
-def families_of(status: AgentStatus) -> dict[str, tuple[str, str]]:
+def families_of(status: AgentVitals) -> dict[str, tuple[str, str]]:
     """{family name: (type, help)} as prometheus-client's parser reads what /metrics serves."""
     return {f.name: (f.type, f.documentation) for f in text_string_to_metric_families(render_metrics(status).decode())}
 
@@ -262,14 +262,14 @@ def test_every_family_has_its_type_and_help(fake: FakeIptables) -> None:
 
 def test_label_values_are_escaped() -> None:
     hostile = 'v1 "quoted" back\\slash\nnew line'
-    status = AgentStatus(version=hostile, backend="nftables", clock=Clock())
+    status = AgentVitals(version=hostile, backend="nftables", clock=Clock())
     text = render_metrics(status).decode()
     assert 'version="v1 \\"quoted\\" back\\\\slash\\nnew line"' in text  # one line, escaped
     assert scrape(status)[f"ipmasq_build_info{{backend=nftables,version={hostile}}}"] == 1
 
 
 def test_process_metrics_come_from_proc_self() -> None:
-    m = scrape(AgentStatus(version="9.9", backend="iptables"))
+    m = scrape(AgentVitals(version="9.9", backend="iptables"))
     with open("/proc/self/status") as f:
         rss_kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
     assert abs(m["process_resident_memory_bytes"] - rss_kib * 1024) < 8 * 1024 * 1024
@@ -290,8 +290,8 @@ def test_process_metrics_come_from_proc_self() -> None:
 def test_serving_metrics_never_imports_prometheus_client() -> None:
     script = ("import sys\n"
               "import ipmasq.commands.agent\n"
-              "from ipmasq.agent.metrics import AgentStatus, render_metrics\n"
-              "assert render_metrics(AgentStatus(version='1', backend='iptables')).startswith(b'# HELP')\n"
+              "from ipmasq.agent.metrics import AgentVitals, render_metrics\n"
+              "assert render_metrics(AgentVitals(version='1', backend='iptables')).startswith(b'# HELP')\n"
               "print(sorted(m for m in sys.modules if m.startswith('prometheus')))\n")
     result = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

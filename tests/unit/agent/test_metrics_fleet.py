@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ipmasq.agent.metrics import AgentStatus, render_metrics
+from ipmasq.agent.metrics import AgentVitals, render_metrics
 from ipmasq.agent.reconcile import FOREIGN_RECOUNT_PASSES, Reconciler
 from ipmasq.backends.iptables import IptablesBackend, Variant
 from ipmasq.cli import main
@@ -21,7 +21,7 @@ GOOD = "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 30s\n"
 OTHER = "nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]\nresyncInterval: 30s\n"
 
 
-def _samples(status: AgentStatus, name: str) -> list[tuple[dict[str, str], float]]:
+def _samples(status: AgentVitals, name: str) -> list[tuple[dict[str, str], float]]:
     return [(dict(s.labels), s.value) for family in text_string_to_metric_families(render_metrics(status).decode())
             for s in family.samples if s.name == name]
 
@@ -36,10 +36,10 @@ def _printed_hash(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str])
 def test_enforced_config_hash_is_what_render_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rec = Reconciler(IptablesBackend(FakeIptables(), chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(),
                      log=logging.getLogger("test.fleet"))
-    status = AgentStatus(version="0", backend="iptables (nft)")
+    status = AgentVitals(version="0", backend="iptables (nft)")
     assert _samples(status, "ipmasq_enforced_config_info") == []  # nothing enforced before the first pass
 
-    status.observed(rec.observe(ConfigInput((("/etc/config/ip-masq-agent", GOOD.encode()),))))
+    status.took_config(rec.take_config(ConfigInput((("/etc/config/ip-masq-agent", GOOD.encode()),))))
     status.reconciled(rec.reconcile(), 0.01)
     good = _printed_hash(tmp_path, GOOD, capsys)
     assert len(good) == 16 and int(good, 16) >= 0
@@ -47,12 +47,12 @@ def test_enforced_config_hash_is_what_render_prints(tmp_path: Path, capsys: pyte
     assert _samples(status, "ipmasq_resync_interval_seconds") == [({}, 30.0)]
 
     # a bad config: the kernel still enforces the last good one, and the metric says so
-    status.observed(rec.observe(ConfigInput((("/etc/config/ip-masq-agent", b"nonMasqueradeCIDRs: [bogus]\n"),))))
+    status.took_config(rec.take_config(ConfigInput((("/etc/config/ip-masq-agent", b"nonMasqueradeCIDRs: [bogus]\n"),))))
     status.reconciled(rec.reconcile(), 0.01)
     assert _samples(status, "ipmasq_enforced_config_info") == [({"config_hash": good}, 1.0)]
     assert _samples(status, "ipmasq_config_valid") == [({}, 0.0)]
 
-    status.observed(rec.observe(ConfigInput((("/etc/config/ip-masq-agent", OTHER.encode()),))))
+    status.took_config(rec.take_config(ConfigInput((("/etc/config/ip-masq-agent", OTHER.encode()),))))
     status.reconciled(rec.reconcile(), 0.01)
     other = _printed_hash(tmp_path, OTHER, capsys)
     assert other != good
@@ -127,9 +127,9 @@ def test_foreign_masquerade_metric_follows_the_counter() -> None:
     counted = iter([3, 1])
     rec = Reconciler(IptablesBackend(FakeIptables(), chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(),
                      log=logging.getLogger("test.fleet"), count_foreign=lambda: next(counted))
-    status = AgentStatus(version="0", backend="iptables (nft)")
+    status = AgentVitals(version="0", backend="iptables (nft)")
     assert _samples(status, "ipmasq_foreign_masquerade_rules") == []  # not counted yet: absent, not 0
-    status.observed(rec.observe(ConfigInput((("/etc/config/ip-masq-agent", GOOD.encode()),))))
+    status.took_config(rec.take_config(ConfigInput((("/etc/config/ip-masq-agent", GOOD.encode()),))))
     status.reconciled(rec.reconcile(), 0.01)  # the first pass installs our rules: counted
     assert _samples(status, "ipmasq_foreign_masquerade_rules") == [({}, 3.0)]
     for _ in range(FOREIGN_RECOUNT_PASSES - 1):  # idle passes do not re-read the whole nat table every time

@@ -7,7 +7,7 @@ import logging
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ipmasq.agent.metrics import AgentStatus, render_metrics
+from ipmasq.agent.metrics import AgentVitals, render_metrics
 from ipmasq.agent.reconcile import Reconciler
 from ipmasq.agent.reports import RuleCount, SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
@@ -33,7 +33,7 @@ rules:
 PLAIN = "nonMasqueradeCIDRs: [10.0.0.0/8]\n"
 
 
-def scraped(status: AgentStatus) -> dict[tuple[str, str, str], float]:
+def scraped(status: AgentVitals) -> dict[tuple[str, str, str], float]:
     """{(sample name, rule, family): value} of the rule counters, as prometheus-client parses /metrics."""
     out = {}
     for family in text_string_to_metric_families(render_metrics(status).decode()):
@@ -44,7 +44,7 @@ def scraped(status: AgentStatus) -> dict[tuple[str, str, str], float]:
     return out
 
 
-def run(rec: Reconciler, status: AgentStatus) -> SyncResult:
+def run(rec: Reconciler, status: AgentVitals) -> SyncResult:
     report = rec.reconcile()
     status.reconciled(report, 0.001)
     return report.result
@@ -58,8 +58,8 @@ def test_iptables_counters_summed_over_a_rules_lines_from_the_passs_own_read() -
     fake = FakeIptables()
     rec = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(), log=LOG,
                      fingerprint=lambda: "unchanged")
-    status = AgentStatus(version="t", backend="iptables")
-    rec.observe(agent_config(RULES))
+    status = AgentVitals(version="t", backend="iptables")
+    rec.take_config(agent_config(RULES))
     assert run(rec, status) is SyncResult.APPLIED
     assert scraped(status) == {("ipmasq_rule_packets_total", "two-destinations", "ipv4"): 0,
                                ("ipmasq_rule_bytes_total", "two-destinations", "ipv4"): 0,
@@ -89,8 +89,8 @@ def test_without_rules_no_counters_and_no_extra_read() -> None:
     fake = FakeIptables()
     rec = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(), log=LOG,
                      fingerprint=lambda: "unchanged")
-    status = AgentStatus(version="t", backend="iptables")
-    rec.observe(agent_config(PLAIN))
+    status = AgentVitals(version="t", backend="iptables")
+    rec.take_config(agent_config(PLAIN))
     run(rec, status)
     run(rec, status)
     before = len(fake.calls)
@@ -102,8 +102,8 @@ def test_without_rules_no_counters_and_no_extra_read() -> None:
 def test_nftables_counters_from_the_listing_and_the_terse_listing_when_idle() -> None:
     fake = FakeNft()
     rec = Reconciler(NftablesBackend(fake), PolicyOptions(), log=LOG, fingerprint=lambda: "unchanged")
-    status = AgentStatus(version="t", backend="nftables")
-    rec.observe(agent_config(RULES))
+    status = AgentVitals(version="t", backend="nftables")
+    rec.take_config(agent_config(RULES))
     assert run(rec, status) is SyncResult.APPLIED
     assert run(rec, status) is SyncResult.IN_SYNC
     fake.count("ip-masq-agent: rule partner-https", 3, 180)
@@ -120,8 +120,8 @@ def test_a_pass_report_carries_the_counts_of_this_nodes_rules_only() -> None:
     fake = FakeIptables()
     options = PolicyOptions(node_name="general-1")
     rec = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), options, log=LOG)
-    rec.observe(agent_config(RULES + "  - name: egress-only\n    destinations: [10.2.0.0/16]\n    nodes: ['egress-*']\n"
-                            "    action: masquerade\n"))
+    rec.take_config(agent_config(RULES + "  - name: egress-only\n    destinations: [10.2.0.0/16]\n"
+                                 "    nodes: ['egress-*']\n    action: masquerade\n"))
     report = rec.reconcile()
     assert [c.rule for c in report.rule_counters] == ["two-destinations", "partner-https"]
     assert report.rule_counters[0] == RuleCount("two-destinations", Family.V4, 0, 0)

@@ -74,7 +74,7 @@ class Reports:
     def heartbeat(self) -> None:
         pass
 
-    def observed(self, report: ConfigReport) -> None:
+    def took_config(self, report: ConfigReport) -> None:
         self.configs.append(report)
 
     def reconciled(self, report: PassReport, seconds: float) -> None:
@@ -95,7 +95,7 @@ def test_a_pass_carries_the_origin_of_what_it_enforced_and_a_rejection_its_own(t
     good, bad, fixed = api("5", "a" * 64), api("6", "b" * 64), api("7", "c" * 64)
     source.publish("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 60s\n", good)
     agent = Agent(reconciler, LoopSettings(config_path=str(tmp_path / "ip-masq-agent")),
-                  api_config=source, observer=reports, log=logging.getLogger("test.origin"))
+                  api_config=source, listener=reports, log=logging.getLogger("test.origin"))
     wakeup = Wakeup()
     thread = threading.Thread(target=agent.run, args=(wakeup,))
     thread.start()

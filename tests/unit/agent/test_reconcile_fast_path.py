@@ -50,7 +50,7 @@ def reconciler(node: Node) -> Reconciler:
     backend = IptablesBackend(node.fake, chain="IP-MASQ-AGENT", variant=Variant.NFT)
     rec = Reconciler(backend, PolicyOptions(), log=LOG, fingerprint=node.fingerprint,
                      count_foreign=node.count_foreign)
-    rec.observe(CONFIG)
+    rec.take_config(CONFIG)
     return rec
 
 
@@ -117,7 +117,7 @@ def test_a_new_config_is_read_and_written_whatever_the_fingerprint() -> None:
     rec = reconciler(node)
     rec.reconcile()
     rec.reconcile()
-    rec.observe(ConfigInput((("/etc/config/ip-masq-agent", b"nonMasqueradeCIDRs: [10.0.0.0/8]\n"),)))
+    rec.take_config(ConfigInput((("/etc/config/ip-masq-agent", b"nonMasqueradeCIDRs: [10.0.0.0/8]\n"),)))
     assert rec.reconcile().result is SyncResult.APPLIED
     assert not any("172.30.0.0/16" in rule for rule in node.fake.table().rules("IP-MASQ-AGENT"))
 

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from ipmasq.agent.metrics import AgentStatus, metric_families
+from ipmasq.agent.metrics import AgentVitals, metric_families
 from ipmasq.agent.reconcile import FOREIGN_QUIET_PERIODS, FOREIGN_REWRITES, Reconciler
 from ipmasq.agent.reports import SyncResult
 from ipmasq.backends.iptables import IptablesBackend, Variant
@@ -37,7 +37,7 @@ class Node:
         self.clock = Clock()
         backend = IptablesBackend(self.fake, chain="IP-MASQ-AGENT", variant=Variant.NFT)
         self.rec = Reconciler(backend, PolicyOptions(), log=logging.getLogger("test.foreign"), clock=self.clock)
-        self.rec.observe(CONFIG)
+        self.rec.take_config(CONFIG)
 
     def other_writes(self, text: str = OTHER) -> None:
         assert self.fake.restore("iptables", text).returncode == 0
@@ -133,7 +133,7 @@ def test_rewrites_far_apart_do_not_add_up() -> None:
 
 def test_metrics_count_rewrites_and_name_the_chain() -> None:
     node = Node()
-    status = AgentStatus(version="test", backend="iptables (nft)")
+    status = AgentVitals(version="test", backend="iptables (nft)")
     status.reconciled(node.rec.reconcile(), 0.01)
     for _ in range(FOREIGN_REWRITES):
         node.other_writes()

@@ -39,17 +39,17 @@ def test_iptables_follows_the_config_switch(switch_off: str) -> None:
     assert fake.restore("ip6tables", FOREIGN6).returncode == 0
     reconciler = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(),
                             log=LOG)
-    reconciler.observe(agent_config(ABSENT))
+    reconciler.take_config(agent_config(ABSENT))
     assert reconciler.reconcile().readiness.ok and not ours6(fake)
 
-    reconciler.observe(agent_config(ON))  # switched on: the IPv6 chain and its jump, the rule first
+    reconciler.take_config(agent_config(ON))  # switched on: the IPv6 chain and its jump, the rule first
     report = reconciler.reconcile()
     assert report.result is SyncResult.APPLIED and [w.family for w in report.writes] == [Family.V6]
     rules = fake.table("ip6tables").rules("IP-MASQ-AGENT")
     assert "rule v6-db" in rules[0] and any("fd00::/8" in r for r in rules)
     assert reconciler.reconcile().result is SyncResult.IN_SYNC
 
-    reconciler.observe(agent_config(switch_off))  # switched off: ours gone, the foreign IPv6 rule stays
+    reconciler.take_config(agent_config(switch_off))  # switched off: ours gone, the foreign IPv6 rule stays
     report = reconciler.reconcile()
     assert report.result is SyncResult.APPLIED and report.readiness.ok
     assert [(w.family, w.added) for w in report.writes] == [(Family.V6, 0)]
@@ -63,13 +63,13 @@ def test_the_flag_wins_over_the_config() -> None:
     fake = FakeIptables()
     reconciler = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT),
                             PolicyOptions(enable_ipv6=False), log=LOG)
-    reconciler.observe(agent_config("enableIPv6: true\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"))
+    reconciler.take_config(agent_config("enableIPv6: true\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"))
     assert reconciler.reconcile().readiness.ok and not ours6(fake)
     # --enable-ipv6=true manages IPv6 whatever the config says
     fake = FakeIptables()
     reconciler = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT),
                             PolicyOptions(enable_ipv6=True), log=LOG)
-    reconciler.observe(agent_config(OFF))
+    reconciler.take_config(agent_config(OFF))
     assert reconciler.reconcile().readiness.ok and ours6(fake)
 
 
@@ -77,9 +77,9 @@ def test_an_ipv6_cidr_without_ipv6_keeps_the_last_good_config() -> None:
     fake = FakeIptables()
     reconciler = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), PolicyOptions(),
                             log=LOG)
-    reconciler.observe(agent_config(ON))
+    reconciler.take_config(agent_config(ON))
     assert reconciler.reconcile().readiness.ok
-    seen = reconciler.observe(agent_config("enableIPv6: false\nnonMasqueradeCIDRs: ['fd00::/8']\n"))
+    seen = reconciler.take_config(agent_config("enableIPv6: false\nnonMasqueradeCIDRs: ['fd00::/8']\n"))
     assert seen.config_error is not None and "ipv6 is not enabled" in seen.config_error
     assert seen.config_error.startswith("/etc/config/ip-masq-agent:2: ")  # the CIDR's line
     assert reconciler.reconcile().result is SyncResult.IN_SYNC and ours6(fake)  # the last good config stays
@@ -89,13 +89,13 @@ def test_nftables_follows_the_config_switch() -> None:
     fake = FakeNft()
     backend = NftablesBackend(fake)
     reconciler = Reconciler(backend, PolicyOptions(), log=LOG)
-    reconciler.observe(agent_config(ON))
+    reconciler.take_config(agent_config(ON))
     assert reconciler.reconcile().readiness.ok
     table = backend.read_structure()
     assert table is not None and SET_NAMES[Family.V6] in {s.name for s in table.sets}
     assert any("v6-db" in r for c in table.chains for r in c.rules)
 
-    reconciler.observe(agent_config(OFF))
+    reconciler.take_config(agent_config(OFF))
     report = reconciler.reconcile()
     assert report.result is SyncResult.APPLIED and report.readiness.ok
     table = backend.read_structure()

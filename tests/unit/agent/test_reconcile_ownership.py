@@ -37,7 +37,7 @@ def test_a_providers_chain_in_the_other_backend_stays_and_is_named_once(caplog: 
     before = {tool: node.iptables.save(tool, "nat") for tool in ("iptables", "ip6tables")}
     backend, others = make_backend("nftables", OPTIONS, node, variant="nft")
     rec = Reconciler(backend, OPTIONS, log=LOG, others=others)
-    rec.observe(agent_config(CONFIG))
+    rec.take_config(agent_config(CONFIG))
     with caplog.at_level(logging.INFO):
         for _ in range(3):
             report = rec.reconcile()
@@ -57,12 +57,12 @@ def test_a_marked_leftover_goes_in_the_same_pass_and_the_look_alike_beside_it_st
     # ipmasq on iptables-legacy under GKE's name (marked), AKS's look-alike in iptables-nft
     legacy = PolicyOptions(masq_chain="IP-MASQ")
     rec = Reconciler(IptablesBackend(node, chain="IP-MASQ", variant=Variant.LEGACY), legacy, log=LOG)
-    rec.observe(agent_config(CONFIG))
+    rec.take_config(agent_config(CONFIG))
     assert rec.reconcile().result is SyncResult.APPLIED
     aks(node)
     backend, others = make_backend("nftables", legacy, node, variant="nft")
     rec = Reconciler(backend, legacy, log=LOG, others=others)
-    rec.observe(agent_config(CONFIG))
+    rec.take_config(agent_config(CONFIG))
     report = rec.reconcile()
     assert report.removed_leftovers == ("iptables (legacy)",) and report.readiness.ok
     assert node.ours_in_iptables(node.legacy) == []
@@ -75,14 +75,14 @@ def test_a_chain_another_program_rewrote_in_the_other_place_stays_and_only_its_s
     node = Node()
     # ipmasq ran on iptables-nft, was deleted without an uninstall, and the reference agent writes the chain now
     rec = Reconciler(IptablesBackend(node, chain="IP-MASQ-AGENT", variant=Variant.NFT), OPTIONS, log=LOG)
-    rec.observe(agent_config(CONFIG))
+    rec.take_config(agent_config(CONFIG))
     assert rec.reconcile().result is SyncResult.APPLIED
     text = render_restore(policy_of("nonMasqueradeCIDRs: [10.0.0.0/9]\n", OPTIONS), Family.V4, with_jump=False)
     assert node.iptables.restore("iptables", text).returncode == 0
     chain = node.iptables.table("iptables").rules("IP-MASQ-AGENT")
     backend, others = make_backend("nftables", OPTIONS, node, variant="nft")
     rec = Reconciler(backend, OPTIONS, log=LOG, others=others)
-    rec.observe(agent_config(CONFIG))
+    rec.take_config(agent_config(CONFIG))
     with caplog.at_level(logging.INFO):
         for _ in range(3):
             report = rec.reconcile()

@@ -17,8 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ipmasq.agent import responder
-from ipmasq.agent.health import StatusServer, query
-from ipmasq.agent.metrics import AgentStatus
+from ipmasq.agent.health import EndpointServer, query
+from ipmasq.agent.metrics import AgentVitals
 from ipmasq.agent.responder import Request, Responder, Response, listen, parse_request_head
 from tests.eventually import eventually
 
@@ -190,8 +190,8 @@ def test_get_head_and_errors_over_a_socket(running: Running) -> None:
 
 
 def test_the_agent_endpoints_answer_through_the_responder() -> None:
-    status = AgentStatus(version="9.9", backend="iptables")
-    server = StatusServer(status, "127.0.0.1:0")
+    status = AgentVitals(version="9.9", backend="iptables")
+    server = EndpointServer(status, "127.0.0.1:0")
     server.start()
     try:
         port = server.port
@@ -415,8 +415,8 @@ def test_a_request_with_more_than_a_head_still_gets_its_answer(running: Running)
 
 
 def test_stop_returns_at_once_with_connections_open() -> None:
-    status = AgentStatus(version="9.9", backend="")
-    server = StatusServer(status, "127.0.0.1:0")
+    status = AgentVitals(version="9.9", backend="")
+    server = EndpointServer(status, "127.0.0.1:0")
     server.start()
     socks = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(5)]
     try:

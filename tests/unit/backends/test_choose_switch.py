@@ -65,13 +65,13 @@ def iptables_pass(node: Node, options: PolicyOptions = DUAL, *, variant: Variant
                   config: ConfigInput = CONFIG) -> None:
     """What an earlier agent (no node lock, no look at the other variant) left behind."""
     rec = Reconciler(IptablesBackend(node, chain=options.masq_chain, variant=variant), options, log=LOG)
-    rec.observe(config)
+    rec.take_config(config)
     assert rec.reconcile().result is SyncResult.APPLIED
 
 
 def nft_pass(node: Node, options: PolicyOptions = DUAL) -> None:
     rec = Reconciler(NftablesBackend(node), options, log=LOG)
-    rec.observe(CONFIG)
+    rec.take_config(CONFIG)
     assert rec.reconcile().result is SyncResult.APPLIED
 
 
@@ -92,7 +92,7 @@ def test_nftables_removes_both_iptables_variants_on_every_pass(node: Node, caplo
     foreign_before = node.iptables.save("iptables", "nat")
     backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
-    rec.observe(CONFIG)
+    rec.take_config(CONFIG)
     with caplog.at_level(logging.INFO):
         report = rec.reconcile()
     assert report.result is SyncResult.APPLIED
@@ -121,7 +121,7 @@ def test_iptables_removes_an_earlier_nftables_table_and_only_it(node: Node) -> N
     nft_pass(node)
     backend, others = make_backend("iptables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
-    rec.observe(CONFIG)
+    rec.take_config(CONFIG)
     assert rec.reconcile().result is SyncResult.APPLIED
     assert list(node.nft.tables) == [("ip", "kube-proxy")]
     assert any("-j IP-MASQ-AGENT" in line for line in node.ours_in_iptables())
@@ -131,7 +131,7 @@ def test_iptables_removes_an_earlier_nftables_table_and_only_it(node: Node) -> N
 def test_nothing_left_over_means_no_removal_write(node: Node) -> None:
     backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
-    rec.observe(CONFIG)
+    rec.take_config(CONFIG)
     report = rec.reconcile()
     assert report.result is SyncResult.APPLIED
     assert node.iptables.writes == 1  # only the FOREIGN fixture's restore
@@ -143,7 +143,7 @@ def test_a_missing_tool_holds_no_leftovers(node: Node) -> None:
     iptables_pass(node)
     backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
-    rec.observe(CONFIG)
+    rec.take_config(CONFIG)
     assert rec.reconcile().result is SyncResult.APPLIED
     assert node.ours_in_iptables() == []
     node.missing = {"nft"}
@@ -155,7 +155,7 @@ def test_the_new_backend_is_installed_before_the_old_one_is_removed(node: Node) 
     node.log.clear()
     backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
-    rec.observe(CONFIG)
+    rec.take_config(CONFIG)
     assert rec.reconcile().result is SyncResult.APPLIED
     # make before break: our table first (the only write to nft), then the removal of the iptables objects
     assert [entry[0] for entry in node.log] == ["nft", "iptables-nft-restore", "ip6tables-nft-restore"]
@@ -167,7 +167,7 @@ def test_a_failing_install_leaves_the_old_rules_in_place(node: Node) -> None:
     before = node.ours_in_iptables()
     backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
-    rec.observe(CONFIG)
+    rec.take_config(CONFIG)
     node.missing = {"nft"}
     report = rec.reconcile()
     assert report.result is SyncResult.FAILED and not report.readiness.ok
@@ -182,7 +182,7 @@ def test_a_failing_removal_is_named_keeps_the_agent_not_ready_and_is_retried(nod
     node.iptables.reject = "-X IP-MASQ-AGENT"
     backend, others = make_backend("nftables", DUAL, node, variant="nft")
     rec = Reconciler(backend, DUAL, log=LOG, others=others)
-    rec.observe(CONFIG)
+    rec.take_config(CONFIG)
     report = rec.reconcile()
     assert report.result is SyncResult.FAILED
     assert ("inet", "ip-masq-agent") in node.nft.tables  # ours are in place: the same policy decides in both
@@ -205,7 +205,7 @@ def test_a_changed_variant_removes_the_old_variants_chain(node: Node) -> None:
     backend, others = make_backend("iptables", options, node, variant="nft")
     assert [o.name for o in others] == ["iptables (legacy)", "nftables"]
     rec = Reconciler(backend, options, log=LOG, others=others)
-    rec.observe(ConfigInput((("/etc/config/ip-masq-agent", b"nonMasqueradeCIDRs: [10.0.0.0/8, 8.8.8.0/24]\n"),)))
+    rec.take_config(ConfigInput((("/etc/config/ip-masq-agent", b"nonMasqueradeCIDRs: [10.0.0.0/8, 8.8.8.0/24]\n"),)))
     report = rec.reconcile()
     assert report.result is SyncResult.APPLIED and report.removed_leftovers == ("iptables (legacy)",)
     assert node.ours_in_iptables(node.legacy) == []
@@ -214,7 +214,7 @@ def test_a_changed_variant_removes_the_old_variants_chain(node: Node) -> None:
     backend, others = make_backend("iptables", options, node, variant="legacy")
     assert [o.name for o in others] == ["iptables (nft)", "nftables"]
     rec = Reconciler(backend, options, log=LOG, others=others)
-    rec.observe(V4_ONLY)
+    rec.take_config(V4_ONLY)
     assert rec.reconcile().removed_leftovers == ("iptables (nft)",)
     assert node.ours_in_iptables(node.iptables) == [] and node.ours_in_iptables(node.legacy)
 

@@ -38,7 +38,7 @@ def reference(fake: FakeIptables, options: PolicyOptions, tool: str = "iptables"
 
 def agent(fake: FakeIptables, options: PolicyOptions = AKS) -> Reconciler:
     rec = Reconciler(IptablesBackend(fake, chain=options.masq_chain, variant=Variant.NFT), options, log=LOG)
-    rec.observe(agent_config(CONFIG))
+    rec.take_config(agent_config(CONFIG))
     assert rec.reconcile().result is SyncResult.APPLIED
     return rec
 
@@ -122,7 +122,7 @@ def test_an_unmarked_0_2_0_chain_is_adopted_by_the_first_pass_as_drift_of_one_ob
     del fake.table().chains[marker_chain("IP-MASQ-AGENT")]
     before = fake.table().rules("IP-MASQ-AGENT")
     upgraded = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), AKS, log=LOG)
-    upgraded.observe(agent_config(CONFIG))
+    upgraded.take_config(agent_config(CONFIG))
     report = upgraded.reconcile()
     # the marker and its record: two objects added
     assert report.result is SyncResult.APPLIED and (report.writes[0].added, report.writes[0].removed) == (2, 0)
@@ -186,7 +186,7 @@ def test_an_unmanaged_family_loses_only_what_is_marked(fake: FakeIptables) -> No
     reference(fake, AKS, "ip6tables")  # AKS's IPv6 chain, beside an agent that does not manage IPv6
     v6 = fake.save("ip6tables", "nat")
     rec = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), AKS, log=LOG)
-    rec.observe(ConfigInput((("/etc/config/ip-masq-agent", CONFIG.encode()),)))
+    rec.take_config(ConfigInput((("/etc/config/ip-masq-agent", CONFIG.encode()),)))
     assert rec.reconcile().result is SyncResult.APPLIED and rec.ready
     assert fake.save("ip6tables", "nat") == v6
 
@@ -259,7 +259,7 @@ def test_a_drift_repair_records_what_it_wrote_so_uninstall_removes_the_chain(fak
 
 def test_a_config_change_records_the_new_digest(fake: FakeIptables) -> None:
     rec = agent(fake)
-    rec.observe(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n"))
+    rec.take_config(agent_config("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n"))
     assert rec.reconcile().result is SyncResult.APPLIED
     assert backend(fake).remove_all()[0].owned == ("IP-MASQ-AGENT",)
 
@@ -268,7 +268,7 @@ def test_the_agent_takes_its_chain_back_whatever_another_program_wrote_there(fak
     agent(fake)
     rewrite(fake, "nonMasqueradeCIDRs: [10.0.0.0/9]\n")
     again = Reconciler(IptablesBackend(fake, chain="IP-MASQ-AGENT", variant=Variant.NFT), AKS, log=LOG)
-    again.observe(agent_config(CONFIG))  # ipmasq installed again: the chain it enforces is taken, repaired, marked
+    again.take_config(agent_config(CONFIG))  # ipmasq installed again: the chain it enforces is taken, repaired, marked
     assert again.reconcile().result is SyncResult.APPLIED and again.reconcile().result is SyncResult.IN_SYNC
     assert backend(fake).remove_all()[0].owned == ("IP-MASQ-AGENT",)
 

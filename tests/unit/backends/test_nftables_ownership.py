@@ -40,7 +40,7 @@ def unmarked(fake: FakeNft) -> None:
 
 def agent(fake: FakeNft) -> Reconciler:
     rec = Reconciler(NftablesBackend(fake), PolicyOptions(), log=LOG)
-    rec.observe(agent_config(CONFIG))
+    rec.take_config(agent_config(CONFIG))
     assert rec.reconcile().result is SyncResult.APPLIED
     return rec
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ipmasq.agent.health import StatusServer, respond
-from ipmasq.agent.metrics import AgentStatus
+from ipmasq.agent.health import EndpointServer, respond
+from ipmasq.agent.metrics import AgentVitals
 from ipmasq.commands.common import adopt_agent_settings, agent_settings
 from ipmasq.commands.policy_source import load_policy
 from ipmasq.errors import UsageError
@@ -31,11 +31,11 @@ def agent(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A real status server on loopback, as a GKE-flagged agent with a mounted config serves it."""
     config = tmp_path / "ip-masq-agent"
     config.write_text("nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n")
-    status = AgentStatus(version="test", backend="iptables (nft)")
+    status = AgentVitals(version="test", backend="iptables (nft)")
     status.settings = agent_settings(_agent_args(masq_chain="IP-MASQ", nomasq_all_reserved_ranges=True,
                                                  node_name="gke-prod-egress-pool-7f3k"), str(config))
     status.settings["backend"] = "iptables (nft)"
-    server = StatusServer(status, "127.0.0.1:0")
+    server = EndpointServer(status, "127.0.0.1:0")
     server.start()
     try:
         yield f"127.0.0.1:{server.port}", config
@@ -44,7 +44,7 @@ def agent(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 
 def test_settings_are_one_line_of_json() -> None:
-    status = AgentStatus(version="test", backend="nftables")
+    status = AgentVitals(version="test", backend="nftables")
     status.settings = {"config": "/etc/config/ip-masq-agent", "masq_chain": "IP-MASQ"}
     answer = respond(status, "/settings")
     assert answer.status == 200 and answer.body.count(b"\n") == 1
@@ -92,7 +92,7 @@ def test_no_agent_answering(unused_tcp_port: int) -> None:
 
 
 def test_auto_without_an_agent_keeps_the_defaults(monkeypatch: pytest.MonkeyPatch, unused_tcp_port: int) -> None:
-    monkeypatch.setattr("ipmasq.agent.client.DEFAULT_METRICS_ADDRESS", f"127.0.0.1:{unused_tcp_port}")
+    monkeypatch.setattr("ipmasq.agent.health_probe.DEFAULT_METRICS_ADDRESS", f"127.0.0.1:{unused_tcp_port}")
     args = _agent_args()
     assert adopt_agent_settings(args, "check") is None and args.config is None
 

@@ -34,7 +34,7 @@ def said(node: Node, chain: str = "IP-MASQ-AGENT", adopt: Adopt = Adopt.NONE) ->
 
 def enforce(node: Node, backend: IptablesBackend | NftablesBackend, options: PolicyOptions = DUAL) -> None:
     rec = Reconciler(backend, options, log=LOG)
-    rec.observe(agent_config(CONFIG))
+    rec.take_config(agent_config(CONFIG))
     assert rec.reconcile().result is SyncResult.APPLIED
 
 

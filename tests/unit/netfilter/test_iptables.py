@@ -350,7 +350,7 @@ def test_both_backends_converge_and_then_idle() -> None:
     ipt_reconciler = Reconciler(IptablesBackend(ipt, chain="IP-MASQ-AGENT", variant=Variant.NFT), OPTIONS,
                                 log=logging.getLogger("test"))
     for reconciler in (nft_reconciler, ipt_reconciler):
-        reconciler.observe(ConfigInput((("/c", CONFIG.encode()),)))
+        reconciler.take_config(ConfigInput((("/c", CONFIG.encode()),)))
         assert reconciler.reconcile().result is SyncResult.APPLIED
         assert reconciler.reconcile().result is SyncResult.IN_SYNC
     assert nft.transactions == 1

@@ -65,7 +65,7 @@ def observer(writer: str, node: Node, inputs: WriterInputs | None = None) -> Obs
     profile = WRITERS[writer]
     return Observer(profile.options, runner=None, log=LOG, writer=writer,  # type: ignore[arg-type]
                     fingerprint=lambda: node.generation, read_rules=node.read, load=load_for(profile),
-                    compare=compare_for(profile), pending=inputs.pending if inputs is not None else None)
+                    compare=compare_for(profile))
 
 
 # --- the aws-node DaemonSet's settings ------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def test_aks_s_two_configmaps_are_followed_whole_and_merged_as_aks_merges_them()
     node = Node(ip_masq_agent_rules("IP-MASQ-AGENT", ("10.0.0.0/8", "10.224.0.0/12"), random_fully=False))
     watcher = observer("aks", node, inputs)
     assert inputs.pending() is not None
-    seen = watcher.observe(inputs.choose(ConfigInput(()))[0])  # nothing listed yet: nothing loaded, not ready
+    seen = watcher.take_config(inputs.choose(ConfigInput(()))[0])  # nothing listed yet: nothing loaded, not ready
     assert not seen.readiness.ok and "waiting for the API server's list" in seen.readiness.why
     assert watcher.reconcile().result is SyncResult.NO_POLICY
     inputs.start()
@@ -143,7 +143,7 @@ def test_aks_s_two_configmaps_are_followed_whole_and_merged_as_aks_merges_them()
         assert origin.source == "api" and origin.exists and dict(origin.configmaps).keys() == {USER, RECONCILED}
         assert {q["fieldSelector"] for q in client.watch_queries} == {f"metadata.name={USER}",
                                                                       f"metadata.name={RECONCILED}"}
-        watcher.observe(read)
+        watcher.take_config(read)
         report = watcher.reconcile()
         assert report.result is SyncResult.IN_SYNC and report.readiness.ok, report
         content = inputs.content()
@@ -155,13 +155,13 @@ def test_aks_s_two_configmaps_are_followed_whole_and_merged_as_aks_merges_them()
     # the user's fragment adds a CIDR the node's chain lacks: out of sync, named; still ready
     inputs._changed(ConfigMapState("kube-system", USER, True, keys=(
         ("ip-masq-agent", b"nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n"),), uid="u", resource_version="9"))
-    watcher.observe(inputs.choose(ConfigInput(()))[0])
+    watcher.take_config(inputs.choose(ConfigInput(()))[0])
     report = watcher.reconcile()
     assert report.result is SyncResult.OUT_OF_SYNC and report.readiness.ok
     assert report.mismatch is not None and "192.168.0.0/16" in report.mismatch
     # a fragment the merger would refuse: a config error in one line, the last good inputs still observed
     inputs._changed(ConfigMapState("kube-system", USER, True, keys=(("ip-masq-agent", b"nonMasqueradeCIDRs: [x]\n"),)))
-    seen = watcher.observe(inputs.choose(ConfigInput(()))[0])
+    seen = watcher.take_config(inputs.choose(ConfigInput(()))[0])
     assert seen.config_error is not None and "azure-ip-masq-merger stops" in seen.config_error
     assert watcher.reconcile().result is SyncResult.OUT_OF_SYNC
 
@@ -178,16 +178,17 @@ def _eks(env: dict[str, str]) -> ConfigInput:
 def test_eks_s_chain_is_compared_with_the_aws_node_env() -> None:
     node = Node(aws_snat_rules("10.142.0.0/16", ("10.2.0.0/16",), "192.0.2.10"))
     watcher = observer("eks", node)
-    watcher.observe(_eks({"AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS": "10.2.0.0/16"}))
+    watcher.take_config(_eks({"AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS": "10.2.0.0/16"}))
     report = watcher.reconcile()
     assert report.result is SyncResult.IN_SYNC, report.mismatch
     # the env excludes one more CIDR, which ipamd has not applied (it reads its env at start)
-    watcher.observe(_eks({"AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS": "10.2.0.0/16,172.30.0.0/16"}))
+    watcher.take_config(_eks({"AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS": "10.2.0.0/16,172.30.0.0/16"}))
     report = watcher.reconcile()
     assert report.result is SyncResult.OUT_OF_SYNC and report.mismatch is not None
     assert "config-not-applied" in report.mismatch and "172.30.0.0/16" in report.mismatch
     # external SNAT: no node SNAT intended, the chain still SNATs
-    watcher.observe(_eks({"AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS": "10.2.0.0/16", "AWS_VPC_K8S_CNI_EXTERNALSNAT": "true"}))
+    watcher.take_config(_eks({"AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS": "10.2.0.0/16",
+                              "AWS_VPC_K8S_CNI_EXTERNALSNAT": "true"}))
     report = watcher.reconcile()
     assert report.result is SyncResult.OUT_OF_SYNC and "EXTERNALSNAT=true" in (report.mismatch or "")
     # the CNI catches up (no chain at all): in sync, from the rules alone
@@ -197,7 +198,7 @@ def test_eks_s_chain_is_compared_with_the_aws_node_env() -> None:
 
 def test_without_the_aws_node_daemonset_the_observer_says_why_in_one_line_and_compares_nothing() -> None:
     watcher = observer("eks", Node("*nat\nCOMMIT\n"))
-    seen = watcher.observe(input_of([EnvState("kube-system", "aws-node", exists=False)]))
+    seen = watcher.take_config(input_of([EnvState("kube-system", "aws-node", exists=False)]))
     assert seen.config_error is not None and not seen.readiness.ok
     assert "not installed" in seen.readiness.why and "\n" not in seen.readiness.why
     assert watcher.reconcile().result is SyncResult.NO_POLICY
@@ -205,7 +206,7 @@ def test_without_the_aws_node_daemonset_the_observer_says_why_in_one_line_and_co
 
 def test_eks_without_the_chain_says_so() -> None:
     watcher = observer("eks", Node("*nat\nCOMMIT\n"))
-    watcher.observe(_eks({}))
+    watcher.take_config(_eks({}))
     report = watcher.reconcile()
     assert report.result is SyncResult.OUT_OF_SYNC and "chain-missing" in (report.mismatch or "")
 

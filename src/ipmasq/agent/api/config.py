@@ -47,7 +47,7 @@ def _content(read: Read) -> str:
     history keeps digests: up to HISTORY configs of up to 1 MiB each would otherwise stay in memory)."""
     if isinstance(read, ConfigError):
         return f"error: {read.message}"
-    return config_digest(tuple(data for _name, data in read.files))
+    return read.digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,11 +177,13 @@ class ApiConfig:
                 break
             if state.content is not None:
                 files.append((source, state.content))
-        digest = config_digest(tuple(data for _source, data in files))
+        content = read if read is not None else ConfigInput(tuple(files))
+        digest = (content.digest() if isinstance(content, ConfigInput)
+                  else config_digest(tuple(data for _source, data in files)))
         origin = ConfigOrigin("api", digest=digest,
                               configmaps=tuple((s.name, s.resource_version or "") for s in states if s.exists),
                               exists=any(s.exists for s in states))
-        return ApiContent(read if read is not None else ConfigInput(tuple(files)), origin, states)
+        return ApiContent(content, origin, states)
 
     def _trouble_for(self, name: str) -> Callable[[str | None], None]:
         trouble = self._troubles[name] = Trouble(

@@ -9,7 +9,7 @@ node one status write, and a rejection one Event more. What the ConfigMap itself
 is a fleet summary written by one elected agent (ipmasq.agent.api.summary): a bad edit on 1,000 nodes is one Event there
 ("rejected on 998 of 1,000 nodes: ..."), not 1,000.
 
-ApiReporter is a LoopObserver: the loop hands it reports and goes on at once; a thread of its own writes to the API.
+ApiReporter is a LoopListener: the loop hands it reports and goes on at once; a thread of its own writes to the API.
 Nothing here can stop or slow the loop: the API down, slow or refusing only delays (or, past a bounded backlog,
 drops) what is written, and is logged once per distinct trouble. Readiness never depends on it.
 """
@@ -109,7 +109,7 @@ class Narrator:
         self._said[topic] = value
         return True
 
-    def observed(self, report: ConfigReport) -> Note:
+    def took_config(self, report: ConfigReport) -> Note:
         said: list[Occurrence] = []
         error = one_line(report.config_error) if report.config_error is not None else None
         if report.changed and error is None:
@@ -207,7 +207,7 @@ class Narrator:
 
 
 class ApiReporter:
-    """A LoopObserver that has the Narrator's notes written to the API by a thread of its own."""
+    """A LoopListener that has the Narrator's notes written to the API by a thread of its own."""
 
     def __init__(self, narrator: Narrator, events: EventRecorder, status: StatusWriter, *, log: logging.Logger,
                  stop: threading.Event, fleet: FleetSize | None = None) -> None:
@@ -226,13 +226,13 @@ class ApiReporter:
     def start(self) -> None:
         self._thread.start()
 
-    # ---- LoopObserver: called by the loop, never blocks ------------------------------------------------------
+    # ---- LoopListener: called by the loop, never blocks ------------------------------------------------------
 
     def heartbeat(self) -> None:
         pass
 
-    def observed(self, report: ConfigReport) -> None:
-        self._hand_over(self.narrator.observed(report))
+    def took_config(self, report: ConfigReport) -> None:
+        self._hand_over(self.narrator.took_config(report))
 
     def reconciled(self, report: PassReport, seconds: float) -> None:
         self._hand_over(self.narrator.reconciled(report))

@@ -72,7 +72,7 @@ CANDIDATE_WAKE_SECONDS = 5.0  # and a candidate, which has no Lease to give up w
 
 
 class SummaryFacts(Protocol):
-    """What the summary tells the agent's metrics (ipmasq.agent.metrics AgentStatus), from its own thread."""
+    """What the summary tells the agent's metrics (ipmasq.agent.metrics AgentVitals), from its own thread."""
 
     def node_trust(self, verified: bool | None) -> None:
         """Holding the Lease: whether the node-trust policy was in force at the last look (None: not holding)."""

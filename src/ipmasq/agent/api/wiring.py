@@ -29,7 +29,7 @@ def start_api(client: ApiClient, node: str, *, pod: str | None, namespace: str, 
               mode: str = "enforce", writer: str | None = None, chain: str = "",
               inputs: Writer | None = None, facts: SummaryFacts | None = None) -> tuple[ApiConfig | WriterInputs,
                                                                                        ApiReporter]:
-    """Start following the ConfigMaps (`poke` wakes the loop on a new content), the reporter (a LoopObserver: the
+    """Start following the ConfigMaps (`poke` wakes the loop on a new content), the reporter (a LoopListener: the
     loop hands it its reports) and, unless `summary_lease` is empty, the summary writer's candidacy (woken by each
     new content). `mode` "observe": the status says so, with the `writer` and `chain` observed; `inputs`: that
     writer's own inputs are followed instead of `names` (ipmasq.observe.provider_inputs); `facts`: the agent's metrics,

@@ -501,7 +501,7 @@ def test_settings_endpoint_round_trips_through_json(cluster: Cluster) -> None:
     agent.apply_config(cluster, KEEP_10_8)
     agent.deploy_agent(cluster)
     node = cluster.nodes[0]
-    answer = cluster.namespace(node).run([sys.executable, "-c", "from ipmasq.agent.client import query; "
+    answer = cluster.namespace(node).run([sys.executable, "-c", "from ipmasq.agent.health_probe import query; "
                                           "print(query('127.0.0.1:9847', '/settings').why)"]).stdout
     settings = json.loads(answer)
     assert settings["config"] == "/etc/config/ip-masq-agent" and settings["node_name"] == node.name
