@@ -10,8 +10,6 @@ rendered overlay runs it (tests/kernel/agent/test_rendered_listeners.py).
 from __future__ import annotations
 
 import copy
-import os
-import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -19,10 +17,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.tools import KUBECTL, need
 
 DEPLOY = ROOT / "deploy"
 OVERLAYS = DEPLOY / "overlays"
@@ -56,12 +54,7 @@ EVERYWHERE = ("", "0.0.0.0", "::")
 
 
 def kubectl() -> str:
-    found = shutil.which("kubectl")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("kubectl is missing (scripts/bootstrap.sh installs Debian's kubernetes-client)")
-        pytest.skip("kubectl is missing")
-    return found
+    return need("kubectl", KUBECTL)
 
 
 @cache

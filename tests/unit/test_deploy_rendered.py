@@ -10,9 +10,7 @@ That a listener flag really opens a socket is proven on real processes by tests/
 from __future__ import annotations
 
 import copy
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,7 @@ from tests.manifests import (
     workload_findings,
     workloads,
 )
+from tests.tools import PROMTOOL, need
 
 # The alert that says a target of each job is down.
 DOWN = {JOB: "IpMasqAgentDown", OBSERVER_JOB: "IpMasqObserverDown"}
@@ -201,12 +200,7 @@ def test_a_combination_operators_apply_holds_together(name: str) -> None:
 # --- the alert rules, for what is installed -------------------------------------------------------------------------
 
 def _promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is missing (Debian package prometheus; scripts/bootstrap.sh installs it)")
-        pytest.skip("promtool is missing (Debian package prometheus)")
-    return found
+    return need("promtool", PROMTOOL)
 
 
 def _healthy_samples(observing: bool) -> list[tuple[str, dict[str, str], float]]:

@@ -4,7 +4,6 @@ gets the plugin's subcommands, flags and the cluster's names, and never a name a
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from ipmasq.kubectl_complete import DIRECTIVE_DEFAULT, DIRECTIVE_NO_FILES, candidates
 from ipmasq.kubectl_plugin import SUBCOMMANDS
+from tests.tools import KUBECTL, need
 
 
 def _shims(tmp_path: Path, kubectl_lines: str | None = None) -> Path:
@@ -32,11 +32,7 @@ def _shims(tmp_path: Path, kubectl_lines: str | None = None) -> Path:
 
 
 def _kubectl_complete(tmp_path: Path, *words: str) -> list[str]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        if os.environ.get("CI"):
-            pytest.fail("kubectl is missing")
-        pytest.skip("kubectl is missing")
+    kubectl = need("kubectl", KUBECTL)
     env = {**os.environ, "PATH": f"{_shims(tmp_path)}:{os.environ['PATH']}",
            "KUBECONFIG": str(tmp_path / "no-such-kubeconfig"), "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run([kubectl, "__complete", "ipmasq", *words], capture_output=True, text=True, env=env,

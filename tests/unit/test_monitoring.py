@@ -4,14 +4,11 @@ firing with `promtool test rules` (Debian's prometheus package) on series shaped
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -21,18 +18,14 @@ from ipmasq.agent.reports import RuleCount
 from ipmasq.monitoring import ALERTS, DASHBOARD_PANELS, JOB, OBSERVER_JOB, dashboard, generated, scrape_configs
 from ipmasq.prefix import Family
 from tests.conftest import ROOT
+from tests.tools import PROMTOOL, need
 
 MONITORING = ROOT / "deploy" / "monitoring"
 JOB_MATCHER = f'job="{JOB}"'
 
 
 def _promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is missing (Debian package prometheus; scripts/bootstrap.sh installs it)")
-        pytest.skip("promtool is missing (Debian package prometheus)")
-    return found
+    return need("promtool", PROMTOOL)
 
 
 def test_generated_files_are_up_to_date() -> None:

@@ -18,6 +18,7 @@ import yaml
 from ipmasq import __version__
 from ipmasq.version import REVISION_FILE, revision, version_line
 from tests.conftest import ROOT
+from tests.tools import KUBECTL, need
 
 SCRIPT = ROOT / "scripts" / "release-image.sh"
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
@@ -25,17 +26,8 @@ ACTIONLINT = "github.com/rhysd/actionlint/cmd/actionlint@v1.7.7"  # built by the
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 
 
-def _need(tool: str, package: str) -> str:
-    found = shutil.which(tool) or next((p for p in (f"/usr/local/go/bin/{tool}",) if os.access(p, os.X_OK)), None)
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{tool} is missing ({package})")
-        pytest.skip(f"{tool} is missing ({package})")
-    return found
-
-
 def _rendered_images(path: Path) -> set[str]:
-    built = subprocess.run([_need("kubectl", "Debian's kubernetes-client"), "kustomize", str(path)],
+    built = subprocess.run([need("kubectl", KUBECTL), "kustomize", str(path)],
                            capture_output=True, text=True, check=True, timeout=60).stdout
     return {c["image"] for d in yaml.safe_load_all(built) if d and d["kind"] in ("DaemonSet", "Deployment")
             for c in d["spec"]["template"]["spec"]["containers"]}
@@ -148,7 +140,7 @@ def test_pin_refuses_what_is_not_a_qualified_image_or_a_digest(tmp_path: Path, i
 
 
 def test_the_release_workflow_passes_actionlint() -> None:
-    go = _need("go", "Go from its own install, as the Kubernetes lab builds with")
+    go = need("go", "Go from its own install, as the Kubernetes lab builds with", also=("/usr/local/go/bin/go",))
     # -shellcheck= and -pyflakes=: actionlint's own checks, without tools this machine may not have
     result = subprocess.run([go, "run", ACTIONLINT, "-shellcheck=", "-pyflakes=", str(WORKFLOW)],
                             capture_output=True, text=True, timeout=900, env={**os.environ, "GOFLAGS": "-mod=mod"})
