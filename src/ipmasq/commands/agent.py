@@ -163,28 +163,28 @@ def run(args: argparse.Namespace) -> int:
         return _agent(backend, others, options, settings, runner, log, args, AgentVitals(
             version=__version__, backend=backend.name)).once()
     # the endpoints come up first: while this agent waits for the node lock it is alive, and says why not ready
-    status = AgentVitals(version=__version__, backend="")
-    status.settings = agent_settings(args, settings.config_path)
-    listeners = _serve_endpoints(status, args, log)
+    vitals = AgentVitals(version=__version__, backend="")
+    vitals.settings = agent_settings(args, settings.config_path)
+    endpoints = _serve_endpoints(vitals, args, log)
     signal.signal(signal.SIGTERM, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGINT, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGHUP, lambda *_: wakeup.request_resync())
     try:
-        api_config, reporter = _api(args, log, wakeup, facts=status)
-        listener: LoopListener = status if reporter is None else Listeners(status, reporter)
+        api_config, reporter = _api(args, log, wakeup, facts=vitals)
+        listener: LoopListener = vitals if reporter is None else Listeners(vitals, reporter)
         if not wait_for_node_lock(lock, wakeup, log=log, listener=listener, announce=True):
             log.info("agent stopping: it never held the node lock, nothing written")
             return 0
         # chosen only now: what the node holds may have changed while the other agent ran
         backend, others = make_backend(args.backend, options, runner, variant=args.iptables_variant, log=log,
                                        generation=nftables_generation)
-        status.backend = backend.name
-        status.settings["backend"] = backend.name
+        vitals.backend = backend.name
+        vitals.settings["backend"] = backend.name
         if reporter is not None:
             reporter.narrator.set_backend(backend.name)
         _agent(backend, others, options, settings, runner, log, args, listener, api_config).run(wakeup)
     finally:
-        _stop(listeners)
+        _stop(endpoints)
     return 0
 
 
@@ -225,30 +225,30 @@ def _observe(args: argparse.Namespace, options: PolicyOptions, settings: LoopSet
     if args.once:
         observer_pass.take_config(read_config(settings.config_path))
         return 0 if observer_pass.reconcile().result.verified else 1
-    status = AgentVitals(version=__version__, backend=observer_pass.backend.name)
-    status.settings = agent_settings(args, settings.config_path)
-    status.settings["backend"] = observer_pass.backend.name
-    listeners = _serve_endpoints(status, args, log)  # an observer is scraped as an enforcing agent is
+    vitals = AgentVitals(version=__version__, backend=observer_pass.backend.name)
+    vitals.settings = agent_settings(args, settings.config_path)
+    vitals.settings["backend"] = observer_pass.backend.name
+    endpoints = _serve_endpoints(vitals, args, log)  # an observer is scraped as an enforcing agent is
     signal.signal(signal.SIGTERM, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGINT, lambda *_: wakeup.request_stop())
     signal.signal(signal.SIGHUP, lambda *_: wakeup.request_resync())
     try:
         api_config, reporter = _api(args, log, wakeup, mode="observe", writer=args.observe, chain=options.masq_chain,
-                                    inputs=profile, facts=status)
+                                    inputs=profile, facts=vitals)
         if profile is not None:
             from ipmasq.observe.provider_inputs import WriterInputs
 
             if not isinstance(api_config, WriterInputs):
                 raise UsageError(f"--observe {profile.name} compares with that provider's inputs, which only the API "
                                  "server holds, and it is not used (above): not observed")
-        listener: LoopListener = status if reporter is None else Listeners(status, reporter)
+        listener: LoopListener = vitals if reporter is None else Listeners(vitals, reporter)
         if reporter is not None:
             reporter.narrator.set_backend(observer_pass.backend.name)
         log.info("observe mode: the rules %s writes in %s are compared with the config; this agent writes nothing",
                  args.observe, options.masq_chain)
         Agent(observer_pass, settings, log=log, listener=listener, api_config=api_config).run(wakeup)
     finally:
-        _stop(listeners)
+        _stop(endpoints)
     return 0
 
 
@@ -327,33 +327,33 @@ def _api(args: argparse.Namespace, log: logging.Logger, wakeup: Wakeup, *, mode:
     return api_config, reporter
 
 
-def _serve_endpoints(status: AgentVitals, args: argparse.Namespace, log: logging.Logger) -> list[EndpointServer]:
-    """Both listeners of a running agent, in either mode: the status port (--metrics-address, the probes') and the
-    scrape port (--prometheus-address, the DaemonSet's declared port `metrics`)."""
-    listeners = []
+def _serve_endpoints(vitals: AgentVitals, args: argparse.Namespace, log: logging.Logger) -> list[EndpointServer]:
+    """Both endpoint servers of a running agent, in either mode: the status port (--metrics-address, the probes'),
+    and the scrape port (--prometheus-address, the DaemonSet's declared port `metrics`)."""
+    endpoints = []
     try:
         for address, metrics_only, flag in ((args.metrics_address, False, "--metrics-address"),
                                             (args.prometheus_address, True, "--prometheus-address")):
-            server = _serve_status(status, address, log, metrics_only=metrics_only, flag=flag,
+            server = _serve_status(vitals, address, log, metrics_only=metrics_only, flag=flag,
                                    rule_series=metrics_only and args.prometheus_rule_metrics)
             if server is not None:
-                listeners.append(server)
+                endpoints.append(server)
     except BaseException:
-        _stop(listeners)  # the one already serving, when the other cannot
+        _stop(endpoints)  # the one already serving, when the other cannot
         raise
-    return listeners
+    return endpoints
 
 
-def _stop(listeners: list[EndpointServer]) -> None:
-    for listener in listeners:
-        listener.stop()
+def _stop(endpoints: list[EndpointServer]) -> None:
+    for endpoint in endpoints:
+        endpoint.stop()
 
 
-def _serve_status(status: AgentVitals, address: str, log: logging.Logger, *, metrics_only: bool = False,
+def _serve_status(vitals: AgentVitals, address: str, log: logging.Logger, *, metrics_only: bool = False,
                   flag: str = "--metrics-address", rule_series: bool = False) -> EndpointServer | None:
     if not address:
         return None
-    server = EndpointServer(status, address, metrics_only=metrics_only, flag=flag, rule_series=rule_series)
+    server = EndpointServer(vitals, address, metrics_only=metrics_only, flag=flag, rule_series=rule_series)
     try:
         server.start(wait_if_in_use=True, log=log)
     except IpmasqError as exc:
