@@ -127,7 +127,6 @@ class Reconciler:
         self.others = tuple(others)
         self._leftovers: tuple[str, ...] = ()  # others found holding our objects that could not be removed
         self._kept: tuple[str, ...] = ()  # the others' unmarked look-alikes, as last logged (once per change)
-        self.options = options
         self.log = log
         # the last good policy, enforced even while the config is bad (shared with observe mode)
         self.config = LastGoodConfig(options, log=log, load=load)

@@ -38,16 +38,15 @@ def wait_webhook_serving(cluster: Cluster, timeout: float = 120.0) -> None:
     if result.returncode != 0:
         raise ClusterError(f"the webhook's Deployment did not roll out: {result.stderr.strip()[-300:]} "
                            f"{_pods_and_logs(cluster)}")
-    deadline = time.monotonic() + timeout
-    while True:
+    answers: list[str] = []
+
+    def denied() -> bool:
         answer = cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=canary_manifest(), check=False)
-        if answer.returncode != 0 and "denied the request" in answer.stderr:
-            return
-        if time.monotonic() > deadline:
-            raise ClusterError(f"the API server does not call the webhook {timeout:.0f} s after it rolled out "
-                               f"(a dry run of a bad config: {(answer.stderr or answer.stdout).strip()[-300:]}) "
-                               f"{_pods_and_logs(cluster)}")
-        time.sleep(0.5)
+        answers[:] = [(answer.stderr or answer.stdout).strip()[-300:]]
+        return answer.returncode != 0 and "denied the request" in answer.stderr
+
+    until(denied, lambda: f"the API server calls the webhook after it rolled out (a dry run of a bad config: "
+                          f"{answers[0]}) {_pods_and_logs(cluster)}", timeout=timeout, interval=0.5, error=ClusterError)
 
 
 def canary_manifest() -> str:
@@ -58,16 +57,15 @@ def canary_manifest() -> str:
 def scale_webhook(cluster: Cluster, replicas: int, timeout: float = 90.0) -> None:
     """Scale the Deployment and wait until exactly that many of its pods exist (and are ready, when any)."""
     cluster.kubectl("scale", f"deployment/{DEPLOYMENT}", "-n", "kube-system", f"--replicas={replicas}")
-    deadline = time.monotonic() + timeout
-    while True:
+    counted: list[int] = [0, 0]
+
+    def scaled() -> bool:
         pods = webhook_pods(cluster)
-        ready = [p for p in pods if any(c.get("ready") for c in p.get("status", {}).get("containerStatuses", []))]
-        if len(pods) == replicas and len(ready) == replicas:
-            return
-        if time.monotonic() > deadline:
-            raise ClusterError(f"the webhook has {len(pods)} pods ({len(ready)} ready) {timeout:.0f} s after "
-                               f"scaling to {replicas}")
-        time.sleep(0.5)
+        counted[:] = [len(pods), len(_ready(pods))]
+        return counted == [replicas, replicas]
+
+    until(scaled, lambda: f"the webhook has {replicas} pods, all ready, after scaling (it has {counted[0]}, "
+                          f"{counted[1]} ready)", timeout=timeout, interval=0.5, error=ClusterError)
 
 
 def wait_endpoints_ready(cluster: Cluster, timeout: float = 60.0) -> None:
@@ -77,8 +75,7 @@ def wait_endpoints_ready(cluster: Cluster, timeout: float = 60.0) -> None:
 
     def followed() -> bool:
         pods = webhook_pods(cluster)
-        ready = {str(p.get("status", {}).get("podIP")) for p in pods
-                 if any(c.get("ready") for c in p.get("status", {}).get("containerStatuses", []))}
+        ready = {str(p.get("status", {}).get("podIP")) for p in _ready(pods)}
         slices = cluster.kubectl_json("get", "endpointslices", "-n", "kube-system", "-l",
                                       f"kubernetes.io/service-name={DEPLOYMENT}")
         listed = sorted((str(address), bool((endpoint.get("conditions") or {}).get("ready")))
@@ -87,13 +84,17 @@ def wait_endpoints_ready(cluster: Cluster, timeout: float = 60.0) -> None:
         seen[:] = [listed, sorted(ready)]
         return bool(ready) and len(ready) == len(pods) and {a for a, _ in listed} == ready and all(r for _, r in listed)
 
-    until(followed, lambda: f"the webhook's endpoints {seen[0]} the addresses of its ready pods {seen[1]}",
+    until(followed, lambda: f"the webhook's endpoints {seen[0]} are the addresses of its ready pods {seen[1]}",
           timeout=timeout, interval=0.5, error=ClusterError)
 
 
 def webhook_pods(cluster: Cluster) -> list[dict[str, Any]]:
     pods = cluster.kubectl_json("get", "pods", "-n", "kube-system", "-l", LABEL)
     return list(pods["items"])
+
+
+def _ready(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for p in pods if any(c.get("ready") for c in p.get("status", {}).get("containerStatuses", []))]
 
 
 def _pods_and_logs(cluster: Cluster) -> str:
