@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ipmasq.errors import Forbidden
+from ipmasq.errors import Forbidden, NotFound
 from ipmasq.kube import paths
 from ipmasq.kube.client import KubeClient
 from ipmasq.kube.kubeconfig import load
@@ -38,9 +38,20 @@ def lab() -> Iterator[Cluster]:
     with module_cluster() as cluster:
         agent.apply_config(cluster, KEEP_10_8)
         agent.deploy_agent(cluster)
+        admin = KubeClient(load(str(cluster.kubeconfig)))
         for node in cluster.nodes:
             agent.wait_synced(cluster, node, KEEP_10_8, REFERENCE_OPTIONS)
+            # its status object too: the agent writes it from a thread of its own, after its rules
+            wait_until(lambda name=node.name: _exists(admin, paths.statuses(name)), 60, f"{node.name}'s status object")
         yield cluster
+
+
+def _exists(client: KubeClient, path: str) -> bool:
+    try:
+        client.get(path)
+    except NotFound:
+        return False
+    return True
 
 
 
